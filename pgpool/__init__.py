@@ -1,0 +1,44 @@
+"""pgpool: CPU-heavy jobs on every core of every host, with PostgreSQL as the only moving part.
+
+The public API::
+
+    @pgpool.handler(kind, *, timeout=None, max_attempts=None)   register fn(payload) -> None
+    pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
+    pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
+    await pgpool.enqueue_async(aconn, ...), enqueue_many_async  the same on AsyncConnection
+    pgpool.migrate(conn)                                        create or upgrade the schema
+    pgpool.current_job()                                        inside a handler: id, attempt...
+
+Errors a caller can act on derive from `pgpool.PgpoolError`.
+"""
+
+from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from .errors import (
+    ConfigError,
+    ConnectError,
+    HandlerError,
+    PayloadError,
+    PgpoolError,
+    SchemaError,
+)
+from .registry import handler
+from .schema import SCHEMA_VERSION, migrate
+from .worker import JobInfo, current_job
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ConfigError",
+    "ConnectError",
+    "HandlerError",
+    "JobInfo",
+    "PayloadError",
+    "PgpoolError",
+    "SchemaError",
+    "current_job",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+    "handler",
+    "migrate",
+]

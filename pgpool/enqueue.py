@@ -1,0 +1,311 @@
+"""Putting jobs in the table: `enqueue`, `enqueue_many` and their async twins.
+
+Each call runs on the caller's connection, inside the caller's current transaction, so a
+job commits or rolls back together with the business rows that caused it (the outbox
+property without an outbox). The wake-up NOTIFY is part of the same transaction, and
+PostgreSQL delivers it only at commit: a rolled-back enqueue wakes nobody.
+
+Payloads are encoded here, once, with orjson, and stored as jsonb. Validation happens before
+anything is sent, so a bad payload raises `PayloadError` and leaves the transaction as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import orjson
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import sql
+from .errors import ConfigError, PayloadError, SchemaError
+from .registry import check_name
+
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+_COPY_CHUNK: Final = 1 << 20
+_INT4_MAX: Final = 2**31 - 1
+
+
+def max_payload_bytes() -> int:
+    """The payload size limit: ``PGPOOL_MAX_PAYLOAD_BYTES``, default 1 MiB."""
+    raw = os.environ.get("PGPOOL_MAX_PAYLOAD_BYTES")
+    if raw is None:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"PGPOOL_MAX_PAYLOAD_BYTES={raw!r} is not a positive integer number of bytes"
+        )
+    return value
+
+
+def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
+    """Serialise a payload to JSON bytes, or raise `PayloadError` saying what to change."""
+    if not isinstance(payload, dict):
+        raise PayloadError(
+            f"payload must be a dict (a JSON object), not {type(payload).__name__}: "
+            'wrap the value, e.g. {"items": [...]}'
+        )
+    try:
+        data = orjson.dumps(payload)
+    except orjson.JSONEncodeError as exc:
+        raise PayloadError(
+            f"payload is not JSON-serialisable ({exc}): use dicts with str keys, lists, str, "
+            "int, float, bool, None (datetimes and dataclasses are converted)"
+        ) from None
+    limit = max_payload_bytes() if limit is None else limit
+    if len(data) > limit:
+        raise PayloadError(
+            f"payload is {len(data):,} bytes, over the {limit:,}-byte limit: store large data "
+            "elsewhere and pass a reference, or raise PGPOOL_MAX_PAYLOAD_BYTES"
+        )
+    # orjson writes NaN and Infinity as null; refuse rather than silently change the data.
+    if b"null" in data and _has_non_finite(payload):
+        raise PayloadError(
+            "payload contains NaN or Infinity, which JSON cannot represent: "
+            "replace them (e.g. with None or a string) before enqueueing"
+        )
+    if b"\\u0000" in data:
+        raise PayloadError(
+            "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store: "
+            "remove it or encode the binary data (e.g. base64)"
+        )
+    return data
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _check_options(
+    kind: str,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int | None,
+) -> None:
+    check_name("kind", kind)
+    check_name("queue", queue)
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > _INT4_MAX:
+        raise ConfigError(f"priority must be an integer within ±{_INT4_MAX}, got {priority!r}")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise ConfigError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ConfigError(
+                "run_at is a naive datetime, which is ambiguous: pass a timezone-aware one, "
+                "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+            )
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool)
+        or not 0 < max_attempts <= _INT4_MAX
+    ):
+        raise ConfigError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+
+
+def _delay_seconds(run_at: datetime | None, delay: float | timedelta | None) -> float:
+    if delay is None:
+        return 0.0
+    if run_at is not None:
+        raise ConfigError("pass either run_at or delay, not both")
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if (
+        not isinstance(seconds, int | float) or isinstance(seconds, bool)
+        or not math.isfinite(seconds) or seconds < 0
+    ):
+        raise ConfigError(f"delay must be a non-negative number of seconds, got {delay!r}")
+    return float(seconds)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _enqueue_params(
+    kind: str,
+    payload: Any,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    delay: float | timedelta | None,
+    unique_key: str | None,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    _check_options(kind, queue, priority, run_at, max_attempts)
+    seconds = _delay_seconds(run_at, delay)
+    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
+        raise ConfigError("unique_key must be a non-empty string or None")
+    if unique_key is not None and "\x00" in unique_key:
+        raise ConfigError("unique_key must not contain NUL characters")
+    data = encode_payload(payload)
+    return {
+        "queue": queue,
+        "kind": kind,
+        # Already-encoded bytes go out as jsonb text without a second serialisation.
+        "payload": Jsonb(data, dumps=_identity),
+        "priority": priority,
+        "run_at": run_at,
+        "delay": seconds,
+        "max_attempts": max_attempts,
+        "unique_key": unique_key,
+    }
+
+
+def _copy_chunks(
+    kind: str,
+    payloads: Iterable[Any],
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int | None,
+    counter: list[int],
+) -> Iterator[bytes]:
+    """COPY text-format rows, about 1 MiB at a time; ``counter[0]`` counts the rows."""
+    limit = max_payload_bytes()
+    tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
+    if run_at is not None:
+        tail += b"\t" + run_at.isoformat().encode()
+    head = f"{queue}\t{kind}\t".encode()
+    buf = bytearray()
+    for i, payload in enumerate(payloads):
+        try:
+            data = encode_payload(payload, limit=limit)
+        except PayloadError as exc:
+            raise PayloadError(f"payload #{i} (0-based): {exc}") from None
+        # COPY text format: backslash is the only byte orjson output needs escaped.
+        buf += head + data.replace(b"\\", b"\\\\") + tail + b"\n"
+        counter[0] += 1
+        if len(buf) >= _COPY_CHUNK:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
+
+
+def _missing_schema(exc: Exception) -> SchemaError:
+    return SchemaError(
+        f"pgpool's tables are not in this database ({exc.__class__.__name__}): "
+        "run `pgpool migrate` (or pgpool.migrate(conn)) first"
+    )
+
+
+def enqueue(
+    conn: psycopg.Connection,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    unique_key: str | None = None,
+    max_attempts: int | None = None,
+) -> int | None:
+    """Insert one job in ``conn``'s current transaction and return its id.
+
+    Higher ``priority`` runs first. ``run_at`` (timezone-aware) or ``delay`` (seconds or a
+    timedelta) defers it. With ``unique_key``, nothing is inserted and None is returned while
+    a job of the same kind and key is still ready or running. ``max_attempts`` overrides
+    the handler's limit. Raises `PayloadError` or `ConfigError` before sending anything
+    when an argument is invalid.
+    """
+    params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
+                             max_attempts)
+    try:
+        row = conn.execute(sql.ENQUEUE, params).fetchone()
+    except psycopg.errors.UndefinedTable as exc:
+        raise _missing_schema(exc) from None
+    return None if row is None else row[0]
+
+
+def enqueue_many(
+    conn: psycopg.Connection,
+    kind: str,
+    payloads: Iterable[dict[str, Any]],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int:
+    """Insert many jobs of one kind through COPY in ``conn``'s current transaction.
+
+    Returns how many were inserted. All or none: a bad payload raises `PayloadError` naming
+    its position, and the COPY is abandoned.
+    """
+    _check_options(kind, queue, priority, run_at, max_attempts)
+    counter = [0]
+    stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    try:
+        with conn.cursor() as cur:
+            with cur.copy(stmt) as copy:
+                for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
+                                          max_attempts, counter):
+                    copy.write(chunk)
+            if counter[0]:
+                cur.execute(sql.NOTIFY, {"queue": queue})
+    except psycopg.errors.UndefinedTable as exc:
+        raise _missing_schema(exc) from None
+    return counter[0]
+
+
+async def enqueue_async(
+    conn: psycopg.AsyncConnection,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    unique_key: str | None = None,
+    max_attempts: int | None = None,
+) -> int | None:
+    """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
+    params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
+                             max_attempts)
+    try:
+        row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
+    except psycopg.errors.UndefinedTable as exc:
+        raise _missing_schema(exc) from None
+    return None if row is None else row[0]
+
+
+async def enqueue_many_async(
+    conn: psycopg.AsyncConnection,
+    kind: str,
+    payloads: Iterable[dict[str, Any]],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int:
+    """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
+    _check_options(kind, queue, priority, run_at, max_attempts)
+    counter = [0]
+    stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    try:
+        async with conn.cursor() as cur:
+            async with cur.copy(stmt) as copy:
+                for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
+                                          max_attempts, counter):
+                    await copy.write(chunk)
+            if counter[0]:
+                await cur.execute(sql.NOTIFY, {"queue": queue})
+    except psycopg.errors.UndefinedTable as exc:
+        raise _missing_schema(exc) from None
+    return counter[0]

@@ -1,0 +1,32 @@
+"""Errors a user can act on.
+
+Every `PgpoolError` carries a message that names what is wrong and what to do about it.
+The CLI prints it as one line and exits with status 2; library callers can catch the
+specific subclass. Messages never include payloads or passwords.
+"""
+
+from __future__ import annotations
+
+
+class PgpoolError(Exception):
+    """Base class: a problem the user can fix. ``str(err)`` is the whole explanation."""
+
+
+class ConfigError(PgpoolError, ValueError):
+    """An option, argument or environment variable has an invalid value."""
+
+
+class ConnectError(PgpoolError):
+    """The database could not be reached or refused the connection."""
+
+
+class SchemaError(PgpoolError):
+    """The database's pgpool schema is missing, older or newer than this code."""
+
+
+class HandlerError(PgpoolError):
+    """A handler module failed to import, or handlers were registered incorrectly."""
+
+
+class PayloadError(PgpoolError, ValueError):
+    """A job payload cannot be stored: not JSON-serialisable, too large, or not an object."""

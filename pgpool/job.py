@@ -1,0 +1,39 @@
+"""What the dispatcher knows about a claimed job, and what a worker reports back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """A claimed attempt of a job. (``id``, ``attempt``) is the ownership token."""
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    payload: bytes  # raw JSON text as stored; only the worker parses it
+    timeout: float | None
+    #: Set when this dispatcher learned it no longer owns the attempt: never ack it.
+    lost: bool = False
+
+    def wire(self) -> tuple[int, int, int, str, str, bytes]:
+        """The tuple a worker receives."""
+        return (self.id, self.attempt, self.max_attempts, self.kind, self.queue, self.payload)
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.kind}, attempt {self.attempt}/{self.max_attempts})"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How an attempt ended. ``error`` is None on success."""
+
+    job: Job
+    error: str | None
+    elapsed: float
+    #: A short cause for logs: the exception type, "timeout", "worker died: signal 9"...
+    #: Logs carry this and never the error text, which may quote payload data.
+    cause: str = ""

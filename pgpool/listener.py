@@ -1,0 +1,49 @@
+"""LISTEN/NOTIFY wake-ups, on a dedicated connection that reconnects by itself.
+
+Notifications are only a latency optimisation: they are not durable, and any sent while
+this connection is down are lost. So after every (re)connect the listener wakes the claimer
+once, and the claimer also polls as a backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from . import sql
+
+log = logging.getLogger("pgpool.listener")
+
+
+class Listener:
+    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None]) -> None:
+        self._dsn = dsn
+        self._queues = frozenset(queues)
+        self._wake = wake
+        self.notifications = 0
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                ) as conn:
+                    await conn.execute(sql.LISTEN)
+                    if failures:
+                        log.info("listener reconnected")
+                    failures = 0
+                    self._wake()
+                    async for notify in conn.notifies():
+                        if notify.payload in self._queues:
+                            self.notifications += 1
+                            self._wake()
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                delay = min(10.0, 0.2 * 2 ** min(failures, 6))
+                log.warning("listener connection lost (%s); reconnecting in %.1fs",
+                            type(exc).__name__, delay)
+                await asyncio.sleep(delay)

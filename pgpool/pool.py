@@ -1,0 +1,397 @@
+"""The worker pool: the dispatcher's side of its worker processes.
+
+Data flow inside one host. The dispatcher's event loop owns everything left of the pipes;
+each worker process owns one task pipe (read end) and one result pipe (write end)::
+
+    claimer ─ jobs ─▶ WorkerPool.submit()
+                        │
+                        ▼
+                   backlog (claimed, not yet sent; handed back unstarted on shutdown)
+                        │ _assign(): top each ready worker up to `depth` jobs,
+                        │            one frame per hand-off
+                        ▼
+        ┌──────────── task pipe 0 ────────────▶┌─────────────────────────────────┐
+        │                                      │ worker 0 (pgpool.worker.main)   │
+        │                                      │   handler modules imported once │
+        │                                      │   orjson.loads(payload)         │
+        │                                      │   handler(payload)              │
+        │◀─────────── result pipe 0 ───────────└─────────────────────────────────┘
+        │   ... one pair of pipes per worker, up to worker N-1
+        ▼
+    _ResultPipe.data_received() ─▶ on_outcome(Outcome) ─▶ dispatcher ─▶ completer (acks)
+
+Why one pair of pipes per worker rather than one shared call queue: the pool always knows
+which job each worker is running (its `assigned` deque, in order: the front one runs).
+That lets it kill exactly one worker at a job's deadline, attribute a crash to the one job
+that caused it, hand the worker's unstarted jobs to others, and replace it, while the rest
+of the pool carries on. A shared queue cannot say who held what, and a process killed while
+holding a shared queue's lock breaks the queue for everyone.
+
+A worker's death is noticed when its result pipe reaches EOF; the process is then reaped
+(no zombies) and its exit status becomes the cause of the failure. Workers are started
+with the ``spawn`` method: a fresh interpreter that inherits none of the dispatcher's
+threads, sockets or event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from . import ipc, worker
+from .errors import HandlerError
+from .job import Job, Outcome
+
+log = logging.getLogger("pgpool.pool")
+
+#: Consecutive replacement workers that may fail to start before the pool gives up.
+MAX_START_FAILURES = 3
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: BaseProcess
+    transport: asyncio.WriteTransport | None = None
+    assigned: deque[Job] = field(default_factory=deque)
+    ready: bool = False
+    stopping: bool = False
+    started_at: float = 0.0  # loop time the front job of `assigned` started
+    kill_reason: str | None = None
+    exited: asyncio.Future[None] | None = None
+
+    @property
+    def running(self) -> Job | None:
+        return self.assigned[0] if self.assigned else None
+
+
+class WorkerPool:
+    """``procs`` worker processes, each fed through its own pipe.
+
+    ``on_outcome`` is called, on the event loop, once per started job: success, failure,
+    timeout or worker death. ``on_returned`` receives jobs a stopping worker never started.
+    ``on_fatal`` is called if replacement workers keep failing to start.
+    """
+
+    def __init__(
+        self,
+        *,
+        procs: int,
+        modules: list[str],
+        on_outcome: Callable[[Outcome], None],
+        on_returned: Callable[[list[Job]], None],
+        on_fatal: Callable[[str], None],
+        depth: int = 2,
+    ) -> None:
+        self.procs = procs
+        self.depth = depth
+        self._modules = modules
+        self._on_outcome = on_outcome
+        self._on_returned = on_returned
+        self._on_fatal = on_fatal
+        self._ctx = multiprocessing.get_context("spawn")
+        self._workers: dict[int, _Worker] = {}
+        self._backlog: deque[Job] = deque()
+        self._start_failures = 0
+        self._startup: asyncio.Future[None] | None = None
+        self.closing = False
+        self.replaced = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, timeout: float = 60.0) -> None:
+        """Start every worker and wait until each has imported its handler modules.
+
+        Raises `HandlerError` if a worker cannot import them or dies while starting.
+        """
+        loop = asyncio.get_running_loop()
+        self._startup = loop.create_future()
+        for index in range(self.procs):
+            await self._spawn(index)
+        try:
+            await asyncio.wait_for(self._startup, timeout)
+        except TimeoutError:
+            await self.kill_all()
+            raise HandlerError(
+                f"worker processes did not start within {timeout:g}s: a handler module may "
+                "block at import time"
+            ) from None
+        except HandlerError:
+            await self.kill_all()
+            raise
+        finally:
+            self._startup = None
+
+    async def stop(self, grace: float) -> None:
+        """Let running jobs finish within ``grace`` seconds, then kill what is left.
+
+        Unstarted jobs come back through ``on_returned``; jobs killed at the deadline
+        end through ``on_outcome`` as failures.
+        """
+        self.closing = True
+        returned = list(self._backlog)
+        self._backlog.clear()
+        if returned:
+            self._on_returned(returned)
+        for w in self._workers.values():
+            if w.ready and not w.stopping:
+                w.stopping = True
+                self._send(w, ("stop",))
+            elif not w.ready:
+                self._kill(w, "pool stopping")
+        waits = [w.exited for w in self._workers.values() if w.exited is not None]
+        if not waits:
+            return
+        _, late = await asyncio.wait(waits, timeout=grace)
+        if late:
+            for w in list(self._workers.values()):
+                self._kill(w, f"shutdown grace period ({grace:g}s) expired")
+            await asyncio.wait(late, timeout=10)
+
+    async def kill_all(self) -> None:
+        """Kill every worker now, without reporting outcomes (hard stop)."""
+        self.closing = True
+        self._on_outcome = _ignore
+        self._on_returned = _ignore
+        waits = []
+        for w in list(self._workers.values()):
+            self._kill(w, "hard stop")
+            if w.exited is not None:
+                waits.append(w.exited)
+        if waits:
+            await asyncio.wait(waits, timeout=10)
+
+    # --- work in ----------------------------------------------------------------------------
+
+    def submit(self, jobs: list[Job]) -> None:
+        self._backlog.extend(jobs)
+        self._assign()
+
+    @property
+    def held(self) -> int:
+        """Jobs claimed and not yet finished: backlog plus everything sent to workers."""
+        return len(self._backlog) + sum(len(w.assigned) for w in self._workers.values())
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    def held_jobs(self) -> Iterator[Job]:
+        yield from self._backlog
+        for w in self._workers.values():
+            yield from w.assigned
+
+    def running(self) -> Iterator[tuple[int, Job, float]]:
+        """(worker index, job, started_at) for each busy worker."""
+        for w in self._workers.values():
+            if w.assigned:
+                yield w.index, w.assigned[0], w.started_at
+
+    def drop_lost(self, ids: set[int]) -> None:
+        """Forget jobs whose lease this host lost: unstarted ones are dropped, and a worker
+        running one is killed so two attempts of a job never run at the same time."""
+        self._backlog = deque(j for j in self._backlog if j.id not in ids)
+        for w in self._workers.values():
+            for job in w.assigned:
+                if job.id in ids:
+                    job.lost = True
+            if w.assigned and w.assigned[0].lost:
+                self._kill(w, "lease lost")
+
+    def check_deadlines(self) -> None:
+        """Kill workers whose running job is past its hard timeout."""
+        now = asyncio.get_running_loop().time()
+        for w in self._workers.values():
+            job = w.running
+            if job is not None and job.timeout and now - w.started_at > job.timeout:
+                self._kill(w, f"timeout: killed after {job.timeout:g}s")
+
+    def _assign(self) -> None:
+        if not self._backlog:
+            return
+        now = asyncio.get_running_loop().time()
+        # Idle workers first, so a short backlog spreads out instead of queueing behind one.
+        for w in sorted(self._workers.values(), key=lambda w: len(w.assigned)):
+            if not self._backlog:
+                break
+            if not w.ready or w.stopping or w.kill_reason or len(w.assigned) >= self.depth:
+                continue
+            room = self.depth - len(w.assigned)
+            batch = [self._backlog.popleft() for _ in range(min(room, len(self._backlog)))]
+            if not w.assigned:
+                w.started_at = now
+            w.assigned.extend(batch)
+            self._send(w, ("jobs", [job.wire() for job in batch]))
+
+    # --- processes --------------------------------------------------------------------------
+
+    async def _spawn(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        task_r, task_w = self._ctx.Pipe(duplex=False)
+        result_r, result_w = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(
+            target=worker.main,
+            args=(index, self._modules, task_r, result_w, os.getpid()),
+            name=f"pgpool-worker-{index}",
+            daemon=True,
+        )
+        process.start()
+        # The child has its own copies now; ours must close or EOF would never arrive.
+        task_r.close()
+        result_w.close()
+        w = _Worker(index, process, exited=loop.create_future())
+        self._workers[index] = w
+        write_fd = os.dup(task_w.fileno())
+        read_fd = os.dup(result_r.fileno())
+        task_w.close()
+        result_r.close()
+        w.transport, _ = await loop.connect_write_pipe(
+            asyncio.BaseProtocol, os.fdopen(write_fd, "wb", buffering=0)
+        )
+        await loop.connect_read_pipe(
+            lambda: _ResultPipe(self, w), os.fdopen(read_fd, "rb", buffering=0)
+        )
+
+    def _send(self, w: _Worker, message: tuple[Any, ...]) -> None:
+        if w.transport is not None and not w.transport.is_closing():
+            w.transport.write(ipc.encode(message))
+
+    def _kill(self, w: _Worker, reason: str) -> None:
+        if w.kill_reason is None:
+            w.kill_reason = reason
+        if w.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.process.pid, signal.SIGKILL)
+
+    def _on_message(self, w: _Worker, message: tuple[Any, ...]) -> None:
+        tag = message[0]
+        if tag in ("done", "failed"):
+            job = w.assigned.popleft()
+            if job.id != message[1]:  # the protocol is strictly in order; this is a bug
+                raise RuntimeError(f"worker {w.index} answered job {message[1]}, not {job.id}")
+            w.started_at = asyncio.get_running_loop().time()
+            if tag == "done":
+                outcome = Outcome(job, None, message[2])
+            else:
+                outcome = Outcome(job, message[2], message[4], cause=message[3])
+            self._on_outcome(outcome)
+            self._assign()
+        elif tag == "ready":
+            w.ready = True
+            self._start_failures = 0
+            if self._startup is not None and not self._startup.done() and all(
+                x.ready for x in self._workers.values()
+            ):
+                self._startup.set_result(None)
+            self._assign()
+        elif tag == "returned":
+            ids = set(message[1])
+            returned = [job for job in w.assigned if job.id in ids]
+            w.assigned = deque(job for job in w.assigned if job.id not in ids)
+            if returned:
+                self._on_returned(returned)
+        elif tag == "broken":
+            w.kill_reason = "broken"
+            if self._startup is not None and not self._startup.done():
+                self._startup.set_exception(HandlerError(message[1]))
+            else:
+                self._start_failed(w, message[1])
+
+    def _on_eof(self, w: _Worker) -> None:
+        asyncio.get_running_loop().create_task(self._reap(w))
+
+    async def _reap(self, w: _Worker) -> None:
+        # The pipe closes a moment before the process can be waited for; poll briefly.
+        for _ in range(200):
+            if w.process.exitcode is not None:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            self._kill(w, w.kill_reason or "closed its result pipe")
+            await asyncio.sleep(0.05)
+        w.process.join(timeout=1)
+        code = w.process.exitcode
+        if w.transport is not None:
+            w.transport.close()
+        del self._workers[w.index]
+        cause = w.kill_reason or _describe_exit(code)
+        if w.assigned:
+            job = w.assigned.popleft()
+            short = cause.split(":", 1)[0] if cause.startswith("timeout") else cause
+            self._on_outcome(Outcome(job, cause, 0.0, cause=short))
+            # Everything queued behind the running job never started: reassign it, or hand
+            # it back when no worker will take new jobs any more.
+            if self.closing:
+                if w.assigned:
+                    self._on_returned(list(w.assigned))
+            else:
+                self._backlog.extendleft(reversed(w.assigned))
+            w.assigned.clear()
+        if w.exited is not None and not w.exited.done():
+            w.exited.set_result(None)
+        if not w.ready and w.kill_reason not in ("pool stopping", "hard stop"):
+            if self._startup is not None and not self._startup.done():
+                self._startup.set_exception(HandlerError(
+                    f"worker {w.index} exited while starting ({cause}): run "
+                    f"`python -c 'import {self._modules[0] if self._modules else '...'}'` "
+                    "to see why"
+                ))
+                return
+            if w.kill_reason != "broken":
+                self._start_failed(w, cause)
+        if self.closing:
+            return
+        if w.stopping:
+            return
+        if w.ready:
+            log.warning("worker %d (pid %s) %s; replacing it", w.index, w.process.pid, cause)
+        self.replaced += 1
+        await self._spawn(w.index)
+        self._assign()
+
+    def _start_failed(self, w: _Worker, reason: str) -> None:
+        self._start_failures += 1
+        if self._start_failures >= MAX_START_FAILURES and not self.closing:
+            self.closing = True
+            self._on_fatal(
+                f"worker processes keep failing to start ({reason}); stopping this dispatcher"
+            )
+
+
+class _ResultPipe(asyncio.Protocol):
+    def __init__(self, pool: WorkerPool, w: _Worker) -> None:
+        self._pool = pool
+        self._worker = w
+        self._decoder = ipc.Decoder()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._decoder.feed(data):
+            self._pool._on_message(self._worker, message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._pool._on_eof(self._worker)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "worker died: exit status unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"worker died: signal {-code} ({name})"
+    return f"worker died: exit code {code}"
+
+
+def _ignore(*_: object) -> None:
+    pass

@@ -1,0 +1,54 @@
+"""The reaper: jobs whose lease expired go back to ready, or to pgpool_dead when exhausted.
+
+A lease expires only when its dispatcher stopped heartbeating (it died, or lost the
+database for a whole lease), so this never steals a job from a live, connected host. Every
+host runs a reaper; SKIP LOCKED keeps them from handling the same row twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import sql
+
+log = logging.getLogger("pgpool.reaper")
+
+BATCH = 1000
+
+
+class Reaper:
+    def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
+        self._pool = pool
+        self.interval = interval
+        self.revived = 0
+        self.buried = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reap()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("reaper pass failed: %s", type(exc).__name__)
+            await asyncio.sleep(self.interval)
+
+    async def reap(self) -> tuple[int, int]:
+        """One pass, in batches; returns (returned to ready, moved to pgpool_dead)."""
+        revived = buried = 0
+        while True:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql.REAP, {"limit": BATCH})
+                r, d = await cur.fetchone()
+            revived += r
+            buried += d
+            if r + d < BATCH:
+                break
+        if revived or buried:
+            log.warning("reaper: %d expired jobs returned to the queue, %d dead-lettered",
+                        revived, buried)
+        self.revived += revived
+        self.buried += buried
+        return revived, buried

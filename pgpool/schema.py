@@ -1,0 +1,166 @@
+"""Versioned, idempotent schema migrations.
+
+`migrate` applies the migrations the database lacks, in order, inside one transaction that
+holds an advisory lock, so several hosts may run it at once: the first applies, the others
+wait and then find nothing to do. The applied version is recorded in ``pgpool_schema_version``;
+`check` is what ``pgpool run`` uses to refuse a missing, older or newer schema.
+
+Physical choices come from the field reports in ``shared/seeds``: the ready-job index is
+partial (it stays as small as the backlog, not the table); nothing that a heartbeat touches
+(``lease_until``) is indexed, so lease extensions stay HOT updates; fillfactor 80 leaves room
+on each page for those updates; autovacuum is made aggressive on the one high-churn table.
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+import psycopg
+
+from . import sql
+from .errors import SchemaError
+
+
+class Migration(NamedTuple):
+    version: int
+    description: str
+    ddl: str
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "jobs, dead letters",
+        """
+        CREATE TABLE pgpool_jobs (
+            id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            queue        text        NOT NULL DEFAULT 'default',
+            kind         text        NOT NULL,
+            payload      jsonb       NOT NULL,
+            priority     integer     NOT NULL DEFAULT 0,
+            run_at       timestamptz NOT NULL DEFAULT now(),
+            state        text        NOT NULL DEFAULT 'ready'
+                                     CHECK (state IN ('ready', 'running')),
+            attempts     integer     NOT NULL DEFAULT 0,
+            max_attempts integer     CHECK (max_attempts > 0),
+            unique_key   text,
+            locked_by    text,
+            lease_until  timestamptz,
+            claimed_at   timestamptz,
+            last_error   text,
+            created_at   timestamptz NOT NULL DEFAULT now()
+        ) WITH (
+            fillfactor = 80,
+            autovacuum_vacuum_scale_factor = 0.02,
+            autovacuum_vacuum_insert_scale_factor = 0.02,
+            autovacuum_vacuum_cost_delay = 0
+        );
+        COMMENT ON TABLE pgpool_jobs IS
+            'pgpool live jobs: state ready or running. Succeeded jobs are deleted.';
+        CREATE INDEX pgpool_jobs_ready ON pgpool_jobs (queue, priority DESC, run_at, id)
+            WHERE state = 'ready';
+        CREATE INDEX pgpool_jobs_running ON pgpool_jobs (locked_by)
+            WHERE state = 'running';
+        CREATE UNIQUE INDEX pgpool_jobs_unique ON pgpool_jobs (kind, unique_key)
+            WHERE unique_key IS NOT NULL;
+
+        CREATE TABLE pgpool_dead (
+            id           bigint      PRIMARY KEY,
+            queue        text        NOT NULL,
+            kind         text        NOT NULL,
+            payload      jsonb       NOT NULL,
+            priority     integer     NOT NULL,
+            attempts     integer     NOT NULL,
+            max_attempts integer,
+            unique_key   text,
+            last_error   text,
+            created_at   timestamptz NOT NULL,
+            died_at      timestamptz NOT NULL DEFAULT now()
+        );
+        COMMENT ON TABLE pgpool_dead IS
+            'pgpool dead letters: jobs that failed max_attempts times, with the last error.';
+        CREATE INDEX pgpool_dead_kind ON pgpool_dead (kind, died_at);
+        """,
+    ),
+)
+
+#: The schema version this code expects.
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+
+_BOOKKEEPING = """
+CREATE TABLE IF NOT EXISTS pgpool_schema_version (
+    version     integer     PRIMARY KEY,
+    description text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+# One key per schema, so pgpool installations in different schemas never wait on each other.
+_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgpool.migrate:' || current_schema()))"
+
+
+def migrate(conn: psycopg.Connection) -> list[int]:
+    """Bring the schema on ``conn`` up to `SCHEMA_VERSION`; return the versions applied.
+
+    Safe to call concurrently from many processes and to call again (it then applies
+    nothing). Runs in a transaction of its own, or in a savepoint if ``conn`` is already
+    inside one. Raises `SchemaError` when the database is newer than this code.
+    """
+    if conn.execute("SELECT current_schema()").fetchone()[0] is None:
+        raise SchemaError(
+            "the connection's search_path names no existing schema to create pgpool's tables "
+            "in: create the schema first, or fix search_path in the DSN"
+        )
+    applied: list[int] = []
+    with conn.transaction():
+        conn.execute(_LOCK)
+        conn.execute(_BOOKKEEPING)
+        current = conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
+        if current > SCHEMA_VERSION:
+            raise SchemaError(_too_new(current))
+        for m in MIGRATIONS:
+            if m.version > current:
+                conn.execute(m.ddl)
+                conn.execute(
+                    "INSERT INTO pgpool_schema_version (version, description) VALUES (%s, %s)",
+                    (m.version, m.description),
+                )
+                applied.append(m.version)
+    return applied
+
+
+def schema_version(conn: psycopg.Connection) -> int | None:
+    """The recorded schema version, or None when pgpool's schema is absent."""
+    if not conn.execute(sql.HAS_SCHEMA).fetchone()[0]:
+        return None
+    return conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
+
+
+async def schema_version_async(conn: psycopg.AsyncConnection) -> int | None:
+    """Async twin of `schema_version`."""
+    if not (await (await conn.execute(sql.HAS_SCHEMA)).fetchone())[0]:
+        return None
+    return (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
+
+
+def check_version(found: int | None) -> None:
+    """Raise `SchemaError` unless ``found`` is exactly the version this code needs."""
+    if found is None:
+        raise SchemaError(
+            "pgpool's tables are missing from this database: run `pgpool migrate` "
+            "(with the same --dsn) first"
+        )
+    if found > SCHEMA_VERSION:
+        raise SchemaError(_too_new(found))
+    if found < SCHEMA_VERSION:
+        raise SchemaError(
+            f"the pgpool schema is at version {found} but this pgpool needs {SCHEMA_VERSION}: "
+            "run `pgpool migrate` to upgrade it"
+        )
+
+
+def _too_new(found: int) -> str:
+    return (
+        f"the pgpool schema is at version {found}, newer than this pgpool understands "
+        f"({SCHEMA_VERSION}): upgrade pgpool on this host before running it"
+    )

@@ -1,0 +1,180 @@
+"""Every runtime SQL statement pgpool sends, by name.
+
+The schema itself (DDL) lives in `pgpool.schema` as numbered migrations. Everything here is
+parameterised; table names are fixed and resolved through the connection's ``search_path``,
+so a deployment can put pgpool in its own schema with ``options=-csearch_path=...``.
+
+Ownership of a running job is the pair (``locked_by``, ``attempts``): the dispatcher id that
+claimed it and the attempt number that claim produced. Every statement that changes a
+running job checks both, so a dispatcher whose lease expired (and whose job was re-claimed,
+possibly by itself) can never ack, retry or extend the newer attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The LISTEN/NOTIFY channel. The payload is the queue name that has new ready work.
+CHANNEL: Final = "pgpool"
+
+# --- enqueue ------------------------------------------------------------------------------
+
+#: One job. Notifies only when the job is due now; a delayed job is found by polling.
+#: With a unique key that is already ready or running, no row is inserted and no row returns.
+ENQUEUE: Final = """
+WITH job AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key)
+    VALUES (%(queue)s, %(kind)s, %(payload)s, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+            %(max_attempts)s, %(unique_key)s)
+    ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING id, run_at
+)
+SELECT id, CASE WHEN run_at <= now() THEN pg_notify('pgpool', %(queue)s) END FROM job
+"""
+
+#: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`.
+COPY_JOBS: Final = "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts) FROM STDIN"
+COPY_JOBS_AT: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"
+)
+
+NOTIFY: Final = "SELECT pg_notify('pgpool', %(queue)s)"
+
+# --- dispatcher: claim, heartbeat, ack, reap -----------------------------------------------
+
+LISTEN: Final = "LISTEN pgpool"
+
+#: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,
+#: then oldest due. SKIP LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE
+#: does not block foreign keys that reference a job. A job's ``max_attempts`` is fixed at its
+#: first claim from the handler's setting when the producer left it open, so the reaper
+#: (which has no handler registry) can decide retry-or-dead on its own.
+CLAIM: Final = """
+WITH picked AS (
+    SELECT id FROM pgpool_jobs
+    WHERE state = 'ready'
+      AND queue = ANY(%(queues)s::text[])
+      AND kind = ANY(%(kinds)s::text[])
+      AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, k.max_attempts),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s)
+FROM picked, unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+WHERE j.id = picked.id AND k.kind = j.kind
+RETURNING j.id, j.kind, j.queue, j.attempts, j.max_attempts, j.payload
+"""
+
+#: Extend the leases of every job this dispatcher holds, in one statement.
+#: Returns the ids still owned; the caller treats the rest as lost.
+HEARTBEAT: Final = """
+UPDATE pgpool_jobs AS j
+SET lease_until = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
+WHERE j.id = h.id AND j.attempts = h.attempt
+  AND j.locked_by = %(owner)s AND j.state = 'running'
+RETURNING j.id
+"""
+
+#: One grouped ack: delete succeeded jobs, reschedule failures, hand back unstarted jobs
+#: (their claim did not count as an attempt) and move exhausted jobs to pgpool_dead.
+#: Each arm is guarded by ownership. Returns how many rows each arm changed.
+ACK: Final = """
+WITH done AS (
+    DELETE FROM pgpool_jobs AS j
+    USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[]) AS a(id, attempt)
+    WHERE j.id = a.id AND j.attempts = a.attempt
+      AND j.locked_by = %(owner)s AND j.state = 'running'
+    RETURNING j.id
+), retried AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', locked_by = NULL, lease_until = NULL, last_error = a.error,
+        run_at = now() + make_interval(secs => a.delay)
+    FROM unnest(%(retry_ids)s::bigint[], %(retry_attempts)s::int[],
+                %(retry_delays)s::float8[], %(retry_errors)s::text[])
+         AS a(id, attempt, delay, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt
+      AND j.locked_by = %(owner)s AND j.state = 'running'
+    RETURNING j.id
+), released AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', locked_by = NULL, lease_until = NULL, attempts = j.attempts - 1
+    FROM unnest(%(release_ids)s::bigint[], %(release_attempts)s::int[]) AS a(id, attempt)
+    WHERE j.id = a.id AND j.attempts = a.attempt
+      AND j.locked_by = %(owner)s AND j.state = 'running'
+    RETURNING j.id
+), buried AS (
+    DELETE FROM pgpool_jobs AS j
+    USING unnest(%(dead_ids)s::bigint[], %(dead_attempts)s::int[],
+                 %(dead_errors)s::text[]) AS a(id, attempt, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt
+      AND j.locked_by = %(owner)s AND j.state = 'running'
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.unique_key, j.created_at, a.error
+), dead AS (
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
+                             unique_key, created_at, last_error)
+    SELECT id, queue, kind, payload, priority, attempts, max_attempts,
+           unique_key, created_at, error
+    FROM buried
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
+       (SELECT count(*) FROM released), (SELECT count(*) FROM dead)
+"""
+
+#: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
+#: or bury them when that attempt was their last. The expired attempt counts. SKIP LOCKED
+#: lets every host run this concurrently without two of them handling one row.
+REAP: Final = """
+WITH expired AS (
+    SELECT id FROM pgpool_jobs
+    WHERE state = 'running' AND lease_until < now()
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), revived AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', run_at = now(), lease_until = NULL, locked_by = NULL,
+        last_error = 'lease expired while running on ' || coalesce(j.locked_by, '?')
+    FROM expired AS e
+    WHERE j.id = e.id AND j.attempts < j.max_attempts
+    RETURNING j.id
+), buried AS (
+    DELETE FROM pgpool_jobs AS j
+    USING expired AS e
+    WHERE j.id = e.id AND j.attempts >= j.max_attempts
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.unique_key, j.created_at, j.locked_by
+), dead AS (
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
+                             unique_key, created_at, last_error)
+    SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key, created_at,
+           'lease expired while running on ' || coalesce(locked_by, '?')
+    FROM buried
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
+"""
+
+#: Is any job that these queues and kinds could run due now? (``--burst`` exit check.)
+ANY_READY: Final = """
+SELECT EXISTS (
+    SELECT 1 FROM pgpool_jobs
+    WHERE state = 'ready' AND queue = ANY(%(queues)s::text[])
+      AND kind = ANY(%(kinds)s::text[]) AND run_at <= now()
+)
+"""
+
+# --- schema bookkeeping ---------------------------------------------------------------------
+
+HAS_SCHEMA: Final = "SELECT to_regclass('pgpool_schema_version') IS NOT NULL"
+SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_version"

@@ -1,0 +1,141 @@
+"""A worker process: runs the handlers for the jobs its dispatcher sends, one at a time.
+
+It imports the handler modules once, then loops: read frames from the task pipe, run each
+job (decoding its payload with orjson here, not in the dispatcher), and write one outcome
+frame per job to the result pipe. Before starting each job it looks for a "stop" frame
+without blocking, so a stopping dispatcher gets its unstarted jobs back. The worker ignores
+SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with its dispatcher: on
+Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also sees its task pipe
+close. See `pgpool.pool` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import orjson
+from setproctitle import setproctitle
+
+from . import ipc, registry
+from .errors import PgpoolError
+
+#: Longest error text stored with a failed attempt (the tail of the traceback is kept).
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The job the current worker is running, for handlers that want it."""
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+
+
+_current: JobInfo | None = None
+
+
+def current_job() -> JobInfo:
+    """The job being run by this worker process; only valid inside a handler.
+
+    Useful for idempotency (key side effects on ``current_job().id``) and for logging.
+    """
+    if _current is None:
+        raise RuntimeError("pgpool.current_job() is only available inside a running handler")
+    return _current
+
+
+def main(index: int, modules: list[str], tasks: Connection, results: Connection,
+         parent_pid: int) -> None:
+    """Entry point of worker ``index``; returns when told to stop or the dispatcher is gone."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    prefix = f"pgpool worker {index}"
+    setproctitle(f"{prefix}: starting")
+    rfd, wfd = tasks.fileno(), results.fileno()
+    try:
+        handlers = registry.load(modules)
+    except PgpoolError as exc:
+        ipc.write_all(wfd, ipc.encode(("broken", str(exc))))
+        return
+    ipc.write_all(wfd, ipc.encode(("ready", os.getpid())))
+
+    decoder = ipc.Decoder()
+    poller = select.poll()
+    poller.register(rfd, select.POLLIN)
+    pending: deque[tuple[int, int, int, str, str, bytes]] = deque()
+    idle_title = f"{prefix}: idle"
+    setproctitle(idle_title)
+    while True:
+        # Block only when there is nothing to run; otherwise just peek for "stop".
+        if not pending or poller.poll(0):
+            data = os.read(rfd, 1 << 16)
+            if not data:
+                return  # the dispatcher closed the pipe: it is gone
+            for message in decoder.feed(data):
+                if message[0] == "jobs":
+                    pending.extend(message[1])
+                elif message[0] == "stop":
+                    returned = [job[0] for job in pending]
+                    ipc.write_all(wfd, ipc.encode(("returned", returned)))
+                    return
+        if pending:
+            job = pending.popleft()
+            setproctitle(f"{prefix}: {job[3]}#{job[0]}")
+            ipc.write_all(wfd, ipc.encode(_run(handlers, job)))
+            if not pending:
+                setproctitle(idle_title)
+
+
+def _run(handlers: dict[str, registry.Handler],
+         job: tuple[int, int, int, str, str, bytes]) -> tuple[object, ...]:
+    global _current
+    job_id, attempt, max_attempts, kind, queue, payload = job
+    started = time.perf_counter()
+    _current = JobInfo(job_id, kind, queue, attempt, max_attempts)
+    try:
+        handler = handlers.get(kind)
+        if handler is None:
+            raise LookupError(f"no handler for kind {kind!r} in this worker")
+        handler.fn(orjson.loads(payload))
+    except BaseException as exc:  # a handler may raise anything, SystemExit included
+        return ("failed", job_id, format_error(exc), type(exc).__name__,
+                time.perf_counter() - started)
+    finally:
+        _current = None
+    return ("done", job_id, time.perf_counter() - started)
+
+
+def format_error(exc: BaseException) -> str:
+    """The error text stored with a failed attempt: bounded, valid UTF-8, no NUL bytes."""
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > MAX_ERROR_CHARS:
+        summary = "".join(traceback.format_exception_only(exc))[:MAX_ERROR_CHARS // 4]
+        text = summary + "...\n" + text[-(MAX_ERROR_CHARS - len(summary) - 4):]
+    return clean_text(text)
+
+
+def clean_text(text: str) -> str:
+    """Make text storable in a PostgreSQL text column."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\0")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the dispatcher died before prctl took effect
+        os._exit(1)
