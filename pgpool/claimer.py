@@ -64,8 +64,3 @@ class Claimer:
             Job(id_, kind, queue, attempt, max_attempts, payload, timeouts[kind])
             for id_, kind, queue, attempt, max_attempts, payload in rows
         ]
-
-    async def any_ready(self) -> bool:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.ANY_READY, self.params)
-            return bool((await cur.fetchone())[0])

@@ -60,6 +60,7 @@ class CompleterStats:
     flushes: int = 0
     acks: int = 0
     stale: int = 0
+    failed_flushes: int = 0
     flush_seconds: float = 0.0
     max_flush_seconds: float = 0.0
 
@@ -137,6 +138,7 @@ class Completer:
                 result = await self.flush(self._flushing)
             except (psycopg.Error, OSError) as exc:
                 failures += 1
+                self.stats.failed_flushes += 1
                 backoff = min(5.0, 0.1 * 2 ** min(failures, 6))
                 log.warning(
                     "ack flush of %d outcomes failed (%s); keeping them, retrying in %.1fs",

@@ -69,6 +69,7 @@ class Dispatcher:
         self._stopping = False
         self._signal: int | None = None
         self._started = 0.0
+        self._reaped_for_burst = False
 
     async def run(self) -> int:
         """Run until stopped (or, with ``burst``, until drained); return the exit status.
@@ -136,32 +137,47 @@ class Dispatcher:
     # --- the claim loop ---------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        cfg = self.config
-        threshold = max(1, cfg.batch // 2)
         failures = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.capacity - self.pool.held
-            room = free >= threshold or (free > 0 and self.pool.backlog == 0)
-            if room and self.completer.has_room() and not self.heartbeat.at_risk:
-                want = min(cfg.batch, free)
-                try:
-                    jobs = await self.claimer.claim(want)
-                except (psycopg.Error, OSError) as exc:
-                    failures += 1
-                    log.warning("claim failed (%s); retrying", type(exc).__name__)
-                    await self._wait(min(5.0, 0.1 * 2 ** min(failures, 6)))
-                    continue
-                failures = 0
-                if jobs:
-                    self.pool.submit(jobs)
-                if len(jobs) == want:
-                    continue  # a full batch: more may be ready right now
-                if (cfg.burst and not jobs and self.pool.held == 0
-                        and self.completer.backlog == 0):
-                    log.info("burst: no runnable job is ready and nothing is in flight")
-                    return
-            await self._wait(cfg.poll)
+            try:
+                step = await self._claim_step()
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                log.warning("claim failed (%s); retrying", type(exc).__name__)
+                await self._wait(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                continue
+            failures = 0
+            if step == "drained":
+                log.info("burst: no runnable job is ready and nothing is in flight")
+                return
+            if step == "wait":
+                await self._wait(self.config.poll)
+
+    async def _claim_step(self) -> str:
+        """Claim if there is room: "again" after a full batch, "wait", or "drained"."""
+        cfg = self.config
+        free = self.capacity - self.pool.held
+        room = free >= max(1, cfg.batch // 2) or (free > 0 and self.pool.backlog == 0)
+        if not (room and self.completer.has_room() and not self.heartbeat.at_risk):
+            return "wait"
+        want = min(cfg.batch, free)
+        jobs = await self.claimer.claim(want)
+        if jobs:
+            self.pool.submit(jobs)
+            self._reaped_for_burst = False
+        if len(jobs) == want:
+            return "again"  # a full batch: more may be ready right now
+        if cfg.burst and not jobs and self.pool.held == 0 and self.completer.backlog == 0:
+            # Drained only if a claim still finds nothing after a reaper pass: jobs
+            # stranded by a dead host count as work for a batch host too.
+            if self._reaped_for_burst:
+                return "drained"
+            await self.reaper.reap()
+            self._reaped_for_burst = True
+            return "again"
+        self._reaped_for_burst = False
+        return "wait"
 
     async def _wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

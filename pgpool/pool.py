@@ -218,15 +218,19 @@ class WorkerPool:
     def _assign(self) -> None:
         if not self._backlog:
             return
+        open_ = [w for w in self._workers.values()
+                 if w.ready and not w.stopping and not w.kill_reason]
+        # Deal in rounds, one job per worker per round, so a short backlog spreads over
+        # idle workers before any worker gets a job queued behind its running one.
+        batches: dict[_Worker, list[Job]] = {}
+        for level in range(self.depth):
+            for w in open_:
+                if not self._backlog:
+                    break
+                if len(w.assigned) + len(batches.get(w, ())) <= level:
+                    batches.setdefault(w, []).append(self._backlog.popleft())
         now = asyncio.get_running_loop().time()
-        # Idle workers first, so a short backlog spreads out instead of queueing behind one.
-        for w in sorted(self._workers.values(), key=lambda w: len(w.assigned)):
-            if not self._backlog:
-                break
-            if not w.ready or w.stopping or w.kill_reason or len(w.assigned) >= self.depth:
-                continue
-            room = self.depth - len(w.assigned)
-            batch = [self._backlog.popleft() for _ in range(min(room, len(self._backlog)))]
+        for w, batch in batches.items():
             if not w.assigned:
                 w.started_at = now
             w.assigned.extend(batch)

@@ -26,6 +26,9 @@ class Reaper:
         self.interval = interval
         self.revived = 0
         self.buried = 0
+        # One pass at a time per process: a caller that reaps on demand (``--burst``) then
+        # knows that every revival the periodic pass made is committed when it returns.
+        self._lock = asyncio.Lock()
 
     async def run(self) -> None:
         while True:
@@ -38,14 +41,15 @@ class Reaper:
     async def reap(self) -> tuple[int, int]:
         """One pass, in batches; returns (returned to ready, moved to pgpool_dead)."""
         revived = buried = 0
-        while True:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql.REAP, {"limit": BATCH})
-                r, d = await cur.fetchone()
-            revived += r
-            buried += d
-            if r + d < BATCH:
-                break
+        async with self._lock:
+            while True:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(sql.REAP, {"limit": BATCH})
+                    r, d = await cur.fetchone()
+                revived += r
+                buried += d
+                if r + d < BATCH:
+                    break
         if revived or buried:
             log.warning("reaper: %d expired jobs returned to the queue, %d dead-lettered",
                         revived, buried)

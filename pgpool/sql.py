@@ -165,15 +165,6 @@ WITH expired AS (
 SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
 """
 
-#: Is any job that these queues and kinds could run due now? (``--burst`` exit check.)
-ANY_READY: Final = """
-SELECT EXISTS (
-    SELECT 1 FROM pgpool_jobs
-    WHERE state = 'ready' AND queue = ANY(%(queues)s::text[])
-      AND kind = ANY(%(kinds)s::text[]) AND run_at <= now()
-)
-"""
-
 # --- schema bookkeeping ---------------------------------------------------------------------
 
 HAS_SCHEMA: Final = "SELECT to_regclass('pgpool_schema_version') IS NOT NULL"

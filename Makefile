@@ -1,0 +1,28 @@
+# Everything runs from a virtualenv in the repo, created on first use from `python3`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## make test: set up and run the test suite against a real, throwaway PostgreSQL
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+## make demo: start the embedded PostgreSQL, enqueue example CPU jobs, run them, report
+demo: $(STAMP)
+	$(BIN)/python bench/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check pgpool tests bench handlers
+
+clean:
+	rm -rf $(VENV) .pgpool

@@ -1,0 +1,246 @@
+"""The dispatcher's SQL against a real PostgreSQL: claim, heartbeat, grouped acks, reaper.
+
+These drive the dispatcher's own components (Claimer, Completer, Heartbeat, Reaper) on a
+real connection pool, without worker processes, so each property is checked directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+import pgpool
+from pgpool.claimer import Claimer
+from pgpool.completer import Ack, Completer
+from pgpool.dispatcher import _configure
+from pgpool.heartbeat import Heartbeat
+from pgpool.reaper import Reaper
+from pgpool.registry import Handler
+
+
+def _handlers(*kinds: str, max_attempts: int | None = None) -> dict[str, Handler]:
+    return {k: Handler(k, print, None, max_attempts) for k in kinds}
+
+
+def run_with_pool(dsn: str, fn: Callable[[AsyncConnectionPool], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        async with AsyncConnectionPool(dsn, min_size=2, max_size=4, open=False,
+                                       kwargs={"autocommit": True,
+                                               "application_name": "pgpool-test-pool"},
+                                       configure=_configure) as pool:
+            return await fn(pool)
+
+    return asyncio.run(main())
+
+
+def claimer(pool: AsyncConnectionPool, owner: str = "host-a", *kinds: str,
+            queues: tuple[str, ...] = ("default",), lease: float = 30,
+            max_attempts: int = 20) -> Claimer:
+    return Claimer(pool, owner, queues=queues, handlers=_handlers(*(kinds or ("k",))),
+                   lease=lease, max_attempts=max_attempts, timeout=None)
+
+
+def rows(db: psycopg.Connection, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    return db.execute(query, params).fetchall()
+
+
+def test_claim_skips_rows_locked_by_a_concurrent_transaction(db, dsn):
+    ids = [pgpool.enqueue(db, "k", {"n": i}) for i in range(10)]
+    with psycopg.connect(dsn) as locker:
+        locked = [r[0] for r in locker.execute(
+            "SELECT id FROM pgpool_jobs ORDER BY id LIMIT 3 FOR UPDATE").fetchall()]
+
+        async def claim(pool: AsyncConnectionPool) -> list[int]:
+            async with pool.connection() as conn:
+                # Without SKIP LOCKED the claim would wait on the locker and hit this.
+                await conn.execute("SET statement_timeout = '5s'")
+            return [j.id for j in await claimer(pool).claim(10)]
+
+        got = run_with_pool(dsn, claim)
+        assert sorted(got) == sorted(set(ids) - set(locked))
+        locker.rollback()
+    later = run_with_pool(dsn, lambda pool: claimer(pool, "host-b").claim(10))
+    assert sorted(j.id for j in later) == sorted(locked)
+
+
+def test_claim_order_filters_and_ownership_columns(db, dsn):
+    future = datetime.now(UTC) + timedelta(hours=1)
+    low = pgpool.enqueue(db, "k", {}, priority=0)
+    high = pgpool.enqueue(db, "k", {}, priority=5)
+    pgpool.enqueue(db, "k", {}, run_at=future)  # not due
+    pgpool.enqueue(db, "other-kind", {})  # no handler on this host
+    pgpool.enqueue(db, "k", {}, queue="elsewhere")  # not our queue
+    explicit = pgpool.enqueue(db, "k", {"x": "é"}, max_attempts=4)
+
+    jobs = run_with_pool(dsn, lambda pool: claimer(pool, "host-a", "k", max_attempts=7).claim(10))
+    assert [j.id for j in jobs] == [high, low, explicit]
+    by_id = {j.id: j for j in jobs}
+    assert by_id[low].max_attempts == 7  # the handler's limit fills in an open one
+    assert by_id[explicit].max_attempts == 4  # the producer's wins
+    assert by_id[explicit].payload == b'{"x": "\xc3\xa9"}'  # raw JSON text, unparsed
+    state = rows(db, "SELECT state, attempts, locked_by, lease_until > now() FROM pgpool_jobs"
+                     " WHERE id = %s", low)
+    assert state == [("running", 1, "host-a", True)]
+    left = rows(db, "SELECT count(*) FROM pgpool_jobs WHERE state = 'ready'")[0][0]
+    assert left == 3
+
+
+def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
+    for i in range(6):
+        pgpool.enqueue(db, "k", {"n": i})
+
+    async def scenario(pool: AsyncConnectionPool) -> list[Any]:
+        jobs = await claimer(pool, "host-a").claim(6)
+        mine = Completer(pool, "host-a")
+        theirs = Completer(pool, "host-b")
+        # Another host cannot ack, retry or bury jobs it does not own.
+        stolen = await theirs.flush([Ack("done", jobs[0]), Ack("dead", jobs[1], error="x")])
+        result = await mine.flush([
+            Ack("done", jobs[0]), Ack("done", jobs[1]),
+            Ack("retry", jobs[2], delay=60, error="boom"),
+            Ack("release", jobs[3]),
+            Ack("dead", jobs[4], error="gave up"),
+        ])
+        return [stolen, result, jobs]
+
+    stolen, result, jobs = run_with_pool(dsn, scenario)
+    assert (stolen.done, stolen.dead, stolen.stale) == (0, 0, 2)
+    assert (result.done, result.retried, result.released, result.dead, result.stale) == (
+        2, 1, 1, 1, 0)
+    states = dict(rows(db, "SELECT id, state FROM pgpool_jobs"))
+    assert states == {jobs[2].id: "ready", jobs[3].id: "ready", jobs[5].id: "running"}
+    retried = rows(db, "SELECT attempts, last_error, run_at > now() + interval '50 seconds',"
+                       " locked_by FROM pgpool_jobs WHERE id = %s", jobs[2].id)
+    assert retried == [(1, "boom", True, None)]
+    released = rows(db, "SELECT attempts FROM pgpool_jobs WHERE id = %s", jobs[3].id)
+    assert released == [(0,)]  # handing back an unstarted job costs no attempt
+    dead = rows(db, "SELECT id, attempts, last_error, payload FROM pgpool_dead")
+    assert dead == [(jobs[4].id, 1, "gave up", {"n": 4})]
+
+
+def test_a_reclaimed_attempt_cannot_be_acked_by_its_old_owner(db, dsn):
+    pgpool.enqueue(db, "k", {})
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[Any, Any, int]:
+        (old,) = await claimer(pool, "host-a", lease=30).claim(1)
+        async with pool.connection() as conn:  # host-a goes silent; its lease runs out
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
+        revived, _ = await Reaper(pool, 1).reap()
+        (new,) = await claimer(pool, "host-a").claim(1)  # the same host claims it again
+        late = await Completer(pool, "host-a").flush([Ack("done", old)])
+        beat = await Heartbeat(pool, "host-a", 30, lambda: [old], lambda ids: None).beat()
+        return late, beat, new.attempt, revived
+
+    late, lost, attempt, revived = run_with_pool(dsn, scenario)
+    assert revived == 1
+    assert attempt == 2
+    assert late.stale == 1  # attempt 1's ack is refused: attempt 2 owns the job now
+    assert rows(db, "SELECT state, attempts FROM pgpool_jobs") == [("running", 2)]
+    assert lost == {rows(db, "SELECT id FROM pgpool_jobs")[0][0]}
+
+
+def test_heartbeat_extends_every_held_lease_in_one_statement(db, dsn):
+    for i in range(20):
+        pgpool.enqueue(db, "k", {"n": i})
+
+    async def scenario(pool: AsyncConnectionPool) -> set[int]:
+        jobs = await claimer(pool, "host-a", lease=5).claim(20)
+        hb = Heartbeat(pool, "host-a", 600, lambda: jobs, lambda ids: None)
+        return await hb.beat()
+
+    assert run_with_pool(dsn, scenario) == set()
+    short = rows(db, "SELECT count(*) FROM pgpool_jobs WHERE lease_until < now() + "
+                     "interval '500 seconds'")[0][0]
+    assert short == 0
+
+
+def test_reaper_revives_expired_jobs_and_buries_exhausted_ones(db, dsn):
+    for i in range(3):
+        pgpool.enqueue(db, "k", {"n": i}, max_attempts=1 if i == 0 else 5)
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[int, int]:
+        await claimer(pool, "host-gone").claim(3)
+        async with pool.connection() as conn:
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'"
+                               " WHERE payload->>'n' IN ('0', '1')")
+        # Two reapers at once (two hosts): each expired job is handled exactly once.
+        a, b = await asyncio.gather(Reaper(pool, 1).reap(), Reaper(pool, 1).reap())
+        return a[0] + b[0], a[1] + b[1]
+
+    assert run_with_pool(dsn, scenario) == (1, 1)
+    ready = rows(db, "SELECT payload->>'n', attempts, last_error LIKE 'lease expired%%' "
+                     "FROM pgpool_jobs WHERE state = 'ready'")
+    assert ready == [("1", 1, True)]
+    assert rows(db, "SELECT payload->>'n', last_error LIKE 'lease expired while running on "
+                    "host-gone%%' FROM pgpool_dead") == [("0", True)]
+    assert rows(db, "SELECT count(*) FROM pgpool_jobs WHERE state = 'running'") == [(1,)]
+
+
+def test_completer_groups_many_acks_into_few_transactions(db, dsn):
+    pgpool.enqueue_many(db, "k", ({"n": i} for i in range(500)))
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[int, bool]:
+        jobs = []
+        c = claimer(pool)
+        while batch := await c.claim(100):
+            jobs += batch
+        completer = Completer(pool, "host-a", max_batch=100, interval=0.05, high_water=300)
+        task = asyncio.create_task(completer.run())
+        for job in jobs[:299]:
+            completer.add(Ack("done", job))
+        room_before = completer.has_room()
+        completer.add(Ack("done", jobs[299]))
+        full = not completer.has_room()  # backpressure: the dispatcher stops claiming
+        for job in jobs[300:]:
+            completer.add(Ack("done", job))
+        await completer.wait_idle()
+        task.cancel()
+        assert room_before and full
+        return completer.stats.flushes, completer.stats.acks
+
+    flushes, acks = run_with_pool(dsn, scenario)
+    assert acks == 500
+    assert flushes <= 10
+    assert rows(db, "SELECT count(*) FROM pgpool_jobs") == [(0,)]
+
+
+def test_completer_keeps_acks_across_a_killed_connection(db, dsn, server_dsn):
+    pgpool.enqueue_many(db, "k", ({"n": i} for i in range(40)))
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[int, int, int]:
+        jobs = await claimer(pool).claim(40)
+        # Kill every connection of the pool: the next flush fails on a dead socket.
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'pgpool-test-pool'").fetchone()[0]
+        completer = Completer(pool, "host-a", max_batch=10, interval=0.001)
+        task = asyncio.create_task(completer.run())
+        for job in jobs:
+            completer.add(Ack("done", job))
+        await asyncio.wait_for(completer.wait_idle(), 30)
+        task.cancel()
+        return killed, completer.stats.failed_flushes, completer.stats.acks
+
+    killed, failed, acked = run_with_pool(dsn, scenario)
+    assert killed >= 1
+    assert failed >= 1  # the flush really hit the dead connection, and was retried
+    assert acked == 40
+    assert rows(db, "SELECT count(*) FROM pgpool_jobs") == [(0,)]
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 5, 12, 40])
+def test_backoff_is_capped_exponential_with_bounded_jitter(attempt):
+    from pgpool.retry import RetryPolicy
+
+    policy = RetryPolicy(base=1.0, cap=600.0)
+    nominal = min(600.0, 2.0 ** (attempt - 1))
+    delays = [policy.delay(attempt) for _ in range(200)]
+    assert all(nominal / 2 <= d <= nominal for d in delays)
+    assert len(set(delays)) > 100  # jittered, not one fixed value

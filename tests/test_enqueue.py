@@ -1,0 +1,101 @@
+"""Enqueueing: the caller's transaction decides, NOTIFY arrives at commit, dedupe, COPY."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+import pgpool
+
+
+def count(db: psycopg.Connection, where: str = "true") -> int:
+    return db.execute(f"SELECT count(*) FROM pgpool_jobs WHERE {where}").fetchone()[0]
+
+
+def listener(dsn: str) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("LISTEN pgpool")
+    return conn
+
+
+def notifications(conn: psycopg.Connection) -> list[str]:
+    # timeout=0.5 bounds the wait when nothing comes; a delivered one returns at once.
+    return [n.payload for n in conn.notifies(timeout=0.5, stop_after=1)]
+
+
+def test_rolled_back_enqueue_leaves_no_job_and_wakes_nobody(db, dsn):
+    ears = listener(dsn)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.commit()
+        conn.execute("INSERT INTO orders VALUES (1)")
+        job_id = pgpool.enqueue(conn, "thumbnail", {"order": 1})
+        assert isinstance(job_id, int)
+        conn.rollback()
+    assert count(db) == 0
+    assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+    assert notifications(ears) == []
+
+
+def test_committed_enqueue_commits_with_business_rows_and_notifies_at_commit(db, dsn):
+    ears = listener(dsn)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        pgpool.enqueue(conn, "thumbnail", {"order": 1}, queue="images")
+        assert notifications(ears) == []  # not before commit
+        conn.commit()
+    assert notifications(ears) == ["images"]
+    assert count(db, "queue = 'images' AND state = 'ready'") == 1
+
+
+def test_delayed_job_is_scheduled_and_does_not_notify(db, dsn):
+    ears = listener(dsn)
+    pgpool.enqueue(db, "k", {}, delay=60)
+    pgpool.enqueue(db, "k", {}, run_at=datetime.now(UTC) + timedelta(hours=2))
+    pgpool.enqueue(db, "k", {}, delay=timedelta(minutes=3))
+    assert notifications(ears) == []
+    assert count(db, "run_at > now() + interval '50 seconds'") == 3
+
+
+def test_unique_key_dedupes_while_ready_or_running_per_kind(db):
+    first = pgpool.enqueue(db, "report", {"day": 1}, unique_key="day-1")
+    assert first is not None
+    assert pgpool.enqueue(db, "report", {"day": 1}, unique_key="day-1") is None
+    assert pgpool.enqueue(db, "other", {"day": 1}, unique_key="day-1") is not None
+    db.execute("UPDATE pgpool_jobs SET state = 'running' WHERE id = %s", (first,))
+    assert pgpool.enqueue(db, "report", {}, unique_key="day-1") is None
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (first,))  # it finished
+    assert pgpool.enqueue(db, "report", {}, unique_key="day-1") is not None
+
+
+def test_enqueue_many_copies_all_rows_in_the_callers_transaction(db, dsn):
+    payloads = [{"n": i, "text": 'quote " back\\slash \t tab é'} for i in range(2500)]
+    with psycopg.connect(dsn) as conn:
+        assert pgpool.enqueue_many(conn, "k", payloads, priority=3, max_attempts=2) == 2500
+        conn.rollback()
+    assert count(db) == 0
+    assert pgpool.enqueue_many(db, "k", iter(payloads), queue="bulk") == 2500
+    stored = db.execute("SELECT payload FROM pgpool_jobs ORDER BY id").fetchall()
+    assert [r[0] for r in stored] == payloads
+    at = datetime.now(UTC) + timedelta(days=1)
+    assert pgpool.enqueue_many(db, "k", [{}] * 3, run_at=at) == 3
+    assert count(db, "run_at > now() + interval '23 hours'") == 3
+    assert pgpool.enqueue_many(db, "k", []) == 0
+
+
+def test_async_twins(db, dsn):
+    async def main() -> tuple[int | None, int]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            one = await pgpool.enqueue_async(conn, "k", {"a": 1}, unique_key="u")
+            dup = await pgpool.enqueue_async(conn, "k", {"a": 1}, unique_key="u")
+            assert dup is None
+            many = await pgpool.enqueue_many_async(conn, "k", [{"b": i} for i in range(10)])
+            await conn.commit()
+        return one, many
+
+    one, many = asyncio.run(main())
+    assert isinstance(one, int) and many == 10
+    assert count(db) == 11

@@ -1,0 +1,293 @@
+"""`pgpool run` end to end: real dispatcher processes, real workers, real signals.
+
+Handlers come from tests/testjobs.py and record every attempt they start and finish, so
+each test can say exactly which attempt of which job ran, and how often.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import read_records, run_pgpool, start_pgpool
+
+import pgpool
+
+RUN = ("run", "--handlers", "testjobs")
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 30) -> object:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited as far as we are concerned.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def starts(record_dir: Path) -> list[tuple[int, int, int, str]]:
+    return [r for r in read_records(record_dir) if r[3] == "start"]
+
+
+def one(db: psycopg.Connection, query: str, *params: object) -> object:
+    return db.execute(query, params).fetchone()
+
+
+def make_due(db: psycopg.Connection) -> None:
+    """Skip a retry's backoff instead of sleeping through it."""
+    db.execute("UPDATE pgpool_jobs SET run_at = now() WHERE state = 'ready'")
+
+
+def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_dir):
+    pgpool.enqueue_many(db, "record", ({"n": i} for i in range(300)))
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    records = read_records(record_dir)
+    ids = [r[0] for r in records if r[3] == "end"]
+    assert len(ids) == 300 and len(set(ids)) == 300
+    assert len({r[2] for r in records}) == 2  # both workers ran jobs
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert "300 succeeded" in done.stderr
+
+
+def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
+        db, dsn, record_dir):
+    pgpool.enqueue_many(db, "record", ({"n": i} for i in range(10_000)))
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    before = one(db, "SELECT xact_commit FROM pg_stat_database "
+                     "WHERE datname = current_database()")[0]
+    hosts = [start_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir)
+             for _ in range(2)]
+    outputs = [h.communicate(timeout=180) for h in hosts]
+    for h, (_, err) in zip(hosts, outputs, strict=True):
+        assert h.returncode == 0, err
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    after = one(db, "SELECT xact_commit FROM pg_stat_database "
+                    "WHERE datname = current_database()")[0]
+
+    runs = Counter(r[0] for r in starts(record_dir))
+    assert len(runs) == 10_000  # none lost
+    assert max(runs.values()) == 1  # none run twice
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
+    # Both hosts took part (each is a separate dispatcher with its own worker).
+    assert all("succeeded" in err and " 0 succeeded" not in err for _, err in outputs)
+    # Grouped acks and batch claims: far fewer transactions than jobs.
+    transactions = after - before
+    assert transactions < 10_000 / 10, transactions
+
+
+def test_failures_back_off_then_dead_letter_with_the_error(db, dsn, record_dir):
+    job = pgpool.enqueue(db, "fail", {"secret": "PAYLOAD-MARKER"})  # handler: max_attempts=3
+    for attempt in (1, 2):
+        done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir)
+        assert done.returncode == 0, done.stderr
+        attempts, wait, error = one(
+            db, "SELECT attempts, extract(epoch FROM run_at - now()), last_error "
+                "FROM pgpool_jobs WHERE id = %s", job)
+        assert attempts == attempt
+        nominal = 2 ** (attempt - 1)  # base 1 s, doubling, with equal jitter
+        assert nominal / 2 - 1 <= wait <= nominal
+        assert "ValueError: this job always fails" in error
+        make_due(db)
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir)
+    assert done.returncode == 0
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    dead = one(db, "SELECT id, attempts, max_attempts, last_error FROM pgpool_dead")
+    assert dead[:3] == (job, 3, 3)
+    assert "ValueError: this job always fails" in dead[3]
+    assert len(starts(record_dir)) == 3
+    assert "PAYLOAD-MARKER" not in done.stderr  # payloads are never logged
+
+
+def test_a_job_that_fails_once_succeeds_on_retry(db, dsn, record_dir):
+    pgpool.enqueue(db, "flaky", {"succeed_on": 2})
+    assert run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir).returncode == 0
+    make_due(db)
+    assert run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir).returncode == 0
+    assert [(r[1], r[3]) for r in sorted(read_records(record_dir), key=lambda r: r[1])] == [
+        (1, "start"), (2, "start"), (2, "end")]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+@pytest.mark.parametrize(("how", "cause"), [
+    ("kill", "worker died: signal 9 (SIGKILL)"),
+    ("segfault", "worker died: signal 11 (SIGSEGV)"),
+    ("exit", "worker died: exit code 7"),
+])
+def test_a_dying_worker_fails_only_its_job_and_is_replaced(db, dsn, record_dir, how, cause):
+    crash = pgpool.enqueue(db, "crash", {"how": how})  # handler: max_attempts=2
+    pgpool.enqueue_many(db, "record", ({"n": i} for i in range(50)))
+    first = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert first.returncode == 0, first.stderr
+    assert one(db, "SELECT attempts, last_error FROM pgpool_jobs WHERE id = %s", crash) == (
+        1, cause)
+    make_due(db)
+    second = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert second.returncode == 0, second.stderr
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT id, attempts, last_error FROM pgpool_dead") == (crash, 2, cause)
+    ends = [r[0] for r in read_records(record_dir) if r[3] == "end"]
+    assert len(ends) == 50 and len(set(ends)) == 50
+    assert "replacing it" in first.stderr
+
+
+def test_hard_timeout_kills_a_spinning_handler(db, dsn, record_dir):
+    spin = pgpool.enqueue(db, "spin", {})  # handler: timeout=1, max_attempts=1
+    pgpool.enqueue_many(db, "record", ({"n": i} for i in range(20)))
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert one(db, "SELECT id, last_error FROM pgpool_dead") == (
+        spin, "timeout: killed after 1s")
+    assert len([r for r in read_records(record_dir) if r[3] == "end"]) == 20
+
+
+def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_dir):
+    ids = [pgpool.enqueue(db, "record", {"sleep": 1.0, "n": i}) for i in range(6)]
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "6", record_dir=record_dir)
+    wait_until(lambda: starts(record_dir), "the first job to start")
+    host.send_signal(signal.SIGTERM)
+    _, err = host.communicate(timeout=60)
+    assert host.returncode == 0, err
+    (started,) = starts(record_dir)
+    assert [r[3] for r in read_records(record_dir)] == ["start", "end"]
+    # The finished job was acked; every other job is ready again, with no attempt spent.
+    left = db.execute("SELECT id, state, attempts, locked_by FROM pgpool_jobs "
+                      "ORDER BY id").fetchall()
+    assert left == [(i, "ready", 0, None) for i in ids if i != started[0]]
+    assert "5 handed back" in err
+
+
+def test_grace_expiry_kills_the_job_and_returns_it_for_another_attempt(db, dsn, record_dir):
+    job = pgpool.enqueue(db, "record", {"sleep": 600})
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--grace", "0.5", record_dir=record_dir)
+    wait_until(lambda: starts(record_dir), "the job to start")
+    host.send_signal(signal.SIGTERM)
+    _, err = host.communicate(timeout=60)
+    assert host.returncode == 0, err
+    worker_pid = starts(record_dir)[0][2]
+    assert not alive(worker_pid)
+    state = one(db, "SELECT state, attempts, locked_by, last_error FROM pgpool_jobs "
+                    "WHERE id = %s", job)
+    assert state == ("ready", 1, None, "shutdown grace period (0.5s) expired")
+
+
+def test_second_signal_stops_at_once_and_the_lease_brings_the_job_back(db, dsn, record_dir):
+    job = pgpool.enqueue(db, "record", {"sleep": 600})
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1", record_dir=record_dir)
+    wait_until(lambda: starts(record_dir), "the job to start")
+    host.send_signal(signal.SIGTERM)
+    wait_until(lambda: "stopping" in (host.stderr.readline() or ""), "the first signal")
+    host.send_signal(signal.SIGINT)
+    host.communicate(timeout=30)
+    assert host.returncode == 128 + signal.SIGINT
+    wait_until(lambda: not alive(starts(record_dir)[0][2]), "the worker to be gone", 10)
+    assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", job) == ("running",)
+    # Nobody acked it; once the lease runs out, any host's reaper returns it.
+    wait_until(lambda: one(db, "SELECT lease_until < now() FROM pgpool_jobs")[0],
+               "the lease to expire", 10)
+    db.execute("UPDATE pgpool_jobs SET payload = '{}'")  # the rerun should be quick
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert [(r[1], r[3]) for r in read_records(record_dir) if r[3] == "end"] == [(2, "end")]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
+        db, dsn, record_dir):
+    pgpool.enqueue_many(db, "record", ({"sleep": 600} for _ in range(2)))
+    host = start_pgpool(dsn, *RUN, "--procs", "2", "--lease", "1", record_dir=record_dir)
+    wait_until(lambda: len(starts(record_dir)) == 2, "both jobs to start")
+    host.kill()
+    host.communicate(timeout=30)
+    for _, _, pid, _ in starts(record_dir):
+        wait_until(lambda pid=pid: not alive(pid), f"orphaned worker {pid} to exit", 10)
+    wait_until(lambda: one(db, "SELECT bool_and(lease_until < now()) FROM pgpool_jobs")[0],
+               "the leases to expire", 10)
+    db.execute("UPDATE pgpool_jobs SET payload = '{}'")
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert sorted(r[1] for r in read_records(record_dir) if r[3] == "end") == [2, 2]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, record_dir):
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "600", record_dir=record_dir)
+    try:
+        wait_until(lambda: "dispatcher" in (host.stderr.readline() or ""),
+                   "the dispatcher to start")
+        # The claim loop may still be in its first empty claim: enqueue after LISTEN is up.
+        wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
+                                   "WHERE query = 'LISTEN pgpool'")[0], "LISTEN")
+        pgpool.enqueue(db, "record", {})
+        # The poll interval is 10 minutes: only the notification can explain a pickup.
+        wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
+                   "the job to run", 20)
+    finally:
+        host.send_signal(signal.SIGTERM)
+        host.communicate(timeout=30)
+    assert host.returncode == 0
+
+
+def test_polling_is_the_backstop_for_a_lost_notification(db, dsn, record_dir):
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "0.2", record_dir=record_dir)
+    try:
+        wait_until(lambda: "dispatcher" in (host.stderr.readline() or ""),
+                   "the dispatcher to start")
+        # A plain INSERT sends no notification, like one lost while disconnected.
+        db.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES ('record', '{}')")
+        wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
+                   "the polled job to run", 20)
+    finally:
+        host.send_signal(signal.SIGTERM)
+        host.communicate(timeout=30)
+    assert host.returncode == 0
+
+
+def test_jobs_of_kinds_without_a_handler_stay_ready(db, dsn, record_dir):
+    orphan = pgpool.enqueue(db, "nobody-handles-this", {})
+    pgpool.enqueue(db, "record", {})
+    done = run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT id, state, attempts FROM pgpool_jobs").fetchall() == [
+        (orphan, "ready", 0)]
+
+
+def test_queue_option_limits_what_a_host_claims(db, dsn, record_dir):
+    pgpool.enqueue(db, "record", {}, queue="a")
+    other = pgpool.enqueue(db, "record", {}, queue="b")
+    pgpool.enqueue(db, "record", {}, queue="c")
+    done = run_pgpool(dsn, *RUN, "--queue", "a", "--queue", "c", "--burst",
+                      record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT id FROM pgpool_jobs").fetchall() == [(other,)]
+
+
+def test_subprocess_helpers_really_run_the_cli():
+    # Guards the harness itself: a bogus subcommand must fail through the real CLI.
+    result = subprocess.run([*__import__("conftest").pgpool_cmd("bogus")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr

@@ -1,0 +1,84 @@
+"""Handlers used by the test suite (imported by real worker processes: ``--handlers testjobs``).
+
+Each records what it did as a line "<job id> <attempt> <pid> <event>" in a per-process
+file under $TESTJOBS_RECORD, so a test can check exactly which attempts ran where.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import pgpool
+
+
+def _record(event: str) -> None:
+    where = os.environ.get("TESTJOBS_RECORD")
+    if not where:
+        return
+    job = pgpool.current_job()
+    line = f"{job.id} {job.attempt} {os.getpid()} {event}\n".encode()
+    fd = os.open(os.path.join(where, f"{os.getpid()}.log"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+@pgpool.handler("record")
+def record(payload: dict) -> None:
+    _record("start")
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    _record("end")
+
+
+@pgpool.handler("fail", max_attempts=3)
+def fail(payload: dict) -> None:
+    _record("start")
+    raise ValueError("this job always fails")
+
+
+@pgpool.handler("flaky")
+def flaky(payload: dict) -> None:
+    _record("start")
+    if pgpool.current_job().attempt < payload["succeed_on"]:
+        raise RuntimeError("not yet")
+    _record("end")
+
+
+@pgpool.handler("crash", max_attempts=2)
+def crash(payload: dict) -> None:
+    _record("start")
+    how = payload.get("how", "kill")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "exit":
+        os._exit(7)
+    elif how == "segfault":
+        ctypes.string_at(0)
+
+
+@pgpool.handler("spin", timeout=1, max_attempts=1)
+def spin(payload: dict) -> None:
+    _record("start")
+    while True:
+        pass
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+@pgpool.handler("unprintable", max_attempts=1)
+def unprintable(payload: dict) -> None:
+    raise _Unprintable()
+
+
+@pgpool.handler("huge_error", max_attempts=1)
+def huge_error(payload: dict) -> None:
+    raise ValueError("x" * 5_000_000)
