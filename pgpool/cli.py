@@ -16,6 +16,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
 import orjson
+import psycopg
+import psycopg_pool
 
 from . import dsn as dsnlib
 from . import registry, schema
@@ -24,6 +26,8 @@ from .enqueue import enqueue
 from .errors import ConfigError, PgpoolError
 
 log = logging.getLogger("pgpool")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,8 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pgpool",
         description="CPU-heavy jobs on every core of every host; PostgreSQL is the queue.",
     )
-    parser.add_argument("--log-level", default=os.environ.get("PGPOOL_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                         help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
@@ -116,8 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = args.log_level or os.environ.get("PGPOOL_LOG_LEVEL", "INFO").upper()
+    if level not in LOG_LEVELS:
+        print(f"pgpool: error: PGPOOL_LOG_LEVEL={level!r} is not one of "
+              f"{', '.join(LOG_LEVELS)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
-        level=args.log_level, stream=sys.stderr,
+        level=level, stream=sys.stderr,
         format="%(asctime)s pgpool[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
@@ -128,6 +136,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(f"pgpool: error: the database refused: {_first_line(exc)}: grant this role "
+              "the privileges pgpool needs (migrations need CREATE on the schema; running "
+              "needs SELECT, INSERT, UPDATE, DELETE on pgpool's tables)", file=sys.stderr)
+        return 2
+    except psycopg_pool.PoolTimeout as exc:
+        print(f"pgpool: error: could not open database connections ({_first_line(exc)}): "
+              "check that the server accepts more connections (max_connections)",
+              file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"pgpool: error: lost the database: {_first_line(exc)}: check that the server "
+              "is up and reachable, then run the command again", file=sys.stderr)
+        return 2
     except Exception as exc:  # the last line of defence: users never see a traceback
         if os.environ.get("PGPOOL_DEBUG"):
             raise
@@ -201,3 +223,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         return 0
     print(job_id)
     return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

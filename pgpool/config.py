@@ -44,16 +44,30 @@ def usable_cpus() -> int:
 
 
 def _cgroup_quota() -> float | None:
-    # cgroup v2: "max 100000" or "<quota> <period>"
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    # cgroup v1
-    try:
-        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        p = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+    """The tightest CPU quota on this process's cgroup path, in CPUs; None if unlimited."""
+    root = Path("/sys/fs/cgroup")
+    try:  # cgroup v2: "0::/path"; each level may set "<quota> <period>" or "max ..."
+        own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+    except (OSError, StopIteration):
+        own = "/"
+    quotas = []
+    level = root / own.strip("/")
+    while True:
+        try:
+            quota, period = (level / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                quotas.append(int(quota) / int(period))
+        except (OSError, ValueError):
+            pass
+        if level == root or root not in level.parents:
+            break
+        level = level.parent
+    if quotas:
+        return min(quotas)
+    try:  # cgroup v1
+        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
         return None if q <= 0 or p <= 0 else q / p
     except (OSError, ValueError):
         return None

@@ -11,8 +11,10 @@ anything is sent, so a bad payload raises `PayloadError` and leaves the transact
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -28,6 +30,9 @@ from .registry import check_name
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 _COPY_CHUNK: Final = 1 << 20
 _INT4_MAX: Final = 2**31 - 1
+# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one would make
+# it the literal text "\u0000", which jsonb stores fine).
+_NUL_ESCAPE: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def max_payload_bytes() -> int:
@@ -72,7 +77,7 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
             "payload contains NaN or Infinity, which JSON cannot represent: "
             "replace them (e.g. with None or a string) before enqueueing"
         )
-    if b"\\u0000" in data:
+    if b"\\u0000" in data and _NUL_ESCAPE.search(data):
         raise PayloadError(
             "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store: "
             "remove it or encode the binary data (e.g. base64)"
@@ -87,6 +92,8 @@ def _has_non_finite(value: Any) -> bool:
         return any(_has_non_finite(v) for v in value.values())
     if isinstance(value, list | tuple):
         return any(_has_non_finite(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_has_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
     return False
 
 

@@ -64,6 +64,7 @@ def handler(
     killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
     of this kind gets when its producer did not say; after the last failure it moves to
     ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
+    An ``async def`` handler is run to completion in a fresh event loop per attempt.
     """
     check_name("kind", kind)
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):

@@ -11,7 +11,9 @@ close. See `pgpool.pool` for the whole picture.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import inspect
 import os
 import select
 import signal
@@ -109,7 +111,9 @@ def _run(handlers: dict[str, registry.Handler],
         handler = handlers.get(kind)
         if handler is None:
             raise LookupError(f"no handler for kind {kind!r} in this worker")
-        handler.fn(orjson.loads(payload))
+        result = handler.fn(orjson.loads(payload))
+        if inspect.iscoroutine(result):  # an ``async def`` handler
+            asyncio.run(result)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         return ("failed", job_id, format_error(exc), type(exc).__name__,
                 time.perf_counter() - started)

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -233,37 +234,46 @@ def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
 
 
-def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, record_dir):
-    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "600", record_dir=record_dir)
+@contextmanager
+def serving(dsn: str, record_dir: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """A dispatcher that has started up; stopped with SIGTERM afterwards (must exit 0)."""
+    host = start_pgpool(dsn, *RUN, *args, record_dir=record_dir)
     try:
         wait_until(lambda: "dispatcher" in (host.stderr.readline() or ""),
                    "the dispatcher to start")
+        yield host
+    finally:
+        host.send_signal(signal.SIGTERM)
+        host.communicate(timeout=30)
+    assert host.returncode == 0
+
+
+def ended(record_dir: Path) -> list[tuple[int, int, int, str]]:
+    return [r for r in read_records(record_dir) if r[3] == "end"]
+
+
+def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, record_dir):
+    with serving(dsn, record_dir, "--procs", "1", "--poll", "600"):
         # The claim loop may still be in its first empty claim: enqueue after LISTEN is up.
         wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
                                    "WHERE query = 'LISTEN pgpool'")[0], "LISTEN")
         pgpool.enqueue(db, "record", {})
         # The poll interval is 10 minutes: only the notification can explain a pickup.
-        wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
-                   "the job to run", 20)
-    finally:
-        host.send_signal(signal.SIGTERM)
-        host.communicate(timeout=30)
-    assert host.returncode == 0
+        wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
 def test_polling_is_the_backstop_for_a_lost_notification(db, dsn, record_dir):
-    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "0.2", record_dir=record_dir)
-    try:
-        wait_until(lambda: "dispatcher" in (host.stderr.readline() or ""),
-                   "the dispatcher to start")
+    with serving(dsn, record_dir, "--procs", "1", "--poll", "0.2"):
         # A plain INSERT sends no notification, like one lost while disconnected.
         db.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES ('record', '{}')")
-        wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
-                   "the polled job to run", 20)
-    finally:
-        host.send_signal(signal.SIGTERM)
-        host.communicate(timeout=30)
-    assert host.returncode == 0
+        wait_until(lambda: ended(record_dir), "the polled job to run", 20)
+
+
+def test_async_handlers_run_to_completion(db, dsn, record_dir):
+    pgpool.enqueue_many(db, "async_record", [{}] * 5)
+    done = run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert len(ended(record_dir)) == 5
 
 
 def test_jobs_of_kinds_without_a_handler_stay_ready(db, dsn, record_dir):

@@ -46,6 +46,8 @@ def test_concurrent_migrations_apply_once(dsn):
 def test_check_version_refuses_missing_older_and_newer():
     with pytest.raises(pgpool.SchemaError, match="pgpool migrate"):
         schema.check_version(None)
+    with pytest.raises(pgpool.SchemaError, match="run `pgpool migrate` to upgrade"):
+        schema.check_version(0)  # bookkeeping table present, migrations not applied
     with pytest.raises(pgpool.SchemaError, match="newer"):
         schema.check_version(pgpool.SCHEMA_VERSION + 1)
     schema.check_version(pgpool.SCHEMA_VERSION)

@@ -82,3 +82,12 @@ def unprintable(payload: dict) -> None:
 @pgpool.handler("huge_error", max_attempts=1)
 def huge_error(payload: dict) -> None:
     raise ValueError("x" * 5_000_000)
+
+
+@pgpool.handler("async_record")
+async def async_record(payload: dict) -> None:
+    import asyncio
+
+    _record("start")
+    await asyncio.sleep(0)
+    _record("end")
