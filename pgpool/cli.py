@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
 import os
@@ -15,7 +16,6 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
-import orjson
 import psycopg
 import psycopg_pool
 
@@ -36,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _number(kind: type, *, minimum: float, inclusive: bool, what: str) -> Callable[[str], Any]:
+def _number(kind: type, *, minimum: float, inclusive: bool, what: str,
+            maximum: float = math.inf) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -44,7 +45,7 @@ def _number(kind: type, *, minimum: float, inclusive: bool, what: str) -> Callab
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        if value < minimum or (value == minimum and not inclusive):
+        if value < minimum or (value == minimum and not inclusive) or value > maximum:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
 
@@ -54,6 +55,15 @@ def _number(kind: type, *, minimum: float, inclusive: bool, what: str) -> Callab
 positive_int = _number(int, minimum=1, inclusive=True, what="a positive integer")
 positive_seconds = _number(float, minimum=0, inclusive=False, what="a positive number of seconds")
 seconds = _number(float, minimum=0, inclusive=True, what="a non-negative number of seconds")
+# Bounds the database and the machine can honour; past them a run could only fail later.
+procs_count = _number(int, minimum=1, inclusive=True, maximum=4096,
+                      what="a number of processes from 1 to 4096")
+batch_size = _number(int, minimum=1, inclusive=True, maximum=10_000,
+                     what="a batch size from 1 to 10000")
+lease_seconds = _number(float, minimum=1, inclusive=True, maximum=86_400,
+                        what="a lease from 1 to 86400 seconds")
+poll_seconds = _number(float, minimum=0.01, inclusive=True, maximum=3600,
+                       what="a poll interval from 0.01 to 3600 seconds")
 
 
 def _name(what: str) -> Callable[[str], str]:
@@ -71,40 +81,42 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pgpool",
         description="CPU-heavy jobs on every core of every host; PostgreSQL is the queue.",
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                         help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
                 "embedded server in $PGPOOL_HOME)")
 
-    run = sub.add_parser("run", help="run a dispatcher and its worker processes on this host")
+    run = sub.add_parser("run", parents=[common],
+                         help="run a dispatcher and its worker processes on this host")
     run.add_argument("--dsn", help=dsn_help)
     run.add_argument("--handlers", action="append", metavar="MODULE",
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
     run.add_argument("--queue", action="append", type=_name("queue"), metavar="NAME",
                      help="queue to serve (repeatable; default: default)")
-    run.add_argument("--procs", type=positive_int,
+    run.add_argument("--procs", type=procs_count,
                      help="worker processes (default: usable CPUs, respecting affinity and "
                           "cgroup quota)")
-    run.add_argument("--batch", type=positive_int, default=50,
+    run.add_argument("--batch", type=batch_size, default=50,
                      help="jobs claimed per statement (default 50)")
-    run.add_argument("--lease", type=positive_seconds, default=30.0,
+    run.add_argument("--lease", type=lease_seconds, default=30.0,
                      help="lease length in seconds, extended every lease/3 (default 30)")
     run.add_argument("--timeout", type=positive_seconds,
                      help="hard per-attempt time limit for handlers that set none")
     run.add_argument("--grace", type=seconds, default=30.0,
                      help="on SIGTERM, how long running jobs may take to finish (default 30)")
-    run.add_argument("--poll", type=positive_seconds, default=1.0,
+    run.add_argument("--poll", type=poll_seconds, default=1.0,
                      help="backstop poll interval when no notification arrives (default 1)")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.set_defaults(func=cmd_run)
 
-    migrate = sub.add_parser("migrate", help="create or upgrade pgpool's tables")
+    migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
     migrate.add_argument("--dsn", help=dsn_help)
     migrate.set_defaults(func=cmd_migrate)
 
-    enq = sub.add_parser("enqueue", help="enqueue one job and print its id")
+    enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
     enq.add_argument("kind", type=_name("kind"))
     enq.add_argument("payload", metavar="JSON", help="the payload, a JSON object")
     enq.add_argument("--queue", type=_name("queue"), default="default")
@@ -132,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except PgpoolError as exc:
-        print(f"pgpool: error: {exc}", file=sys.stderr)
+        print(f"pgpool: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -180,8 +192,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         burst=args.burst,
         poll=args.poll,
     )
-    if config.lease < 1.0:
-        raise ConfigError("--lease must be at least 1 second (it is extended every lease/3)")
     return _run_async(Dispatcher(config, handlers).run())
 
 
@@ -208,8 +218,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     try:
-        payload = orjson.loads(args.payload)
-    except orjson.JSONDecodeError as exc:
+        # The stdlib parser keeps big integers exact (orjson would round them to floats,
+        # silently changing the data); encode_payload then refuses what JSON cannot hold.
+        payload = json.loads(args.payload, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"the JSON payload is not valid JSON ({exc}); quote it for the "
                           """shell, e.g. '{"n": 1}'""") from None
     dsn = dsnlib.resolve(args.dsn)
@@ -228,3 +240,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _reject_constant(name: str) -> None:
+    raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)

@@ -70,6 +70,7 @@ class Dispatcher:
         self._signal: int | None = None
         self._started = 0.0
         self._reaped_for_burst = False
+        self._threshold = max(1, config.batch // 2)
 
     async def run(self) -> int:
         """Run until stopped (or, with ``burst``, until drained); return the exit status.
@@ -157,11 +158,9 @@ class Dispatcher:
     async def _claim_step(self) -> str:
         """Claim if there is room: "again" after a full batch, "wait", or "drained"."""
         cfg = self.config
-        free = self.capacity - self.pool.held
-        room = free >= max(1, cfg.batch // 2) or (free > 0 and self.pool.backlog == 0)
-        if not (room and self.completer.has_room() and not self.heartbeat.at_risk):
+        if not (self._room() and self.completer.has_room() and not self.heartbeat.at_risk):
             return "wait"
-        want = min(cfg.batch, free)
+        want = min(cfg.batch, self.capacity - self.pool.held)
         jobs = await self.claimer.claim(want)
         if jobs:
             self.pool.submit(jobs)
@@ -178,6 +177,11 @@ class Dispatcher:
             return "again"
         self._reaped_for_burst = False
         return "wait"
+
+    def _room(self) -> bool:
+        """Room for a claim: half a batch free, or the backlog ran dry."""
+        free = self.capacity - self.pool.held
+        return free >= self._threshold or (free > 0 and self.pool.backlog == 0)
 
     async def _wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -245,7 +249,9 @@ class Dispatcher:
 
     def _on_outcome(self, out: Outcome) -> None:
         job = out.job
-        self._wake.set()
+        # Waking the claim loop costs a task and a timer: only do it when it can claim.
+        if self._room() or (self.config.burst and self.pool.held == 0):
+            self._wake.set()
         if job.lost:
             self.counts["lost"] += 1
             log.warning("%s ended after its lease was lost; result dropped", job)

@@ -44,6 +44,12 @@ def normalise(dsn: str, source: str) -> str:
             f"{source} is not a valid PostgreSQL connection string ({_first_line(exc)}): "
             "use postgresql://user:password@host:5432/dbname or 'host=... dbname=...'"
         ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(
+                f"{source} is not a valid PostgreSQL connection string (invalid port "
+                f"{port!r}): use a number from 1 to 65535, e.g. postgresql://host:5432/db"
+            )
     if "connect_timeout" in params or os.environ.get("PGCONNECT_TIMEOUT"):
         return dsn
     return make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT)
@@ -83,6 +89,8 @@ def connect_error(dsn: str, exc: Exception) -> ConnectError:
     reason = _first_line(exc)
     if "password authentication failed" in reason or "no password supplied" in reason:
         hint = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
+    elif "role" in reason and "does not exist" in reason:
+        hint = "check the user name in the DSN (or PGUSER)"
     elif "does not exist" in reason:
         hint = "create it, or point the DSN at an existing database"
     else:
@@ -97,6 +105,7 @@ def _first_line(exc: Exception) -> str:
     # libpq prefixes every attempt with "connection to server at ... failed:"; keep the cause.
     if "failed: " in line:
         line = line.rsplit("failed: ", 1)[1]
+    line = line.removeprefix("FATAL:").strip()
     return line.rstrip(".")
 
 

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 import psycopg
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from . import sql
@@ -28,6 +29,7 @@ from .errors import ConfigError, PayloadError, SchemaError
 from .registry import check_name
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
 _COPY_CHUNK: Final = 1 << 20
 _INT4_MAX: Final = 2**31 - 1
 # A JSON \u0000 escape: preceded by an even number of backslashes (an odd one would make
@@ -131,9 +133,12 @@ def _delay_seconds(run_at: datetime | None, delay: float | timedelta | None) -> 
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     if (
         not isinstance(seconds, int | float) or isinstance(seconds, bool)
-        or not math.isfinite(seconds) or seconds < 0
+        or not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS
     ):
-        raise ConfigError(f"delay must be a non-negative number of seconds, got {delay!r}")
+        raise ConfigError(
+            f"delay must be a number of seconds from 0 to {MAX_DELAY_SECONDS:,} (100 years), "
+            f"got {delay!r}"
+        )
     return float(seconds)
 
 
@@ -256,8 +261,12 @@ def enqueue_many(
     _check_options(kind, queue, priority, run_at, max_attempts)
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
     try:
-        with conn.cursor() as cur:
+        # A bad payload found mid-COPY rolls back to the savepoint: the caller's
+        # transaction stays usable, with none of these rows in it.
+        with conn.transaction(), conn.cursor() as cur:
             with cur.copy(stmt) as copy:
                 for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
                                           max_attempts, counter):
@@ -305,8 +314,10 @@ async def enqueue_many_async(
     _check_options(kind, queue, priority, run_at, max_attempts)
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        await conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
     try:
-        async with conn.cursor() as cur:
+        async with conn.transaction(), conn.cursor() as cur:
             async with cur.copy(stmt) as copy:
                 for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
                                           max_attempts, counter):

@@ -145,9 +145,12 @@ def _import(module: str, what: str) -> None:
 
 
 def _last_line(exc: BaseException) -> str:
-    where = ""
-    tb = traceback.extract_tb(exc.__traceback__)
-    if tb:
-        frame = tb[-1]
-        where = f" ({os.path.basename(frame.filename)}, line {frame.lineno})"
-    return f"{type(exc).__name__}: {exc}{where}"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, SyntaxError):  # its text already names the file and line
+        return f"{type(exc).__name__}: {text}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen ")]
+    if not frames:
+        return f"{type(exc).__name__}: {text}"
+    last = frames[-1]
+    return f"{type(exc).__name__}: {text} ({os.path.basename(last.filename)}, line {last.lineno})"

@@ -123,12 +123,15 @@ def _run(handlers: dict[str, registry.Handler],
 
 
 def format_error(exc: BaseException) -> str:
-    """The error text stored with a failed attempt: bounded, valid UTF-8, no NUL bytes."""
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > MAX_ERROR_CHARS:
-        summary = "".join(traceback.format_exception_only(exc))[:MAX_ERROR_CHARS // 4]
-        text = summary + "...\n" + text[-(MAX_ERROR_CHARS - len(summary) - 4):]
-    return clean_text(text)
+    """The error text stored with a failed attempt: the innermost frames and the message,
+    each bounded, as valid UTF-8 without NUL bytes."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    if len(frames) > MAX_ERROR_CHARS // 2:
+        frames = "  ...\n" + frames[-(MAX_ERROR_CHARS // 2):]
+    message = "".join(traceback.format_exception_only(exc))
+    if len(message) > MAX_ERROR_CHARS // 2:
+        message = message[: MAX_ERROR_CHARS // 2] + "... (truncated)\n"
+    return clean_text("Traceback (most recent call last):\n" + frames + message)
 
 
 def clean_text(text: str) -> str:

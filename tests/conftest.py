@@ -84,12 +84,29 @@ def run_pgpool(dsn: str, *args: str, record_dir: Path | None = None, timeout: fl
     )
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
 def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
                  **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    """Start the real CLI in the background; killed after the test if still running."""
+    proc = subprocess.Popen(
         pgpool_cmd(*args), cwd=TESTS, env=pgpool_env(dsn, record_dir, **env),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    _started.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_dispatchers() -> Iterator[None]:
+    # A failing test must not leave a dispatcher running (and its workers: they die with it).
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
