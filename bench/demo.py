@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
-
 import pgpool
 from pgpool import dsn as dsnlib
 

@@ -27,7 +27,7 @@ KINDS = {
 }
 
 
-def commits(conn) -> int:  # noqa: ANN001 - a psycopg connection
+def commits(conn) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     return conn.execute("SELECT xact_commit FROM pg_stat_database "
                         "WHERE datname = current_database()").fetchone()[0]
