@@ -67,6 +67,7 @@ class _Worker:
     stopping: bool = False
     started_at: float = 0.0  # loop time the front job of `assigned` started
     kill_reason: str | None = None
+    retiring: str | None = None  # left on its own between jobs; nothing of it is running
     exited: asyncio.Future[None] | None = None
 
     @property
@@ -91,9 +92,12 @@ class WorkerPool:
         on_returned: Callable[[list[Job]], None],
         on_fatal: Callable[[str], None],
         depth: int = 2,
+        max_tasks: int | None = None,
+        max_memory: int | None = None,
     ) -> None:
         self.procs = procs
         self.depth = depth
+        self._limits = (max_tasks, max_memory)
         self._modules = modules
         self._on_outcome = on_outcome
         self._on_returned = on_returned
@@ -219,7 +223,7 @@ class WorkerPool:
         if not self._backlog:
             return
         open_ = [w for w in self._workers.values()
-                 if w.ready and not w.stopping and not w.kill_reason]
+                 if w.ready and not (w.stopping or w.kill_reason or w.retiring)]
         # Deal in rounds, one job per worker per round, so a short backlog spreads over
         # idle workers before any worker gets a job queued behind its running one.
         batches: dict[_Worker, list[Job]] = {}
@@ -244,7 +248,7 @@ class WorkerPool:
         result_r, result_w = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=worker.main,
-            args=(index, self._modules, task_r, result_w, os.getpid()),
+            args=(index, self._modules, task_r, result_w, os.getpid(), *self._limits),
             name=f"pgpool-worker-{index}",
             daemon=True,
         )
@@ -303,6 +307,16 @@ class WorkerPool:
             w.assigned = deque(job for job in w.assigned if job.id not in ids)
             if returned:
                 self._on_returned(returned)
+        elif tag == "retiring":
+            # Everything still assigned is unstarted, including jobs sent after it decided.
+            w.retiring = message[1]
+            if w.assigned:
+                if self.closing:
+                    self._on_returned(list(w.assigned))
+                else:
+                    self._backlog.extendleft(reversed(w.assigned))
+                w.assigned.clear()
+            self._assign()
         elif tag == "broken":
             w.kill_reason = "broken"
             if self._startup is not None and not self._startup.done():
@@ -356,7 +370,10 @@ class WorkerPool:
             return
         if w.stopping:
             return
-        if w.ready:
+        if w.retiring:
+            log.info("worker %d (pid %s) %s; replacing it", w.index, w.process.pid,
+                     w.retiring)
+        elif w.ready:
             log.warning("worker %d (pid %s) %s; replacing it", w.index, w.process.pid, cause)
         self.replaced += 1
         await self._spawn(w.index)

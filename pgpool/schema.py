@@ -111,6 +111,8 @@ def migrate(conn: psycopg.Connection) -> list[int]:
             "the connection's search_path names no existing schema to create pgpool's tables "
             "in: create the schema first, or fix search_path in the DSN"
         )
+    if schema_version(conn) == SCHEMA_VERSION:
+        return []  # nothing to do, and no DDL privilege needed to find that out
     applied: list[int] = []
     with conn.transaction():
         conn.execute(_LOCK)

@@ -15,6 +15,7 @@ import asyncio
 import ctypes
 import inspect
 import os
+import resource
 import select
 import signal
 import sys
@@ -59,8 +60,15 @@ def current_job() -> JobInfo:
 
 
 def main(index: int, modules: list[str], tasks: Connection, results: Connection,
-         parent_pid: int) -> None:
-    """Entry point of worker ``index``; returns when told to stop or the dispatcher is gone."""
+         parent_pid: int, max_tasks: int | None = None,
+         max_memory: int | None = None) -> None:
+    """Entry point of worker ``index``; returns when told to stop, when it retires, or when
+    the dispatcher is gone.
+
+    ``max_tasks``: retire after that many jobs. ``max_memory``: cap this process's private
+    writable memory (RLIMIT_DATA) at that many bytes, so a runaway job fails with
+    MemoryError instead of exhausting the host; the worker retires after one.
+    """
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -72,7 +80,16 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     except PgpoolError as exc:
         ipc.write_all(wfd, ipc.encode(("broken", str(exc))))
         return
+    if max_memory is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (max_memory, max_memory))
+        except (ValueError, OSError) as exc:
+            reason = (f"cannot cap worker memory at {max_memory // 2**20} MiB ({exc}): the "
+                      "worker already uses more after importing handlers; raise --max-memory")
+            ipc.write_all(wfd, ipc.encode(("broken", reason)))
+            return
     ipc.write_all(wfd, ipc.encode(("ready", os.getpid())))
+    finished = 0
 
     decoder = ipc.Decoder()
     poller = select.poll()
@@ -96,7 +113,18 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         if pending:
             job = pending.popleft()
             setproctitle(f"{prefix}: {job[3]}#{job[0]}")
-            ipc.write_all(wfd, ipc.encode(_run(handlers, job)))
+            outcome = _run(handlers, job)
+            ipc.write_all(wfd, ipc.encode(outcome))
+            finished += 1
+            retire = None
+            if outcome[0] == "failed" and outcome[3] == "MemoryError":
+                retire = "retired after a MemoryError"  # its heap may be left fragmented
+            elif max_tasks is not None and finished >= max_tasks:
+                retire = f"recycled after {finished} jobs"
+            if retire:
+                returned = [queued[0] for queued in pending]
+                ipc.write_all(wfd, ipc.encode(("retiring", retire, returned)))
+                return
             if not pending:
                 setproctitle(idle_title)
 

@@ -91,3 +91,15 @@ async def async_record(payload: dict) -> None:
     _record("start")
     await asyncio.sleep(0)
     _record("end")
+
+
+@pgpool.handler("hog", max_attempts=1)
+def hog(payload: dict) -> None:
+    _record("start")
+    ballast = bytearray(payload["mib"] * 2**20)  # noqa: F841 - the allocation is the point
+    _record("end")
+
+
+@pgpool.handler("whoami")
+def whoami(payload: dict) -> None:
+    _record("run")

@@ -1,0 +1,85 @@
+"""The worker pool on its own: real worker processes, no database.
+
+Outcomes are collected from the pool's callbacks, so these tests see exactly what the
+dispatcher would: which job ended how, which worker ran it, which jobs came back unstarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from conftest import read_records
+
+from pgpool.job import Job, Outcome
+from pgpool.pool import WorkerPool
+
+
+def job(i: int, kind: str, payload: bytes = b"{}", timeout: float | None = None) -> Job:
+    return Job(i, kind, "default", 1, 1, payload, timeout)
+
+
+def run_pool(jobs: list[Job], *, procs: int = 1, depth: int = 2,
+             **limits: int) -> tuple[list[Outcome], int]:
+    """Submit ``jobs``, wait until each has an outcome; return them and the replacements."""
+    async def main() -> tuple[list[Outcome], int]:
+        outcomes: list[Outcome] = []
+        finished = asyncio.get_running_loop().create_future()
+
+        def on_outcome(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == len(jobs):
+                finished.set_result(None)
+
+        pool = WorkerPool(procs=procs, modules=["testjobs"], on_outcome=on_outcome,
+                          on_returned=lambda jobs: None, on_fatal=finished.set_exception,
+                          depth=depth, **limits)
+        await pool.start()
+        pool.submit(jobs)
+        await asyncio.wait_for(finished, 60)
+        await pool.stop(grace=10)
+        return outcomes, pool.replaced
+
+    return asyncio.run(main())
+
+
+def test_max_tasks_recycles_workers_without_failing_or_losing_jobs(record_dir: Path,
+                                                                  monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    outcomes, replaced = run_pool([job(i, "whoami") for i in range(10)], depth=4,
+                                  max_tasks=3)
+    assert sorted(o.job.id for o in outcomes) == list(range(10))
+    assert all(o.error is None for o in outcomes)
+    assert replaced == 3  # after jobs 3, 6 and 9
+    pids = [r[2] for r in read_records(record_dir)]
+    assert len(pids) == 10 and len(set(pids)) == 4
+
+
+def test_max_memory_fails_the_runaway_job_alone_and_replaces_its_worker(
+        record_dir: Path, monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    jobs = [job(1, "hog", b'{"mib": 1024}'), job(2, "hog", b'{"mib": 8}'),
+            job(3, "whoami")]
+    outcomes, replaced = run_pool(jobs, max_memory=512 * 2**20)
+    by_id = {o.job.id: o for o in outcomes}
+    assert by_id[1].cause == "MemoryError"
+    assert "MemoryError" in by_id[1].error
+    assert by_id[2].error is None and by_id[3].error is None
+    assert replaced == 1
+    first_pid = next(r[2] for r in read_records(record_dir) if r[0] == 1)
+    assert all(r[2] != first_pid for r in read_records(record_dir) if r[0] in (2, 3))
+
+
+def test_a_crash_blames_only_the_running_job_and_reruns_the_queued_one(
+        record_dir: Path, monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    # One worker, depth 2: job 2 sits queued behind the crashing job 1.
+    outcomes, replaced = run_pool([job(1, "crash"), job(2, "whoami")], depth=2)
+    by_id = {o.job.id: o for o in outcomes}
+    assert by_id[1].error == "worker died: signal 9 (SIGKILL)"
+    assert by_id[2].error is None
+    assert replaced == 1
+    records = read_records(record_dir)
+    assert [r[0] for r in records if r[3] == "run"] == [2]  # ran once, on the new worker
+    assert os.getpid() not in {r[2] for r in records}
