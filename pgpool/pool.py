@@ -310,12 +310,7 @@ class WorkerPool:
         elif tag == "retiring":
             # Everything still assigned is unstarted, including jobs sent after it decided.
             w.retiring = message[1]
-            if w.assigned:
-                if self.closing:
-                    self._on_returned(list(w.assigned))
-                else:
-                    self._backlog.extendleft(reversed(w.assigned))
-                w.assigned.clear()
+            self._requeue(w)
             self._assign()
         elif tag == "broken":
             w.kill_reason = "broken"
@@ -346,14 +341,7 @@ class WorkerPool:
             job = w.assigned.popleft()
             short = cause.split(":", 1)[0] if cause.startswith("timeout") else cause
             self._on_outcome(Outcome(job, cause, 0.0, cause=short))
-            # Everything queued behind the running job never started: reassign it, or hand
-            # it back when no worker will take new jobs any more.
-            if self.closing:
-                if w.assigned:
-                    self._on_returned(list(w.assigned))
-            else:
-                self._backlog.extendleft(reversed(w.assigned))
-            w.assigned.clear()
+            self._requeue(w)  # the jobs queued behind it never started
         if w.exited is not None and not w.exited.done():
             w.exited.set_result(None)
         if not w.ready and w.kill_reason not in ("pool stopping", "hard stop"):
@@ -378,6 +366,16 @@ class WorkerPool:
         self.replaced += 1
         await self._spawn(w.index)
         self._assign()
+
+    def _requeue(self, w: _Worker) -> None:
+        """Take a worker's unstarted jobs: back to the front of the backlog, or to the
+        dispatcher when no worker will take new jobs any more."""
+        if w.assigned:
+            if self.closing:
+                self._on_returned(list(w.assigned))
+            else:
+                self._backlog.extendleft(reversed(w.assigned))
+            w.assigned.clear()
 
     def _start_failed(self, w: _Worker, reason: str) -> None:
         self._start_failures += 1
