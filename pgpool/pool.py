@@ -7,8 +7,8 @@ each worker process owns one task pipe (read end) and one result pipe (write end
                         │
                         ▼
                    backlog (claimed, not yet sent; handed back unstarted on shutdown)
-                        │ _assign(): top each ready worker up to `depth` jobs,
-                        │            one frame per hand-off
+                        │ _assign(): top each ready worker up to `depth` jobs
+                        │   (about 5 ms of work), in chunks: one frame per hand-off
                         ▼
         ┌──────────── task pipe 0 ────────────▶┌─────────────────────────────────┐
         │                                      │ worker 0 (pgpool.worker.main)   │
@@ -55,6 +55,9 @@ log = logging.getLogger("pgpool.pool")
 
 #: Consecutive replacement workers that may fail to start before the pool gives up.
 MAX_START_FAILURES = 3
+#: How much work, in seconds, to keep queued in each worker's pipe; and the most jobs.
+QUEUED_SECONDS = 0.005
+MAX_DEPTH = 64
 
 
 @dataclass(eq=False)
@@ -91,12 +94,13 @@ class WorkerPool:
         on_outcome: Callable[[Outcome], None],
         on_returned: Callable[[list[Job]], None],
         on_fatal: Callable[[str], None],
-        depth: int = 2,
+        depth: int | None = None,
         max_tasks: int | None = None,
         max_memory: int | None = None,
     ) -> None:
         self.procs = procs
-        self.depth = depth
+        self._fixed_depth = depth
+        self._job_seconds = 0.0  # moving average of how long a job takes in a worker
         self._limits = (max_tasks, max_memory)
         self._modules = modules
         self._on_outcome = on_outcome
@@ -219,15 +223,33 @@ class WorkerPool:
             if job is not None and job.timeout and now - w.started_at > job.timeout:
                 self._kill(w, f"timeout: killed after {job.timeout:g}s")
 
+    @property
+    def depth(self) -> int:
+        """Jobs a worker may hold (running plus queued in its pipe).
+
+        Enough queued work (about `QUEUED_SECONDS`) that a worker never waits for the
+        dispatcher to answer an outcome, and no more: queued jobs cannot move to an idle
+        worker. Long jobs get 2 (one running, one waiting); 0.1 ms jobs get 50.
+        """
+        if self._fixed_depth is not None:
+            return self._fixed_depth
+        if self._job_seconds <= 0:
+            return 2
+        return max(2, min(MAX_DEPTH, round(QUEUED_SECONDS / self._job_seconds)))
+
     def _assign(self) -> None:
         if not self._backlog:
             return
+        depth = self.depth
+        # Top a worker up only once it is half drained, so short jobs travel in chunks of
+        # depth/2 per frame instead of one frame per job.
         open_ = [w for w in self._workers.values()
-                 if w.ready and not (w.stopping or w.kill_reason or w.retiring)]
+                 if w.ready and not (w.stopping or w.kill_reason or w.retiring)
+                 and len(w.assigned) <= depth // 2]
         # Deal in rounds, one job per worker per round, so a short backlog spreads over
         # idle workers before any worker gets a job queued behind its running one.
         batches: dict[_Worker, list[Job]] = {}
-        for level in range(self.depth):
+        for level in range(depth):
             for w in open_:
                 if not self._backlog:
                     break
@@ -291,6 +313,8 @@ class WorkerPool:
                 outcome = Outcome(job, None, message[2])
             else:
                 outcome = Outcome(job, message[2], message[4], cause=message[3])
+            self._job_seconds = (outcome.elapsed if not self._job_seconds
+                                 else 0.9 * self._job_seconds + 0.1 * outcome.elapsed)
             self._on_outcome(outcome)
             self._assign()
         elif tag == "ready":
