@@ -113,6 +113,7 @@ class WorkerPool:
         self._startup: asyncio.Future[None] | None = None
         self.closing = False
         self.replaced = 0
+        self.frames_sent = 0  # job frames written to workers
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -261,6 +262,7 @@ class WorkerPool:
                 w.started_at = now
             w.assigned.extend(batch)
             self._send(w, ("jobs", [job.wire() for job in batch]))
+            self.frames_sent += 1
 
     # --- processes --------------------------------------------------------------------------
 

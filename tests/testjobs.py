@@ -103,3 +103,8 @@ def hog(payload: dict) -> None:
 @pgpool.handler("whoami")
 def whoami(payload: dict) -> None:
     _record("run")
+
+
+@pgpool.handler("noop")
+def noop(payload: dict) -> None:
+    pass
