@@ -1,4 +1,4 @@
-"""The ``pgpool`` command: run, migrate, enqueue.
+"""The ``pgpool`` command: run, migrate, enqueue, status.
 
 Every error a user can cause ends as one line on stderr, ``pgpool: error: <what and how to
 fix it>``, with exit status 2 and no traceback.
@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--max-attempts", type=positive_int)
     enq.add_argument("--dsn", help=dsn_help)
     enq.set_defaults(func=cmd_enqueue)
+
+    status = sub.add_parser("status", parents=[common],
+                            help="show hosts, per-queue counts and kinds no live host handles")
+    status.add_argument("--dsn", help=dsn_help)
+    status.add_argument("--json", action="store_true", help="print one JSON object instead")
+    status.set_defaults(func=cmd_status)
     return parser
 
 
@@ -234,6 +240,17 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
               "is already ready or running", file=sys.stderr)
         return 0
     print(job_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import status  # keeps the other commands light
+
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        schema.check_version(schema.schema_version(conn))
+        report = status.collect(conn)
+    print(json.dumps(report) if args.json else status.render(report))
     return 0
 
 

@@ -7,7 +7,8 @@ It is an asyncio program (on uvloop) made of small parts, each in its own module
 - `Completer`: writes outcomes back as grouped acks, with backpressure on claiming;
 - `Heartbeat`: extends every held lease in one statement, every lease/3;
 - `Reaper`: returns jobs whose lease expired (their host died);
-- `Listener`: LISTEN/NOTIFY wake-ups; the claim loop also polls as a backstop.
+- `Listener`: LISTEN/NOTIFY wake-ups; the claim loop also polls as a backstop;
+- `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``.
 
 Room: the dispatcher holds at most ``procs + batch`` jobs (running, sent to a worker, or
 waiting in the backlog). It claims when a whole batch fits, or when the backlog ran dry
@@ -43,6 +44,7 @@ from .claimer import Claimer, RawJsonLoader
 from .completer import Ack, Completer, FlushResult
 from .config import RunConfig
 from .heartbeat import Heartbeat
+from .hosts import HostRegistry
 from .job import Job, Outcome
 from .listener import Listener
 from .pool import WorkerPool
@@ -103,6 +105,11 @@ class Dispatcher:
         tasks: list[asyncio.Task[None]] = []
         try:
             await db.open(wait=True, timeout=30)
+            self.hosts = HostRegistry(
+                db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
+                lease=cfg.lease, counters=self._host_counters,
+            )
+            await self.hosts.register()
             self.claimer = Claimer(
                 db, self.owner, queues=cfg.queues, handlers=self.handlers,
                 lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
@@ -114,7 +121,8 @@ class Dispatcher:
             self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
             self.reaper = Reaper(db, interval=max(1.0, cfg.lease / 3))
             self.listener = Listener(cfg.dsn, cfg.queues, self._wake.set)
-            for part in (self.completer, self.heartbeat, self.reaper, self.listener):
+            for part in (self.completer, self.heartbeat, self.reaper, self.listener,
+                         self.hosts):
                 tasks.append(asyncio.create_task(part.run()))
             tasks.append(asyncio.create_task(self._watch()))
             log.info(
@@ -128,6 +136,7 @@ class Dispatcher:
             if not await self._until_hard_stop(self._drain()):
                 return await self._die()
             self._summary()
+            await self.hosts.deregister()  # not after a hard stop: that row goes stale
             return 1 if self.fatal else 0
         finally:
             for task in tasks:
@@ -288,6 +297,10 @@ class Dispatcher:
 
     def _on_flushed(self, result: FlushResult) -> None:
         self._wake.set()
+
+    def _host_counters(self) -> tuple[int, int]:
+        """(jobs done, attempts failed) for the host registry."""
+        return self.counts["ok"], self.counts["retried"] + self.counts["dead"]
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]

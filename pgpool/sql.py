@@ -165,6 +165,91 @@ WITH expired AS (
 SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
 """
 
+# --- host registry ----------------------------------------------------------------------
+
+#: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
+#: pruned while it was cut off from the database reappears at its next beat; ``started_at``
+#: is the first registration's time, kept across both.
+HOST_UPSERT: Final = """
+INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
+                               started_at, last_seen, jobs_done, jobs_failed)
+VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
+        %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
+        %(jobs_done)s, %(jobs_failed)s)
+ON CONFLICT (owner) DO UPDATE
+SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed
+RETURNING h.started_at
+"""
+
+#: A clean exit: remove this dispatcher's own row.
+HOST_DELETE: Final = "DELETE FROM pgpool_hosts WHERE owner = %(owner)s"
+
+#: Remove hosts not seen for ``stale_leases`` of their own leases. SKIP LOCKED: every host
+#: prunes, and a row being beaten right now is alive anyway. Their jobs are the reaper's.
+HOST_PRUNE: Final = """
+DELETE FROM pgpool_hosts
+WHERE owner IN (
+    SELECT owner FROM pgpool_hosts
+    WHERE last_seen < now() - make_interval(secs => %(stale_leases)s * lease)
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING owner
+"""
+
+# --- status ---------------------------------------------------------------------------------
+
+#: First statement of the status transaction: one consistent, read-only snapshot.
+STATUS_SNAPSHOT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+#: Every registered host; ``live`` is false once it is stale (pruned at the next pass).
+STATUS_HOSTS: Final = """
+SELECT owner, hostname, pid, procs, queues, kinds, lease, started_at, last_seen,
+       extract(epoch FROM now() - last_seen)::float8 AS seen_ago,
+       last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live,
+       jobs_done, jobs_failed
+FROM pgpool_hosts
+ORDER BY hostname, started_at, owner
+"""
+
+#: Per queue: due now, due later, claimed, dead-lettered. Lists every queue that has jobs,
+#: dead letters or a registered host serving it.
+STATUS_QUEUES: Final = """
+WITH jobs AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
+           count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
+           count(*) FILTER (WHERE state = 'running')                   AS running
+    FROM pgpool_jobs
+    GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+), served AS (
+    SELECT DISTINCT unnest(queues) AS queue FROM pgpool_hosts
+)
+SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
+       coalesce(dead, 0)
+FROM jobs FULL JOIN dead USING (queue) FULL JOIN served USING (queue)
+ORDER BY queue
+"""
+
+#: (queue, kind) pairs with jobs due now that no live host both serves and handles.
+STATUS_UNHANDLED: Final = """
+WITH waiting AS (
+    SELECT queue, kind, count(*) AS ready, min(run_at) AS oldest
+    FROM pgpool_jobs
+    WHERE state = 'ready' AND run_at <= now()
+    GROUP BY queue, kind
+)
+SELECT w.queue, w.kind, w.ready, extract(epoch FROM now() - w.oldest)::float8
+FROM waiting AS w
+WHERE NOT EXISTS (
+    SELECT FROM pgpool_hosts AS h
+    WHERE w.queue = ANY(h.queues) AND w.kind = ANY(h.kinds)
+      AND h.last_seen >= now() - make_interval(secs => %(stale_leases)s * h.lease)
+)
+ORDER BY w.queue, w.kind
+"""
+
 # --- schema bookkeeping ---------------------------------------------------------------------
 
 HAS_SCHEMA: Final = "SELECT to_regclass('pgpool_schema_version') IS NOT NULL"

@@ -14,7 +14,7 @@ from pgpool import schema
 def test_migrate_creates_schema_records_version_and_is_idempotent(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert schema.schema_version(conn) is None
-        assert pgpool.migrate(conn) == [1]
+        assert pgpool.migrate(conn) == [1, 2]
         assert pgpool.migrate(conn) == []
         assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
         options = conn.execute(
@@ -40,7 +40,21 @@ def test_concurrent_migrations_apply_once(dsn):
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results) == [[], [], [], [], [], [1]]
+    assert sorted(results) == [[], [], [], [], [], [1, 2]]
+
+
+def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(schema._BOOKKEEPING)
+        conn.execute(schema.MIGRATIONS[0].ddl)
+        conn.execute("INSERT INTO pgpool_schema_version (version, description) "
+                     "VALUES (1, 'jobs, dead letters')")
+        job = pgpool.enqueue(conn, "record", {})
+        assert schema.schema_version(conn) == 1
+        assert pgpool.migrate(conn) == [2]
+        assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION == 2
+        assert conn.execute("SELECT id FROM pgpool_jobs").fetchall() == [(job,)]
+        assert conn.execute("SELECT count(*) FROM pgpool_hosts").fetchone() == (0,)
 
 
 def test_check_version_refuses_missing_older_and_newer():

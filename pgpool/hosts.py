@@ -1,0 +1,125 @@
+"""The host registry: one ``pgpool_hosts`` row per running dispatcher.
+
+A dispatcher registers when it starts, beats every lease/3 (``last_seen`` and its job
+counters), and deletes its row on a clean exit. A dispatcher that died, or that has been cut
+off from the database, stops beating; once its row is `STALE_AFTER_LEASES` of its own leases
+old, any host prunes it. The row is for observability only (``pgpool status``): nothing
+about a job depends on it. The jobs such a host held come back through their leases and the
+reaper, about one lease after its last heartbeat and so well before the row is pruned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Final
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import sql
+
+log = logging.getLogger("pgpool.hosts")
+
+#: A host is stale, and pruned, once it has not beaten for this many of its leases: it
+#: beats every lease/3, so that is nine missed beats.
+STALE_AFTER_LEASES: Final = 3
+
+#: How long a clean exit waits to delete its row before leaving it to be pruned.
+DEREGISTER_TIMEOUT: Final = 5.0
+
+
+class HostRegistry:
+    """This dispatcher's row in ``pgpool_hosts``.
+
+    ``counters()`` returns (jobs done, attempts failed) since the dispatcher started; each
+    beat records them. `beat` and `deregister` are serialised, and once deregistered the
+    registry never writes the row again, so a beat in flight cannot resurrect it.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        owner: str,
+        *,
+        procs: int,
+        queues: Sequence[str],
+        kinds: Sequence[str],
+        lease: float,
+        counters: Callable[[], tuple[int, int]],
+    ) -> None:
+        self._pool = pool
+        self.owner = owner
+        self.interval = lease / 3
+        self._row = {
+            "owner": owner,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "procs": procs,
+            "queues": list(queues),
+            "kinds": sorted(kinds),
+            "lease": lease,
+        }
+        self._counters = counters
+        self._started_at: datetime | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    async def register(self) -> None:
+        """Prune stale hosts, then insert this host's row. Database errors propagate."""
+        await self.prune()
+        await self.beat()
+
+    async def run(self) -> None:
+        """Beat and prune every lease/3 until cancelled; failures are logged and retried."""
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.beat()
+                await self.prune()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("host registry update failed: %s", type(exc).__name__)
+
+    async def beat(self) -> None:
+        """Upsert this host's row: ``last_seen = now()`` and the current counters.
+
+        Re-creates the row (same ``started_at``) if it was pruned meanwhile; does nothing
+        after `deregister`.
+        """
+        async with self._lock:
+            if self._closed:
+                return
+            done, failed = self._counters()
+            params = {**self._row, "started_at": self._started_at,
+                      "jobs_done": done, "jobs_failed": failed}
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql.HOST_UPSERT, params)
+                (self._started_at,) = await cur.fetchone()
+
+    async def prune(self) -> list[str]:
+        """Delete every stale host's row (safe from many hosts at once); return their owners."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.HOST_PRUNE, {"stale_leases": STALE_AFTER_LEASES})
+            pruned = [row[0] for row in await cur.fetchall()]
+        if pruned:
+            log.warning("pruned %d stale hosts from pgpool_hosts: %s",
+                        len(pruned), ", ".join(pruned))
+        return pruned
+
+    async def deregister(self) -> None:
+        """On a clean exit: delete this host's row and stop beating.
+
+        Never raises for database trouble: the row is then left to go stale and be pruned.
+        """
+        self._closed = True
+        try:
+            async with (asyncio.timeout(DEREGISTER_TIMEOUT), self._lock,
+                        self._pool.connection() as conn):
+                await conn.execute(sql.HOST_DELETE, {"owner": self.owner})
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning("could not remove this host from pgpool_hosts (%s); it will be "
+                        "pruned once stale", type(exc).__name__)

@@ -1,0 +1,107 @@
+"""``pgpool status``: registered hosts, per-queue counts, and work no live host can take.
+
+`collect` reads everything in one read-only REPEATABLE READ transaction, so every number
+comes from the same snapshot and the same ``now()``. `render` formats the result as text;
+the same dictionary, printed as JSON, is ``pgpool status --json``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from . import sql
+from .hosts import STALE_AFTER_LEASES
+
+
+def collect(conn: psycopg.Connection) -> dict[str, Any]:
+    """Status as a JSON-ready dict with keys ``hosts``, ``queues`` and ``unhandled``.
+
+    ``queues`` counts, per queue: ``ready`` (due now), ``scheduled`` (``run_at`` in the
+    future, including retries waiting out their backoff), ``running`` (claimed) and
+    ``dead``. ``unhandled`` lists (queue, kind) pairs with jobs due now that no live host
+    both serves and has a handler for. A host is live until it is `STALE_AFTER_LEASES`
+    leases past its last beat. ``conn`` must be in autocommit mode, outside a transaction.
+    """
+    params = {"stale_leases": STALE_AFTER_LEASES}
+    with conn.transaction():
+        conn.execute(sql.STATUS_SNAPSHOT)
+        hosts = conn.execute(sql.STATUS_HOSTS, params).fetchall()
+        queues = conn.execute(sql.STATUS_QUEUES).fetchall()
+        unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
+    return {
+        "hosts": [
+            {
+                "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
+                "queues": host_queues, "kinds": kinds, "lease": lease,
+                "started_at": started.isoformat(), "last_seen": seen.isoformat(),
+                "last_seen_ago": round(ago, 3), "live": live,
+                "jobs_done": done, "jobs_failed": failed,
+            }
+            for (owner, hostname, pid, procs, host_queues, kinds, lease, started, seen, ago,
+                 live, done, failed) in hosts
+        ],
+        "queues": [
+            {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
+             "dead": dead}
+            for q, ready, scheduled, running, dead in queues
+        ],
+        "unhandled": [
+            {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
+            for q, kind, ready, ago in unhandled
+        ],
+    }
+
+
+def render(status: dict[str, Any]) -> str:
+    """The human-readable report of a `collect` result."""
+    hosts = status["hosts"]
+    live = sum(h["live"] for h in hosts)
+    out = [f"hosts: {live} live" + (f", {len(hosts) - live} stale" if live < len(hosts) else "")]
+    out += _table(
+        ("HOST", "PID", "PROCS", "QUEUES", "LAST SEEN", "STARTED", "DONE", "FAILED"),
+        [(h["hostname"], h["pid"], h["procs"], ",".join(h["queues"]),
+          _ago(h["last_seen_ago"]) + ("" if h["live"] else " (stale)"),
+          _utc(h["started_at"]), h["jobs_done"], h["jobs_failed"]) for h in hosts],
+    )
+    out.append("")
+    out.append("queues:")
+    out += _table(
+        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD"),
+        [(q["queue"], q["ready"], q["scheduled"], q["running"], q["dead"])
+         for q in status["queues"]],
+    )
+    out.append("")
+    out.append("kinds waiting with no live handler:")
+    out += _table(
+        ("QUEUE", "KIND", "READY", "OLDEST DUE"),
+        [(u["queue"], u["kind"], u["ready"], _ago(u["oldest_ago"]))
+         for u in status["unhandled"]],
+    )
+    return "\n".join(out)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    cells = [header, *[tuple(map(str, r)) for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, round(seconds))
+    if s < 120:
+        return f"{s}s ago"
+    if s < 7200:
+        return f"{s // 60}m ago"
+    if s < 172_800:
+        return f"{s // 3600}h ago"
+    return f"{s // 86_400}d ago"
+
+
+def _utc(iso: str) -> str:
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -1,0 +1,257 @@
+"""The host registry (``pgpool_hosts``) and ``pgpool status``, against real PostgreSQL.
+
+Dispatchers are real ``pgpool run`` processes; the status tests seed rows directly so every
+expected count is known exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+
+import psycopg
+from conftest import run_pgpool, start_pgpool
+from psycopg_pool import AsyncConnectionPool
+from test_run import RUN, one, wait_until
+from test_user_errors import UNREACHABLE, assert_user_error
+
+import pgpool
+from pgpool import registry, schema
+from pgpool.hosts import STALE_AFTER_LEASES, HostRegistry
+
+HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
+
+
+def handler_kinds() -> list[str]:
+    import testjobs  # noqa: F401 - registers its handlers in this process
+
+    return sorted(k for k, h in registry.registered().items() if h.fn.__module__ == "testjobs")
+
+
+def host_rows(db: psycopg.Connection) -> list[tuple]:
+    return db.execute(HOST_ROW + " ORDER BY owner").fetchall()
+
+
+def status_json(dsn: str) -> dict:
+    done = run_pgpool(dsn, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+# --- the registry, through real dispatchers --------------------------------------------------
+
+
+def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, record_dir):
+    host = start_pgpool(dsn, *RUN, "--procs", "2", "--queue", "default", "--queue", "q2",
+                        "--lease", "1", record_dir=record_dir)
+    (row,) = wait_until(lambda: host_rows(db), "the dispatcher to register")
+    owner, hostname, pid, procs, queues, kinds, lease = row
+    assert (hostname, pid, procs, queues, lease) == (
+        socket.gethostname(), host.pid, 2, ["default", "q2"], 1.0)
+    assert kinds == handler_kinds()
+    assert owner.startswith(f"{hostname}:{host.pid}:")
+
+    # It keeps beating: the row follows the work the host does.
+    pgpool.enqueue(db, "record", {})
+    wait_until(lambda: one(db, "SELECT jobs_done FROM pgpool_hosts") == (1,),
+               "the finished job to be counted in pgpool_hosts")
+    (seen,) = status_json(dsn)["hosts"]
+    assert (seen["owner"], seen["pid"], seen["live"], seen["jobs_done"]) == (
+        owner, host.pid, True, 1)
+
+    host.send_signal(signal.SIGTERM)
+    _, err = host.communicate(timeout=60)
+    assert host.returncode == 0, err
+    assert host_rows(db) == []
+
+
+def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_it(db, dsn):
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1")
+    ((owner, *_),) = wait_until(lambda: host_rows(db), "the dispatcher to register")
+    host.kill()
+    host.communicate(timeout=30)
+    assert [r[0] for r in host_rows(db)] == [owner]  # a hard death cannot deregister
+
+    wait_until(lambda: one(db, "SELECT last_seen < now() - make_interval(secs => %s * lease) "
+                               "FROM pgpool_hosts", STALE_AFTER_LEASES)[0],
+               "the dead host's row to go stale")
+    (seen,) = status_json(dsn)["hosts"]
+    assert (seen["owner"], seen["live"]) == (owner, False)
+
+    # Any dispatcher prunes stale hosts when it starts (and every lease/3 while it runs).
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1", "--burst")
+    assert done.returncode == 0, done.stderr
+    assert f"pruned 1 stale hosts from pgpool_hosts: {owner}" in done.stderr
+    assert host_rows(db) == []  # the dead host pruned, the burst host deregistered
+
+
+# --- HostRegistry's contract, called directly -------------------------------------------------
+
+
+def insert_host(db: psycopg.Connection, owner: str, *, lease: float, seen_ago: float,
+                queues: tuple[str, ...] = ("default",), kinds: tuple[str, ...] = ("record",)
+                ) -> None:
+    db.execute(
+        "INSERT INTO pgpool_hosts (owner, hostname, pid, procs, queues, kinds, lease, "
+        "started_at, last_seen) VALUES (%s, split_part(%s, ':', 1), 1, 4, %s, %s, %s, "
+        "now() - interval '1 day', now() - make_interval(secs => %s))",
+        (owner, owner, list(queues), list(kinds), lease, seen_ago))
+
+
+def in_registry(dsn: str, work) -> object:
+    """Run ``work(pool)`` on a small async pool like the dispatcher's (autocommit)."""
+    async def main() -> object:
+        async with AsyncConnectionPool(dsn, min_size=2, max_size=2,
+                                       kwargs={"autocommit": True}) as pool:
+            return await work(pool)
+
+    return asyncio.run(main())
+
+
+def registry_for(pool: AsyncConnectionPool, owner: str) -> HostRegistry:
+    return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=10,
+                        counters=lambda: (7, 2))
+
+
+def test_prune_uses_each_hosts_own_lease_and_is_safe_to_run_concurrently(db, dsn):
+    insert_host(db, "stale:1:a", lease=1, seen_ago=5)  # 5 s > 3 x 1 s
+    insert_host(db, "slow:2:b", lease=10, seen_ago=5)  # 5 s < 3 x 10 s: still live
+    insert_host(db, "fresh:3:c", lease=1, seen_ago=0)
+
+    async def prune_twice(pool: AsyncConnectionPool) -> list[list[str]]:
+        a, b = registry_for(pool, "x:1:a"), registry_for(pool, "y:2:b")
+        return list(await asyncio.gather(a.prune(), b.prune()))
+
+    results = in_registry(dsn, prune_twice)
+    assert sorted(results) == [[], ["stale:1:a"]]  # pruned once, by one of them
+    assert [r[0] for r in host_rows(db)] == ["fresh:3:c", "slow:2:b"]
+
+
+def test_beat_recreates_a_pruned_row_and_nothing_writes_it_after_deregister(db, dsn):
+    async def lifecycle(pool: AsyncConnectionPool) -> list[object]:
+        hosts = registry_for(pool, "me:9:z")
+        await hosts.register()
+        first = one(db, "SELECT procs, queues, kinds, lease, jobs_done, jobs_failed, "
+                        "started_at FROM pgpool_hosts")
+        db.execute("DELETE FROM pgpool_hosts")  # as if pruned while cut off
+        await hosts.beat()
+        again = one(db, "SELECT started_at FROM pgpool_hosts")
+        await hosts.deregister()
+        gone = one(db, "SELECT count(*) FROM pgpool_hosts")
+        await hosts.beat()
+        return [first, again, gone, one(db, "SELECT count(*) FROM pgpool_hosts")]
+
+    first, again, gone, after = in_registry(dsn, lifecycle)
+    assert first[:6] == (3, ["q"], ["a", "b"], 10.0, 7, 2)
+    assert again == (first[6],)  # same started_at: the same run, back in the registry
+    assert gone == after == (0,)
+
+
+# --- pgpool status ----------------------------------------------------------------------------
+
+
+def seed(db: psycopg.Connection) -> None:
+    """Jobs in three queues and two registered hosts, one live and one stale."""
+    def jobs(n: int, queue: str, kind: str, *, due_in: float = -60,
+             running_on: str | None = None) -> None:
+        db.execute(
+            "INSERT INTO pgpool_jobs (queue, kind, payload, state, run_at, attempts, "
+            "locked_by, lease_until) "
+            "SELECT %(queue)s, %(kind)s, '{}', "
+            "CASE WHEN %(owner)s::text IS NULL THEN 'ready' ELSE 'running' END, "
+            "now() + make_interval(secs => %(due_in)s), "
+            "CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END, %(owner)s, "
+            "CASE WHEN %(owner)s::text IS NOT NULL THEN now() + interval '1 hour' END "
+            "FROM generate_series(1, %(n)s)",
+            {"queue": queue, "kind": kind, "due_in": due_in, "owner": running_on, "n": n})
+
+    jobs(3, "default", "record")
+    jobs(2, "default", "record", due_in=3600)
+    jobs(1, "default", "record", running_on="live:1:aa")
+    jobs(2, "default", "orphan")
+    jobs(1, "q2", "record")
+    db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
+               "created_at) SELECT i, CASE WHEN i <= 4 THEN 'default' ELSE 'q3' END, "
+               "'record', '{}', 0, 3, now() FROM generate_series(1, 5) AS i")
+    insert_host(db, "live:1:aa", lease=30, seen_ago=1, queues=("default",),
+                kinds=("fail", "record"))
+    # Stale (3600 s > 3 x 1 s): its handlers for orphan and for q2 do not count.
+    insert_host(db, "gone:2:bb", lease=1, seen_ago=3600, queues=("default", "q2"),
+                kinds=("orphan", "record"))
+
+
+def section(text: str, title: str) -> list[list[str]]:
+    """The rows (split into cells, header excluded) of one section of the text report."""
+    lines = text.splitlines()
+    start = lines.index(title) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("  "):
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
+    seed(db)
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.splitlines()[0] == "hosts: 1 live, 1 stale"
+    hosts = {line.split()[0]: line for line in text.splitlines()[2:4]}
+    assert "(stale)" in hosts["gone"] and "(stale)" not in hosts["live"]
+    assert section(text, "queues:") == [
+        ["default", "5", "2", "1", "4"],
+        ["q2", "1", "0", "0", "0"],
+        ["q3", "0", "0", "0", "1"],
+    ]
+    assert [r[:3] for r in section(text, "kinds waiting with no live handler:")] == [
+        ["default", "orphan", "2"],
+        ["q2", "record", "1"],
+    ]
+
+    report = status_json(dsn)
+    assert report["queues"] == [
+        {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4},
+        {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0},
+        {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1},
+    ]
+    assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
+        ("default", "orphan", 2), ("q2", "record", 1)]
+    assert all(u["oldest_ago"] >= 59 for u in report["unhandled"])
+    assert [(h["owner"], h["live"], h["procs"], h["queues"], h["kinds"])
+            for h in report["hosts"]] == [
+        ("gone:2:bb", False, 4, ["default", "q2"], ["orphan", "record"]),
+        ("live:1:aa", True, 4, ["default"], ["fail", "record"]),
+    ]
+
+
+def test_status_of_an_empty_queue(db, dsn):
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("hosts: 0 live\n  (none)\n\nqueues:\n  (none)\n\n"
+                           "kinds waiting with no live handler:\n  (none)\n")
+    assert status_json(dsn) == {"hosts": [], "queues": [], "unhandled": []}
+
+
+# --- pgpool status: user errors ---------------------------------------------------------------
+
+
+def test_status_without_schema(dsn):
+    assert_user_error(run_pgpool(dsn, "status"), "pgpool migrate")
+    assert_user_error(run_pgpool(dsn, "status", "--json"), "pgpool migrate")
+
+
+def test_status_with_a_version_1_schema_asks_for_the_upgrade(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(schema._BOOKKEEPING)
+        conn.execute(schema.MIGRATIONS[0].ddl)
+        conn.execute("INSERT INTO pgpool_schema_version (version, description) "
+                     "VALUES (1, 'jobs, dead letters')")
+    assert_user_error(run_pgpool(dsn, "status"), "run `pgpool migrate` to upgrade")
+
+
+def test_status_unreachable_database():
+    assert_user_error(run_pgpool(UNREACHABLE, "status"), "cannot connect", "127.0.0.1:1")
