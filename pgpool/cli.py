@@ -62,6 +62,8 @@ batch_size = _number(int, minimum=1, inclusive=True, maximum=10_000,
                      what="a batch size from 1 to 10000")
 lease_seconds = _number(float, minimum=1, inclusive=True, maximum=86_400,
                         what="a lease from 1 to 86400 seconds")
+memory_mib = _number(int, minimum=64, inclusive=True, maximum=2**30,
+                     what="a memory size in MiB, at least 64")
 poll_seconds = _number(float, minimum=0.01, inclusive=True, maximum=3600,
                        what="a poll interval from 0.01 to 3600 seconds")
 
@@ -108,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="on SIGTERM, how long running jobs may take to finish (default 30)")
     run.add_argument("--poll", type=poll_seconds, default=1.0,
                      help="backstop poll interval when no notification arrives (default 1)")
+    run.add_argument("--max-tasks-per-child", type=positive_int, metavar="N",
+                     help="replace each worker after N jobs (bounds slow leaks)")
+    run.add_argument("--max-memory", type=memory_mib, metavar="MIB",
+                     help="cap each worker's memory at MIB mebibytes: a job that needs more "
+                          "fails with MemoryError, alone")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.set_defaults(func=cmd_run)
@@ -197,6 +204,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         grace=args.grace,
         burst=args.burst,
         poll=args.poll,
+        max_tasks_per_child=args.max_tasks_per_child,
+        max_memory=args.max_memory * 2**20 if args.max_memory else None,
     )
     return _run_async(Dispatcher(config, handlers).run())
 

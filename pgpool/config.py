@@ -27,6 +27,10 @@ class RunConfig:
     grace: float = 30.0
     burst: bool = False
     poll: float = 1.0
+    #: Replace a worker after this many jobs (None: never).
+    max_tasks_per_child: int | None = None
+    #: Cap each worker's private writable memory at this many bytes (None: no cap).
+    max_memory: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 

@@ -96,10 +96,12 @@ class Dispatcher:
             on_outcome=self._on_outcome,
             on_returned=self._on_returned,
             on_fatal=self._on_fatal,
+            max_tasks=cfg.max_tasks_per_child,
+            max_memory=cfg.max_memory,
         )
         await self.pool.start()
         db = AsyncConnectionPool(
-            cfg.dsn, min_size=4, max_size=4, open=False, name="pgpool",
+            cfg.dsn, min_size=5, max_size=5, open=False, name="pgpool",
             kwargs={"autocommit": True}, configure=_configure,
         )
         tasks: list[asyncio.Task[None]] = []

@@ -301,3 +301,18 @@ def test_subprocess_helpers_really_run_the_cli():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_resource_limits_recycle_workers_and_fail_only_the_runaway_job(db, dsn, record_dir):
+    hog = pgpool.enqueue(db, "hog", {"mib": 2048})  # handler: max_attempts=1
+    pgpool.enqueue_many(db, "record", ({"n": i} for i in range(12)))
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", "--max-tasks-per-child", "4",
+                      "--max-memory", "512", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert one(db, "SELECT id FROM pgpool_dead WHERE last_error LIKE '%%MemoryError%%'") == (
+        hog,)
+    records = read_records(record_dir)
+    assert len([r for r in records if r[3] == "end" and r[0] != hog]) == 12
+    # 13 jobs on one process slot: recycled every 4 jobs and after the MemoryError.
+    assert len({r[2] for r in records}) >= 4
+    assert "recycled after 4 jobs" in done.stderr
