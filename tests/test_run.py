@@ -316,3 +316,14 @@ def test_resource_limits_recycle_workers_and_fail_only_the_runaway_job(db, dsn, 
     # 13 jobs on one process slot: recycled every 4 jobs and after the MemoryError.
     assert len({r[2] for r in records}) >= 4
     assert "recycled after 4 jobs" in done.stderr
+
+
+def test_procs_far_above_the_cpu_count_warns_but_runs(db, dsn):
+    from pgpool.config import usable_cpus
+
+    procs = 4 * usable_cpus() + 1
+    pgpool.enqueue(db, "noop", {})
+    done = run_pgpool(dsn, *RUN, "--procs", str(procs), "--burst")
+    assert done.returncode == 0, done.stderr
+    assert f"--procs {procs} is more than 4x the {usable_cpus()} usable CPUs" in done.stderr
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
