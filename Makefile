@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint clean
+.PHONY: test demo lint clean chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
@@ -26,3 +26,8 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pgpool
+
+## make chaos: two dispatchers drain 20,000 jobs while workers, dispatchers and PostgreSQL
+## are killed and restarted at random; checks nothing was lost and no attempts overlapped
+chaos: $(STAMP)
+	$(BIN)/python bench/chaos.py --jobs 20000 --seconds 300

@@ -111,7 +111,7 @@ class Dispatcher:
                 db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
                 lease=cfg.lease, counters=self._host_counters,
             )
-            await self.hosts.register()
+            await self._register()
             self.claimer = Claimer(
                 db, self.owner, queues=cfg.queues, handlers=self.handlers,
                 lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
@@ -230,6 +230,18 @@ class Dispatcher:
         await self.pool.kill_all()
         return 128 + (self._signal or signal.SIGTERM)
 
+    async def _register(self) -> None:
+        """Register in pgpool_hosts, riding out a database restart during start-up."""
+        for delay in (0.2, 0.5, 1, 2, 4, 8):
+            try:
+                await self.hosts.register()
+                return
+            except (psycopg.OperationalError, OSError) as exc:
+                log.warning("registering this host failed (%s); retrying in %gs",
+                            type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+        await self.hosts.register()
+
     async def _check_database(self) -> None:
         conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
         async with conn:
@@ -240,6 +252,7 @@ class Dispatcher:
         ticks = 0
         while True:
             await asyncio.sleep(0.1)
+            self.heartbeat.check_expiry()
             self.pool.check_deadlines()
             ticks += 1
             if ticks % 10 == 0:

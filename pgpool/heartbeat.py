@@ -20,10 +20,17 @@ class Heartbeat:
     """Every ``lease / 3`` seconds, extend the leases of ``held()`` jobs.
 
     Ids the database no longer shows as ours are passed to ``on_lost``: their results must
-    be dropped. If heartbeats keep failing, `at_risk` turns True after half a lease (stop
-    claiming) and, once a whole lease has passed, every held job is reported lost, since
-    the reaper may already have given it to another host.
+    be dropped. When heartbeats fail (an error, or no answer within lease/3), they are
+    retried every `RETRY` seconds; `at_risk` turns True after half a lease without one
+    (stop claiming), and `check_expiry` reports every held job lost once `ABANDON_AT` of a
+    lease has passed: before the lease can expire on the server and the reaper can hand
+    the job to another host, so two attempts of a job never run at the same time.
     """
+
+    #: Fraction of a lease without a successful heartbeat after which held jobs are given up.
+    ABANDON_AT = 0.8
+    #: Seconds between heartbeat attempts after a failure.
+    RETRY = 0.5
 
     def __init__(
         self,
@@ -45,19 +52,31 @@ class Heartbeat:
     def at_risk(self) -> bool:
         return time.monotonic() - self.last_ok > self.lease / 2
 
+    def check_expiry(self) -> None:
+        """Give up every held job if no heartbeat succeeded for `ABANDON_AT` of a lease.
+
+        ``last_ok`` is taken before the statement is sent, so the server-side lease always
+        ends later than ``last_ok + lease``: abandoning earlier than that is safe.
+        """
+        if time.monotonic() - self.last_ok <= self.ABANDON_AT * self.lease:
+            return
+        lost = {job.id for job in self._held() if not job.lost}
+        if lost:
+            log.error("no heartbeat for %.1fs: abandoning %d jobs before their leases expire",
+                      time.monotonic() - self.last_ok, len(lost))
+            self._on_lost(lost)
+
     async def run(self) -> None:
+        pause = self.lease / 3
         while True:
-            await asyncio.sleep(self.lease / 3)
+            await asyncio.sleep(pause)
             try:
-                await self.beat()
-            except (psycopg.Error, OSError) as exc:
+                async with asyncio.timeout(self.lease / 3):
+                    await self.beat()
+                pause = self.lease / 3
+            except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("heartbeat failed: %s", type(exc).__name__)
-                if time.monotonic() - self.last_ok > self.lease:
-                    lost = {job.id for job in self._held() if not job.lost}
-                    if lost:
-                        log.error("no heartbeat for a whole lease: abandoning %d jobs",
-                                  len(lost))
-                        self._on_lost(lost)
+                pause = min(self.RETRY, self.lease / 3)
 
     async def beat(self) -> set[int]:
         jobs = [job for job in self._held() if not job.lost]

@@ -213,7 +213,9 @@ class WorkerPool:
             for job in w.assigned:
                 if job.id in ids:
                     job.lost = True
-            if w.assigned and w.assigned[0].lost:
+            # A lost job queued in a worker's pipe would start sooner or later: only
+            # killing the worker stops it. Its other unstarted jobs are requeued.
+            if any(job.lost for job in w.assigned):
                 self._kill(w, "lease lost")
 
     def check_deadlines(self) -> None:
@@ -396,12 +398,13 @@ class WorkerPool:
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the
         dispatcher when no worker will take new jobs any more."""
-        if w.assigned:
+        unstarted = [job for job in w.assigned if not job.lost]
+        w.assigned.clear()
+        if unstarted:
             if self.closing:
-                self._on_returned(list(w.assigned))
+                self._on_returned(unstarted)
             else:
-                self._backlog.extendleft(reversed(w.assigned))
-            w.assigned.clear()
+                self._backlog.extendleft(reversed(unstarted))
 
     def _start_failed(self, w: _Worker, reason: str) -> None:
         self._start_failures += 1
