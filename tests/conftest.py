@@ -11,8 +11,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -117,3 +118,14 @@ def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
             job_id, attempt, pid, event = line.split()
             out.append((int(job_id), int(attempt), int(pid), event))
     return out
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 30) -> object:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import pgpool_cmd, pgpool_env
+from conftest import pgpool_cmd, pgpool_env, wait_until
 from psycopg.conninfo import make_conninfo
 
 import pgpool
@@ -35,16 +35,6 @@ PROCS = 2
 BATCH = 50
 RUN = ("run", "--handlers", "chaosjobs", "--lease", str(LEASE))
 
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 30) -> object:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def lines(records: Path) -> list[str]:

@@ -9,30 +9,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import read_records, run_pgpool, start_pgpool
+from conftest import read_records, run_pgpool, start_pgpool, wait_until
 
 import pgpool
 
 RUN = ("run", "--handlers", "testjobs")
 
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 30) -> object:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def alive(pid: int) -> bool:

@@ -12,9 +12,9 @@ import signal
 import socket
 
 import psycopg
-from conftest import run_pgpool, start_pgpool
+from conftest import run_pgpool, start_pgpool, wait_until
 from psycopg_pool import AsyncConnectionPool
-from test_run import RUN, one, wait_until
+from test_run import RUN, one
 from test_user_errors import UNREACHABLE, assert_user_error
 
 import pgpool
