@@ -11,10 +11,10 @@ It is an asyncio program (on uvloop) made of small parts, each in its own module
 - `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``.
 
 Room: the dispatcher holds at most ``procs + batch`` jobs (running, sent to a worker, or
-waiting in the backlog). It claims when a whole batch fits, or when the backlog ran dry
-(so workers never starve), and claims again at once after a full batch. Outcomes are
-acked every 50 ms or every batch, whichever comes first. With short jobs that makes about
-two transactions per batch of jobs: one claim and one ack.
+waiting in the backlog). It claims when a whole batch fits, or when fewer jobs wait than
+there are workers (so workers never starve), and claims again at once after a full batch.
+Outcomes are acked every 50 ms or every batch, whichever comes first. With short jobs that
+makes about two transactions per batch of jobs: one claim and one ack.
 
 Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``): the handler
 only sets flags, and the work happens on the loop. The first SIGTERM/SIGINT stops claiming,
@@ -192,9 +192,10 @@ class Dispatcher:
         return "wait"
 
     def _room(self) -> bool:
-        """Room for a claim: a whole batch fits, or the backlog ran dry."""
+        """Room for a claim: a whole batch fits, or fewer jobs wait than there are workers
+        (one of them is about to go idle)."""
         free = self.capacity - self.pool.held
-        return free >= self._threshold or (free > 0 and self.pool.backlog == 0)
+        return free >= self._threshold or (free > 0 and self.pool.waiting < self.pool.procs)
 
     async def _wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
