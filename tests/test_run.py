@@ -316,3 +316,55 @@ def test_procs_far_above_the_cpu_count_warns_but_runs(db, dsn):
     assert done.returncode == 0, done.stderr
     assert f"--procs {procs} is more than 4x the {usable_cpus()} usable CPUs" in done.stderr
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(") ", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append((int(entry.name), fields[0]))
+    return out
+
+
+def test_dead_workers_are_reaped_and_replaced_while_the_dispatcher_runs(db, dsn, record_dir):
+    with serving(dsn, record_dir, "--procs", "2") as host:
+        pgpool.enqueue_many(db, "crash", [{"how": "kill"}, {"how": "exit"}])
+        wait_until(lambda: one(db, "SELECT count(*) = 2 FROM pgpool_jobs WHERE attempts = 1 "
+                                   "AND state = 'ready'")[0], "both crashes to be recorded")
+        crashed = {r[2] for r in starts(record_dir)}
+        # Two live workers again, none of them a crashed one, and no zombie left behind.
+        wait_until(lambda: len(workers(host.pid)) == 2, "two replacement workers")
+        assert not set(workers(host.pid)) & crashed
+        assert not [c for c in children(host.pid) if c[1] == "Z"]
+
+
+def workers(pid: int) -> list[int]:
+    """Live worker processes of dispatcher ``pid``, known by their process titles."""
+    found = []
+    for child, state in children(pid):
+        try:
+            title = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and title.startswith(b"pgpool worker"):
+            found.append(child)
+    return found
+
+
+def test_listen_is_re_established_after_its_connection_is_killed(db, dsn, record_dir):
+    with serving(dsn, record_dir, "--procs", "1", "--poll", "600"):
+        listening = ("SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN pgpool' "
+                     "AND datname = current_database()")
+        old = wait_until(lambda: one(db, listening), "LISTEN")[0]
+        db.execute("SELECT pg_terminate_backend(%s)", (old,))
+        wait_until(lambda: (one(db, listening) or (old,))[0] != old, "a new LISTEN")
+        pgpool.enqueue(db, "record", {})
+        # Polling is 10 minutes away: only the re-established LISTEN can explain a pickup.
+        wait_until(lambda: ended(record_dir), "the job to run", 20)
