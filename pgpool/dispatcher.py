@@ -63,6 +63,9 @@ def make_owner() -> str:
 
 
 class Dispatcher:
+    """One host's dispatcher: `run` it on an event loop; it owns its worker processes and
+    database connections for the duration of the call."""
+
     def __init__(self, config: RunConfig, handlers: dict[str, Handler]) -> None:
         self.config = config
         self.handlers = handlers
@@ -82,12 +85,19 @@ class Dispatcher:
         Raises `ConnectError`, `SchemaError` or `HandlerError` before starting anything
         if the database or the handler modules are not usable.
         """
-        cfg = self.config
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._hard_stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            return await self._run()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        cfg = self.config
         await self._check_database()
 
         self.pool = WorkerPool(
