@@ -50,16 +50,25 @@ LISTEN: Final = "LISTEN pgpool"
 #: does not block foreign keys that reference a job. A job's ``max_attempts`` is fixed at its
 #: first claim from the handler's setting when the producer left it open, so the reaper
 #: (which has no handler registry) can decide retry-or-dead on its own.
+#:
+#: One LATERAL scan per queue: with ``queue = <one value>`` the ready index returns rows
+#: already in claim order and the scan stops after ``limit`` rows, however deep the backlog.
+#: (``queue = ANY(...)`` would make PostgreSQL sort every due row first: 350 ms instead of
+#: 1.4 ms per claim with a million jobs due.) Serving several queues locks up to ``limit``
+#: rows in each for the length of this statement; the ones not taken stay ready.
 CLAIM: Final = """
 WITH picked AS (
-    SELECT id FROM pgpool_jobs
-    WHERE state = 'ready'
-      AND queue = ANY(%(queues)s::text[])
-      AND kind = ANY(%(kinds)s::text[])
-      AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
+    SELECT c.id FROM unnest(%(queues)s::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = q.queue
+          AND kind = ANY(%(kinds)s::text[]) AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE pgpool_jobs AS j
 SET state = 'running',
