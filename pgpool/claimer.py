@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
@@ -10,6 +11,8 @@ from psycopg_pool import AsyncConnectionPool
 from . import sql
 from .job import Job
 from .registry import Handler
+
+RTT_SAMPLES = 10_000
 
 
 class RawJsonLoader(Loader):
@@ -48,6 +51,8 @@ class Claimer:
         self.claimed = 0
         #: Exponential moving average of the claim round trip, seconds.
         self.rtt = 0.0
+        #: The most recent round trips, seconds, for percentiles.
+        self.rtts: deque[float] = deque(maxlen=RTT_SAMPLES)
 
     async def claim(self, limit: int) -> list[Job]:
         started = time.monotonic()
@@ -57,6 +62,7 @@ class Claimer:
             rows = await cur.fetchall()
         rtt = time.monotonic() - started
         self.rtt = rtt if not self.claims else 0.9 * self.rtt + 0.1 * rtt
+        self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts

@@ -139,6 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--dsn", help=dsn_help)
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
     status.set_defaults(func=cmd_status)
+
+    bench = sub.add_parser("bench", parents=[common],
+                           help="measure this host and database in a throwaway schema")
+    bench.add_argument("--dsn", help=dsn_help)
+    bench.add_argument("--jobs", type=positive_int, default=20_000,
+                       help="jobs to seed and drain (default 20000)")
+    bench.add_argument("--procs", type=procs_count,
+                       help="worker processes (default: usable CPUs)")
+    bench.add_argument("--batch", type=batch_size, default=50,
+                       help="jobs claimed per statement (default 50)")
+    bench.add_argument("--profile", choices=("noop", "cpu", "sleep", "mixed"), default="noop",
+                       help="what each job does: nothing, ~5 ms of CPU, a 2-5 ms sleep, or "
+                            "a mix of the three (default noop)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
@@ -260,6 +275,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         schema.check_version(schema.schema_version(conn))
         report = status.collect(conn)
     print(json.dumps(report) if args.json else status.render(report))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Seed and drive jobs in a schema of its own, dropped at the end; print the figures."""
+    from . import bench  # keeps the other commands light
+
+    if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
+        logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output
+    opts = bench.BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
+                              procs=args.procs or usable_cpus(), batch=args.batch,
+                              profile=args.profile)
+
+    def progress(message: str) -> None:
+        print(f"pgpool bench: {message}", file=sys.stderr, flush=True)
+
+    report = bench.run(opts, progress)
+    print(json.dumps(report) if args.json else bench.render(report))
     return 0
 
 

@@ -1,0 +1,43 @@
+"""The job kind `pgpool bench` runs: one handler whose payload says what each job does.
+
+Payload ``{"do": "noop"}`` returns at once; ``{"do": "cpu", "rounds": R}`` computes a
+SHA-256 chain of R rounds (pure CPU; `pgpool.bench` calibrates R to about 5 ms on the
+host); ``{"do": "sleep"}`` sleeps a random 2-5 ms. Workers import this module as
+``pgpool.benchjobs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from typing import Any, Final
+
+from .registry import handler
+
+#: The kind every bench job has.
+KIND: Final = "pgpool.bench"
+
+#: Bounds of the ``sleep`` job, in seconds.
+SLEEP_MIN: Final = 0.002
+SLEEP_MAX: Final = 0.005
+
+
+def sha256_chain(rounds: int) -> bytes:
+    """Hash a fixed seed ``rounds`` times, each round hashing the previous digest."""
+    digest = b"pgpool-bench"
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest).digest()
+    return digest
+
+
+@handler(KIND, max_attempts=1)
+def bench_job(payload: dict[str, Any]) -> None:
+    """Run one bench job as its payload describes (see the module docstring)."""
+    action = payload["do"]
+    if action == "cpu":
+        sha256_chain(payload["rounds"])
+    elif action == "sleep":
+        time.sleep(random.uniform(SLEEP_MIN, SLEEP_MAX))
+    elif action != "noop":
+        raise ValueError(f"unknown bench action {action!r}")
