@@ -86,22 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                         help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
+    sizing = argparse.ArgumentParser(add_help=False)
+    sizing.add_argument("--procs", type=procs_count,
+                        help="worker processes (default: usable CPUs, respecting affinity "
+                             "and cgroup quota)")
+    sizing.add_argument("--batch", type=batch_size, default=50,
+                        help="jobs claimed per statement (default 50)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
                 "embedded server in $PGPOOL_HOME)")
 
-    run = sub.add_parser("run", parents=[common],
+    run = sub.add_parser("run", parents=[common, sizing],
                          help="run a dispatcher and its worker processes on this host")
     run.add_argument("--dsn", help=dsn_help)
     run.add_argument("--handlers", action="append", metavar="MODULE",
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
     run.add_argument("--queue", action="append", type=_name("queue"), metavar="NAME",
                      help="queue to serve (repeatable; default: default)")
-    run.add_argument("--procs", type=procs_count,
-                     help="worker processes (default: usable CPUs, respecting affinity and "
-                          "cgroup quota)")
-    run.add_argument("--batch", type=batch_size, default=50,
-                     help="jobs claimed per statement (default 50)")
     run.add_argument("--lease", type=lease_seconds, default=30.0,
                      help="lease length in seconds, extended every lease/3 (default 30)")
     run.add_argument("--timeout", type=positive_seconds,
@@ -140,15 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
     status.set_defaults(func=cmd_status)
 
-    bench = sub.add_parser("bench", parents=[common],
+    bench = sub.add_parser("bench", parents=[common, sizing],
                            help="measure this host and database in a throwaway schema")
     bench.add_argument("--dsn", help=dsn_help)
     bench.add_argument("--jobs", type=positive_int, default=20_000,
                        help="jobs to seed and drain (default 20000)")
-    bench.add_argument("--procs", type=procs_count,
-                       help="worker processes (default: usable CPUs)")
-    bench.add_argument("--batch", type=batch_size, default=50,
-                       help="jobs claimed per statement (default 50)")
     bench.add_argument("--profile", choices=("noop", "cpu", "sleep", "mixed"), default="noop",
                        help="what each job does: nothing, ~5 ms of CPU, a 2-5 ms sleep, or "
                             "a mix of the three (default noop)")
