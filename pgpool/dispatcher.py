@@ -98,6 +98,7 @@ class Dispatcher:
 
     async def _run(self) -> int:
         cfg = self.config
+        setproctitle(f"pgpool dispatcher: starting {cfg.procs} workers")
         await self._check_database()
 
         self.pool = WorkerPool(
