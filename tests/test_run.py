@@ -165,7 +165,11 @@ def test_hard_timeout_kills_a_spinning_handler(db, dsn, record_dir):
 def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_dir):
     ids = [pgpool.enqueue(db, "record", {"sleep": 1.0, "n": i}) for i in range(6)]
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "6", record_dir=record_dir)
-    wait_until(lambda: starts(record_dir), "the first job to start")
+    job_id, _, worker_pid, _ = wait_until(lambda: starts(record_dir), "the first job")[0]
+    # Process titles show each process's role and the job it runs.
+    title = Path(f"/proc/{worker_pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+    assert title == f"pgpool worker 0: record#{job_id}"
+    assert Path(f"/proc/{host.pid}/cmdline").read_bytes().startswith(b"pgpool dispatcher: ")
     host.send_signal(signal.SIGTERM)
     _, err = host.communicate(timeout=60)
     assert host.returncode == 0, err
