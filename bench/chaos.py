@@ -642,7 +642,17 @@ class Soak:
                      workers=workers)
 
     def stop_dispatchers(self) -> None:
-        """SIGTERM every dispatcher; each must exit 0 within a minute."""
+        """SIGTERM every dispatcher; each must exit 0 within a minute.
+
+        A dispatcher restarted moments ago may still be starting its interpreter, where no
+        program can handle a signal yet: wait (30 s at most) until it has said it started.
+        """
+        deadline = time.monotonic() + 30
+        for slot, host in self.hosts.items():
+            started = f"pgpool[{host.proc.pid}] INFO pgpool.dispatcher: dispatcher "
+            while (host.proc.poll() is None and time.monotonic() < deadline
+                   and started not in self.log_tail(slot, lines=10_000)):
+                time.sleep(0.05)
         for host in self.hosts.values():
             if host.proc.poll() is None:
                 host.proc.send_signal(signal.SIGTERM)

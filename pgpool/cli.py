@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
@@ -195,7 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+_early_signals: list[int] = []
+
+
+def _record_signal(signum: int, frame: object) -> None:
+    # Only records the request: the dispatcher acts on it once its event loop runs.
+    _early_signals.append(signum)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    # A SIGTERM while handler modules import or the database is checked must still mean
+    # "stop gracefully", not instant death: catch it from here on.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _record_signal)
     from .dispatcher import Dispatcher  # keeps `pgpool enqueue` light
 
     modules = registry.resolve_modules(args.handlers)
@@ -219,7 +232,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_tasks_per_child=args.max_tasks_per_child,
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
     )
-    return _run_async(Dispatcher(config, handlers).run())
+    if _early_signals:
+        return 0  # asked to stop before anything started: nothing to hand back
+    return _run_async(Dispatcher(config, handlers, early_signals=_early_signals).run())
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:

@@ -66,8 +66,12 @@ class Dispatcher:
     """One host's dispatcher: `run` it on an event loop; it owns its worker processes and
     database connections for the duration of the call."""
 
-    def __init__(self, config: RunConfig, handlers: dict[str, Handler]) -> None:
+    def __init__(self, config: RunConfig, handlers: dict[str, Handler], *,
+                 early_signals: list[int] | None = None) -> None:
+        """``early_signals``: signals received before `run` could install its handlers
+        (the CLI records them); any there, or arriving later, stop the run gracefully."""
         self.config = config
+        self._early_signals = early_signals if early_signals is not None else []
         self.handlers = handlers
         self.owner = make_owner()
         self.capacity = config.procs + config.batch
@@ -90,6 +94,8 @@ class Dispatcher:
         self._hard_stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        for sig in self._early_signals:
+            self._on_signal(sig)
         try:
             return await self._run()
         finally:

@@ -380,3 +380,20 @@ def test_listen_is_re_established_after_its_connection_is_killed(db, dsn, record
         pgpool.enqueue(db, "record", {})
         # Polling is 10 minutes away: only the re-established LISTEN can explain a pickup.
         wait_until(lambda: ended(record_dir), "the job to run", 20)
+
+
+def test_sigterm_during_start_up_is_a_graceful_stop(db, dsn, tmp_path):
+    marker = tmp_path / "importing"
+    (tmp_path / "slowimport.py").write_text(
+        "import pathlib, time\n"
+        f"pathlib.Path({str(marker)!r}).touch()\n"
+        "time.sleep(3)  # a heavy import, e.g. a model or a big library\n"
+        "import pgpool\n"
+        "@pgpool.handler('slow-import-kind')\n"
+        "def handle(payload): pass\n")
+    host = start_pgpool(dsn, "run", "--handlers", "slowimport", PYTHONPATH=str(tmp_path))
+    wait_until(marker.exists, "the handler module to start importing")
+    host.send_signal(signal.SIGTERM)
+    _, err = host.communicate(timeout=60)
+    assert host.returncode == 0, err
+    assert "Traceback" not in err
