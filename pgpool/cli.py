@@ -63,6 +63,8 @@ batch_size = _number(int, minimum=1, inclusive=True, maximum=10_000,
                      what="a batch size from 1 to 10000")
 lease_seconds = _number(float, minimum=1, inclusive=True, maximum=86_400,
                         what="a lease from 1 to 86400 seconds")
+claims_rate = _number(float, minimum=0, inclusive=False, maximum=1e7,
+                      what="a positive number of claims per second")
 memory_mib = _number(int, minimum=64, inclusive=True, maximum=2**30,
                      what="a memory size in MiB, at least 64")
 poll_seconds = _number(float, minimum=0.01, inclusive=True, maximum=3600,
@@ -117,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-memory", type=memory_mib, metavar="MIB",
                      help="cap each worker's memory at MIB mebibytes: a job that needs more "
                           "fails with MemoryError, alone")
+    run.add_argument("--max-claims-per-sec", type=claims_rate, default=10_000.0,
+                     metavar="N", help="claims per second for the whole fleet, shared by "
+                                       "the live hosts (default 10000)")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.set_defaults(func=cmd_run)
@@ -230,6 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         burst=args.burst,
         poll=args.poll,
         max_tasks_per_child=args.max_tasks_per_child,
+        max_claims_per_sec=args.max_claims_per_sec,
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
     )
     if _early_signals:

@@ -31,6 +31,8 @@ class RunConfig:
     max_tasks_per_child: int | None = None
     #: Cap each worker's private writable memory at this many bytes (None: no cap).
     max_memory: int | None = None
+    #: Claims per second for the whole fleet; each live host takes an equal share.
+    max_claims_per_sec: float = 10_000.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 

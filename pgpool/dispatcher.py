@@ -8,7 +8,8 @@ It is an asyncio program (on uvloop) made of small parts, each in its own module
 - `Heartbeat`: extends every held lease in one statement, every lease/3;
 - `Reaper`: returns jobs whose lease expired (their host died);
 - `Listener`: LISTEN/NOTIFY wake-ups; the claim loop also polls as a backstop;
-- `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``.
+- `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``;
+- `ClaimBudget`: this host's share of the fleet's claims per second (a token bucket).
 
 Room: the dispatcher holds at most ``procs + batch`` jobs (running, sent to a worker, or
 waiting in the backlog). It claims when a whole batch fits, or when fewer jobs wait than
@@ -40,6 +41,7 @@ from setproctitle import setproctitle
 
 from . import dsn as dsnlib
 from . import schema
+from .budget import ClaimBudget
 from .claimer import Claimer, RawJsonLoader
 from .completer import Ack, Completer, FlushResult
 from .config import RunConfig
@@ -129,6 +131,7 @@ class Dispatcher:
                 lease=cfg.lease, counters=self._host_counters,
             )
             await self._register()
+            self.budget = ClaimBudget(cfg.max_claims_per_sec)
             self.claimer = Claimer(
                 db, self.owner, queues=cfg.queues, handlers=self.handlers,
                 lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
@@ -184,14 +187,22 @@ class Dispatcher:
                 return
             if step == "wait":
                 await self._wait(self.config.poll)
+            elif step == "throttled":  # over this host's share of the fleet's claims/s
+                want = min(self.config.batch, self.capacity - self.pool.held)
+                await asyncio.sleep(min(self.config.poll, self.budget.wait_for(want)))
 
     async def _claim_step(self) -> str:
-        """Claim if there is room: "again" after a full batch, "wait", or "drained"."""
+        """Claim if there is room: "again" after a full batch, "wait", "throttled" (the
+        claim budget is spent for now), or "drained"."""
         cfg = self.config
         if not (self._room() and self.completer.has_room() and not self.heartbeat.at_risk):
             return "wait"
-        want = min(cfg.batch, self.capacity - self.pool.held)
+        self.budget.set_hosts(self.hosts.live_hosts)
+        want = min(cfg.batch, self.capacity - self.pool.held, self.budget.available())
+        if want < 1:
+            return "throttled"
         jobs = await self.claimer.claim(want)
+        self.budget.spend(len(jobs))
         if jobs:
             self.pool.submit(jobs)
             self._reaped_for_burst = False

@@ -68,6 +68,8 @@ class HostRegistry:
         self._started_at: datetime | None = None
         self._closed = False
         self._lock = asyncio.Lock()
+        #: Live hosts in the fleet, this one included, as of the last beat.
+        self.live_hosts = 1
 
     async def register(self) -> None:
         """Prune stale hosts, then insert this host's row. Database errors propagate."""
@@ -99,6 +101,9 @@ class HostRegistry:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HOST_UPSERT, params)
                 (self._started_at,) = await cur.fetchone()
+                cur = await conn.execute(sql.HOST_LIVE_COUNT,
+                                         {"stale_leases": STALE_AFTER_LEASES})
+                self.live_hosts = max(1, (await cur.fetchone())[0])
 
     async def prune(self) -> list[str]:
         """Delete every stale host's row (safe from many hosts at once); return their owners."""

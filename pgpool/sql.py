@@ -190,6 +190,13 @@ SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jo
 RETURNING h.started_at
 """
 
+#: Hosts not yet stale, this one included once it has beaten: the fleet's claim budget is
+#: shared among them.
+HOST_LIVE_COUNT: Final = """
+SELECT count(*) FROM pgpool_hosts
+WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""
+
 #: A clean exit: remove this dispatcher's own row.
 HOST_DELETE: Final = "DELETE FROM pgpool_hosts WHERE owner = %(owner)s"
 
