@@ -2,30 +2,30 @@
 
     python bench/pool_overhead.py [--jobs N] [--procs N] [--rounds R]
 
-Both sides run the same CPU job (a SHA-256 chain of R rounds, handlers.cpu's hash.chain)
-N times over P processes; no database is involved. The bare side splits the jobs evenly
-and runs them in a loop: the best any pool could do. The ratio is pool / bare.
+Both sides run the same CPU job (`pgpool.benchjobs`: a SHA-256 chain of R rounds, the job
+`pgpool bench --profile cpu` runs) N times over P processes; no database is involved. The
+bare side splits the jobs evenly and runs them in a loop: the best any pool could do. The
+ratio is pool / bare.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import multiprocessing
 import os
 import sys
 import time
 from pathlib import Path
 
+from pgpool.benchjobs import KIND, sha256_chain
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def bare_worker(jobs: int, rounds: int) -> None:
     for _ in range(jobs):
-        digest = b"bench"
-        for _ in range(rounds):
-            digest = hashlib.sha256(digest).digest()
+        sha256_chain(rounds)
 
 
 def bare(jobs: int, procs: int, rounds: int) -> float:
@@ -53,12 +53,12 @@ async def pooled(jobs: int, procs: int, rounds: int) -> float:
         if done == jobs:
             finished.set_result(None)
 
-    pool = WorkerPool(procs=procs, modules=["handlers.cpu"], on_outcome=on_outcome,
+    pool = WorkerPool(procs=procs, modules=["pgpool.benchjobs"], on_outcome=on_outcome,
                       on_returned=print, on_fatal=print)
     await pool.start()
-    payload = f'{{"seed": "bench", "rounds": {rounds}}}'.encode()
+    payload = f'{{"do": "cpu", "rounds": {rounds}}}'.encode()
     started = time.perf_counter()
-    pool.submit([Job(i, "hash.chain", "default", 1, 1, payload, None) for i in range(jobs)])
+    pool.submit([Job(i, KIND, "default", 1, 1, payload, None) for i in range(jobs)])
     await finished
     rate = jobs / (time.perf_counter() - started)
     await pool.stop(grace=10)

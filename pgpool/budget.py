@@ -14,9 +14,11 @@ from collections.abc import Callable
 
 
 class ClaimBudget:
-    def __init__(self, fleet_rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, fleet_rate: float, hosts: Callable[[], int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``hosts()`` is the number of live hosts sharing ``fleet_rate`` (this one included)."""
         self.fleet_rate = fleet_rate
-        self.hosts = 1
+        self._hosts = hosts
         self._clock = clock
         self._last = clock()
         self._tokens = self.burst
@@ -24,16 +26,11 @@ class ClaimBudget:
     @property
     def rate(self) -> float:
         """This host's share, in claimed jobs per second."""
-        return self.fleet_rate / self.hosts
+        return self.fleet_rate / max(1, self._hosts())
 
     @property
     def burst(self) -> float:
         return max(1.0, self.rate)
-
-    def set_hosts(self, hosts: int) -> None:
-        self._refill()
-        self.hosts = max(1, hosts)
-        self._tokens = min(self._tokens, self.burst)
 
     def available(self) -> int:
         """Jobs this host may claim right now."""

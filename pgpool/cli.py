@@ -24,7 +24,7 @@ from . import dsn as dsnlib
 from . import registry, schema
 from .config import RunConfig, usable_cpus
 from .enqueue import enqueue
-from .errors import ConfigError, PgpoolError
+from .errors import ConfigError, PgpoolError, first_line
 
 log = logging.getLogger("pgpool")
 
@@ -180,17 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except psycopg.errors.InsufficientPrivilege as exc:
-        print(f"pgpool: error: the database refused: {_first_line(exc)}: grant this role "
+        print(f"pgpool: error: the database refused: {first_line(exc)}: grant this role "
               "the privileges pgpool needs (migrations need CREATE on the schema; running "
               "needs SELECT, INSERT, UPDATE, DELETE on pgpool's tables)", file=sys.stderr)
         return 2
     except psycopg_pool.PoolTimeout as exc:
-        print(f"pgpool: error: could not open database connections ({_first_line(exc)}): "
+        print(f"pgpool: error: could not open database connections ({first_line(exc)}): "
               "check that the server accepts more connections (max_connections)",
               file=sys.stderr)
         return 2
     except psycopg.OperationalError as exc:
-        print(f"pgpool: error: lost the database: {_first_line(exc)}: check that the server "
+        print(f"pgpool: error: lost the database: {first_line(exc)}: check that the server "
               "is up and reachable, then run the command again", file=sys.stderr)
         return 2
     except Exception as exc:  # the last line of defence: users never see a traceback
@@ -312,11 +312,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = bench.run(opts, progress)
     print(json.dumps(report) if args.json else bench.render(report))
     return 0
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _reject_constant(name: str) -> None:

@@ -28,7 +28,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
+from .errors import first_line
 from .job import Job
+from .retry import backoff
 
 log = logging.getLogger("pgpool.completer")
 
@@ -61,8 +63,6 @@ class CompleterStats:
     acks: int = 0
     stale: int = 0
     failed_flushes: int = 0
-    flush_seconds: float = 0.0
-    max_flush_seconds: float = 0.0
 
 
 class Completer:
@@ -139,16 +139,16 @@ class Completer:
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 self.stats.failed_flushes += 1
-                backoff = min(5.0, 0.1 * 2 ** min(failures, 6))
+                delay = backoff(failures, 0.1, 5.0)
                 log.warning(
                     "ack flush of %d outcomes failed (%s); keeping them, retrying in %.1fs",
-                    len(self._flushing), _one_line(exc), backoff,
+                    len(self._flushing), f"{type(exc).__name__}: {first_line(exc)}", delay,
                 )
                 self._buffer[:0] = self._flushing
                 self._flushing = []
                 self._first_at = 0.0
                 self._have.set()
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(delay)
                 continue
             failures = 0
             self._flushing = []
@@ -182,8 +182,6 @@ class Completer:
         self.stats.flushes += 1
         self.stats.acks += len(acks)
         self.stats.stale += result.stale
-        self.stats.flush_seconds += result.seconds
-        self.stats.max_flush_seconds = max(self.stats.max_flush_seconds, result.seconds)
         if result.stale:
             log.warning(
                 "%d of %d acks were not applied: this host no longer owned those attempts "
@@ -191,8 +189,3 @@ class Completer:
                 result.stale, len(acks),
             )
         return result
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

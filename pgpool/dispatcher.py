@@ -52,6 +52,7 @@ from .listener import Listener
 from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
+from .retry import backoff
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -131,7 +132,7 @@ class Dispatcher:
                 lease=cfg.lease, counters=self._host_counters,
             )
             await self._register()
-            self.budget = ClaimBudget(cfg.max_claims_per_sec)
+            self.budget = ClaimBudget(cfg.max_claims_per_sec, lambda: self.hosts.live_hosts)
             self.claimer = Claimer(
                 db, self.owner, queues=cfg.queues, handlers=self.handlers,
                 lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
@@ -179,7 +180,7 @@ class Dispatcher:
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 log.warning("claim failed (%s); retrying", type(exc).__name__)
-                await self._wait(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                await self._wait(backoff(failures, 0.1, 5.0))
                 continue
             failures = 0
             if step == "drained":
@@ -197,7 +198,6 @@ class Dispatcher:
         cfg = self.config
         if not (self._room() and self.completer.has_room() and not self.heartbeat.at_risk):
             return "wait"
-        self.budget.set_hosts(self.hosts.live_hosts)
         want = min(cfg.batch, self.capacity - self.pool.held, self.budget.available())
         if want < 1:
             return "throttled"

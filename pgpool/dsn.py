@@ -14,7 +14,7 @@ from typing import Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .errors import ConfigError, ConnectError
+from .errors import ConfigError, ConnectError, first_line
 
 CONNECT_TIMEOUT: Final = 10
 
@@ -41,7 +41,7 @@ def normalise(dsn: str, source: str) -> str:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ConfigError(
-            f"{source} is not a valid PostgreSQL connection string ({_first_line(exc)}): "
+            f"{source} is not a valid PostgreSQL connection string ({first_line(exc)}): "
             "use postgresql://user:password@host:5432/dbname or 'host=... dbname=...'"
         ) from None
     for port in str(params.get("port") or "").split(","):
@@ -86,7 +86,7 @@ async def connect_async(dsn: str, **kwargs: object) -> psycopg.AsyncConnection:
 
 
 def connect_error(dsn: str, exc: Exception) -> ConnectError:
-    reason = _first_line(exc)
+    reason = first_line(exc)
     if "password authentication failed" in reason or "no password supplied" in reason:
         hint = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
     elif "role" in reason and "does not exist" in reason:
@@ -98,15 +98,6 @@ def connect_error(dsn: str, exc: Exception) -> ConnectError:
     return ConnectError(f"cannot connect to PostgreSQL at {describe(dsn)}: {reason}: {hint}")
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = lines[0] if lines else type(exc).__name__
-    # libpq prefixes every attempt with "connection to server at ... failed:"; keep the cause.
-    if "failed: " in line:
-        line = line.rsplit("failed: ", 1)[1]
-    line = line.removeprefix("FATAL:").strip()
-    return line.rstrip(".")
 
 
 def note(message: str) -> None:

@@ -8,6 +8,16 @@ specific subclass. Messages never include payloads or passwords.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The gist of an exception for a one-line message: its first line, without libpq's
+    "connection to server at ... failed:" preamble or a "FATAL:" prefix."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else type(exc).__name__
+    if "failed: " in line:
+        line = line.rsplit("failed: ", 1)[1]
+    return line.removeprefix("FATAL:").strip().rstrip(".")
+
+
 class PgpoolError(Exception):
     """Base class: a problem the user can fix. ``str(err)`` is the whole explanation."""
 

@@ -46,7 +46,6 @@ class Heartbeat:
         self._held = held
         self._on_lost = on_lost
         self.last_ok = time.monotonic()
-        self.beats = 0
 
     @property
     def at_risk(self) -> bool:
@@ -94,7 +93,6 @@ class Heartbeat:
         else:
             kept = set()
         self.last_ok = started
-        self.beats += 1
         # A job acked while the heartbeat was in flight is simply gone; only jobs still
         # held now and not extended are really lost.
         sent = {j.id for j in jobs}

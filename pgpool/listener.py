@@ -14,6 +14,7 @@ from collections.abc import Callable
 import psycopg
 
 from . import sql
+from .retry import backoff
 
 log = logging.getLogger("pgpool.listener")
 
@@ -23,7 +24,6 @@ class Listener:
         self._dsn = dsn
         self._queues = frozenset(queues)
         self._wake = wake
-        self.notifications = 0
 
     async def run(self) -> None:
         failures = 0
@@ -39,11 +39,10 @@ class Listener:
                     self._wake()
                     async for notify in conn.notifies():
                         if notify.payload in self._queues:
-                            self.notifications += 1
                             self._wake()
             except (psycopg.Error, OSError) as exc:
                 failures += 1
-                delay = min(10.0, 0.2 * 2 ** min(failures, 6))
+                delay = backoff(failures, 0.2, 10.0)
                 log.warning("listener connection lost (%s); reconnecting in %.1fs",
                             type(exc).__name__, delay)
                 await asyncio.sleep(delay)

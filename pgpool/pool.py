@@ -204,12 +204,6 @@ class WorkerPool:
         for w in self._workers.values():
             yield from w.assigned
 
-    def running(self) -> Iterator[tuple[int, Job, float]]:
-        """(worker index, job, started_at) for each busy worker."""
-        for w in self._workers.values():
-            if w.assigned:
-                yield w.index, w.assigned[0], w.started_at
-
     def drop_lost(self, ids: set[int]) -> None:
         """Forget jobs whose lease this host lost: unstarted ones are dropped, and a worker
         running one is killed so two attempts of a job never run at the same time."""
@@ -372,8 +366,7 @@ class WorkerPool:
         cause = w.kill_reason or _describe_exit(code)
         if w.assigned:
             job = w.assigned.popleft()
-            short = cause.split(":", 1)[0] if cause.startswith("timeout") else cause
-            self._on_outcome(Outcome(job, cause, 0.0, cause=short))
+            self._on_outcome(Outcome(job, cause, 0.0, cause=cause))
             self._requeue(w)  # the jobs queued behind it never started
         if w.exited is not None and not w.exited.done():
             w.exited.set_result(None)

@@ -24,8 +24,6 @@ class Reaper:
     def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
         self._pool = pool
         self.interval = interval
-        self.revived = 0
-        self.buried = 0
         # One pass at a time per process: a caller that reaps on demand (``--burst``) then
         # knows that every revival the periodic pass made is committed when it returns.
         self._lock = asyncio.Lock()
@@ -53,6 +51,4 @@ class Reaper:
         if revived or buried:
             log.warning("reaper: %d expired jobs returned to the queue, %d dead-lettered",
                         revived, buried)
-        self.revived += revived
-        self.buried += buried
         return revived, buried

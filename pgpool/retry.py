@@ -6,6 +6,12 @@ import random
 from dataclasses import dataclass
 
 
+def backoff(failures: int, base: float, cap: float) -> float:
+    """Seconds to wait before retrying the database after ``failures`` failures in a row:
+    doubling from ``base``, capped at ``cap`` (no jitter: one process's own loop)."""
+    return min(cap, base * 2.0 ** min(failures, 16))
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """``base * 2**(attempt-1)`` seconds, capped at ``cap``, with "equal jitter".

@@ -23,7 +23,7 @@ class Clock:
 
 def test_the_bucket_refills_at_the_hosts_share_and_caps_bursts_at_one_second():
     clock = Clock()
-    budget = ClaimBudget(1000, clock=clock)
+    budget = ClaimBudget(1000, lambda: 1, clock=clock)
     assert budget.available() == 1000  # a full second's worth to start
     budget.spend(1000)
     assert budget.available() == 0
@@ -36,14 +36,15 @@ def test_the_bucket_refills_at_the_hosts_share_and_caps_bursts_at_one_second():
 
 def test_live_hosts_split_the_fleet_rate():
     clock = Clock()
-    budget = ClaimBudget(1000, clock=clock)
-    budget.set_hosts(4)
+    hosts = [1]
+    budget = ClaimBudget(1000, lambda: hosts[0], clock=clock)
+    hosts[0] = 4
     assert budget.rate == 250
     assert budget.available() == 250  # the burst shrinks with the share
     budget.spend(250)
     clock.now += 0.2
     assert budget.available() == 50
-    budget.set_hosts(0)  # never divides by zero: this host always counts
+    hosts[0] = 0  # never divides by zero: this host always counts
     assert budget.rate == 1000
 
 

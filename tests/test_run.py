@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import read_records, run_pgpool, start_pgpool, wait_until
+from conftest import pgpool_cmd, read_records, run_pgpool, start_pgpool, wait_until
 
 import pgpool
 
@@ -298,7 +298,7 @@ def test_queue_option_limits_what_a_host_claims(db, dsn, record_dir):
 
 def test_subprocess_helpers_really_run_the_cli():
     # Guards the harness itself: a bogus subcommand must fail through the real CLI.
-    result = subprocess.run([*__import__("conftest").pgpool_cmd("bogus")],
+    result = subprocess.run(pgpool_cmd("bogus"),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr

@@ -6,6 +6,7 @@ import threading
 
 import psycopg
 import pytest
+from conftest import make_version_1_schema
 
 import pgpool
 from pgpool import schema
@@ -45,10 +46,7 @@ def test_concurrent_migrations_apply_once(dsn):
 
 def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(schema._BOOKKEEPING)
-        conn.execute(schema.MIGRATIONS[0].ddl)
-        conn.execute("INSERT INTO pgpool_schema_version (version, description) "
-                     "VALUES (1, 'jobs, dead letters')")
+        make_version_1_schema(conn)
         job = pgpool.enqueue(conn, "record", {})
         assert schema.schema_version(conn) == 1
         assert pgpool.migrate(conn) == [2]

@@ -12,13 +12,13 @@ import signal
 import socket
 
 import psycopg
-from conftest import run_pgpool, start_pgpool, wait_until
+from conftest import make_version_1_schema, run_pgpool, start_pgpool, wait_until
 from psycopg_pool import AsyncConnectionPool
 from test_run import RUN, one
 from test_user_errors import UNREACHABLE, assert_user_error
 
 import pgpool
-from pgpool import registry, schema
+from pgpool import registry
 from pgpool.hosts import STALE_AFTER_LEASES, HostRegistry
 
 HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
@@ -246,10 +246,7 @@ def test_status_without_schema(dsn):
 
 def test_status_with_a_version_1_schema_asks_for_the_upgrade(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(schema._BOOKKEEPING)
-        conn.execute(schema.MIGRATIONS[0].ddl)
-        conn.execute("INSERT INTO pgpool_schema_version (version, description) "
-                     "VALUES (1, 'jobs, dead letters')")
+        make_version_1_schema(conn)
     assert_user_error(run_pgpool(dsn, "status"), "run `pgpool migrate` to upgrade")
 
 
