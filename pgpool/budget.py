@@ -5,6 +5,8 @@ the limit), so the whole fleet shares ``--max-claims-per-sec`` (default 10,000).
 takes ``fleet rate / live hosts``, with the live-host count read from ``pgpool_hosts`` on
 every registry beat. A claim of ``n`` jobs spends ``n`` tokens; tokens refill at the share's
 rate, up to one second's worth, so a host can claim in bursts but not above its share.
+Each host records its claims per second and the budget in ``pgpool_hosts`` at every beat;
+``pgpool status`` sums the live hosts' rates against the budget.
 """
 
 from __future__ import annotations

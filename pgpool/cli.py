@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import psycopg
 import psycopg_pool
@@ -71,6 +71,13 @@ poll_seconds = _number(float, minimum=0.01, inclusive=True, maximum=3600,
                        what="a poll interval from 0.01 to 3600 seconds")
 
 
+def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | Literal["auto"]]:
+    def parse_or_auto(text: str) -> int | Literal["auto"]:
+        return "auto" if text.strip().lower() == "auto" else parse(text)
+
+    return parse_or_auto
+
+
 def _name(what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         try:
@@ -90,11 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                         help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
     sizing = argparse.ArgumentParser(add_help=False)
-    sizing.add_argument("--procs", type=procs_count,
-                        help="worker processes (default: usable CPUs, respecting affinity "
-                             "and cgroup quota)")
-    sizing.add_argument("--batch", type=batch_size, default=50,
-                        help="jobs claimed per statement (default 50)")
+    sizing.add_argument("--procs", type=_or_auto(procs_count), default="auto",
+                        help="worker processes, or auto: the usable CPUs, respecting "
+                             "affinity and cgroup quota (default auto)")
+    sizing.add_argument("--batch", type=_or_auto(batch_size), default="auto",
+                        help="jobs claimed per statement, or auto: sized from the measured "
+                             "claim round trip and job time (default auto)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
                 "embedded server in $PGPOOL_HOME)")
@@ -155,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", choices=("noop", "cpu", "sleep", "mixed"), default="noop",
                        help="what each job does: nothing, ~5 ms of CPU, a 2-5 ms sleep, or "
                             "a mix of the three (default noop)")
+    bench.add_argument("--backlog", type=_number(int, minimum=0, inclusive=True,
+                                                 maximum=100_000_000,
+                                                 what="a number of jobs from 0 to 100000000"),
+                       default=0, metavar="N",
+                       help="first fill the table with N jobs due in a day, so claims and "
+                            "the ceilings work on a deep table (default 0)")
+    bench.add_argument("--max-claims-per-sec", type=claims_rate, metavar="N",
+                       help="apply this fleet claim budget, as for run (default: none, so "
+                            "the drive measures the engine; its claims/s are compared with "
+                            "run's default budget, 10000)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -218,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     modules = registry.resolve_modules(args.handlers)
     cpus = usable_cpus()
-    procs = args.procs or cpus
+    procs = cpus if args.procs == "auto" else args.procs
     if procs > 4 * cpus:
         log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
                     "only take turns; use fewer processes", procs, cpus)
@@ -303,13 +321,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
         logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output
     opts = bench.BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
-                              procs=args.procs or usable_cpus(), batch=args.batch,
-                              profile=args.profile)
-
-    def progress(message: str) -> None:
-        print(f"pgpool bench: {message}", file=sys.stderr, flush=True)
-
-    report = bench.run(opts, progress)
+                              procs=usable_cpus() if args.procs == "auto" else args.procs,
+                              batch=args.batch, profile=args.profile, backlog=args.backlog,
+                              max_claims_per_sec=args.max_claims_per_sec)
+    report = bench.run(opts, bench.Progress(sys.stderr))
     print(json.dumps(report) if args.json else bench.render(report))
     return 0
 

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import psycopg
@@ -63,6 +64,8 @@ class CompleterStats:
     acks: int = 0
     stale: int = 0
     failed_flushes: int = 0
+    #: Durations of the most recent successful flushes, seconds (for percentiles).
+    flush_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
 
 class Completer:
@@ -160,19 +163,21 @@ class Completer:
     async def flush(self, acks: list[Ack]) -> FlushResult:
         """Write ``acks`` in one transaction (one statement, autocommit)."""
         started = time.monotonic()
-        p: dict[str, object] = {"owner": self._owner}
+        p: dict[str, list[object]] = {}
         for kind in ("done", "retry", "release", "dead"):
             p[f"{kind}_ids"] = []
             p[f"{kind}_attempts"] = []
         p["retry_delays"], p["retry_errors"], p["dead_errors"] = [], [], []
         for a in acks:
-            p[f"{a.kind}_ids"].append(a.job.id)  # type: ignore[attr-defined]
-            p[f"{a.kind}_attempts"].append(a.job.attempt)  # type: ignore[attr-defined]
+            p[f"{a.kind}_ids"].append(a.job.id)
+            p[f"{a.kind}_attempts"].append(a.job.attempt)
             if a.kind == "retry":
-                p["retry_delays"].append(a.delay)  # type: ignore[attr-defined]
-                p["retry_errors"].append(a.error or "")  # type: ignore[attr-defined]
+                p["retry_delays"].append(a.delay)
+                p["retry_errors"].append(a.error or "")
             elif a.kind == "dead":
-                p["dead_errors"].append(a.error or "")  # type: ignore[attr-defined]
+                p["dead_errors"].append(a.error or "")
+        for kind in ("done", "retry", "release", "dead"):  # see "ownership" in pgpool.sql
+            p[f"{kind}_owners"] = [self._owner] * len(p[f"{kind}_ids"])
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.ACK, p)
             done, retried, released, dead = await cur.fetchone()
@@ -182,6 +187,7 @@ class Completer:
         self.stats.flushes += 1
         self.stats.acks += len(acks)
         self.stats.stale += result.stale
+        self.stats.flush_seconds.append(result.seconds)
         if result.stale:
             log.warning(
                 "%d of %d acks were not applied: this host no longer owned those attempts "

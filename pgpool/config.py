@@ -6,6 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .retry import RetryPolicy
 
@@ -21,7 +22,8 @@ class RunConfig:
     modules: tuple[str, ...]
     procs: int
     queues: tuple[str, ...] = ("default",)
-    batch: int = 50
+    #: Jobs per claim, or "auto": sized from the measured claim round trip and job time.
+    batch: int | Literal["auto"] = "auto"
     lease: float = 30.0
     timeout: float | None = None
     grace: float = 30.0

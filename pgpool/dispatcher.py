@@ -11,11 +11,15 @@ It is an asyncio program (on uvloop) made of small parts, each in its own module
 - `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``;
 - `ClaimBudget`: this host's share of the fleet's claims per second (a token bucket).
 
-Room: the dispatcher holds at most ``procs + batch`` jobs (running, sent to a worker, or
-waiting in the backlog). It claims when a whole batch fits, or when fewer jobs wait than
-there are workers (so workers never starve), and claims again at once after a full batch.
-Outcomes are acked every 50 ms or every batch, whichever comes first. With short jobs that
-makes about two transactions per batch of jobs: one claim and one ack.
+Room: the dispatcher holds at most ``procs + 2 * batch`` jobs (running, sent to a worker,
+or waiting in the backlog). It claims when a whole batch fits, so the next batch is on its
+way while the workers still have one to go through, and claims again at once after a full
+batch. A claim that comes back short means the queue is empty: the loop then sleeps until
+a notification or the poll, not until the next outcome. With ``--batch auto`` the batch is
+re-derived after every claim from the measured claim round trip and job time
+(`pgpool.sizing`). Outcomes are acked every 50 ms or every batch, whichever comes first.
+With short jobs that makes about two transactions per batch of jobs: one claim and one
+ack.
 
 Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``): the handler
 only sets flags, and the work happens on the loop. The first SIGTERM/SIGINT stops claiming,
@@ -53,6 +57,7 @@ from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
 from .retry import backoff
+from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -69,6 +74,10 @@ class Dispatcher:
     """One host's dispatcher: `run` it on an event loop; it owns its worker processes and
     database connections for the duration of the call."""
 
+    #: The class of the pooled connections (`pgpool bench` substitutes one that counts
+    #: statements).
+    connection_class: type[psycopg.AsyncConnection] = psycopg.AsyncConnection
+
     def __init__(self, config: RunConfig, handlers: dict[str, Handler], *,
                  early_signals: list[int] | None = None) -> None:
         """``early_signals``: signals received before `run` could install its handlers
@@ -77,14 +86,19 @@ class Dispatcher:
         self._early_signals = early_signals if early_signals is not None else []
         self.handlers = handlers
         self.owner = make_owner()
-        self.capacity = config.procs + config.batch
+        self.sizer = BatchSizer(config.procs) if config.batch == "auto" else None
+        #: Jobs per claim: fixed, or re-derived by the sizer after every claim.
+        self.batch = self.sizer.batch if self.sizer else int(config.batch)
         self.counts: Counter[str] = Counter()
         self.fatal: str | None = None
         self._stopping = False
         self._signal: int | None = None
         self._started = 0.0
         self._reaped_for_burst = False
-        self._threshold = config.batch
+        #: What the idle claim loop waits for: "room" (outcomes wake it), "acks" (flushes
+        #: do), or "work" (a notification or the poll; outcomes must not wake it, or every
+        #: finished job would cost an empty claim).
+        self._waiting_for = "work"
 
     async def run(self) -> int:
         """Run until stopped (or, with ``burst``, until drained); return the exit status.
@@ -122,14 +136,16 @@ class Dispatcher:
         await self.pool.start()
         db = AsyncConnectionPool(
             cfg.dsn, min_size=5, max_size=5, open=False, name="pgpool",
-            kwargs={"autocommit": True}, configure=_configure,
+            connection_class=self.connection_class, kwargs={"autocommit": True},
+            configure=_configure,
         )
         tasks: list[asyncio.Task[None]] = []
         try:
             await db.open(wait=True, timeout=30)
             self.hosts = HostRegistry(
                 db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
-                lease=cfg.lease, counters=self._host_counters,
+                lease=cfg.lease, max_claims_per_sec=cfg.max_claims_per_sec,
+                counters=self._host_counters,
             )
             await self._register()
             self.budget = ClaimBudget(cfg.max_claims_per_sec, lambda: self.hosts.live_hosts)
@@ -138,8 +154,10 @@ class Dispatcher:
                 lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             )
             self.completer = Completer(
-                db, self.owner, max_batch=cfg.batch, interval=0.05,
-                high_water=max(1000, 4 * self.capacity), on_flushed=self._on_flushed,
+                db, self.owner, max_batch=self.batch, interval=0.05,
+                high_water=max(1000, 4 * (cfg.procs + 2 * (MAX_BATCH if self.sizer
+                                                           else self.batch))),
+                on_flushed=self._on_flushed,
             )
             self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
             self.reaper = Reaper(db, interval=max(1.0, cfg.lease / 3))
@@ -149,7 +167,7 @@ class Dispatcher:
                 tasks.append(asyncio.create_task(part.run()))
             tasks.append(asyncio.create_task(self._watch()))
             log.info(
-                "dispatcher %s: %d workers, batch %d, queues %s, kinds %s",
+                "dispatcher %s: %d workers, batch %s, queues %s, kinds %s",
                 self.owner, cfg.procs, cfg.batch, ",".join(cfg.queues),
                 ",".join(sorted(self.handlers)),
             )
@@ -189,26 +207,37 @@ class Dispatcher:
             if step == "wait":
                 await self._wait(self.config.poll)
             elif step == "throttled":  # over this host's share of the fleet's claims/s
-                want = min(self.config.batch, self.capacity - self.pool.held)
-                await asyncio.sleep(min(self.config.poll, self.budget.wait_for(want)))
+                await asyncio.sleep(min(self.config.poll, self.budget.wait_for(self._want())))
 
     async def _claim_step(self) -> str:
         """Claim if there is room: "again" after a full batch, "wait", "throttled" (the
         claim budget is spent for now), or "drained"."""
-        cfg = self.config
-        if not (self._room() and self.completer.has_room() and not self.heartbeat.at_risk):
+        if not self._room():
+            self._waiting_for = "room"
             return "wait"
-        want = min(cfg.batch, self.capacity - self.pool.held, self.budget.available())
-        if want < 1:
+        if not self.completer.has_room():
+            self._waiting_for = "acks"
+            return "wait"
+        if self.heartbeat.at_risk:  # the database is not answering: poll until it does
+            self._waiting_for = "work"
+            return "wait"
+        # Under the claim budget, wait for a whole batch (or a bucketful) rather than
+        # claiming whatever trickled in: many small claims cost more than a few full ones.
+        want = min(self._want(), int(self.budget.burst))
+        if self.budget.available() < want:
             return "throttled"
         jobs = await self.claimer.claim(want)
         self.budget.spend(len(jobs))
+        if self.sizer is not None:
+            self.batch = self.sizer.update(self.claimer.rtt, self.pool.job_seconds)
+            self.completer.max_batch = self.batch
         if jobs:
             self.pool.submit(jobs)
             self._reaped_for_burst = False
         if len(jobs) == want:
             return "again"  # a full batch: more may be ready right now
-        if cfg.burst and not jobs and self.pool.held == 0 and self.completer.backlog == 0:
+        if self.config.burst and not jobs and self.pool.held == 0 \
+                and self.completer.backlog == 0:
             # Drained only if a claim still finds nothing after a reaper pass: jobs
             # stranded by a dead host count as work for a batch host too.
             if self._reaped_for_burst:
@@ -217,13 +246,22 @@ class Dispatcher:
             self._reaped_for_burst = True
             return "again"
         self._reaped_for_burst = False
+        self._waiting_for = "work"
         return "wait"
 
+    @property
+    def capacity(self) -> int:
+        """The most jobs this host holds: one running per worker, plus two batches, so the
+        next claim is in flight while the workers still have a batch to go through."""
+        return self.config.procs + 2 * self.batch
+
     def _room(self) -> bool:
-        """Room for a claim: a whole batch fits, or fewer jobs wait than there are workers
-        (one of them is about to go idle)."""
-        free = self.capacity - self.pool.held
-        return free >= self._threshold or (free > 0 and self.pool.waiting < self.pool.procs)
+        return self.capacity - self.pool.held >= self.batch
+
+    def _want(self) -> int:
+        """A batch, or more when workers are idle (so a small batch still fills them)."""
+        held = self.pool.held
+        return min(self.capacity - held, max(self.batch, self.config.procs - held))
 
     async def _wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -286,8 +324,8 @@ class Dispatcher:
             ticks += 1
             if ticks % 10 == 0:
                 setproctitle(
-                    f"pgpool dispatcher: {self.config.procs} workers, {self.pool.held} held, "
-                    f"{self.counts['ok']} done"
+                    f"pgpool dispatcher: {self.config.procs} workers, batch {self.batch}, "
+                    f"{self.pool.held} held, {self.counts['ok']} done"
                 )
 
     # --- callbacks (all on the event loop) --------------------------------------------------
@@ -304,8 +342,7 @@ class Dispatcher:
 
     def _on_outcome(self, out: Outcome) -> None:
         job = out.job
-        # Waking the claim loop costs a task and a timer: only do it when it can claim.
-        if self._room() or (self.config.burst and self.pool.held == 0):
+        if self._waiting_for == "room" and self._room():
             self._wake.set()
         if job.lost:
             self.counts["lost"] += 1
@@ -340,11 +377,17 @@ class Dispatcher:
         self._wake.set()
 
     def _on_flushed(self, result: FlushResult) -> None:
-        self._wake.set()
+        if self._waiting_for == "acks" and self.completer.has_room():
+            self._wake.set()
+        elif self.config.burst and self.pool.held == 0 and self.completer.backlog == 0:
+            self._wake.set()  # a batch host may be done: the claim loop checks
 
-    def _host_counters(self) -> tuple[int, int]:
-        """(jobs done, attempts failed) for the host registry."""
-        return self.counts["ok"], self.counts["retried"] + self.counts["dead"]
+    def _host_counters(self) -> tuple[int, int, int]:
+        """(jobs done, attempts failed, jobs claimed) for the host registry."""
+        # Registration beats before the Claimer exists: nothing claimed yet.
+        claimer: Claimer | None = getattr(self, "claimer", None)
+        claimed = claimer.claimed if claimer is not None else 0
+        return self.counts["ok"], self.counts["retried"] + self.counts["dead"], claimed
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]
@@ -355,9 +398,10 @@ class Dispatcher:
         finished = c["ok"] + c["dead"]
         log.info(
             "finished: %d succeeded, %d failed and retried later, %d dead-lettered, "
-            "%d handed back, in %.2fs (%.0f jobs/s); %d claims, %d ack flushes",
+            "%d handed back, in %.2fs (%.0f jobs/s); %d claims, %d ack flushes; batch %d%s",
             c["ok"], c["retried"], c["dead"], c["returned"], elapsed, finished / elapsed,
-            self.claimer.claims, self.completer.stats.flushes,
+            self.claimer.claims, self.completer.stats.flushes, self.batch,
+            " (auto)" if self.sizer else "",
         )
 
 

@@ -84,7 +84,7 @@ class Heartbeat:
             params = {
                 "ids": [j.id for j in jobs],
                 "attempts": [j.attempt for j in jobs],
-                "owner": self._owner,
+                "owners": [self._owner] * len(jobs),  # see "ownership" in pgpool.sql
                 "lease": self.lease,
             }
             async with self._pool.connection() as conn:

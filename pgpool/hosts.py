@@ -1,11 +1,13 @@
 """The host registry: one ``pgpool_hosts`` row per running dispatcher.
 
-A dispatcher registers when it starts, beats every lease/3 (``last_seen`` and its job
-counters), and deletes its row on a clean exit. A dispatcher that died, or that has been cut
-off from the database, stops beating; once its row is `STALE_AFTER_LEASES` of its own leases
-old, any host prunes it. The row is for observability only (``pgpool status``): nothing
-about a job depends on it. The jobs such a host held come back through their leases and the
-reaper, about one lease after its last heartbeat and so well before the row is pruned.
+A dispatcher registers when it starts, beats every lease/3 (``last_seen``, its job
+counters and its claims per second since the previous beat), and deletes its row on a clean
+exit. A dispatcher that died, or that has been cut off from the database, stops beating;
+once its row is `STALE_AFTER_LEASES` of its own leases old, any host prunes it. The row is
+for observability (``pgpool status``) and for sharing the fleet's claim budget
+(`pgpool.budget`): nothing about a job depends on it. The jobs such a host held come back
+through their leases and the reaper, about one lease after its last heartbeat and so well
+before the row is pruned.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
@@ -36,9 +39,12 @@ DEREGISTER_TIMEOUT: Final = 5.0
 class HostRegistry:
     """This dispatcher's row in ``pgpool_hosts``.
 
-    ``counters()`` returns (jobs done, attempts failed) since the dispatcher started; each
-    beat records them. `beat` and `deregister` are serialised, and once deregistered the
-    registry never writes the row again, so a beat in flight cannot resurrect it.
+    ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
+    started; each beat records them, and the jobs claimed per second since the previous
+    beat. ``max_claims_per_sec`` is the fleet budget this host runs with, recorded so
+    ``pgpool status`` can compare the fleet's claims with it. `beat` and `deregister` are
+    serialised, and once deregistered the registry never writes the row again, so a beat in
+    flight cannot resurrect it.
     """
 
     def __init__(
@@ -50,7 +56,9 @@ class HostRegistry:
         queues: Sequence[str],
         kinds: Sequence[str],
         lease: float,
-        counters: Callable[[], tuple[int, int]],
+        max_claims_per_sec: float,
+        counters: Callable[[], tuple[int, int, int]],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
         self.owner = owner
@@ -63,8 +71,12 @@ class HostRegistry:
             "queues": list(queues),
             "kinds": sorted(kinds),
             "lease": lease,
+            "max_claims_per_sec": max_claims_per_sec,
         }
         self._counters = counters
+        self._clock = clock
+        #: (jobs claimed, clock) at the last beat written: the next beat's rate starts there.
+        self._last_claimed: tuple[int, float] | None = None
         self._started_at: datetime | None = None
         self._closed = False
         self._lock = asyncio.Lock()
@@ -87,7 +99,8 @@ class HostRegistry:
                 log.warning("host registry update failed: %s", type(exc).__name__)
 
     async def beat(self) -> None:
-        """Upsert this host's row: ``last_seen = now()`` and the current counters.
+        """Upsert this host's row: ``last_seen = now()``, the current counters, and the jobs
+        claimed per second since the last beat written (NULL at the first).
 
         Re-creates the row (same ``started_at``) if it was pruned meanwhile; does nothing
         after `deregister`.
@@ -95,12 +108,18 @@ class HostRegistry:
         async with self._lock:
             if self._closed:
                 return
-            done, failed = self._counters()
-            params = {**self._row, "started_at": self._started_at,
-                      "jobs_done": done, "jobs_failed": failed}
+            done, failed, claimed = self._counters()
+            now = self._clock()
+            rate = None
+            if self._last_claimed is not None and now > self._last_claimed[1]:
+                rate = (claimed - self._last_claimed[0]) / (now - self._last_claimed[1])
+            params = {**self._row, "started_at": self._started_at, "jobs_done": done,
+                      "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate}
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HOST_UPSERT, params)
                 (self._started_at,) = await cur.fetchone()
+                # After a failed beat the next rate spans both intervals, so no claim is missed.
+                self._last_claimed = (claimed, now)
                 cur = await conn.execute(sql.HOST_LIVE_COUNT,
                                          {"stale_leases": STALE_AFTER_LEASES})
                 self.live_hosts = max(1, (await cur.fetchone())[0])

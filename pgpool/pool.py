@@ -226,6 +226,11 @@ class WorkerPool:
                 self._kill(w, f"timeout: killed after {job.timeout:g}s")
 
     @property
+    def job_seconds(self) -> float:
+        """Moving average of how long a job takes in a worker (0 before any finished)."""
+        return self._job_seconds
+
+    @property
     def depth(self) -> int:
         """Jobs a worker may hold (running plus queued in its pipe).
 

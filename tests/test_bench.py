@@ -20,46 +20,81 @@ BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_ben
 
 def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -> None:
     mine = pgpool.enqueue(db, "user.kind", {"keep": True})
-    done = run_pgpool(dsn, "bench", "--jobs", "500", "--profile", "noop", "--procs", "2",
-                      "--json", timeout=60)
+    done = run_pgpool(dsn, "bench", "--jobs", "200", "--profile", "noop", "--procs", "2",
+                      "--batch", "50", "--backlog", "1000", "--max-claims-per-sec", "50000",
+                      "--json", timeout=90)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
 
     drive = report["drive"]
-    assert report["options"] == {"jobs": 500, "procs": 2, "batch": 50, "profile": "noop"}
-    assert drive["jobs_drained"] == 500
-    assert drive["transactions_per_job"] > 0
+    assert report["options"] == {"jobs": 200, "procs": 2, "batch": 50, "profile": "noop",
+                                 "backlog": 1000, "max_claims_per_sec": 50000}
+    assert drive["jobs_drained"] == 200 and drive["batch"] == 50
     assert drive["claims"] > 0 and drive["ack_flushes"] > 0
     assert drive["claim_rtt_p99_ms"] >= drive["claim_rtt_p50_ms"] > 0
+    assert drive["flush_p99_ms"] >= drive["flush_p50_ms"] > 0
+    assert drive["mean_flush_size"] > 0
+    # Every pooled statement is an autocommit transaction; the database counts more.
+    assert drive["transactions"] >= drive["statements"] >= drive["claims"] + drive["ack_flushes"]
+    assert drive["statements_per_job"] == drive["statements"] / 200
+    assert drive["queue_lag_samples"] == 4  # 1 in 64 of 200
+    assert drive["queue_lag_p99_ms"] >= drive["queue_lag_p50_ms"] > 0
+    assert drive["claims_per_s"] > 0 and drive["claim_budget_per_s"] == 50000  # one host
+    assert drive["claim_budget_applied"] is True
     assert drive["cpu_seconds"]["workers"] > 0
-    assert report["ceiling"]["jobs_per_s"] > 0 and report["ceiling"]["jobs"] == 500
+    assert drive["ratio_to_one_transaction"] > 0 and drive["ratio_to_lease_cycle"] > 0
+
+    ceiling = report["ceiling"]
+    assert ceiling["batch"] == 50
+    for cycle in ("one_transaction", "lease_cycle"):
+        runs = ceiling[cycle]["runs"]
+        assert [r["when"] for r in runs] == ["before the drive", "after the drive"]
+        assert all(r["jobs"] == 200 and r["jobs_per_s"] > 0 for r in runs)
+        assert ceiling[cycle]["jobs_per_s"] == pytest.approx(
+            (runs[0]["jobs_per_s"] + runs[1]["jobs_per_s"]) / 2)
+
+    pickup = report["pickup"]
+    assert pickup["samples"] == 200 and pickup["procs"] == 1
+    assert pickup["max_ms"] >= pickup["p99_ms"] >= pickup["p50_ms"] > 0
+
     assert report["seed"]["ratio"] > 0
     assert set(report["server"]) == {"version", "fsync", "synchronous_commit",
-                                     "shared_buffers"}
+                                     "full_page_writes", "shared_buffers"}
     assert report["schema"].startswith("pgpool_bench_")
 
+    # The schema, backlog rows included, is gone; the user's queue is as it was.
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
     assert db.execute("SELECT id, kind, state FROM pgpool_jobs").fetchall() == [
         (mine, "user.kind", "ready")
     ]
 
 
-def test_bench_table_for_the_mixed_profile(dsn: str, db: psycopg.Connection) -> None:
-    done = run_pgpool(dsn, "bench", "--jobs", "150", "--profile", "mixed", "--procs", "2",
-                      "--batch", "10", timeout=60)
+def test_bench_table_for_the_mixed_profile_and_auto_batch(
+    dsn: str, db: psycopg.Connection
+) -> None:
+    done = run_pgpool(dsn, "bench", "--jobs", "30", "--profile", "mixed", "--procs", "2",
+                      timeout=90)
     assert done.returncode == 0, done.stderr
-    for label in ("PostgreSQL", "fsync=", "synchronous_commit=", "shared_buffers=",
-                  "SHA-256 rounds", "seed: raw COPY", "database ceiling", "steady",
-                  "predicted", "transactions", "CPU seconds"):
+    for label in ("PostgreSQL", "fsync=", "synchronous_commit=", "full_page_writes=",
+                  "shared_buffers=", "SHA-256 rounds", "batch auto (settled at ",
+                  "backlog 0 jobs", "seed: raw COPY", "ceiling: 1 transaction",
+                  "ceiling: lease cycle", "steady", "vs ceilings", "predicted",
+                  "claim budget", "not applied here", "ack flushes", "transactions",
+                  "statements", "queue lag",
+                  "pickup, idle queue", "; 30 jobs, `pgpool run --procs 1`", "CPU seconds"):
         assert label in done.stdout, label
-    assert "150 jobs in" in done.stdout
-    assert "pgpool bench:" in done.stderr  # progress lines
+    assert "30 jobs in" in done.stdout
+    # Progress: one line per stage (stderr is not a terminal), ceilings after the drive.
+    assert "pgpool bench: drained 30/30 jobs" in done.stderr
+    assert "database ceilings (after the drive)" in done.stderr
+    assert "before the drive" not in done.stderr
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
 
 
 @pytest.mark.parametrize("option", [
     ("--jobs", "0"), ("--jobs", "abc"), ("--procs", "0"), ("--batch", "0"),
-    ("--batch", "-3"), ("--profile", "fast"),
+    ("--batch", "-3"), ("--profile", "fast"), ("--backlog", "-1"), ("--backlog", "1.5"),
+    ("--backlog", "many"), ("--max-claims-per-sec", "0"),
 ], ids=lambda o: f"{o[0]}={o[1]}")
 def test_bench_invalid_option(dsn: str, option: tuple[str, str]) -> None:
     name, value = option

@@ -6,7 +6,9 @@ each test can say exactly which attempt of which job ran, and how often.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 from collections import Counter
@@ -60,6 +62,41 @@ def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_di
     assert len({r[2] for r in records}) == 2  # both workers ran jobs
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
     assert "300 succeeded" in done.stderr
+
+
+def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, record_dir):
+    # 0.1 s jobs: a job or two per claim keeps a worker fed, so the rest stay claimable by
+    # other hosts. The host then never holds more than procs + 2 * batch jobs, and the
+    # first claims, made before any job time is known, take one job per worker: at most
+    # 2 + 2 * 2 claimed jobs, of which at most 4 wait to start. (A fixed batch of 50 would
+    # take all 20 at once, and 18 would wait.)
+    pgpool.enqueue_many(db, "record", [{"sleep": 0.1}] * 20)
+    host = start_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    most_waiting = 0
+    while host.poll() is None:
+        running, left = one(db, "SELECT count(*) FILTER (WHERE state = 'running'), count(*) "
+                                "FROM pgpool_jobs")
+        # Claimed and not started: running in the table, minus the started jobs not yet
+        # deleted. Starts are read after the table, so this never overstates it.
+        most_waiting = max(most_waiting, running - (len(starts(record_dir)) - (20 - left)))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            host.wait(timeout=0.01)
+    _, err = host.communicate()
+    assert host.returncode == 0, err
+    assert most_waiting <= 2 * 2
+    claims = int(re.search(r"(\d+) claims, ", err).group(1))
+    assert claims >= 20 / 4
+    assert len(starts(record_dir)) == 20
+
+
+def test_batch_auto_grows_for_short_jobs(db, dsn):
+    pgpool.enqueue_many(db, "noop", [{}] * 3000)
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst")
+    assert done.returncode == 0, done.stderr
+    claims, batch = re.search(r"(\d+) claims, .* batch (\d+) \(auto\)", done.stderr).groups()
+    assert int(batch) > 100
+    assert int(claims) < 3000 / 50
+    assert one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0
 
 
 def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(

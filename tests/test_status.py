@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 
@@ -57,9 +58,21 @@ def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, 
     pgpool.enqueue(db, "record", {})
     wait_until(lambda: one(db, "SELECT jobs_done FROM pgpool_hosts") == (1,),
                "the finished job to be counted in pgpool_hosts")
-    (seen,) = status_json(dsn)["hosts"]
-    assert (seen["owner"], seen["pid"], seen["live"], seen["jobs_done"]) == (
-        owner, host.pid, True, 1)
+    report = status_json(dsn)
+    (seen,) = report["hosts"]
+    assert (seen["owner"], seen["pid"], seen["live"], seen["jobs_done"], seen["jobs_claimed"],
+            seen["max_claims_per_sec"]) == (owner, host.pid, True, 1, 1, 10_000)
+    # Measured between its last two beats: it has beaten since the job finished.
+    assert seen["claims_per_sec"] >= 0
+    assert report["fleet"] == {"live_hosts": 1, "claims_per_sec": seen["claims_per_sec"],
+                               "max_claims_per_sec": 10_000, "budgets": [10_000]}
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    ((*_, claimed, per_sec, budget),) = section(done.stdout, lines[0])
+    assert (claimed, budget) == ("1", "10000") and float(per_sec) >= 0
+    assert re.fullmatch(r"fleet: [0-9.]+ claims/s of a 10000 claims/s budget \(\d+%\)",
+                        lines[3]), lines[3]
 
     host.send_signal(signal.SIGTERM)
     _, err = host.communicate(timeout=60)
@@ -91,13 +104,15 @@ def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_i
 
 
 def insert_host(db: psycopg.Connection, owner: str, *, lease: float, seen_ago: float,
-                queues: tuple[str, ...] = ("default",), kinds: tuple[str, ...] = ("record",)
+                queues: tuple[str, ...] = ("default",), kinds: tuple[str, ...] = ("record",),
+                claimed: int = 0, rate: float | None = None, budget: float | None = None
                 ) -> None:
     db.execute(
         "INSERT INTO pgpool_hosts (owner, hostname, pid, procs, queues, kinds, lease, "
-        "started_at, last_seen) VALUES (%s, split_part(%s, ':', 1), 1, 4, %s, %s, %s, "
-        "now() - interval '1 day', now() - make_interval(secs => %s))",
-        (owner, owner, list(queues), list(kinds), lease, seen_ago))
+        "started_at, last_seen, jobs_claimed, claims_per_sec, max_claims_per_sec) "
+        "VALUES (%s, split_part(%s, ':', 1), 1, 4, %s, %s, %s, now() - interval '1 day', "
+        "now() - make_interval(secs => %s), %s, %s, %s)",
+        (owner, owner, list(queues), list(kinds), lease, seen_ago, claimed, rate, budget))
 
 
 def in_registry(dsn: str, work) -> object:
@@ -112,7 +127,7 @@ def in_registry(dsn: str, work) -> object:
 
 def registry_for(pool: AsyncConnectionPool, owner: str) -> HostRegistry:
     return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=10,
-                        counters=lambda: (7, 2))
+                        max_claims_per_sec=400, counters=lambda: (7, 2, 9))
 
 
 def test_prune_uses_each_hosts_own_lease_and_is_safe_to_run_concurrently(db, dsn):
@@ -134,7 +149,7 @@ def test_beat_recreates_a_pruned_row_and_nothing_writes_it_after_deregister(db, 
         hosts = registry_for(pool, "me:9:z")
         await hosts.register()
         first = one(db, "SELECT procs, queues, kinds, lease, jobs_done, jobs_failed, "
-                        "started_at FROM pgpool_hosts")
+                        "jobs_claimed, max_claims_per_sec, started_at FROM pgpool_hosts")
         db.execute("DELETE FROM pgpool_hosts")  # as if pruned while cut off
         await hosts.beat()
         again = one(db, "SELECT started_at FROM pgpool_hosts")
@@ -144,9 +159,37 @@ def test_beat_recreates_a_pruned_row_and_nothing_writes_it_after_deregister(db, 
         return [first, again, gone, one(db, "SELECT count(*) FROM pgpool_hosts")]
 
     first, again, gone, after = in_registry(dsn, lifecycle)
-    assert first[:6] == (3, ["q"], ["a", "b"], 10.0, 7, 2)
-    assert again == (first[6],)  # same started_at: the same run, back in the registry
+    assert first[:8] == (3, ["q"], ["a", "b"], 10.0, 7, 2, 9, 400.0)
+    assert again == (first[8],)  # same started_at: the same run, back in the registry
     assert gone == after == (0,)
+
+
+def test_each_beat_records_the_claims_per_second_since_the_last_beat_written(db, dsn):
+    claimed, clock = [0], [100.0]
+    claims = "SELECT jobs_claimed, claims_per_sec FROM pgpool_hosts"
+
+    async def beats(pool: AsyncConnectionPool) -> list[object]:
+        hosts = HostRegistry(pool, "me:9:z", procs=1, queues=["q"], kinds=["a"], lease=10,
+                             max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0]),
+                             clock=lambda: clock[0])
+        await hosts.register()
+        seen = [one(db, claims)]  # no interval yet
+        claimed[0], clock[0] = 150, 100.5
+        await hosts.beat()
+        seen.append(one(db, claims))
+        # A beat the database refuses writes nothing; the next one covers both intervals.
+        claimed[0], clock[0] = 250, 101.0
+        db.execute("ALTER TABLE pgpool_hosts RENAME TO pgpool_hosts_away")
+        try:
+            await hosts.beat()
+        except psycopg.errors.UndefinedTable:
+            seen.append("refused")
+        db.execute("ALTER TABLE pgpool_hosts_away RENAME TO pgpool_hosts")
+        claimed[0], clock[0] = 400, 102.0
+        await hosts.beat()
+        return [*seen, one(db, claims)]
+
+    assert in_registry(dsn, beats) == [(0, None), (150, 300.0), "refused", (400, 250 / 1.5)]
 
 
 # --- pgpool status ----------------------------------------------------------------------------
@@ -176,10 +219,11 @@ def seed(db: psycopg.Connection) -> None:
                "created_at) SELECT i, CASE WHEN i <= 4 THEN 'default' ELSE 'q3' END, "
                "'record', '{}', 0, 3, now() FROM generate_series(1, 5) AS i")
     insert_host(db, "live:1:aa", lease=30, seen_ago=1, queues=("default",),
-                kinds=("fail", "record"))
-    # Stale (3600 s > 3 x 1 s): its handlers for orphan and for q2 do not count.
+                kinds=("fail", "record"), claimed=1234, rate=123.45, budget=400)
+    # Stale (3600 s > 3 x 1 s): its handlers for orphan and for q2, its claims per second
+    # and its budget do not count.
     insert_host(db, "gone:2:bb", lease=1, seen_ago=3600, queues=("default", "q2"),
-                kinds=("orphan", "record"))
+                kinds=("orphan", "record"), claimed=99, rate=999, budget=1000)
 
 
 def section(text: str, title: str) -> list[list[str]]:
@@ -200,8 +244,11 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert text.splitlines()[0] == "hosts: 1 live, 1 stale"
-    hosts = {line.split()[0]: line for line in text.splitlines()[2:4]}
+    hosts = {row[0]: row for row in section(text, "hosts: 1 live, 1 stale")}
     assert "(stale)" in hosts["gone"] and "(stale)" not in hosts["live"]
+    assert hosts["live"][-3:] == ["1234", "123.5", "400"]  # CLAIMED CLAIMS/S BUDGET
+    assert hosts["gone"][-3:] == ["99", "999.0", "1000"]
+    assert text.splitlines()[4] == "fleet: 123.5 claims/s of a 400 claims/s budget (31%)"
     assert section(text, "queues:") == [
         ["default", "5", "2", "1", "4"],
         ["q2", "1", "0", "0", "0"],
@@ -221,19 +268,49 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
         ("default", "orphan", 2), ("q2", "record", 1)]
     assert all(u["oldest_ago"] >= 59 for u in report["unhandled"])
-    assert [(h["owner"], h["live"], h["procs"], h["queues"], h["kinds"])
-            for h in report["hosts"]] == [
-        ("gone:2:bb", False, 4, ["default", "q2"], ["orphan", "record"]),
-        ("live:1:aa", True, 4, ["default"], ["fail", "record"]),
+    assert [(h["owner"], h["live"], h["procs"], h["queues"], h["kinds"], h["jobs_claimed"],
+             h["claims_per_sec"], h["max_claims_per_sec"]) for h in report["hosts"]] == [
+        ("gone:2:bb", False, 4, ["default", "q2"], ["orphan", "record"], 99, 999, 1000),
+        ("live:1:aa", True, 4, ["default"], ["fail", "record"], 1234, 123.45, 400),
     ]
+    assert report["fleet"] == {"live_hosts": 1, "claims_per_sec": 123.45,
+                               "max_claims_per_sec": 400, "budgets": [400]}
+
+
+def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_differ(db, dsn):
+    insert_host(db, "a:1:aa", lease=30, seen_ago=1, claimed=10, rate=100, budget=1000)
+    insert_host(db, "b:2:bb", lease=30, seen_ago=1, claimed=20, rate=50.5, budget=400)
+    # Written by a pgpool older than schema version 3: no claims per second, no budget.
+    insert_host(db, "c:3:cc", lease=30, seen_ago=1)
+    insert_host(db, "d:4:dd", lease=1, seen_ago=60, claimed=5, rate=5000, budget=10)  # stale
+    report = status_json(dsn)
+    assert report["fleet"] == {"live_hosts": 3, "claims_per_sec": 150.5,
+                               "max_claims_per_sec": 400, "budgets": [400, 1000]}
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    rows = section(done.stdout, "hosts: 3 live, 1 stale")
+    assert [row[-3:] for row in rows] == [
+        ["10", "100.0", "1000"], ["20", "50.5", "400"], ["0", "-", "-"], ["5", "5000.0", "10"]]
+    assert done.stdout.splitlines()[6] == (
+        "fleet: 150.5 claims/s of a 400 claims/s budget (38%); the smallest: live hosts run "
+        "with different budgets, 400, 1000")
+
+    db.execute("DELETE FROM pgpool_hosts WHERE owner IN ('a:1:aa', 'b:2:bb')")
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    assert "\nfleet: 0.0 claims/s; no live host reports a budget\n" in done.stdout
 
 
 def test_status_of_an_empty_queue(db, dsn):
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == ("hosts: 0 live\n  (none)\n\nqueues:\n  (none)\n\n"
-                           "kinds waiting with no live handler:\n  (none)\n")
-    assert status_json(dsn) == {"hosts": [], "queues": [], "unhandled": []}
+    assert done.stdout == ("hosts: 0 live\n  (none)\nfleet: 0.0 claims/s (no live hosts)\n\n"
+                           "queues:\n  (none)\n\nkinds waiting with no live handler:\n"
+                           "  (none)\n")
+    assert status_json(dsn) == {
+        "hosts": [], "queues": [], "unhandled": [],
+        "fleet": {"live_hosts": 0, "claims_per_sec": 0.0, "max_claims_per_sec": None,
+                  "budgets": []}}
 
 
 # --- pgpool status: user errors ---------------------------------------------------------------

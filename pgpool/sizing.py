@@ -1,0 +1,56 @@
+"""Batch sizing from the throughput formula (``--batch auto``).
+
+One host's throughput is about ``procs * batch / (claim_rtt + batch * job_time)``: each
+claim costs a round trip, and its batch then keeps the workers busy for
+``batch * job_time / procs``. One claim loop feeds all the workers, so it is busy for
+``claim_rtt`` out of every ``batch * job_time / procs`` seconds. `batch_for` picks the
+smallest batch that keeps that share at `CLAIM_SHARE`: big batches for short jobs (the
+round trip would otherwise starve the workers), small ones for long jobs (a host should not
+hoard work that other hosts could start now). `BatchSizer` feeds it the dispatcher's
+moving averages and smooths the result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+#: The share of the time the claim loop may spend waiting on claims.
+CLAIM_SHARE: Final = 0.1
+#: Bounds of an automatic batch: one job, and a size whose claim stays a few milliseconds.
+MIN_BATCH: Final = 1
+MAX_BATCH: Final = 1000
+#: The most a batch may grow in one step: the averages behind it need a few samples.
+MAX_GROWTH: Final = 2.0
+
+
+def batch_for(procs: int, claim_rtt: float, job_seconds: float, *,
+              claim_share: float = CLAIM_SHARE, maximum: int = MAX_BATCH) -> int:
+    """The smallest batch for which the claim round trip ``claim_rtt`` is ``claim_share``
+    of the time ``procs`` workers take to run the batch, within [1, ``maximum``].
+
+    With no job time measured yet (``job_seconds`` <= 0) jobs may be long: one per worker.
+    """
+    if job_seconds <= 0:
+        return max(MIN_BATCH, min(maximum, procs))
+    wanted = procs * claim_rtt / (claim_share * job_seconds)
+    return max(MIN_BATCH, min(maximum, math.ceil(wanted)))
+
+
+class BatchSizer:
+    """The current automatic batch size, re-derived after each claim.
+
+    Shrinks at once (a long job time must stop hoarding now) and grows at most
+    `MAX_GROWTH` times per claim (a few quick jobs should not swing it to the maximum).
+    """
+
+    def __init__(self, procs: int, *, maximum: int = MAX_BATCH) -> None:
+        self.procs = procs
+        self.maximum = maximum
+        self.batch = batch_for(procs, 0.0, 0.0, maximum=maximum)
+
+    def update(self, claim_rtt: float, job_seconds: float) -> int:
+        """Re-derive the batch from the latest moving averages and return it."""
+        target = batch_for(self.procs, claim_rtt, job_seconds, maximum=self.maximum)
+        self.batch = min(target, max(self.batch + 1, round(self.batch * MAX_GROWTH)))
+        return self.batch
