@@ -47,7 +47,7 @@ The checker, and why each rule is sound:
   must not exceed the jobs the faults could have interrupted: 1 per worker kill; for a
   dispatcher kill, the jobs the database showed it owning right after the kill (they are
   frozen until their leases expire); for a database fault, the running jobs just before it
-  plus one full capacity (procs + 2 x batch) per dispatcher for claims landing around it.
+  plus one full capacity (procs + 3 x batch) per dispatcher for claims landing around it.
 
 It prints the figures and exits 0 only if: nothing lost, nothing overlapping, everything
 drained, no unexplained re-runs, re-runs within the bound, the same attempt never started
@@ -103,7 +103,7 @@ PROCS = 1
 BATCH = 50
 DISPATCHERS = 2
 #: Jobs a dispatcher holds at most (running, sent to its worker, or in its backlog).
-CAPACITY = PROCS + 2 * BATCH
+CAPACITY = PROCS + 3 * BATCH
 #: The most unwritten acks a dispatcher keeps before it stops claiming (pgpool.dispatcher).
 HIGH_WATER = max(1000, 4 * CAPACITY)
 

@@ -11,15 +11,16 @@ It is an asyncio program (on uvloop) made of small parts, each in its own module
 - `HostRegistry`: this host's row in ``pgpool_hosts``, for ``pgpool status``;
 - `ClaimBudget`: this host's share of the fleet's claims per second (a token bucket).
 
-Room: the dispatcher holds at most ``procs + 2 * batch`` jobs (running, sent to a worker,
-or waiting in the backlog). It claims when a whole batch fits, so the next batch is on its
-way while the workers still have one to go through, and claims again at once after a full
-batch. A claim that comes back short means the queue is empty: the loop then sleeps until
-a notification or the poll, not until the next outcome. With ``--batch auto`` the batch is
-re-derived after every claim from the measured claim round trip and job time
-(`pgpool.sizing`). Outcomes are acked every 50 ms or every batch, whichever comes first.
-With short jobs that makes about two transactions per batch of jobs: one claim and one
-ack.
+Room: the dispatcher holds at most ``procs + 3 * batch`` jobs (running, sent to a worker,
+waiting in the backlog, or being claimed). Two claim loops each claim when a whole batch
+fits, so while the workers go through one batch the next two are on their way; after a
+full batch a loop claims again at once and wakes the other. A claim that comes back short
+means the queue is empty: that loop then sleeps until a notification (which wakes one
+loop: it is usually one job) or the poll, not until the next outcome. With ``--batch
+auto`` the batch is re-derived after every claim from the measured claim round trip and
+job time (`pgpool.sizing`). Outcomes are acked every 50 ms or every batch, whichever comes
+first. With short jobs that makes about two transactions per batch of jobs: one claim and
+one ack.
 
 Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``): the handler
 only sets flags, and the work happens on the loop. The first SIGTERM/SIGINT stops claiming,
@@ -61,6 +62,9 @@ from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.dispatcher")
 
+#: Claim loops, each with at most one claim in flight: one's round trip hides behind the
+#: other's, which doubles what a fixed batch can claim per second.
+CLAIM_LOOPS = 2
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT = 15.0
 
@@ -95,6 +99,9 @@ class Dispatcher:
         self._signal: int | None = None
         self._started = 0.0
         self._reaped_for_burst = False
+        self._drained = False
+        #: Jobs asked for by claims in flight: room the pool will need when they return.
+        self._claiming = 0
         #: What the idle claim loop waits for: "room" (outcomes wake it), "acks" (flushes
         #: do), or "work" (a notification or the poll; outcomes must not wake it, or every
         #: finished job would cost an empty claim).
@@ -107,7 +114,8 @@ class Dispatcher:
         if the database or the handler modules are not usable.
         """
         loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        self._wakes = [asyncio.Event() for _ in range(CLAIM_LOOPS)]
+        self._waiting: list[asyncio.Event] = []  # the events of the loops waiting now
         self._hard_stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -161,7 +169,7 @@ class Dispatcher:
             )
             self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
             self.reaper = Reaper(db, interval=max(1.0, cfg.lease / 3))
-            self.listener = Listener(cfg.dsn, cfg.queues, self._wake.set)
+            self.listener = Listener(cfg.dsn, cfg.queues, self._wake_one)
             for part in (self.completer, self.heartbeat, self.reaper, self.listener,
                          self.hosts):
                 tasks.append(asyncio.create_task(part.run()))
@@ -172,7 +180,7 @@ class Dispatcher:
                 ",".join(sorted(self.handlers)),
             )
             self._started = time.monotonic()
-            if not await self._until_hard_stop(self._claim_loop()):
+            if not await self._until_hard_stop(self._claim_loops()):
                 return await self._die()
             if not await self._until_hard_stop(self._drain()):
                 return await self._die()
@@ -189,23 +197,30 @@ class Dispatcher:
 
     # --- the claim loop ---------------------------------------------------------------------
 
-    async def _claim_loop(self) -> None:
+    async def _claim_loops(self) -> None:
+        await asyncio.gather(*(self._claim_loop(wake) for wake in self._wakes))
+
+    async def _claim_loop(self, wake: asyncio.Event) -> None:
         failures = 0
-        while not self._stopping:
-            self._wake.clear()
+        while not (self._stopping or self._drained):
+            wake.clear()
             try:
                 step = await self._claim_step()
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 log.warning("claim failed (%s); retrying", type(exc).__name__)
-                await self._wait(backoff(failures, 0.1, 5.0))
+                await self._wait(wake, backoff(failures, 0.1, 5.0))
                 continue
             failures = 0
-            if step == "drained":
+            if step == "again":
+                self._wake_one()  # a full batch: the other loop may claim the next one
+            elif step == "drained":
                 log.info("burst: no runnable job is ready and nothing is in flight")
+                self._drained = True
+                self._wake()  # the other claim loop
                 return
-            if step == "wait":
-                await self._wait(self.config.poll)
+            elif step == "wait":
+                await self._wait(wake, self.config.poll)
             elif step == "throttled":  # over this host's share of the fleet's claims/s
                 await asyncio.sleep(min(self.config.poll, self.budget.wait_for(self._want())))
 
@@ -226,8 +241,14 @@ class Dispatcher:
         want = min(self._want(), int(self.budget.burst))
         if self.budget.available() < want:
             return "throttled"
-        jobs = await self.claimer.claim(want)
-        self.budget.spend(len(jobs))
+        # Reserve room and budget before the round trip: the other loop claims meanwhile.
+        self.budget.spend(want)
+        self._claiming += want
+        try:
+            jobs = await self.claimer.claim(want)
+        finally:
+            self._claiming -= want
+        self.budget.spend(len(jobs) - want)  # give back what the claim did not take
         if self.sizer is not None:
             self.batch = self.sizer.update(self.claimer.rtt, self.pool.job_seconds)
             self.completer.max_batch = self.batch
@@ -237,7 +258,7 @@ class Dispatcher:
         if len(jobs) == want:
             return "again"  # a full batch: more may be ready right now
         if self.config.burst and not jobs and self.pool.held == 0 \
-                and self.completer.backlog == 0:
+                and self._claiming == 0 and self.completer.backlog == 0:
             # Drained only if a claim still finds nothing after a reaper pass: jobs
             # stranded by a dead host count as work for a batch host too.
             if self._reaped_for_burst:
@@ -251,21 +272,37 @@ class Dispatcher:
 
     @property
     def capacity(self) -> int:
-        """The most jobs this host holds: one running per worker, plus two batches, so the
-        next claim is in flight while the workers still have a batch to go through."""
-        return self.config.procs + 2 * self.batch
+        """The most jobs this host holds or is claiming: one running per worker, a batch
+        for the workers to go through, and a batch on its way for each claim loop."""
+        return self.config.procs + (1 + CLAIM_LOOPS) * self.batch
 
     def _room(self) -> bool:
-        return self.capacity - self.pool.held >= self.batch
+        return self.capacity - self.pool.held - self._claiming >= self.batch
 
     def _want(self) -> int:
         """A batch, or more when workers are idle (so a small batch still fills them)."""
-        held = self.pool.held
+        held = self.pool.held + self._claiming
         return min(self.capacity - held, max(self.batch, self.config.procs - held))
 
-    async def _wait(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+    def _wake(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    def _wake_one(self) -> None:
+        """Wake one waiting claim loop (a notification is usually one job: one claim
+        takes it, and a second would come back empty); both if neither waits."""
+        if self._waiting:
+            self._waiting[0].set()
+        else:
+            self._wake()
+
+    async def _wait(self, wake: asyncio.Event, timeout: float) -> None:
+        self._waiting.append(wake)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+        finally:
+            self._waiting.remove(wake)
 
     async def _drain(self) -> None:
         await self.pool.stop(self.config.grace)
@@ -338,12 +375,12 @@ class Dispatcher:
         log.info("%s: stopping; running jobs may finish within %gs (signal again to stop "
                  "now)", signal.Signals(sig).name, self.config.grace)
         self._stopping = True
-        self._wake.set()
+        self._wake()
 
     def _on_outcome(self, out: Outcome) -> None:
         job = out.job
         if self._waiting_for == "room" and self._room():
-            self._wake.set()
+            self._wake()
         if job.lost:
             self.counts["lost"] += 1
             log.warning("%s ended after its lease was lost; result dropped", job)
@@ -374,13 +411,13 @@ class Dispatcher:
         log.error("%s", reason)
         self.fatal = reason
         self._stopping = True
-        self._wake.set()
+        self._wake()
 
     def _on_flushed(self, result: FlushResult) -> None:
         if self._waiting_for == "acks" and self.completer.has_room():
-            self._wake.set()
+            self._wake()
         elif self.config.burst and self.pool.held == 0 and self.completer.backlog == 0:
-            self._wake.set()  # a batch host may be done: the claim loop checks
+            self._wake()  # a batch host may be done: the claim loop checks
 
     def _host_counters(self) -> tuple[int, int, int]:
         """(jobs done, attempts failed, jobs claimed) for the host registry."""

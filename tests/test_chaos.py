@@ -154,7 +154,7 @@ def test_postgres_restarted_mid_drain_the_dispatcher_carries_on(
     t0 = chaos.now_ns()
     pg.restart()
     restart = chaos.Fault("postgres restart", t0, chaos.now_ns(),
-                          cap=in_flight + PROCS + 2 * BATCH)
+                          cap=in_flight + PROCS + 3 * BATCH)
     db = chaos.Db(pg.dsn)
     wait_until(lambda: db.query("SELECT count(*) FROM pgpool_jobs") == 0,
                "the queue to drain after the restart", 60)
@@ -188,7 +188,7 @@ def test_connections_terminated_mid_drain_nothing_is_lost(dsn, db, records, watc
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND application_name = %s", (app,)).fetchone()[0]
         faults.append(chaos.Fault("backends terminated", t0, chaos.now_ns(),
-                                  cap=in_flight + PROCS + 2 * BATCH))
+                                  cap=in_flight + PROCS + 3 * BATCH))
         assert killed >= 2  # its pooled connections and its listener, at least
     wait_until(lambda: db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0,
                "the queue to drain", 60)

@@ -66,9 +66,9 @@ def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_di
 
 def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, record_dir):
     # 0.1 s jobs: a job or two per claim keeps a worker fed, so the rest stay claimable by
-    # other hosts. The host then never holds more than procs + 2 * batch jobs, and the
+    # other hosts. The host then never holds more than procs + 3 * batch jobs, and the
     # first claims, made before any job time is known, take one job per worker: at most
-    # 2 + 2 * 2 claimed jobs, of which at most 4 wait to start. (A fixed batch of 50 would
+    # 2 + 3 * 2 claimed jobs, of which at most 6 wait to start. (A fixed batch of 50 would
     # take all 20 at once, and 18 would wait.)
     pgpool.enqueue_many(db, "record", [{"sleep": 0.1}] * 20)
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
@@ -83,7 +83,7 @@ def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, re
             host.wait(timeout=0.01)
     _, err = host.communicate()
     assert host.returncode == 0, err
-    assert most_waiting <= 2 * 2
+    assert most_waiting <= 3 * 2
     claims = int(re.search(r"(\d+) claims, ", err).group(1))
     assert claims >= 20 / 4
     assert len(starts(record_dir)) == 20
