@@ -30,7 +30,10 @@ from .registry import check_name
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
-_COPY_CHUNK: Final = 1 << 20
+#: COPY data goes out in small pieces, so PostgreSQL inserts one while the next is being
+#: encoded: with 1 MiB pieces, enqueue_many of 20,000 small jobs ran at about 0.7 of a raw
+#: COPY of pre-built rows; with 16 KiB pieces, at about the same speed.
+_COPY_CHUNK: Final = 1 << 14
 _INT4_MAX: Final = 2**31 - 1
 # A JSON \u0000 escape: preceded by an even number of backslashes (an odd one would make
 # it the literal text "\u0000", which jsonb stores fine).
@@ -185,7 +188,8 @@ def _copy_chunks(
     max_attempts: int | None,
     counter: list[int],
 ) -> Iterator[bytes]:
-    """COPY text-format rows, about 1 MiB at a time; ``counter[0]`` counts the rows."""
+    """COPY text-format rows, about `_COPY_CHUNK` bytes at a time; ``counter[0]`` counts
+    the rows."""
     limit = max_payload_bytes()
     tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
     if run_at is not None:

@@ -57,7 +57,7 @@ def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -
     assert pickup["samples"] == 200 and pickup["procs"] == 1
     assert pickup["max_ms"] >= pickup["p99_ms"] >= pickup["p50_ms"] > 0
 
-    assert report["seed"]["ratio"] > 0
+    assert report["seed"]["ratio"] > 0 and report["seed"]["rounds"] == 3
     assert set(report["server"]) == {"version", "fsync", "synchronous_commit",
                                      "full_page_writes", "shared_buffers"}
     assert report["schema"].startswith("pgpool_bench_")
