@@ -517,7 +517,7 @@ def _drive(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         "claimed_per_claim": dispatcher.claimer.claimed / max(1, claims),
         "claim_rtt_p50_ms": 1000 * _quantile(rtts, 0.50),
         "claim_rtt_p99_ms": 1000 * _quantile(rtts, 0.99),
-        "claim_rtt_ewma_ms": 1000 * dispatcher.claimer.rtt,
+        "claim_rtt_recent_ms": 1000 * dispatcher.claimer.rtt,
         "claims_per_s": (dispatcher.claimer.claimed - dispatcher.claimed_at_first_done) / steady,
         "claim_budget_per_s": (dispatcher.budget.rate if opts.max_claims_per_sec
                                else RunConfig.max_claims_per_sec),

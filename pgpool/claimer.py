@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 
@@ -13,6 +14,7 @@ from .job import Job
 from .registry import Handler
 
 RTT_SAMPLES = 10_000
+RECENT_RTTS = 15
 
 
 class RawJsonLoader(Loader):
@@ -49,10 +51,16 @@ class Claimer:
         }
         self.claims = 0
         self.claimed = 0
-        #: Exponential moving average of the claim round trip, seconds.
-        self.rtt = 0.0
         #: The most recent round trips, seconds, for percentiles.
         self.rtts: deque[float] = deque(maxlen=RTT_SAMPLES)
+
+    @property
+    def rtt(self) -> float:
+        """The typical claim round trip lately, seconds (0 before the first claim): the
+        median of the last `RECENT_RTTS`, so a slow first claim (which also prepares the
+        statement) or a stray hiccup does not skew the batch sized from it."""
+        recent = sorted(itertools.islice(reversed(self.rtts), RECENT_RTTS))
+        return recent[len(recent) // 2] if recent else 0.0
 
     async def claim(self, limit: int) -> list[Job]:
         started = time.monotonic()
@@ -60,9 +68,7 @@ class Claimer:
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CLAIM, self.params)
             rows = await cur.fetchall()
-        rtt = time.monotonic() - started
-        self.rtt = rtt if not self.claims else 0.9 * self.rtt + 0.1 * rtt
-        self.rtts.append(rtt)
+        self.rtts.append(time.monotonic() - started)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts

@@ -102,10 +102,6 @@ class Dispatcher:
         self._drained = False
         #: Jobs asked for by claims in flight: room the pool will need when they return.
         self._claiming = 0
-        #: What the idle claim loop waits for: "room" (outcomes wake it), "acks" (flushes
-        #: do), or "work" (a notification or the poll; outcomes must not wake it, or every
-        #: finished job would cost an empty claim).
-        self._waiting_for = "work"
 
     async def run(self) -> int:
         """Run until stopped (or, with ``burst``, until drained); return the exit status.
@@ -115,7 +111,10 @@ class Dispatcher:
         """
         loop = asyncio.get_running_loop()
         self._wakes = [asyncio.Event() for _ in range(CLAIM_LOOPS)]
-        self._waiting: list[asyncio.Event] = []  # the events of the loops waiting now
+        #: What each idle claim loop waits for, by its event: "room" (outcomes wake it),
+        #: "acks" (flushes do), or "work" (a notification or the poll; outcomes must not
+        #: wake it, or every finished job would cost an empty claim).
+        self._waiting: dict[asyncio.Event, str] = {}
         self._hard_stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -209,7 +208,7 @@ class Dispatcher:
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 log.warning("claim failed (%s); retrying", type(exc).__name__)
-                await self._wait(wake, backoff(failures, 0.1, 5.0))
+                await self._wait(wake, "work", backoff(failures, 0.1, 5.0))
                 continue
             failures = 0
             if step == "again":
@@ -219,23 +218,21 @@ class Dispatcher:
                 self._drained = True
                 self._wake()  # the other claim loop
                 return
-            elif step == "wait":
-                await self._wait(wake, self.config.poll)
+            elif step in ("room", "acks", "work"):
+                await self._wait(wake, step, self.config.poll)
             elif step == "throttled":  # over this host's share of the fleet's claims/s
                 await asyncio.sleep(min(self.config.poll, self.budget.wait_for(self._want())))
 
     async def _claim_step(self) -> str:
-        """Claim if there is room: "again" after a full batch, "wait", "throttled" (the
-        claim budget is spent for now), or "drained"."""
+        """Claim if there is room: "again" after a full batch; "recheck" (claim once more,
+        alone: a burst host may be drained); "drained"; "throttled" (the claim budget is
+        spent for now); or what to wait for: "room", "acks" or "work"."""
         if not self._room():
-            self._waiting_for = "room"
-            return "wait"
+            return "room"
         if not self.completer.has_room():
-            self._waiting_for = "acks"
-            return "wait"
+            return "acks"
         if self.heartbeat.at_risk:  # the database is not answering: poll until it does
-            self._waiting_for = "work"
-            return "wait"
+            return "work"
         # Under the claim budget, wait for a whole batch (or a bucketful) rather than
         # claiming whatever trickled in: many small claims cost more than a few full ones.
         want = min(self._want(), int(self.budget.burst))
@@ -265,10 +262,9 @@ class Dispatcher:
                 return "drained"
             await self.reaper.reap()
             self._reaped_for_burst = True
-            return "again"
+            return "recheck"
         self._reaped_for_burst = False
-        self._waiting_for = "work"
-        return "wait"
+        return "work"
 
     @property
     def capacity(self) -> int:
@@ -288,21 +284,30 @@ class Dispatcher:
         for wake in self._wakes:
             wake.set()
 
-    def _wake_one(self) -> None:
-        """Wake one waiting claim loop (a notification is usually one job: one claim
-        takes it, and a second would come back empty); both if neither waits."""
-        if self._waiting:
-            self._waiting[0].set()
-        else:
-            self._wake()
+    def _wake_waiting(self, reason: str) -> None:
+        for wake, waits_for in self._waiting.items():
+            if waits_for == reason:
+                wake.set()
 
-    async def _wait(self, wake: asyncio.Event, timeout: float) -> None:
-        self._waiting.append(wake)
+    def _wake_one(self) -> None:
+        """There may be work: wake one loop waiting for it (a notification is usually one
+        job: one claim takes it, and a second would come back empty). With none waiting
+        for work, the loops still claiming claim again when done."""
+        idle = [wake for wake, reason in self._waiting.items() if reason == "work"]
+        if idle:
+            idle[0].set()
+        else:
+            for wake in self._wakes:
+                if wake not in self._waiting:
+                    wake.set()
+
+    async def _wait(self, wake: asyncio.Event, reason: str, timeout: float) -> None:
+        self._waiting[wake] = reason
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
         finally:
-            self._waiting.remove(wake)
+            del self._waiting[wake]
 
     async def _drain(self) -> None:
         await self.pool.stop(self.config.grace)
@@ -379,8 +384,8 @@ class Dispatcher:
 
     def _on_outcome(self, out: Outcome) -> None:
         job = out.job
-        if self._waiting_for == "room" and self._room():
-            self._wake()
+        if self._room():
+            self._wake_waiting("room")
         if job.lost:
             self.counts["lost"] += 1
             log.warning("%s ended after its lease was lost; result dropped", job)
@@ -414,9 +419,9 @@ class Dispatcher:
         self._wake()
 
     def _on_flushed(self, result: FlushResult) -> None:
-        if self._waiting_for == "acks" and self.completer.has_room():
-            self._wake()
-        elif self.config.burst and self.pool.held == 0 and self.completer.backlog == 0:
+        if self.completer.has_room():
+            self._wake_waiting("acks")
+        if self.config.burst and self.pool.held == 0 and self.completer.backlog == 0:
             self._wake()  # a batch host may be done: the claim loop checks
 
     def _host_counters(self) -> tuple[int, int, int]:

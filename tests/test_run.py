@@ -65,12 +65,12 @@ def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_di
 
 
 def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, record_dir):
-    # 0.1 s jobs: a job or two per claim keeps a worker fed, so the rest stay claimable by
-    # other hosts. The host then never holds more than procs + 3 * batch jobs, and the
-    # first claims, made before any job time is known, take one job per worker: at most
-    # 2 + 3 * 2 claimed jobs, of which at most 6 wait to start. (A fixed batch of 50 would
-    # take all 20 at once, and 18 would wait.)
-    pgpool.enqueue_many(db, "record", [{"sleep": 0.1}] * 20)
+    # 0.2 s jobs: a job or two per claim keeps a worker fed (two while claims take up to
+    # 20 ms), so the rest stay claimable by other hosts. The host never holds more than
+    # procs + 3 * batch jobs, and the first claims, made before any job time is known, take
+    # one job per worker: at most 2 + 3 * 2 claimed jobs, of which at most 6 wait to start.
+    # (A fixed batch of 50 would take all 16 at once, and 14 would wait.)
+    pgpool.enqueue_many(db, "record", [{"sleep": 0.2}] * 16)
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
     most_waiting = 0
     while host.poll() is None:
@@ -78,15 +78,15 @@ def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, re
                                 "FROM pgpool_jobs")
         # Claimed and not started: running in the table, minus the started jobs not yet
         # deleted. Starts are read after the table, so this never overstates it.
-        most_waiting = max(most_waiting, running - (len(starts(record_dir)) - (20 - left)))
+        most_waiting = max(most_waiting, running - (len(starts(record_dir)) - (16 - left)))
         with contextlib.suppress(subprocess.TimeoutExpired):
             host.wait(timeout=0.01)
     _, err = host.communicate()
     assert host.returncode == 0, err
     assert most_waiting <= 3 * 2
     claims = int(re.search(r"(\d+) claims, ", err).group(1))
-    assert claims >= 20 / 4
-    assert len(starts(record_dir)) == 20
+    assert claims >= 16 / 4
+    assert len(starts(record_dir)) == 16
 
 
 def test_batch_auto_grows_for_short_jobs(db, dsn):
@@ -95,7 +95,9 @@ def test_batch_auto_grows_for_short_jobs(db, dsn):
     assert done.returncode == 0, done.stderr
     claims, batch = re.search(r"(\d+) claims, .* batch (\d+) \(auto\)", done.stderr).groups()
     assert int(batch) > 100
-    assert int(claims) < 3000 / 50
+    # Doubling from 2 reaches 512 in 9 claims, a few big ones take the rest, and the two
+    # claim loops find the queue empty a few times at the end (not once per outcome).
+    assert int(claims) < 40
     assert one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0
 
 
