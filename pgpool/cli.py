@@ -7,7 +7,6 @@ fix it>``, with exit status 2 and no traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import math
@@ -17,14 +16,14 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, NoReturn
 
-import psycopg
-import psycopg_pool
-
-from . import dsn as dsnlib
 from . import registry, schema
 from .config import RunConfig, usable_cpus
 from .enqueue import enqueue
 from .errors import ConfigError, PgpoolError, first_line
+
+# psycopg (through pgpool.dsn) is imported by the commands, not here: the worker processes
+# of `pgpool run` import this module again (multiprocessing's "spawn" re-runs the main
+# script), and must not pay about 0.15 s of CPU each for a library they never use.
 
 log = logging.getLogger("pgpool")
 
@@ -179,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import psycopg
+    import psycopg_pool
+
     args = build_parser().parse_args(argv)
     level = args.log_level or os.environ.get("PGPOOL_LOG_LEVEL", "INFO").upper()
     if level not in LOG_LEVELS:
@@ -232,7 +234,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # "stop gracefully", not instant death: catch it from here on.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _record_signal)
-    from .dispatcher import Dispatcher  # keeps `pgpool enqueue` light
+    from . import dsn as dsnlib
+    from .dispatcher import Dispatcher
 
     modules = registry.resolve_modules(args.handlers)
     cpus = usable_cpus()
@@ -262,6 +265,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
+    import asyncio
+
     try:
         import uvloop
     except ImportError:  # uvloop is not built for every platform
@@ -270,6 +275,8 @@ def _run_async(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from . import dsn as dsnlib
+
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         applied = schema.migrate(conn)
@@ -283,6 +290,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    from . import dsn as dsnlib
+
     try:
         # The stdlib parser keeps big integers exact (orjson would round them to floats,
         # silently changing the data); encode_payload then refuses what JSON cannot hold.
@@ -304,7 +313,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import status  # keeps the other commands light
+    from . import dsn as dsnlib
+    from . import status
 
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
@@ -316,7 +326,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Seed and drive jobs in a schema of its own, dropped at the end; print the figures."""
-    from . import bench  # keeps the other commands light
+    from . import bench
+    from . import dsn as dsnlib
 
     if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
         logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output

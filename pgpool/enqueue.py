@@ -11,22 +11,26 @@ anything is sent, so a bad payload raises `PayloadError` and leaves the transact
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-import psycopg
-from psycopg import pq
-from psycopg.types.json import Jsonb
 
 from . import sql
 from .errors import ConfigError, PayloadError, SchemaError
 from .registry import check_name
+
+# psycopg is imported where it is used, not here: worker processes import pgpool (for
+# @pgpool.handler) and never enqueue, and importing psycopg would add about 0.15 s of CPU
+# to the start of every worker.
+if TYPE_CHECKING:
+    import psycopg
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
@@ -149,6 +153,31 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def _jsonb(data: bytes) -> object:
+    """Already-encoded JSON, sent as jsonb without a second serialisation."""
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(data, dumps=_identity)
+
+
+def _outside_a_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """True when ``conn`` is in manual-commit mode with no transaction open yet."""
+    from psycopg import pq
+
+    return not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+@contextlib.contextmanager
+def _schema_required() -> Iterator[None]:
+    """Turn "no such table" into a `SchemaError` telling the caller to migrate."""
+    from psycopg.errors import UndefinedTable
+
+    try:
+        yield
+    except UndefinedTable as exc:
+        raise _missing_schema(exc) from None
+
+
 def _enqueue_params(
     kind: str,
     payload: Any,
@@ -169,8 +198,7 @@ def _enqueue_params(
     return {
         "queue": queue,
         "kind": kind,
-        # Already-encoded bytes go out as jsonb text without a second serialisation.
-        "payload": Jsonb(data, dumps=_identity),
+        "payload": _jsonb(data),
         "priority": priority,
         "run_at": run_at,
         "delay": seconds,
@@ -240,10 +268,8 @@ def enqueue(
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts)
-    try:
+    with _schema_required():
         row = conn.execute(sql.ENQUEUE, params).fetchone()
-    except psycopg.errors.UndefinedTable as exc:
-        raise _missing_schema(exc) from None
     return None if row is None else row[0]
 
 
@@ -265,20 +291,17 @@ def enqueue_many(
     _check_options(kind, queue, priority, run_at, max_attempts)
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
-    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+    if _outside_a_transaction(conn):
         conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
-    try:
-        # A bad payload found mid-COPY rolls back to the savepoint: the caller's
-        # transaction stays usable, with none of these rows in it.
-        with conn.transaction(), conn.cursor() as cur:
-            with cur.copy(stmt) as copy:
-                for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
-                                          max_attempts, counter):
-                    copy.write(chunk)
-            if counter[0]:
-                cur.execute(sql.NOTIFY, {"queue": queue})
-    except psycopg.errors.UndefinedTable as exc:
-        raise _missing_schema(exc) from None
+    # A bad payload found mid-COPY rolls back to the savepoint: the caller's transaction
+    # stays usable, with none of these rows in it.
+    with _schema_required(), conn.transaction(), conn.cursor() as cur:
+        with cur.copy(stmt) as copy:
+            for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
+                                      max_attempts, counter):
+                copy.write(chunk)
+        if counter[0]:
+            cur.execute(sql.NOTIFY, {"queue": queue})
     return counter[0]
 
 
@@ -297,10 +320,8 @@ async def enqueue_async(
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts)
-    try:
+    with _schema_required():
         row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
-    except psycopg.errors.UndefinedTable as exc:
-        raise _missing_schema(exc) from None
     return None if row is None else row[0]
 
 
@@ -318,9 +339,9 @@ async def enqueue_many_async(
     _check_options(kind, queue, priority, run_at, max_attempts)
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
-    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+    if _outside_a_transaction(conn):
         await conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
-    try:
+    with _schema_required():
         async with conn.transaction(), conn.cursor() as cur:
             async with cur.copy(stmt) as copy:
                 for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
@@ -328,6 +349,4 @@ async def enqueue_many_async(
                     await copy.write(chunk)
             if counter[0]:
                 await cur.execute(sql.NOTIFY, {"queue": queue})
-    except psycopg.errors.UndefinedTable as exc:
-        raise _missing_schema(exc) from None
     return counter[0]

@@ -13,12 +13,13 @@ on each page for those updates; autovacuum is made aggressive on the one high-ch
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
-
-import psycopg
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from . import sql
 from .errors import SchemaError
+
+if TYPE_CHECKING:  # imported by `pgpool` itself, so workers too: see pgpool.enqueue
+    import psycopg
 
 
 class Migration(NamedTuple):

@@ -11,7 +11,6 @@ close. See `pgpool.pool` for the whole picture.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import inspect
 import os
@@ -141,6 +140,8 @@ def _run(handlers: dict[str, registry.Handler],
             raise LookupError(f"no handler for kind {kind!r} in this worker")
         result = handler.fn(orjson.loads(payload))
         if inspect.iscoroutine(result):  # an ``async def`` handler
+            import asyncio  # only async handlers need it: keeps worker start-up light
+
             asyncio.run(result)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         return ("failed", job_id, format_error(exc), type(exc).__name__,

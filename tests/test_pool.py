@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import read_records
@@ -95,3 +97,15 @@ def test_long_jobs_are_dealt_one_per_idle_worker_first():
     outcomes, pool = run_pool([job(i, "noop") for i in range(2)], procs=2, depth=None)
     assert len(outcomes) == 2
     assert pool.frames_sent == 2  # one frame to each worker, not both jobs to one
+
+
+def test_what_a_worker_imports_leaves_out_psycopg() -> None:
+    # Every worker imports pgpool (handler modules use @pgpool.handler) and, started by the
+    # `pgpool` script, pgpool.cli again. psycopg would add about 0.15 s of CPU to the start
+    # of each worker, which never talks to the database.
+    probe = ("import sys, pgpool, pgpool.cli, pgpool.worker, handlers.cpu; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('psycopg', 'psycopg_pool', 'asyncio')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, check=True)
+    assert done.stdout.strip() == "[]"
