@@ -342,6 +342,12 @@ def _seed_comparison(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -
 
 # --- ceilings -------------------------------------------------------------------------------
 
+def _vacuum(conn: psycopg.Connection) -> None:
+    """Start a phase on a vacuumed table, as autovacuum (aggressive on this table) keeps a
+    live queue: otherwise the dead rows the previous phase left slow the next one down."""
+    conn.execute("VACUUM pgpool_jobs")
+
+
 def _ceilings(conn: psycopg.Connection, dsn: str, payloads: list[dict[str, Any]],
               opts: BenchOptions, batch: int, when: str,
               progress: Progress) -> dict[str, dict[str, Any]]:
@@ -350,6 +356,7 @@ def _ceilings(conn: psycopg.Connection, dsn: str, payloads: list[dict[str, Any]]
                   f"{_CEILING_THREADS} connections, batch {batch}")
     out = {}
     for cycle in ("one_transaction", "lease_cycle"):
+        _vacuum(conn)
         enqueue_many(conn, KIND, payloads)
         out[cycle] = {"when": when, **_ceiling(dsn, batch, lease_cycle=cycle == "lease_cycle")}
         _expect_empty(conn, f"the {cycle.replace('_', ' ')} ceiling loop", opts.backlog)
@@ -472,6 +479,7 @@ def _drive(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
                                      total=len(payloads), progress=progress)
     stamps = tmp / "drive-stamps"
     stamps.touch()
+    _vacuum(conn)
     enqueue_many(conn, KIND, payloads)
     enqueued_ns = time.monotonic_ns()  # enqueue_many has committed its transaction
     progress.step(f"driving {opts.jobs} {opts.profile} jobs through a dispatcher with "
@@ -617,6 +625,7 @@ def _pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
             progress: Progress) -> dict[str, Any]:
     """Pickup latency on an idle queue, through a real ``pgpool run`` subprocess."""
     samples = max(PICKUP_MIN, min(PICKUP_SAMPLES, opts.jobs))
+    _vacuum(conn)
     progress.step(f"pickup latency: starting `pgpool run --procs 1`, then {samples} jobs "
                   "enqueued one at a time on an idle queue")
     fifo = tmp / "pickup-stamps"
@@ -661,9 +670,32 @@ def _pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
             os.close(reader)
             os.close(keep_open)
     latencies.sort()
+    floor = _pickup_floor(dsn, conn, samples)
     return {"samples": len(latencies), "procs": 1,
             "p50_ms": _quantile(latencies, 0.50), "p99_ms": _quantile(latencies, 0.99),
-            "max_ms": latencies[-1]}
+            "max_ms": latencies[-1], "floor_p50_ms": _quantile(floor, 0.50),
+            "floor_p99_ms": _quantile(floor, 0.99)}
+
+
+def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
+    """The latency no framework can beat, in ms: from the enqueue's commit to a bare
+    claim's durable commit, by a connection that was LISTENing (then the job is deleted)."""
+    params = {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
+              "owner": "bench-pickup-floor", "lease": 60.0, "limit": 1}
+    latencies = []
+    with psycopg.connect(dsn, autocommit=True) as listener, \
+            psycopg.connect(dsn, autocommit=True) as claimer:
+        listener.execute(sql.LISTEN)
+        for _ in range(samples):
+            time.sleep(random.uniform(*PICKUP_GAP))
+            enqueue(conn, KIND, _STAMP_JOB)
+            committed = time.monotonic_ns()
+            if not list(listener.notifies(timeout=PICKUP_TIMEOUT, stop_after=1)):
+                raise BenchError(f"no notification within {PICKUP_TIMEOUT:g}s")
+            ids = [r[0] for r in claimer.execute(sql.CLAIM, params).fetchall()]
+            latencies.append((time.monotonic_ns() - committed) / 1e6)
+            claimer.execute("DELETE FROM pgpool_jobs WHERE id = ANY(%s)", [ids])
+    return sorted(latencies)
 
 
 def _await_listener(conn: psycopg.Connection, app: str, proc: subprocess.Popen[bytes],
@@ -760,6 +792,9 @@ def render(report: dict[str, Any]) -> str:
         ("pickup, idle queue", f"p50 {p['p50_ms']:.2f} ms (target <= 1.5), p99 "
                                f"{p['p99_ms']:.2f} ms (target <= 3), max {p['max_ms']:.2f} "
                                f"ms; {p['samples']} jobs, `pgpool run --procs {p['procs']}`"),
+        ("pickup floor", f"p50 {p['floor_p50_ms']:.2f} ms, p99 {p['floor_p99_ms']:.2f} ms: "
+                         "enqueue commit -> notification -> a bare claim committed, no "
+                         "framework"),
         ("CPU seconds", f"dispatcher {cpu['dispatcher']:.2f}, workers {cpu['workers']:.2f}, "
                         f"local postgres {pg_cpu}"),
     ]

@@ -56,6 +56,7 @@ def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -
     pickup = report["pickup"]
     assert pickup["samples"] == 200 and pickup["procs"] == 1
     assert pickup["max_ms"] >= pickup["p99_ms"] >= pickup["p50_ms"] > 0
+    assert pickup["floor_p99_ms"] >= pickup["floor_p50_ms"] > 0
 
     assert report["seed"]["ratio"] > 0 and report["seed"]["rounds"] == 3
     assert set(report["server"]) == {"version", "fsync", "synchronous_commit",
@@ -80,8 +81,8 @@ def test_bench_table_for_the_mixed_profile_and_auto_batch(
                   "backlog 0 jobs", "seed: raw COPY", "ceiling: 1 transaction",
                   "ceiling: lease cycle", "steady", "vs ceilings", "predicted",
                   "claim budget", "not applied here", "ack flushes", "transactions",
-                  "statements", "queue lag",
-                  "pickup, idle queue", "; 30 jobs, `pgpool run --procs 1`", "CPU seconds"):
+                  "statements", "queue lag", "pickup, idle queue", "pickup floor",
+                  "; 30 jobs, `pgpool run --procs 1`", "CPU seconds"):
         assert label in done.stdout, label
     assert "30 jobs in" in done.stdout
     # Progress: one line per stage (stderr is not a terminal), ceilings after the drive.
