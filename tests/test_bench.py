@@ -79,7 +79,7 @@ def test_bench_table_for_the_mixed_profile_and_auto_batch(
     for label in ("PostgreSQL", "fsync=", "synchronous_commit=", "full_page_writes=",
                   "shared_buffers=", "SHA-256 rounds", "batch auto (settled at ",
                   "backlog 0 jobs", "seed: raw COPY", "ceiling: 1 transaction",
-                  "ceiling: lease cycle", "steady", "vs ceilings", "predicted",
+                  "ceiling: lease cycle", "steady", "vs ceilings", "predicted", "workers only",
                   "claim budget", "not applied here", "ack flushes", "transactions",
                   "statements", "queue lag", "pickup, idle queue", "pickup floor",
                   "; 30 jobs, `pgpool run --procs 1`", "CPU seconds"):
