@@ -149,6 +149,10 @@ class Dispatcher:
         tasks: list[asyncio.Task[None]] = []
         try:
             await db.open(wait=True, timeout=30)
+            self.claimer = Claimer(
+                db, self.owner, queues=cfg.queues, handlers=self.handlers,
+                lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
+            )
             self.hosts = HostRegistry(
                 db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
                 lease=cfg.lease, max_claims_per_sec=cfg.max_claims_per_sec,
@@ -156,14 +160,11 @@ class Dispatcher:
             )
             await self._register()
             self.budget = ClaimBudget(cfg.max_claims_per_sec, lambda: self.hosts.live_hosts)
-            self.claimer = Claimer(
-                db, self.owner, queues=cfg.queues, handlers=self.handlers,
-                lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
-            )
             self.completer = Completer(
                 db, self.owner, max_batch=self.batch, interval=0.05,
-                high_water=max(1000, 4 * (cfg.procs + 2 * (MAX_BATCH if self.sizer
-                                                           else self.batch))),
+                # Four times the most this host can hold, at the largest batch it may use.
+                high_water=max(1000, 4 * (cfg.procs + (1 + CLAIM_LOOPS) * (
+                    MAX_BATCH if self.sizer else self.batch))),
                 on_flushed=self._on_flushed,
             )
             self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
@@ -426,10 +427,8 @@ class Dispatcher:
 
     def _host_counters(self) -> tuple[int, int, int]:
         """(jobs done, attempts failed, jobs claimed) for the host registry."""
-        # Registration beats before the Claimer exists: nothing claimed yet.
-        claimer: Claimer | None = getattr(self, "claimer", None)
-        claimed = claimer.claimed if claimer is not None else 0
-        return self.counts["ok"], self.counts["retried"] + self.counts["dead"], claimed
+        return (self.counts["ok"], self.counts["retried"] + self.counts["dead"],
+                self.claimer.claimed)
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]

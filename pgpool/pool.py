@@ -194,11 +194,6 @@ class WorkerPool:
     def backlog(self) -> int:
         return len(self._backlog)
 
-    @property
-    def waiting(self) -> int:
-        """Held jobs not running yet: the backlog plus jobs queued in worker pipes."""
-        return self.held - sum(1 for w in self._workers.values() if w.assigned)
-
     def held_jobs(self) -> Iterator[Job]:
         yield from self._backlog
         for w in self._workers.values():
