@@ -32,7 +32,8 @@ Contract:
   a terminal, a new line every 5 s otherwise). Reports wall and steady jobs/s (steady:
   first to last completion) and the ratio to both ceilings; the batch (with ``auto``, the
   one the dispatcher settled at by the end); claims and their round trip p50/p99; claimed
-  jobs/s in the steady window against this host's share of ``--max-claims-per-sec``; ack
+  jobs/s in the steady window against this host's share of ``--max-claims-per-sec``
+  (without that option the drive runs unthrottled and is compared with run's default); ack
   flushes, their mean size and latency p50/p99; transactions per job
   (``pg_stat_database.xact_commit`` of the whole database, so other traffic counts);
   statements per job (sent by the dispatcher's pooled connections: claims, acks,
@@ -40,15 +41,20 @@ Contract:
   are not counted); queue lag p50/p99 (enqueue commit to handler start, for 1 job in 64,
   all seeded in one transaction, so the lag of the last ones is about the drain time); CPU
   seconds of the dispatcher, its workers and the local ``postgres`` processes (``n/a``
-  when none are visible); and the formula ``procs * batch / (claim_rtt + batch *
-  handle_time)`` next to what was achieved.
+  when none are visible); the formula ``procs * batch / (claim_rtt + batch *
+  handle_time)`` next to what was achieved; and "workers only", procs / the workers' CPU
+  per job, the most they could do with their cores to themselves (the cpu profile's
+  reference).
 - Pickup: then a real ``pgpool run --procs 1`` subprocess serves the bench schema. Once its
   LISTEN is in place and a warm-up job ran, jobs are enqueued one at a time, each in its
   own committed transaction, 5-20 ms apart so the queue is idle: pickup latency is the time
   from the commit returning to the handler starting, p50/p99/max over min(200, N) jobs (at
   least 20). Handlers report their start through `pgpool.benchjobs.STAMPS_ENV`, as
   ``CLOCK_MONOTONIC`` (system-wide on Linux) nanoseconds. The subprocess is stopped with
-  SIGTERM and must exit 0.
+  SIGTERM and must exit 0. The floor is measured the same way with no framework: a
+  LISTENing connection, then a bare claim committed on a second one.
+- Each ceiling run, the drive and the pickup start on a vacuumed table, as autovacuum keeps
+  a live queue: the dead rows one stage leaves would otherwise slow the next.
 - Targets from the issue are printed next to their figures: enqueue_many >= 0.8 of raw
   COPY; noop steady >= 0.8 of the ceilings; transactions/job <= 0.05 at batch 50; pickup
   p50 <= 1.5 ms, p99 <= 3 ms. They are reported, not enforced.
