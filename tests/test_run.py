@@ -302,6 +302,25 @@ def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, r
         wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
+def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, record_dir):
+    # A notification is usually one job: it wakes one of the two claim loops, whose claim
+    # takes it; waking both would add an empty claim per job.
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "600", record_dir=record_dir)
+    wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
+                               "WHERE query = 'LISTEN pgpool'")[0], "LISTEN")
+    for n in range(1, 21):
+        pgpool.enqueue(db, "record", {})
+        wait_until(lambda n=n: len(ended(record_dir)) == n, f"job {n} to run", 20)
+    host.send_signal(signal.SIGTERM)
+    _, err = host.communicate(timeout=30)
+    assert host.returncode == 0, err
+    claims = int(re.search(r"(\d+) claims, ", err).group(1))
+    # One per job, plus a few that find nothing: each loop's first claim, the listener's
+    # wake when it connects, and, while the batch is still 1 (no job time measured yet),
+    # the claim again that follows a full one. Waking both loops would make it about 40.
+    assert 20 <= claims <= 20 + 6, err
+
+
 def test_polling_is_the_backstop_for_a_lost_notification(db, dsn, record_dir):
     with serving(dsn, record_dir, "--procs", "1", "--poll", "0.2"):
         # A plain INSERT sends no notification, like one lost while disconnected.
