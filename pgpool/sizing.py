@@ -2,11 +2,12 @@
 
 One host's throughput is about ``procs * batch / (claim_rtt + batch * job_time)``: each
 claim costs a round trip, and its batch then keeps the workers busy for
-``batch * job_time / procs``. One claim loop feeds all the workers, so it is busy for
-``claim_rtt`` out of every ``batch * job_time / procs`` seconds. `batch_for` picks the
-smallest batch that keeps that share at `CLAIM_SHARE`: big batches for short jobs (the
-round trip would otherwise starve the workers), small ones for long jobs (a host should not
-hoard work that other hosts could start now). `BatchSizer` feeds it the dispatcher's
+``batch * job_time / procs``. `batch_for` picks the smallest batch for which claiming takes
+`CLAIM_SHARE` of that time (``claim_rtt`` out of every ``batch * job_time / procs``
+seconds): big batches for short jobs (the round trips would otherwise starve the workers),
+small ones for long jobs (a host should not hoard work that other hosts could start now).
+The dispatcher's two claim loops then have room to spare: each may wait on a claim while
+the other's batch is being run. `BatchSizer` feeds it the dispatcher's
 moving averages and smooths the result.
 """
 
