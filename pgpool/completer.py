@@ -163,21 +163,16 @@ class Completer:
     async def flush(self, acks: list[Ack]) -> FlushResult:
         """Write ``acks`` in one transaction (one statement, autocommit)."""
         started = time.monotonic()
-        p: dict[str, list[object]] = {}
-        for kind in ("done", "retry", "release", "dead"):
-            p[f"{kind}_ids"] = []
-            p[f"{kind}_attempts"] = []
-        p["retry_delays"], p["retry_errors"], p["dead_errors"] = [], [], []
+        arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [], "dead": []}
         for a in acks:
-            p[f"{a.kind}_ids"].append(a.job.id)
-            p[f"{a.kind}_attempts"].append(a.job.attempt)
-            if a.kind == "retry":
-                p["retry_delays"].append(a.delay)
-                p["retry_errors"].append(a.error or "")
-            elif a.kind == "dead":
-                p["dead_errors"].append(a.error or "")
-        for kind in ("done", "retry", "release", "dead"):  # see "ownership" in pgpool.sql
-            p[f"{kind}_owners"] = [self._owner] * len(p[f"{kind}_ids"])
+            arms[a.kind].append(a)
+        p: dict[str, object] = {"owner": self._owner}
+        for kind, arm in arms.items():
+            p[f"{kind}_ids"] = sql.int_array(a.job.id for a in arm)
+            p[f"{kind}_attempts"] = sql.int_array(a.job.attempt for a in arm)
+        p["retry_delays"] = [a.delay for a in arms["retry"]]
+        p["retry_errors"] = [a.error or "" for a in arms["retry"]]
+        p["dead_errors"] = [a.error or "" for a in arms["dead"]]
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.ACK, p)
             done, retried, released, dead = await cur.fetchone()

@@ -82,9 +82,9 @@ class Heartbeat:
         started = time.monotonic()
         if jobs:
             params = {
-                "ids": [j.id for j in jobs],
-                "attempts": [j.attempt for j in jobs],
-                "owners": [self._owner] * len(jobs),  # see "ownership" in pgpool.sql
+                "ids": sql.int_array(j.id for j in jobs),
+                "attempts": sql.int_array(j.attempt for j in jobs),
+                "owner": self._owner,
                 "lease": self.lease,
             }
             async with self._pool.connection() as conn:

@@ -14,15 +14,26 @@ not while they run, so PostgreSQL estimates "running jobs of this owner" at abou
 Written as a filter on ``pgpool_jobs`` (``locked_by = %(owner)s``, ``state = 'running'``),
 that estimate lets the planner start from those rows and rescan the id list once per row:
 quadratic, 200 ms for an ack of 1,000 jobs instead of 6. So the statements that take a
-list of ids pass the owner once per id and compare it as a join condition, with no
-``state`` test (``locked_by`` is set exactly while a job runs: the claim sets it and every
-way out of running clears it). Nothing then narrows ``pgpool_jobs`` before the join, and
-the plan is one primary-key lookup per id (or one hash join).
+list of ids repeat the owner once per id (``array_fill``) and compare it as a join
+condition, with no ``state`` test (``locked_by`` is set exactly while a job runs: the claim
+sets it and every way out of running clears it). Nothing then narrows ``pgpool_jobs``
+before the join, and the plan is one primary-key lookup per id (or one hash join).
+
+Lists of ids and attempts go out as array literals built by `int_array`: psycopg would
+adapt a Python list element by element, about 1.7 µs each, most of an ack flush's cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
+
+
+def int_array(values: Iterable[int]) -> str:
+    """A PostgreSQL array literal of integers, e.g. ``{1,2,3}``, for a ``::bigint[]`` or
+    ``::int[]`` parameter (integers need no quoting)."""
+    return "{" + ",".join(map(str, values)) + "}"
+
 
 #: The LISTEN/NOTIFY channel. The payload is the queue name that has new ready work.
 CHANNEL: Final = "pgpool"
@@ -97,7 +108,9 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.max_attempts, j.payload
 HEARTBEAT: Final = """
 UPDATE pgpool_jobs AS j
 SET lease_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(owners)s::text[]) AS h(id, attempt, owner)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]))
+     AS h(id, attempt, owner)
 WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
 RETURNING j.id
 """
@@ -109,7 +122,8 @@ ACK: Final = """
 WITH done AS (
     DELETE FROM pgpool_jobs AS j
     USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
-                 %(done_owners)s::text[]) AS a(id, attempt, owner)
+                 array_fill(%(owner)s::text, ARRAY[cardinality(%(done_ids)s::bigint[])]))
+          AS a(id, attempt, owner)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id
 ), retried AS (
@@ -117,21 +131,25 @@ WITH done AS (
     SET state = 'ready', locked_by = NULL, lease_until = NULL, last_error = a.error,
         run_at = now() + make_interval(secs => a.delay)
     FROM unnest(%(retry_ids)s::bigint[], %(retry_attempts)s::int[],
-                %(retry_owners)s::text[], %(retry_delays)s::float8[],
-                %(retry_errors)s::text[]) AS a(id, attempt, owner, delay, error)
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(retry_ids)s::bigint[])]),
+                %(retry_delays)s::float8[], %(retry_errors)s::text[])
+         AS a(id, attempt, owner, delay, error)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id
 ), released AS (
     UPDATE pgpool_jobs AS j
     SET state = 'ready', locked_by = NULL, lease_until = NULL, attempts = j.attempts - 1
     FROM unnest(%(release_ids)s::bigint[], %(release_attempts)s::int[],
-                 %(release_owners)s::text[]) AS a(id, attempt, owner)
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(release_ids)s::bigint[])]))
+         AS a(id, attempt, owner)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id
 ), buried AS (
     DELETE FROM pgpool_jobs AS j
     USING unnest(%(dead_ids)s::bigint[], %(dead_attempts)s::int[],
-                 %(dead_owners)s::text[], %(dead_errors)s::text[]) AS a(id, attempt, owner, error)
+                 array_fill(%(owner)s::text, ARRAY[cardinality(%(dead_ids)s::bigint[])]),
+                 %(dead_errors)s::text[])
+          AS a(id, attempt, owner, error)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.max_attempts,
               j.unique_key, j.created_at, a.error

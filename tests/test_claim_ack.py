@@ -311,19 +311,19 @@ def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement
     rows = db.execute(sql.CLAIM, {"queues": ["default"], "kinds": ["k"],
                                   "kind_max_attempts": [20], "owner": "h", "lease": 30,
                                   "limit": 1000}).fetchall()
-    ids, attempts, owners = [r[0] for r in rows], [r[3] for r in rows], ["h"] * len(rows)
+    ids = sql.int_array(r[0] for r in rows)
+    attempts = sql.int_array(r[3] for r in rows)
     if statement == "ack":
         query = sql.ACK
-        params: dict[str, Any] = {"done_ids": ids, "done_attempts": attempts,
-                                  "done_owners": owners}
+        params: dict[str, Any] = {"owner": "h", "done_ids": ids, "done_attempts": attempts}
         for arm in ("retry", "release", "dead"):
-            params |= {f"{arm}_ids": [], f"{arm}_attempts": [], f"{arm}_owners": []}
+            params |= {f"{arm}_ids": "{}", f"{arm}_attempts": "{}"}
         params |= {"retry_delays": [], "retry_errors": [], "dead_errors": []}
     else:
         query = sql.HEARTBEAT
-        params = {"ids": ids, "attempts": attempts, "owners": owners, "lease": 30}
+        params = {"owner": "h", "ids": ids, "attempts": attempts, "lease": 30}
 
     plan = _explain_prepared(db, query, params, mode)
-    assert _join_filter_removals(plan) <= len(ids)
+    assert _join_filter_removals(plan) <= len(rows)
     remaining = db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0]
     assert remaining == (2000 if statement == "ack" else 3000)
