@@ -230,8 +230,9 @@ def _run_in(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         drive[f"ratio_to_{cycle}"] = drive["steady_jobs_per_s"] / ceiling[cycle]["jobs_per_s"]
     # What the workers could do if they had their cores to themselves, at the CPU a job
     # took in them (all their CPU, start-up and hand-offs included, over the jobs): the
-    # cpu profile's target. Not the calibrated time: two busy workers on one host run
-    # slower than the calibration alone did (shared caches, hyperthreads).
+    # cpu profile's target. Not the calibrated time: a job's speed in the workers, both
+    # busy, differs from the calibration's, run alone seconds earlier (by 15-30% either
+    # way on a small VM).
     drive["worker_cpu_per_job_ms"] = 1000 * drive["cpu_seconds"]["workers"] / max(
         1, drive["jobs_drained"])
     drive["workers_only_jobs_per_s"] = opts.procs / max(1e-9, drive["worker_cpu_per_job_ms"]
