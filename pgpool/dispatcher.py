@@ -341,8 +341,13 @@ class Dispatcher:
         return 128 + (self._signal or signal.SIGTERM)
 
     async def _register(self) -> None:
-        """Register in pgpool_hosts, riding out a database restart during start-up."""
-        for delay in (0.2, 0.5, 1, 2, 4, 8):
+        """Register in pgpool_hosts, riding out a database restart during start-up.
+
+        If it keeps failing (the server restarting, connections being killed), start
+        anyway: the row is for `pgpool status` and the budget's host count, no job depends
+        on it, and the registry's next beat inserts it.
+        """
+        for delay in (0.2, 0.5, 1, 2, 4):
             try:
                 await self.hosts.register()
                 return
@@ -350,7 +355,11 @@ class Dispatcher:
                 log.warning("registering this host failed (%s); retrying in %gs",
                             type(exc).__name__, delay)
                 await asyncio.sleep(delay)
-        await self.hosts.register()
+        try:
+            await self.hosts.register()
+        except (psycopg.OperationalError, OSError) as exc:
+            log.warning("registering this host failed (%s); starting anyway, the next "
+                        "registry beat will register it", type(exc).__name__)
 
     async def _check_database(self) -> None:
         conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
