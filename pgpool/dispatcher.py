@@ -39,6 +39,7 @@ import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -347,24 +348,21 @@ class Dispatcher:
         anyway: the row is for `pgpool status` and the budget's host count, no job depends
         on it, and the registry's next beat inserts it.
         """
-        for delay in (0.2, 0.5, 1, 2, 4):
-            try:
-                await self.hosts.register()
-                return
-            except (psycopg.OperationalError, OSError) as exc:
-                log.warning("registering this host failed (%s); retrying in %gs",
-                            type(exc).__name__, delay)
-                await asyncio.sleep(delay)
         try:
-            await self.hosts.register()
+            await _retrying("registering this host", self.hosts.register)
         except (psycopg.OperationalError, OSError) as exc:
             log.warning("registering this host failed (%s); starting anyway, the next "
                         "registry beat will register it", type(exc).__name__)
 
     async def _check_database(self) -> None:
-        conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
-        async with conn:
-            schema.check_version(await schema.schema_version_async(conn))
+        """Refuse a missing, older or newer schema. A server that cannot be reached fails at
+        once (`ConnectError`); a connection lost during the check is retried."""
+        async def check() -> None:
+            conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
+            async with conn:
+                schema.check_version(await schema.schema_version_async(conn))
+
+        await _retrying("checking the schema", check)
 
     async def _watch(self) -> None:
         """Hard timeouts, and the process title, a few times a second."""
@@ -453,6 +451,19 @@ class Dispatcher:
             self.claimer.claims, self.completer.stats.flushes, self.batch,
             " (auto)" if self.sizer else "",
         )
+
+
+async def _retrying(what: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Run ``step``, retrying it after a lost connection or a restarting server for about
+    8 s; the last failure propagates."""
+    for delay in (0.2, 0.5, 1, 2, 4):
+        try:
+            await step()
+            return
+        except (psycopg.OperationalError, OSError) as exc:
+            log.warning("%s failed (%s); retrying in %gs", what, type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+    await step()
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
