@@ -83,8 +83,8 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, Final, Literal, TextIO
 
-import orjson
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import dsn as dsnlib
@@ -92,19 +92,16 @@ from . import registry, schema, sql
 from .benchjobs import KIND, STAMPS_ENV, sha256_chain
 from .config import RunConfig
 from .dispatcher import Dispatcher
-from .enqueue import enqueue, enqueue_many
+from .enqueue import _copy_chunks, enqueue, enqueue_many
 from .errors import PgpoolError
 from .job import Outcome
 
 #: The drive's budget when none is given: far above anything one host can claim.
 _NO_BUDGET: Final = 1e9
-PROFILES: Final = ("noop", "cpu", "sleep", "mixed")
 #: Alternating rounds of the seed comparison: a single 0.1 s load is at the mercy of noise.
 SEED_ROUNDS: Final = 3
 #: Target duration of one ``cpu`` job, seconds.
 CPU_JOB_SECONDS: Final = 0.005
-#: The raw side of the seed comparison: pgpool's own COPY statement, rows prepared up front.
-_RAW_COPY: Final = sql.COPY_JOBS
 _CEILING_THREADS: Final = 2
 #: One seeded job in this many records its start, for the queue lag.
 LAG_SAMPLE_EVERY: Final = 64
@@ -117,13 +114,6 @@ PICKUP_GAP: Final = (0.005, 0.020)
 PICKUP_TIMEOUT: Final = 10.0
 #: How long the pickup dispatcher may take to start, and to stop after SIGTERM.
 SUBPROCESS_TIMEOUT: Final = 60.0
-
-#: Jobs due in a day, same queue and kind as the bench jobs: the claim must skip them all.
-_BACKLOG: Final = """
-INSERT INTO pgpool_jobs (kind, payload, run_at)
-SELECT %(kind)s, '{"do": "noop"}', now() + interval '1 day' FROM generate_series(1, %(n)s)
-"""
-
 
 class BenchError(PgpoolError):
     """The benchmark could not complete (the jobs did not drain, a dispatcher failed)."""
@@ -182,7 +172,7 @@ def run(opts: BenchOptions, progress: Progress) -> dict[str, Any]:
     name = f"pgpool_bench_{secrets.token_hex(6)}"
     with dsnlib.connect(opts.dsn, autocommit=True) as admin:
         server = _server_facts(admin)
-        admin.execute(f"CREATE SCHEMA {name}")
+        admin.execute(pgsql.SQL(sql.BENCH_CREATE_SCHEMA).format(pgsql.Identifier(name)))
         try:
             report = _run_in(opts, _schema_dsn(opts.dsn, name), admin, progress)
         finally:
@@ -207,8 +197,8 @@ def _run_in(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         seed = _seed_comparison(conn, payloads)
         if opts.backlog:
             progress.step(f"backlog: inserting {opts.backlog} jobs due in a day")
-            conn.execute(_BACKLOG, {"kind": KIND, "n": opts.backlog})
-            conn.execute("ANALYZE pgpool_jobs")
+            conn.execute(sql.BENCH_BACKLOG, {"kind": KIND, "n": opts.backlog})
+            conn.execute(sql.BENCH_ANALYZE)
 
         runs: list[dict[str, Any]] = []
         if opts.batch != "auto":
@@ -260,31 +250,22 @@ def _drop_schema(dsn: str, name: str) -> None:
     """Drop the bench schema on a fresh connection; warn (not raise) if that fails."""
     try:
         with dsnlib.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            conn.execute(pgsql.SQL(sql.BENCH_DROP_SCHEMA).format(pgsql.Identifier(name)))
     except (PgpoolError, psycopg.Error) as exc:
         print(f"pgpool: warning: could not drop schema {name} ({exc}); drop it by hand",
               file=sys.stderr)
 
 
-_SETTINGS: Final = ("server_version", "fsync", "synchronous_commit", "full_page_writes",
-                    "shared_buffers")
-
-
 def _server_facts(conn: psycopg.Connection) -> dict[str, str]:
-    row = conn.execute(
-        "SELECT " + ", ".join(f"current_setting('{s}')" for s in _SETTINGS)
-    ).fetchone()
+    row = conn.execute(sql.BENCH_SERVER_FACTS).fetchone()
     assert row is not None
-    return dict(zip(("version", *_SETTINGS[1:]), row, strict=True))
+    return dict(zip(("version", "fsync", "synchronous_commit", "full_page_writes",
+                     "shared_buffers"), row, strict=True))
 
 
 def _expect_empty(conn: psycopg.Connection, what: str, backlog: int) -> None:
     """No job left due or running, none dead-lettered, and the backlog rows intact."""
-    row = conn.execute(
-        "SELECT count(*) FILTER (WHERE state = 'running' OR run_at <= now()), "
-        "count(*) FILTER (WHERE state = 'ready' AND run_at > now()), "
-        "(SELECT count(*) FROM pgpool_dead) FROM pgpool_jobs"
-    ).fetchone()
+    row = conn.execute(sql.BENCH_LEFTOVERS).fetchone()
     assert row is not None
     if row != (0, backlog, 0):
         raise BenchError(f"{what} left {row[0]} jobs queued and {row[2]} dead-lettered; "
@@ -339,13 +320,13 @@ def _payloads(profile: str, jobs: int, rounds: int | None) -> list[dict[str, Any
 def _seed_comparison(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -> dict[str, Any]:
     """enqueue_many against a raw COPY of pre-built rows, alternating, `SEED_ROUNDS` times
     each; the fastest of each side counts (the round least disturbed by the machine)."""
-    rows = b"".join(b"default\t%s\t%s\t0\t\\N\n" % (KIND.encode(), orjson.dumps(p))
-                    for p in payloads)
+    # The very rows enqueue_many sends, encoded before the clock starts.
+    pieces = list(_copy_chunks(KIND, payloads, "default", 0, None, None, [0]))
 
     def raw_copy() -> None:
-        with conn.transaction(), conn.cursor() as cur, cur.copy(_RAW_COPY) as copy:
-            for i in range(0, len(rows), 1 << 20):
-                copy.write(rows[i:i + (1 << 20)])
+        with conn.transaction(), conn.cursor() as cur, cur.copy(sql.COPY_JOBS) as copy:
+            for piece in pieces:
+                copy.write(piece)
 
     best = {"pgpool": math.inf, "raw": math.inf}
     for _ in range(SEED_ROUNDS):
@@ -354,7 +335,7 @@ def _seed_comparison(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -
             started = time.perf_counter()
             load()
             best[side] = min(best[side], time.perf_counter() - started)
-            conn.execute("TRUNCATE pgpool_jobs")
+            conn.execute(sql.BENCH_EMPTY)
     n = len(payloads)
     return {"rounds": SEED_ROUNDS, "enqueue_many_rows_per_s": n / best["pgpool"],
             "raw_copy_rows_per_s": n / best["raw"], "ratio": best["raw"] / best["pgpool"]}
@@ -365,7 +346,7 @@ def _seed_comparison(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -
 def _vacuum(conn: psycopg.Connection) -> None:
     """Start a phase on a vacuumed table, as autovacuum (aggressive on this table) keeps a
     live queue: otherwise the dead rows the previous phase left slow the next one down."""
-    conn.execute("VACUUM pgpool_jobs")
+    conn.execute(sql.BENCH_VACUUM)
 
 
 def _ceilings(conn: psycopg.Connection, dsn: str, payloads: list[dict[str, Any]],
@@ -383,6 +364,13 @@ def _ceilings(conn: psycopg.Connection, dsn: str, payloads: list[dict[str, Any]]
     return out
 
 
+def _bare_claim(owner: str, limit: int) -> dict[str, Any]:
+    """Parameters for `sql.CLAIM` as a no-framework loop uses it: the bench kind, one
+    attempt, a long lease."""
+    return {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
+            "owner": owner, "lease": 60.0, "limit": limit}
+
+
 def _ceiling(dsn: str, batch: int, *, lease_cycle: bool) -> dict[str, Any]:
     """Drain the due jobs with bare claim + delete statements on two threads: in one
     transaction per batch, or (``lease_cycle``) with a commit after each statement."""
@@ -391,16 +379,15 @@ def _ceiling(dsn: str, batch: int, *, lease_cycle: bool) -> dict[str, Any]:
     stop = threading.Event()
 
     def loop(index: int) -> None:
-        params = {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
-                  "owner": f"bench-ceiling-{index}", "lease": 60.0, "limit": batch}
+        params = _bare_claim(f"bench-ceiling-{index}", batch)
         try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with dsnlib.connect(dsn, autocommit=True) as conn:
                 while not stop.is_set():
                     with contextlib.nullcontext() if lease_cycle else conn.transaction():
                         ids = [r[0] for r in conn.execute(sql.CLAIM, params).fetchall()]
                         if not ids:
                             return
-                        conn.execute("DELETE FROM pgpool_jobs WHERE id = ANY(%s)", [ids])
+                        conn.execute(sql.BENCH_DELETE, {"ids": ids})
                     done[index] += len(ids)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -592,9 +579,7 @@ def _commits(conn: psycopg.Connection, *, settle: bool = False) -> int:
     count stops moving: backends report their statistics when they exit, a bit later."""
     last = -1
     for _ in range(10):
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute("SELECT xact_commit FROM pg_stat_database "
-                           "WHERE datname = current_database()").fetchone()
+        row = conn.execute(sql.BENCH_COMMITS).fetchone()
         assert row is not None
         if not settle or row[0] == last:
             return int(row[0])
@@ -700,11 +685,10 @@ def _pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
 def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
     """The latency no framework can beat, in ms: from the enqueue's commit to a bare
     claim's durable commit, by a connection that was LISTENing (then the job is deleted)."""
-    params = {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
-              "owner": "bench-pickup-floor", "lease": 60.0, "limit": 1}
+    params = _bare_claim("bench-pickup-floor", 1)
     latencies = []
-    with psycopg.connect(dsn, autocommit=True) as listener, \
-            psycopg.connect(dsn, autocommit=True) as claimer:
+    with dsnlib.connect(dsn, autocommit=True) as listener, \
+            dsnlib.connect(dsn, autocommit=True) as claimer:
         listener.execute(sql.LISTEN)
         for _ in range(samples):
             time.sleep(random.uniform(*PICKUP_GAP))
@@ -714,7 +698,7 @@ def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[floa
                 raise BenchError(f"no notification within {PICKUP_TIMEOUT:g}s")
             ids = [r[0] for r in claimer.execute(sql.CLAIM, params).fetchall()]
             latencies.append((time.monotonic_ns() - committed) / 1e6)
-            claimer.execute("DELETE FROM pgpool_jobs WHERE id = ANY(%s)", [ids])
+            claimer.execute(sql.BENCH_DELETE, {"ids": ids})
     return sorted(latencies)
 
 
@@ -723,8 +707,7 @@ def _await_listener(conn: psycopg.Connection, app: str, proc: subprocess.Popen[b
     """Wait until the pickup dispatcher's LISTEN is in place: before that, a job enqueued
     would wait for its poll, not its notification."""
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    while not conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = %s "
-                           "AND query = %s", (app, sql.LISTEN)).fetchone():
+    while not conn.execute(sql.BENCH_LISTENING, {"app": app, "listen": sql.LISTEN}).fetchone():
         _check_alive(proc, log)
         if time.monotonic() > deadline:
             raise BenchError(f"the pickup dispatcher did not start within "

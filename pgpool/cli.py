@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-memory", type=memory_mib, metavar="MIB",
                      help="cap each worker's memory at MIB mebibytes: a job that needs more "
                           "fails with MemoryError, alone")
-    run.add_argument("--max-claims-per-sec", type=claims_rate, default=10_000.0,
-                     metavar="N", help="claims per second for the whole fleet, shared by "
-                                       "the live hosts (default 10000)")
+    run.add_argument("--max-claims-per-sec", type=claims_rate,
+                     default=RunConfig.max_claims_per_sec, metavar="N",
+                     help="claims per second for the whole fleet, shared by the live hosts "
+                          f"(default {RunConfig.max_claims_per_sec:g})")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.set_defaults(func=cmd_run)
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-claims-per-sec", type=claims_rate, metavar="N",
                        help="apply this fleet claim budget, as for run (default: none, so "
                             "the drive measures the engine; its claims/s are compared with "
-                            "run's default budget, 10000)")
+                            f"run's default budget, {RunConfig.max_claims_per_sec:g})")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -238,11 +239,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .dispatcher import Dispatcher
 
     modules = registry.resolve_modules(args.handlers)
-    cpus = usable_cpus()
-    procs = cpus if args.procs == "auto" else args.procs
-    if procs > 4 * cpus:
-        log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
-                    "only take turns; use fewer processes", procs, cpus)
+    procs = _resolve_procs(args.procs)
     handlers = registry.load(modules)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
@@ -262,6 +259,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
     return _run_async(Dispatcher(config, handlers, early_signals=_early_signals).run())
+
+
+def _resolve_procs(value: int | Literal["auto"]) -> int:
+    """``--procs``: auto is the usable CPUs; more than 4x those is allowed, with a warning."""
+    cpus = usable_cpus()
+    procs = cpus if value == "auto" else value
+    if procs > 4 * cpus:
+        log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
+                    "only take turns; use fewer processes", procs, cpus)
+    return procs
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
@@ -332,7 +339,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
         logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output
     opts = bench.BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
-                              procs=usable_cpus() if args.procs == "auto" else args.procs,
+                              procs=_resolve_procs(args.procs),
                               batch=args.batch, profile=args.profile, backlog=args.backlog,
                               max_claims_per_sec=args.max_claims_per_sec)
     report = bench.run(opts, bench.Progress(sys.stderr))

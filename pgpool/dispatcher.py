@@ -59,7 +59,7 @@ from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
 from .retry import backoff
-from .sizing import MAX_BATCH, BatchSizer
+from .sizing import BatchSizer
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -92,8 +92,7 @@ class Dispatcher:
         self.handlers = handlers
         self.owner = make_owner()
         self.sizer = BatchSizer(config.procs) if config.batch == "auto" else None
-        #: Jobs per claim: fixed, or re-derived by the sizer after every claim.
-        self.batch = self.sizer.batch if self.sizer else int(config.batch)
+        self._fixed_batch = 0 if config.batch == "auto" else config.batch
         self.counts: Counter[str] = Counter()
         self.fatal: str | None = None
         self._stopping = False
@@ -164,8 +163,8 @@ class Dispatcher:
             self.completer = Completer(
                 db, self.owner, max_batch=self.batch, interval=0.05,
                 # Four times the most this host can hold, at the largest batch it may use.
-                high_water=max(1000, 4 * (cfg.procs + (1 + CLAIM_LOOPS) * (
-                    MAX_BATCH if self.sizer else self.batch))),
+                high_water=max(1000, 4 * self._capacity(
+                    self.sizer.maximum if self.sizer else self.batch)),
                 on_flushed=self._on_flushed,
             )
             self.heartbeat = Heartbeat(db, self.owner, cfg.lease, self._held, self._on_lost)
@@ -249,8 +248,8 @@ class Dispatcher:
             self._claiming -= want
         self.budget.spend(len(jobs) - want)  # give back what the claim did not take
         if self.sizer is not None:
-            self.batch = self.sizer.update(self.claimer.rtt, self.pool.job_seconds)
-            self.completer.max_batch = self.batch
+            self.completer.max_batch = self.sizer.update(self.claimer.rtt,
+                                                         self.pool.job_seconds)
         if jobs:
             self.pool.submit(jobs)
             self._reaped_for_burst = False
@@ -269,10 +268,18 @@ class Dispatcher:
         return "work"
 
     @property
+    def batch(self) -> int:
+        """Jobs per claim: fixed, or re-derived by the sizer after every claim."""
+        return self.sizer.batch if self.sizer else self._fixed_batch
+
+    @property
     def capacity(self) -> int:
+        return self._capacity(self.batch)
+
+    def _capacity(self, batch: int) -> int:
         """The most jobs this host holds or is claiming: one running per worker, a batch
         for the workers to go through, and a batch on its way for each claim loop."""
-        return self.config.procs + (1 + CLAIM_LOOPS) * self.batch
+        return self.config.procs + (1 + CLAIM_LOOPS) * batch
 
     def _room(self) -> bool:
         return self.capacity - self.pool.held - self._claiming >= self.batch
@@ -392,7 +399,7 @@ class Dispatcher:
 
     def _on_outcome(self, out: Outcome) -> None:
         job = out.job
-        if self._room():
+        if "room" in self._waiting.values() and self._room():  # cheap test first: per job
             self._wake_waiting("room")
         if job.lost:
             self.counts["lost"] += 1
@@ -455,12 +462,13 @@ class Dispatcher:
 
 async def _retrying(what: str, step: Callable[[], Awaitable[None]]) -> None:
     """Run ``step``, retrying it after a lost connection or a restarting server for about
-    8 s; the last failure propagates."""
-    for delay in (0.2, 0.5, 1, 2, 4):
+    6 s; the last failure propagates."""
+    for failures in range(5):
         try:
             await step()
             return
         except (psycopg.OperationalError, OSError) as exc:
+            delay = backoff(failures, 0.2, 4.0)
             log.warning("%s failed (%s); retrying in %gs", what, type(exc).__name__, delay)
             await asyncio.sleep(delay)
     await step()

@@ -98,8 +98,6 @@ def connect_error(dsn: str, exc: Exception) -> ConnectError:
     return ConnectError(f"cannot connect to PostgreSQL at {describe(dsn)}: {reason}: {hint}")
 
 
-
-
 def note(message: str) -> None:
     """A one-line notice on stderr, for facts the user should see once."""
     print(f"pgpool: {message}", file=sys.stderr, flush=True)

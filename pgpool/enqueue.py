@@ -292,7 +292,7 @@ def enqueue_many(
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if _outside_a_transaction(conn):
-        conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
+        conn.execute(sql.OPEN_TRANSACTION)
     # A bad payload found mid-COPY rolls back to the savepoint: the caller's transaction
     # stays usable, with none of these rows in it.
     with _schema_required(), conn.transaction(), conn.cursor() as cur:
@@ -340,7 +340,7 @@ async def enqueue_many_async(
     counter = [0]
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if _outside_a_transaction(conn):
-        await conn.execute("SELECT 1")  # open the caller's transaction, so ours is a savepoint
+        await conn.execute(sql.OPEN_TRANSACTION)
     with _schema_required():
         async with conn.transaction(), conn.cursor() as cur:
             async with cur.copy(stmt) as copy:

@@ -11,8 +11,9 @@ Messages, worker -> dispatcher:
     ("ready", pid) | ("broken", reason)         once, after importing handler modules
     ("done", id, elapsed) | ("failed", id, error_text, cause, elapsed)   one per job
     ("returned", [ids])            unstarted jobs, answering "stop"
-    ("retiring", reason, [ids])    leaving between jobs (max tasks, MemoryError): the ids
-                                   are its unstarted jobs; anything sent later is unread
+    ("retiring", reason)           leaving between jobs (max tasks, MemoryError): every
+                                   job still assigned to it is unstarted, even those sent
+                                   after this message, which it never reads
 """
 
 from __future__ import annotations

@@ -249,16 +249,16 @@ class WorkerPool:
                  if w.ready and not (w.stopping or w.kill_reason or w.retiring)
                  and len(w.assigned) <= depth // 2]
         if not open_:
-            return  # the common case: called after each outcome, and no worker needs more
+            return
         # Deal in rounds, one job per worker per round, so a short backlog spreads over
         # idle workers before any worker gets a job queued behind its running one.
         batches: dict[_Worker, list[Job]] = {}
         for level in range(depth):
             for w in open_:
-                if not self._backlog:
-                    break
-                if len(w.assigned) + len(batches.get(w, ())) <= level:
+                if self._backlog and len(w.assigned) + len(batches.get(w, ())) <= level:
                     batches.setdefault(w, []).append(self._backlog.popleft())
+            if not self._backlog:
+                break
         now = asyncio.get_running_loop().time()
         for w, batch in batches.items():
             if not w.assigned:
@@ -324,7 +324,10 @@ class WorkerPool:
             self._job_seconds = (outcome.elapsed if not self._job_seconds
                                  else 0.98 * self._job_seconds + 0.02 * outcome.elapsed)
             self._on_outcome(outcome)
-            self._assign()
+            # Every other worker was topped up when it last could be: only this one, now
+            # a job shorter, may need more (per-job path: skip scanning the pool).
+            if len(w.assigned) <= self.depth // 2:
+                self._assign()
         elif tag == "ready":
             w.ready = True
             self._start_failures = 0

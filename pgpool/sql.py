@@ -40,6 +40,10 @@ CHANNEL: Final = "pgpool"
 
 # --- enqueue ------------------------------------------------------------------------------
 
+#: Opens the caller's transaction (psycopg begins one lazily), so that pgpool's own
+#: ``conn.transaction()`` inside it is a savepoint, not a transaction of its own.
+OPEN_TRANSACTION: Final = "SELECT 1"
+
 #: One job. Notifies only when the job is due now; a delayed job is found by polling.
 #: With a unique key that is already ready or running, no row is inserted and no row returns.
 ENQUEUE: Final = """
@@ -298,3 +302,48 @@ ORDER BY w.queue, w.kind
 
 HAS_SCHEMA: Final = "SELECT to_regclass('pgpool_schema_version') IS NOT NULL"
 SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_version"
+
+# --- pgpool bench (in its own scratch schema) ------------------------------------------------
+
+#: The bench's scratch schema (not pgpool's own DDL, which is in `pgpool.schema`), dropped
+#: at the end; compose with ``psycopg.sql.Identifier(name)``.
+BENCH_CREATE_SCHEMA: Final = "CREATE SCHEMA {}"
+BENCH_DROP_SCHEMA: Final = "DROP SCHEMA IF EXISTS {} CASCADE"
+
+#: The server facts the report prints: version and durability settings, read, not changed.
+BENCH_SERVER_FACTS: Final = """
+SELECT current_setting('server_version'), current_setting('fsync'),
+       current_setting('synchronous_commit'), current_setting('full_page_writes'),
+       current_setting('shared_buffers')
+"""
+
+#: ``--backlog``: N no-op jobs due in a day, the deep table a claim must skip.
+BENCH_BACKLOG: Final = """
+INSERT INTO pgpool_jobs (kind, payload, run_at)
+SELECT %(kind)s, '{"do": "noop"}', now() + interval '1 day' FROM generate_series(1, %(n)s)
+"""
+
+#: After a stage: (jobs due or running, jobs not yet due, dead-lettered jobs).
+BENCH_LEFTOVERS: Final = """
+SELECT count(*) FILTER (WHERE state = 'running' OR run_at <= now()),
+       count(*) FILTER (WHERE state = 'ready' AND run_at > now()),
+       (SELECT count(*) FROM pgpool_dead)
+FROM pgpool_jobs
+"""
+
+#: The ceiling loops' and the pickup floor's second statement: the claimed jobs are done.
+BENCH_DELETE: Final = "DELETE FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])"
+BENCH_EMPTY: Final = "TRUNCATE pgpool_jobs"
+BENCH_VACUUM: Final = "VACUUM pgpool_jobs"
+BENCH_ANALYZE: Final = "ANALYZE pgpool_jobs"
+
+#: Committed transactions in the current database (each autocommit read takes a fresh
+#: statistics snapshot).
+BENCH_COMMITS: Final = """
+SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()
+"""
+
+#: Whether the connection named ``app`` is LISTENing yet.
+BENCH_LISTENING: Final = """
+SELECT 1 FROM pg_stat_activity WHERE application_name = %(app)s AND query = %(listen)s
+"""

@@ -121,8 +121,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
             elif max_tasks is not None and finished >= max_tasks:
                 retire = f"recycled after {finished} jobs"
             if retire:
-                returned = [queued[0] for queued in pending]
-                ipc.write_all(wfd, ipc.encode(("retiring", retire, returned)))
+                ipc.write_all(wfd, ipc.encode(("retiring", retire)))
                 return
             if not pending:
                 setproctitle(idle_title)

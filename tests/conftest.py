@@ -62,8 +62,13 @@ def record_dir(tmp_path: Path) -> Path:
     return path
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without PGPOOL_* and PG* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
+
+
 def pgpool_env(dsn: str, record_dir: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
+    env = clean_env()
     env["PGPOOL_DSN"] = dsn
     env["PGPOOL_HOME"] = str(TESTS / ".never-used")  # fail loudly if the default is touched
     if record_dir is not None:

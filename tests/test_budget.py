@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 import signal
 from collections import Counter
@@ -12,6 +10,7 @@ import psycopg
 import pytest
 from conftest import run_pgpool, start_pgpool, wait_until
 from psycopg_pool import AsyncConnectionPool
+from test_status import in_registry, status_json
 
 import pgpool
 from pgpool.budget import ClaimBudget
@@ -54,22 +53,19 @@ def test_live_hosts_split_the_fleet_rate():
 
 
 def test_registered_hosts_are_counted_for_the_share(db, dsn):
-    async def main() -> list[int]:
-        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False,
-                                       kwargs={"autocommit": True}) as pool:
-            hosts = [HostRegistry(pool, f"host-{i}", procs=1, queues=["default"],
-                                  kinds=["k"], lease=30, max_claims_per_sec=1000,
-                                  counters=lambda: (0, 0, 0))
-                     for i in range(3)]
-            for h in hosts:
-                await h.register()
-            await hosts[0].beat()
-            seen = [hosts[0].live_hosts]
-            await hosts[1].deregister()
-            await hosts[0].beat()
-            return [*seen, hosts[0].live_hosts]
+    async def work(pool: AsyncConnectionPool) -> list[int]:
+        hosts = [HostRegistry(pool, f"host-{i}", procs=1, queues=["default"], kinds=["k"],
+                              lease=30, max_claims_per_sec=1000, counters=lambda: (0, 0, 0))
+                 for i in range(3)]
+        for h in hosts:
+            await h.register()
+        await hosts[0].beat()
+        seen = [hosts[0].live_hosts]
+        await hosts[1].deregister()
+        await hosts[0].beat()
+        return [*seen, hosts[0].live_hosts]
 
-    assert asyncio.run(main()) == [3, 2]
+    assert in_registry(dsn, work) == [3, 2]
 
 
 def test_a_dispatcher_claims_no_faster_than_its_budget(db, dsn, record_dir):
@@ -123,9 +119,7 @@ def registered_at(db: psycopg.Connection, pid: int) -> tuple[float] | None:
 def claiming_status(dsn: str, hosts: int) -> dict | None:
     """``pgpool status --json``, once it shows ``hosts`` hosts that claimed since their last
     beat."""
-    done = run_pgpool(dsn, "status", "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = status_json(dsn)
     rates = [h["claims_per_sec"] for h in report["hosts"]]
     return report if len(rates) == hosts and all(rates) else None
 
@@ -153,9 +147,7 @@ def test_two_hosts_on_one_database_together_stay_under_the_fleet_cap(db, dsn):
     # pgpool_hosts follows each host's own count of what it claimed, at its next beat.
     wait_until(lambda: dict(db.execute("SELECT owner, jobs_claimed FROM pgpool_hosts")
                             .fetchall()) == per_host, "both hosts to report their claims")
-    status = run_pgpool(dsn, "status", "--json")
-    assert status.returncode == 0, status.stderr
-    report = json.loads(status.stdout)
+    report = status_json(dsn)
     for host in (first, second):
         host.send_signal(signal.SIGTERM)
         _, err = host.communicate(timeout=60)

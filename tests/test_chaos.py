@@ -8,7 +8,6 @@ and no two attempts of one job ran at the same time, with the checker the soak u
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import pgpool_cmd, pgpool_env, wait_until
+from conftest import clean_env, pgpool_cmd, pgpool_env, wait_until
 from psycopg.conninfo import make_conninfo
 
 import pgpool
@@ -258,11 +257,10 @@ FIGURE = re.compile(r"^([a-z][a-z -]*[a-z]):\s+(\d+)", re.MULTILINE)
 def test_chaos_soak_small():
     """bench/chaos.py at CI size: two dispatchers, random kills and restarts, and its own
     checker; it must pass and report the figures."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
     done = subprocess.run(
         [sys.executable, str(BENCH / "chaos.py"), "--jobs", "1500", "--seconds", "60",
          "--interval", "0.2,0.8"],
-        cwd=BENCH.parent, env=env, capture_output=True, text=True, timeout=180,
+        cwd=BENCH.parent, env=clean_env(), capture_output=True, text=True, timeout=180,
     )
     figures = {name: int(value) for name, value in FIGURE.findall(done.stdout)}
     assert done.returncode == 0, done.stdout + done.stderr[-5000:]

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import psycopg
-from conftest import TESTS, pgpool_cmd
+from conftest import TESTS, clean_env, pgpool_cmd
 from psycopg.conninfo import conninfo_to_dict
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
-    return subprocess.run(pgpool_cmd(*args), cwd=TESTS, env={**base, **env},
+    return subprocess.run(pgpool_cmd(*args), cwd=TESTS, env={**clean_env(), **env},
                           capture_output=True, text=True, timeout=120)
 
 
