@@ -6,6 +6,7 @@ import itertools
 import time
 from collections import deque
 
+import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,8 +25,18 @@ class RawJsonLoader(Loader):
         return bytes(data)
 
 
+async def configure_connection(conn: psycopg.AsyncConnection) -> None:
+    """Set up a pooled connection for the claimer: payloads stay raw bytes."""
+    conn.adapters.register_loader("jsonb", RawJsonLoader)
+
+
 class Claimer:
-    """Claims jobs of the given queues and of the kinds this host has handlers for."""
+    """Claims jobs of the given queues and of the kinds this host has handlers for.
+
+    Several claims may be in flight at once (the scheduler runs two claim loops): each
+    claim sends its own parameters. The pool's connections must be set up by
+    `configure_connection`.
+    """
 
     def __init__(
         self,
@@ -41,13 +52,13 @@ class Claimer:
         self._pool = pool
         kinds = sorted(handlers)
         self._timeouts = {k: handlers[k].timeout or timeout for k in kinds}
-        self.params: dict[str, object] = {
+        #: What every claim sends, but its ``limit``.
+        self._params: dict[str, object] = {
             "queues": list(queues),
             "kinds": kinds,
             "kind_max_attempts": [handlers[k].max_attempts or max_attempts for k in kinds],
             "owner": owner,
             "lease": lease,
-            "limit": 0,
         }
         self.claims = 0
         self.claimed = 0
@@ -63,10 +74,12 @@ class Claimer:
         return recent[len(recent) // 2] if recent else 0.0
 
     async def claim(self, limit: int) -> list[Job]:
+        """Claim up to ``limit`` ready jobs, in one statement and transaction."""
+        # A dict per claim: a claim waiting for a connection must not send another's limit.
+        params = {**self._params, "limit": limit}
         started = time.monotonic()
-        self.params["limit"] = limit
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.CLAIM, self.params)
+            cur = await conn.execute(sql.CLAIM, params)
             rows = await cur.fetchall()
         self.rtts.append(time.monotonic() - started)
         self.claims += 1

@@ -13,7 +13,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NoReturn
 
 from . import registry, schema
@@ -258,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
-    return _run_async(Dispatcher(config, handlers, early_signals=_early_signals).run())
+    return Dispatcher(config, handlers, early_signals=_early_signals).run_sync()
 
 
 def _resolve_procs(value: int | Literal["auto"]) -> int:
@@ -269,16 +269,6 @@ def _resolve_procs(value: int | Literal["auto"]) -> int:
         log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
                     "only take turns; use fewer processes", procs, cpus)
     return procs
-
-
-def _run_async(coro: Coroutine[Any, Any, int]) -> int:
-    import asyncio
-
-    try:
-        import uvloop
-    except ImportError:  # uvloop is not built for every platform
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -1,17 +1,23 @@
-"""Grouped acks: the outcomes of many jobs, written in one transaction per flush.
+"""What happens to a finished attempt, and writing that back as grouped acks.
 
-Outcomes arrive one by one from the pool. The completer buffers them and flushes when
-``max_batch`` are waiting or the oldest has waited ``interval`` seconds, whichever comes
-first, as the single `sql.ACK` statement (deletes, retries, hand-backs and dead letters,
-each guarded by ownership). Only one flush runs at a time; outcomes that arrive meanwhile
-wait for the next.
+Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of four
+typed acks: `Ack.done` (delete it), `Ack.retry` (ready again after a capped exponential
+backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_dead``) and
+`Ack.release` (claimed but never started: ready again, the claim not counted as an attempt).
+`Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
+attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never acked.
 
-Backpressure: `has_room` turns False once ``high_water`` outcomes are waiting, and the
-dispatcher stops claiming until flushes catch up, so a slow or unreachable database bounds
-memory instead of growing it. A flush that fails is retried with backoff and its outcomes
-are kept, in order: an ack is never dropped. (If the database stays away long enough for
-the leases to expire, the ownership guard turns those late acks into no-ops, and the
-reaper has already put the jobs back: at-least-once either way.)
+Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
+oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
+statement (deletes, retries, hand-backs and dead letters, each guarded by ownership). Only
+one flush runs at a time; acks that arrive meanwhile wait for the next.
+
+Backpressure: `has_room` turns False once ``high_water`` acks are waiting, and the claim
+scheduler stops claiming until flushes catch up, so a slow or unreachable database bounds
+memory instead of growing it. A flush that fails is retried with backoff and its acks are
+kept, in order: an ack is never dropped. (If the database stays away long enough for the
+leases to expire, the ownership guard turns those late acks into no-ops, and the reaper has
+already put the jobs back: at-least-once either way.)
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,20 +36,59 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .errors import first_line
-from .job import Job
-from .retry import backoff
+from .job import Job, Outcome
+from .retry import RetryPolicy, backoff
 
 log = logging.getLogger("pgpool.completer")
 
 AckKind = Literal["done", "retry", "release", "dead"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Ack:
+    """A job's next state, to be written by the completer. Build one with `done`,
+    `retry`, `release` or `dead`."""
+
     kind: AckKind
     job: Job
     delay: float = 0.0
     error: str | None = None
+
+    @classmethod
+    def done(cls, job: Job) -> Ack:
+        """The attempt succeeded: delete the job."""
+        return cls("done", job)
+
+    @classmethod
+    def retry(cls, job: Job, delay: float, error: str) -> Ack:
+        """The attempt failed: ready again in ``delay`` seconds, ``error`` kept."""
+        return cls("retry", job, delay, error)
+
+    @classmethod
+    def release(cls, job: Job) -> Ack:
+        """Claimed but never started: ready again now; the claim is not an attempt."""
+        return cls("release", job)
+
+    @classmethod
+    def dead(cls, job: Job, error: str) -> Ack:
+        """The last attempt failed: move the job to ``pgpool_dead`` with ``error``."""
+        return cls("dead", job, error=error)
+
+
+def decide(outcome: Outcome, retry: RetryPolicy) -> Ack:
+    """The next state of a job after ``outcome``: done, retry after ``retry``'s delay
+    for this attempt, or dead when it was the last attempt."""
+    job = outcome.job
+    if outcome.error is None:
+        return Ack.done(job)
+    if job.attempt >= job.max_attempts:
+        return Ack.dead(job, outcome.error)
+    return Ack.retry(job, retry.delay(job.attempt), outcome.error)
+
+
+#: The `Completer.counts` key of each ack kind.
+_COUNTED: dict[AckKind, str] = {"done": "done", "retry": "retried", "release": "released",
+                                "dead": "dead"}
 
 
 @dataclass(slots=True)
@@ -69,7 +114,12 @@ class CompleterStats:
 
 
 class Completer:
-    """Buffers acks and writes them in grouped transactions."""
+    """Decides each finished attempt's next state, buffers the acks and writes them in
+    grouped transactions.
+
+    ``counts`` tallies what was decided: "done", "retried", "dead", "released", and "lost"
+    (results dropped because the lease was lost).
+    """
 
     def __init__(
         self,
@@ -79,6 +129,7 @@ class Completer:
         max_batch: int = 50,
         interval: float = 0.01,
         high_water: int = 1000,
+        retry: RetryPolicy | None = None,
         on_flushed: Callable[[FlushResult], None] | None = None,
     ) -> None:
         self._pool = pool
@@ -86,7 +137,9 @@ class Completer:
         self.max_batch = max(1, max_batch)
         self.interval = interval
         self.high_water = high_water
+        self._retry = retry or RetryPolicy()
         self._on_flushed = on_flushed
+        self.counts: Counter[str] = Counter()
         self._buffer: list[Ack] = []
         self._flushing: list[Ack] = []
         self._first_at = 0.0
@@ -96,9 +149,33 @@ class Completer:
         self._idle.set()
         self.stats = CompleterStats()
 
-    # --- producer side ----------------------------------------------------------------------
+    # --- outcomes in ---------------------------------------------------------------------------
+
+    def complete(self, outcome: Outcome) -> None:
+        """An attempt ended: decide the job's next state and queue its ack (or drop the
+        result if the lease was lost meanwhile)."""
+        job = outcome.job
+        if job.lost:
+            self.counts["lost"] += 1
+            log.warning("%s ended after its lease was lost; result dropped", job)
+            return
+        ack = decide(outcome, self._retry)
+        if ack.kind == "dead":
+            log.error("%s failed (%s), no attempts left: moved to pgpool_dead", job,
+                      outcome.cause)
+        elif ack.kind == "retry":
+            log.warning("%s failed (%s); retry in %.1fs", job, outcome.cause, ack.delay)
+        self.add(ack)
+
+    def release(self, jobs: list[Job]) -> None:
+        """Jobs claimed and never started: hand them back (unless their lease was lost)."""
+        for job in jobs:
+            if not job.lost:
+                self.add(Ack.release(job))
 
     def add(self, ack: Ack) -> None:
+        """Queue ``ack`` for the next flush."""
+        self.counts[_COUNTED[ack.kind]] += 1
         if not self._buffer:
             self._first_at = time.monotonic()
         self._buffer.append(ack)
@@ -133,7 +210,8 @@ class Completer:
             wait = self.interval - (time.monotonic() - self._first_at)
             if wait > 0 and not self._full.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._full.wait(), wait)
+                    async with asyncio.timeout(wait):  # not wait_for: see scheduler._wait
+                        await self._full.wait()
             self._flushing, self._buffer = self._buffer, []
             self._have.clear()
             self._full.clear()
@@ -161,7 +239,8 @@ class Completer:
                 self._on_flushed(result)
 
     async def flush(self, acks: list[Ack]) -> FlushResult:
-        """Write ``acks`` in one transaction (one statement, autocommit)."""
+        """Write ``acks`` in one transaction (one statement, autocommit); errors propagate
+        (`run` keeps the acks and retries)."""
         started = time.monotonic()
         arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [], "dead": []}
         for a in acks:

@@ -1,4 +1,11 @@
-"""Batched heartbeats: one statement extends the leases of every job this host holds."""
+"""Batched heartbeats: one statement extends the leases of every job this host holds.
+
+The heartbeat is the only part that decides a lease is lost, and the only writer of
+`Job.lost`: when the database no longer shows an attempt as ours, or when no heartbeat has
+succeeded for `Lease.abandon_after`. It marks those jobs and calls ``on_lost``, which stops
+them (the pool kills a worker running one); every other part only reads the flag, and a
+lost job's result is dropped instead of acked.
+"""
 
 from __future__ import annotations
 
@@ -12,33 +19,30 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .job import Job
+from .lease import Lease
+from .logs import event
 
 log = logging.getLogger("pgpool.heartbeat")
 
 
 class Heartbeat:
-    """Every ``lease / 3`` seconds, extend the leases of ``held()`` jobs.
+    """Every `Lease.beat_interval`, extend the leases of ``held()`` jobs.
 
-    Ids the database no longer shows as ours are passed to ``on_lost``: their results must
-    be dropped. When heartbeats fail (an error, or no answer within lease/3), they are
-    retried every `RETRY` seconds; `at_risk` turns True after half a lease without one
-    (stop claiming), and `check_expiry` reports every held job lost once `ABANDON_AT` of a
-    lease has passed: before the lease can expire on the server and the reaper can hand
-    the job to another host, so two attempts of a job never run at the same time.
+    Jobs the database no longer shows as ours are marked lost, then ``on_lost`` is called.
+    When heartbeats fail (an error, or no answer within a beat interval), they are retried
+    every `Lease.retry_interval`; `at_risk` turns True after `Lease.at_risk_after` without
+    one (stop claiming), and `check_expiry` marks every held job lost once
+    `Lease.abandon_after` has passed: before the lease can expire on the server and the
+    reaper can hand the job to another host, so two attempts of a job never run at once.
     """
-
-    #: Fraction of a lease without a successful heartbeat after which held jobs are given up.
-    ABANDON_AT = 0.8
-    #: Seconds between heartbeat attempts after a failure.
-    RETRY = 0.5
 
     def __init__(
         self,
         pool: AsyncConnectionPool,
         owner: str,
-        lease: float,
+        lease: Lease,
         held: Callable[[], list[Job]],
-        on_lost: Callable[[set[int]], None],
+        on_lost: Callable[[], None],
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -49,35 +53,38 @@ class Heartbeat:
 
     @property
     def at_risk(self) -> bool:
-        return time.monotonic() - self.last_ok > self.lease / 2
+        return time.monotonic() - self.last_ok > self.lease.at_risk_after
 
     def check_expiry(self) -> None:
-        """Give up every held job if no heartbeat succeeded for `ABANDON_AT` of a lease.
+        """Give up every held job if no heartbeat succeeded for `Lease.abandon_after`.
 
         ``last_ok`` is taken before the statement is sent, so the server-side lease always
         ends later than ``last_ok + lease``: abandoning earlier than that is safe.
         """
-        if time.monotonic() - self.last_ok <= self.ABANDON_AT * self.lease:
+        silent = time.monotonic() - self.last_ok
+        if silent <= self.lease.abandon_after:
             return
-        lost = {job.id for job in self._held() if not job.lost}
+        lost = [job for job in self._held() if not job.lost]
         if lost:
-            log.error("no heartbeat for %.1fs: abandoning %d jobs before their leases expire",
-                      time.monotonic() - self.last_ok, len(lost))
-            self._on_lost(lost)
+            event(log, logging.ERROR, "abandoned",
+                  "no heartbeat for %.1fs: abandoning %d jobs before their leases expire",
+                  silent, len(lost), jobs=len(lost), seconds=round(silent, 3))
+            self._lose(lost)
 
     async def run(self) -> None:
-        pause = self.lease / 3
+        pause = self.lease.beat_interval
         while True:
             await asyncio.sleep(pause)
             try:
-                async with asyncio.timeout(self.lease / 3):
+                async with asyncio.timeout(self.lease.beat_interval):
                     await self.beat()
-                pause = self.lease / 3
+                pause = self.lease.beat_interval
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("heartbeat failed: %s", type(exc).__name__)
-                pause = min(self.RETRY, self.lease / 3)
+                pause = self.lease.retry_interval
 
     async def beat(self) -> set[int]:
+        """Extend the leases of every held job; return the ids found lost."""
         jobs = [job for job in self._held() if not job.lost]
         started = time.monotonic()
         if jobs:
@@ -85,7 +92,7 @@ class Heartbeat:
                 "ids": sql.int_array(j.id for j in jobs),
                 "attempts": sql.int_array(j.attempt for j in jobs),
                 "owner": self._owner,
-                "lease": self.lease,
+                "lease": self.lease.seconds,
             }
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HEARTBEAT, params)
@@ -96,9 +103,16 @@ class Heartbeat:
         # A job acked while the heartbeat was in flight is simply gone; only jobs still
         # held now and not extended are really lost.
         sent = {j.id for j in jobs}
-        lost = {j.id for j in self._held() if j.id in sent and j.id not in kept and not j.lost}
+        lost = [j for j in self._held() if j.id in sent and j.id not in kept and not j.lost]
         if lost:
-            log.warning("lost the lease of %d jobs (ids %s); dropping their results",
-                        len(lost), ", ".join(map(str, sorted(lost)[:10])))
-            self._on_lost(lost)
-        return lost
+            ids = sorted(j.id for j in lost)
+            event(log, logging.WARNING, "lease_lost",
+                  "lost the lease of %d jobs (ids %s); dropping their results",
+                  len(lost), ", ".join(map(str, ids[:10])), jobs=len(lost))
+            self._lose(lost)
+        return {j.id for j in lost}
+
+    def _lose(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            job.lost = True
+        self._on_lost()

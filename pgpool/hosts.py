@@ -1,6 +1,6 @@
 """The host registry: one ``pgpool_hosts`` row per running dispatcher.
 
-A dispatcher registers when it starts, beats every lease/3 (``last_seen``, its job
+A dispatcher registers when it starts, beats every `Lease.beat_interval` (``last_seen``, its job
 counters and its claims per second since the previous beat), and deletes its row on a clean
 exit. A dispatcher that died, or that has been cut off from the database, stops beating;
 once its row is `STALE_AFTER_LEASES` of its own leases old, any host prunes it. The row is
@@ -25,12 +25,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
+from .lease import STALE_AFTER_LEASES, Lease
 
 log = logging.getLogger("pgpool.hosts")
-
-#: A host is stale, and pruned, once it has not beaten for this many of its leases: it
-#: beats every lease/3, so that is nine missed beats.
-STALE_AFTER_LEASES: Final = 3
 
 #: How long a clean exit waits to delete its row before leaving it to be pruned.
 DEREGISTER_TIMEOUT: Final = 5.0
@@ -55,14 +52,14 @@ class HostRegistry:
         procs: int,
         queues: Sequence[str],
         kinds: Sequence[str],
-        lease: float,
+        lease: Lease,
         max_claims_per_sec: float,
         counters: Callable[[], tuple[int, int, int]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
         self.owner = owner
-        self.interval = lease / 3
+        self.interval = lease.beat_interval
         self._row = {
             "owner": owner,
             "hostname": socket.gethostname(),
@@ -70,7 +67,7 @@ class HostRegistry:
             "procs": procs,
             "queues": list(queues),
             "kinds": sorted(kinds),
-            "lease": lease,
+            "lease": lease.seconds,
             "max_claims_per_sec": max_claims_per_sec,
         }
         self._counters = counters
@@ -89,7 +86,7 @@ class HostRegistry:
         await self.beat()
 
     async def run(self) -> None:
-        """Beat and prune every lease/3 until cancelled; failures are logged and retried."""
+        """Beat and prune every beat interval until cancelled; failures are logged and retried."""
         while True:
             await asyncio.sleep(self.interval)
             try:

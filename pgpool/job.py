@@ -16,7 +16,8 @@ class Job:
     max_attempts: int
     payload: bytes  # raw JSON text as stored; only the worker parses it
     timeout: float | None
-    #: Set when this dispatcher learned it no longer owns the attempt: never ack it.
+    #: This dispatcher no longer owns the attempt: never ack it. Only `pgpool.heartbeat`
+    #: sets it.
     lost: bool = False
 
     def wire(self) -> tuple[int, int, int, str, str, bytes]:

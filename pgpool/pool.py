@@ -199,14 +199,12 @@ class WorkerPool:
         for w in self._workers.values():
             yield from w.assigned
 
-    def drop_lost(self, ids: set[int]) -> None:
-        """Forget jobs whose lease this host lost: unstarted ones are dropped, and a worker
-        running one is killed so two attempts of a job never run at the same time."""
-        self._backlog = deque(j for j in self._backlog if j.id not in ids)
+    def drop_lost(self) -> None:
+        """Forget jobs whose lease this host lost (the heartbeat marked them): unstarted
+        ones are dropped, and a worker holding one is killed so two attempts of a job never
+        run at the same time."""
+        self._backlog = deque(j for j in self._backlog if not j.lost)
         for w in self._workers.values():
-            for job in w.assigned:
-                if job.id in ids:
-                    job.lost = True
             # A lost job queued in a worker's pipe would start sooner or later: only
             # killing the worker stops it. Its other unstarted jobs are requeued.
             if any(job.lost for job in w.assigned):

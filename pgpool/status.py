@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from . import sql
-from .hosts import STALE_AFTER_LEASES
+from .lease import STALE_AFTER_LEASES
 
 
 def collect(conn: psycopg.Connection) -> dict[str, Any]:

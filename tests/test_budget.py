@@ -15,6 +15,7 @@ from test_status import in_registry, status_json
 import pgpool
 from pgpool.budget import ClaimBudget
 from pgpool.hosts import HostRegistry
+from pgpool.lease import Lease
 
 
 class Clock:
@@ -55,7 +56,7 @@ def test_live_hosts_split_the_fleet_rate():
 def test_registered_hosts_are_counted_for_the_share(db, dsn):
     async def work(pool: AsyncConnectionPool) -> list[int]:
         hosts = [HostRegistry(pool, f"host-{i}", procs=1, queues=["default"], kinds=["k"],
-                              lease=30, max_claims_per_sec=1000, counters=lambda: (0, 0, 0))
+                              lease=Lease(30), max_claims_per_sec=1000, counters=lambda: (0, 0, 0))
                  for i in range(3)]
         for h in hosts:
             await h.register()

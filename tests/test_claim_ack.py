@@ -18,10 +18,10 @@ from psycopg import sql as pgsql
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer
+from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer
-from pgpool.dispatcher import _configure
 from pgpool.heartbeat import Heartbeat
+from pgpool.lease import Lease
 from pgpool.reaper import Reaper
 from pgpool.registry import Handler
 
@@ -35,7 +35,7 @@ def run_with_pool(dsn: str, fn: Callable[[AsyncConnectionPool], Awaitable[Any]])
         async with AsyncConnectionPool(dsn, min_size=2, max_size=4, open=False,
                                        kwargs={"autocommit": True,
                                                "application_name": "pgpool-test-pool"},
-                                       configure=_configure) as pool:
+                                       configure=configure_connection) as pool:
             return await fn(pool)
 
     return asyncio.run(main())
@@ -93,6 +93,25 @@ def test_claim_order_filters_and_ownership_columns(db, dsn):
     assert left == 3
 
 
+def test_claims_waiting_for_a_connection_each_send_their_own_limit(db, dsn):
+    # Two claim loops share the pool: a claim that waits for a connection must not send
+    # the limit of a claim made after it (they once shared one parameter dict).
+    pgpool.enqueue_many(db, "k", [{}] * 20)
+
+    async def scenario(_: AsyncConnectionPool) -> list[int]:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False,
+                                       kwargs={"autocommit": True},
+                                       configure=configure_connection) as one:
+            taking = claimer(one)
+            async with one.connection():  # both claims queue for the only connection
+                small = asyncio.create_task(taking.claim(1))
+                big = asyncio.create_task(taking.claim(5))
+                await asyncio.sleep(0)  # one turn: both have started and wait for it
+            return [len(await small), len(await big)]
+
+    assert run_with_pool(dsn, scenario) == [1, 5]
+
+
 def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
     for i in range(6):
         pgpool.enqueue(db, "k", {"n": i})
@@ -102,12 +121,12 @@ def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
         mine = Completer(pool, "host-a")
         theirs = Completer(pool, "host-b")
         # Another host cannot ack, retry or bury jobs it does not own.
-        stolen = await theirs.flush([Ack("done", jobs[0]), Ack("dead", jobs[1], error="x")])
+        stolen = await theirs.flush([Ack.done(jobs[0]), Ack.dead(jobs[1], "x")])
         result = await mine.flush([
-            Ack("done", jobs[0]), Ack("done", jobs[1]),
-            Ack("retry", jobs[2], delay=60, error="boom"),
-            Ack("release", jobs[3]),
-            Ack("dead", jobs[4], error="gave up"),
+            Ack.done(jobs[0]), Ack.done(jobs[1]),
+            Ack.retry(jobs[2], 60, "boom"),
+            Ack.release(jobs[3]),
+            Ack.dead(jobs[4], "gave up"),
         ])
         return [stolen, result, jobs]
 
@@ -135,8 +154,8 @@ def test_a_reclaimed_attempt_cannot_be_acked_by_its_old_owner(db, dsn):
             await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
         revived, _ = await Reaper(pool, 1).reap()
         (new,) = await claimer(pool, "host-a").claim(1)  # the same host claims it again
-        late = await Completer(pool, "host-a").flush([Ack("done", old)])
-        beat = await Heartbeat(pool, "host-a", 30, lambda: [old], lambda ids: None).beat()
+        late = await Completer(pool, "host-a").flush([Ack.done(old)])
+        beat = await Heartbeat(pool, "host-a", Lease(30), lambda: [old], lambda: None).beat()
         return late, beat, new.attempt, revived
 
     late, lost, attempt, revived = run_with_pool(dsn, scenario)
@@ -153,7 +172,7 @@ def test_heartbeat_extends_every_held_lease_in_one_statement(db, dsn):
 
     async def scenario(pool: AsyncConnectionPool) -> set[int]:
         jobs = await claimer(pool, "host-a", lease=5).claim(20)
-        hb = Heartbeat(pool, "host-a", 600, lambda: jobs, lambda ids: None)
+        hb = Heartbeat(pool, "host-a", Lease(600), lambda: jobs, lambda: None)
         return await hb.beat()
 
     assert run_with_pool(dsn, scenario) == set()
@@ -195,12 +214,12 @@ def test_completer_groups_many_acks_into_few_transactions(db, dsn):
         completer = Completer(pool, "host-a", max_batch=100, interval=0.05, high_water=300)
         task = asyncio.create_task(completer.run())
         for job in jobs[:299]:
-            completer.add(Ack("done", job))
+            completer.add(Ack.done(job))
         room_before = completer.has_room()
-        completer.add(Ack("done", jobs[299]))
+        completer.add(Ack.done(jobs[299]))
         full = not completer.has_room()  # backpressure: the dispatcher stops claiming
         for job in jobs[300:]:
-            completer.add(Ack("done", job))
+            completer.add(Ack.done(job))
         await completer.wait_idle()
         task.cancel()
         assert room_before and full
@@ -225,7 +244,7 @@ def test_completer_keeps_acks_across_a_killed_connection(db, dsn, server_dsn):
         completer = Completer(pool, "host-a", max_batch=10, interval=0.001)
         task = asyncio.create_task(completer.run())
         for job in jobs:
-            completer.add(Ack("done", job))
+            completer.add(Ack.done(job))
         await asyncio.wait_for(completer.wait_idle(), 30)
         task.cancel()
         return killed, completer.stats.failed_flushes, completer.stats.acks

@@ -20,7 +20,8 @@ from test_user_errors import UNREACHABLE, assert_user_error
 
 import pgpool
 from pgpool import registry
-from pgpool.hosts import STALE_AFTER_LEASES, HostRegistry
+from pgpool.hosts import HostRegistry
+from pgpool.lease import STALE_AFTER_LEASES, Lease
 
 HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
 
@@ -126,7 +127,7 @@ def in_registry(dsn: str, work) -> object:
 
 
 def registry_for(pool: AsyncConnectionPool, owner: str) -> HostRegistry:
-    return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=10,
+    return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=Lease(10),
                         max_claims_per_sec=400, counters=lambda: (7, 2, 9))
 
 
@@ -169,7 +170,7 @@ def test_each_beat_records_the_claims_per_second_since_the_last_beat_written(db,
     claims = "SELECT jobs_claimed, claims_per_sec FROM pgpool_hosts"
 
     async def beats(pool: AsyncConnectionPool) -> list[object]:
-        hosts = HostRegistry(pool, "me:9:z", procs=1, queues=["q"], kinds=["a"], lease=10,
+        hosts = HostRegistry(pool, "me:9:z", procs=1, queues=["q"], kinds=["a"], lease=Lease(10),
                              max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0]),
                              clock=lambda: clock[0])
         await hosts.register()

@@ -1,0 +1,382 @@
+"""The claim scheduler in-process, with fake parts: room, the two claim loops, what wakes
+them, backpressure, the budget and the burst host's drain check.
+
+The fakes answer at once, so a claim loop only ever pauses in its own waits: after a few
+turns of the event loop every loop is idle and `ClaimScheduler.waiting` says why. The poll
+backstop is set to an hour, so a loop that claims did so because something woke it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from pgpool.budget import ClaimBudget
+from pgpool.job import Job
+from pgpool.scheduler import (
+    CLAIM_LOOPS,
+    ClaimScheduler,
+    Step,
+    Wait,
+    ack_high_water,
+    capacity,
+)
+
+HOUR = 3600.0
+
+
+def job(i: int) -> Job:
+    return Job(i, "k", "default", 1, 3, b"{}", None)
+
+
+class FakeClaimer:
+    """Hands out jobs from ``ready``; a claim may be held open with ``gate``."""
+
+    def __init__(self, ready: int = 0) -> None:
+        self.ready = [job(i) for i in range(ready)]
+        self.limits: list[int] = []
+        self.gate: asyncio.Event | None = None
+        self.in_flight = 0
+        self.rtt = 0.002
+
+    async def claim(self, limit: int) -> list[Job]:
+        self.limits.append(limit)
+        self.in_flight += 1
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        taken, self.ready = self.ready[:limit], self.ready[limit:]
+        return taken
+
+
+class FakeWorkers:
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.job_seconds = 0.0
+
+    @property
+    def held(self) -> int:
+        return len(self.jobs)
+
+    def submit(self, jobs: list[Job]) -> None:
+        self.jobs.extend(jobs)
+
+
+class FakeAcks:
+    def __init__(self) -> None:
+        self.max_batch = 0
+        self.backlog = 0
+        self.room = True
+
+    def has_room(self) -> bool:
+        return self.room
+
+
+class FakeLease:
+    at_risk = False
+
+
+class FakeReaper:
+    def __init__(self, claimer: FakeClaimer, revive: int = 0) -> None:
+        self.passes = 0
+        self._claimer = claimer
+        self._revive = revive
+
+    async def reap(self) -> tuple[int, int]:
+        self.passes += 1
+        revived = [job(1000 + i) for i in range(self._revive)]
+        self._revive = 0
+        self._claimer.ready.extend(revived)
+        return len(revived), 0
+
+
+class Host:
+    """A scheduler over fake parts, its claim loops running in a task."""
+
+    def __init__(self, *, procs: int = 2, batch: int | str = 10, ready: int = 0,
+                 burst: bool = False, budget: ClaimBudget | None = None,
+                 revive: int = 0) -> None:
+        self.claimer = FakeClaimer(ready)
+        self.workers = FakeWorkers()
+        self.acks = FakeAcks()
+        self.lease = FakeLease()
+        self.reaper = FakeReaper(self.claimer, revive)
+        self.scheduler = ClaimScheduler(
+            procs=procs, batch=batch, claimer=self.claimer,  # type: ignore[arg-type]
+            workers=self.workers, acks=self.acks, lease=self.lease,
+            budget=budget or ClaimBudget(1e9, lambda: 1), reaper=self.reaper,
+            burst=burst, poll=HOUR,
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.scheduler.run())
+
+    async def settle(self, want: Callable[[], bool] | None = None) -> None:
+        """Turn the event loop until ``want()`` holds, by default until every claim loop
+        is idle."""
+        def idle() -> bool:
+            return len(self.scheduler.waiting) == CLAIM_LOOPS
+
+        for _ in range(1000):
+            if (want or idle)():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"loops never settled: waiting {self.scheduler.waiting}, "
+                             f"claims {self.claimer.limits}")
+
+    def finish(self, n: int) -> None:
+        """The workers finish ``n`` jobs; each outcome tells the scheduler, as the
+        dispatcher does."""
+        for _ in range(n):
+            self.workers.jobs.pop()
+            self.scheduler.job_finished()
+
+    async def stop(self) -> None:
+        self.scheduler.stop()
+        if self.task is not None:
+            await self.task
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(10):  # a broken scheduler fails here, never hangs
+            await test()
+
+    asyncio.run(bounded())
+
+
+# --- the formulas ----------------------------------------------------------------------------
+
+def test_capacity_is_a_running_job_per_worker_and_a_batch_per_loop_plus_one() -> None:
+    assert capacity(2, 50) == 2 + 3 * 50
+    assert capacity(16, 1) == 19
+    assert ack_high_water(2, 50) == 1000  # never below 1,000
+    assert ack_high_water(16, 1000) == 4 * (16 + 3 * 1000)
+
+
+def test_want_is_a_batch_or_enough_to_fill_idle_workers_never_past_capacity() -> None:
+    host = Host(procs=8, batch=2)
+    assert host.scheduler.want() == 8  # 8 idle workers and a batch of 2: fill the workers
+    host.workers.jobs = [job(i) for i in range(6)]
+    assert host.scheduler.want() == 2
+    host.workers.jobs = [job(i) for i in range(13)]  # capacity 14
+    assert host.scheduler.want() == 1
+    assert not host.scheduler.has_room()
+
+
+# --- two loops, room and what wakes a loop ---------------------------------------------------
+
+def test_two_claims_are_in_flight_at_once_and_room_is_reserved_for_both() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.claimer.gate = asyncio.Event()
+        host.start()
+        await host.settle(lambda: host.claimer.in_flight == 2)
+        # Both loops asked for a batch while neither had returned: 2 + 2 x 10 jobs reserved.
+        assert host.claimer.limits == [10, 10]
+        host.claimer.gate.set()
+        await host.settle()
+        # Full batches claim again at once, while a whole batch fits under capacity.
+        assert capacity(2, 10) - 10 < host.workers.held <= capacity(2, 10)
+        assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
+        await host.stop()
+
+    run(test)
+
+
+def test_each_claim_asks_for_its_own_limit_while_another_is_in_flight() -> None:
+    async def test() -> None:
+        # 8 workers, batch 2: the first loop asks for 8 (idle workers), the second, with
+        # those 8 reserved, for one batch. A shared limit would have sent 2 twice or 8 twice.
+        host = Host(procs=8, batch=2, ready=100)
+        host.claimer.gate = asyncio.Event()
+        host.start()
+        await host.settle(lambda: host.claimer.in_flight == 2)
+        assert host.claimer.limits == [8, 2]
+        host.claimer.gate.set()
+        await host.stop()
+
+    run(test)
+
+
+def test_a_host_at_capacity_waits_for_room_and_an_outcome_wakes_it() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
+        claims = len(host.claimer.limits)
+        host.finish(5)  # not a batch of room yet: nobody claims
+        await host.settle()
+        assert len(host.claimer.limits) == claims
+        host.finish(10)
+        await host.settle()
+        assert len(host.claimer.limits) > claims
+        assert host.workers.held <= capacity(2, 10)
+        await host.stop()
+
+    run(test)
+
+
+def test_an_empty_queue_waits_for_work_and_outcomes_do_not_wake_it() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=15)
+        host.start()
+        await host.settle()
+        assert host.scheduler.waiting == [Wait.WORK, Wait.WORK]
+        claims = len(host.claimer.limits)
+        host.finish(15)  # every outcome: no claim (it would come back empty)
+        await host.settle()
+        assert len(host.claimer.limits) == claims
+
+    run(test)
+
+
+def test_a_notification_wakes_one_loop_waiting_for_work() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch=10)
+        host.start()
+        await host.settle()
+        claims = len(host.claimer.limits)
+        host.claimer.ready.append(job(1))
+        host.scheduler.work_ready()
+        await host.settle()
+        assert len(host.claimer.limits) == claims + 1  # one claim takes it, not two
+        assert host.workers.held == 1
+        await host.stop()
+
+    run(test)
+
+
+def test_acks_at_high_water_stop_claiming_until_a_flush() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=100)
+        host.acks.room = False
+        host.start()
+        await host.settle()
+        assert host.claimer.limits == []
+        assert host.scheduler.waiting == [Wait.ACKS, Wait.ACKS]
+        host.acks.room = True
+        host.scheduler.acks_flushed()
+        await host.settle()
+        assert host.workers.held > 0
+        await host.stop()
+
+    run(test)
+
+
+def test_no_claim_while_heartbeats_are_failing() -> None:
+    async def test() -> None:
+        host = Host(ready=100)
+        host.lease.at_risk = True
+        assert await host.scheduler.claim_step() is Wait.WORK
+        assert host.claimer.limits == []
+
+    run(test)
+
+
+def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
+    async def test() -> None:
+        now = [0.0]
+        budget = ClaimBudget(20, lambda: 1, clock=lambda: now[0])  # a bucket of 20 jobs
+        host = Host(procs=2, batch=10, ready=100, budget=budget)
+        assert await host.scheduler.claim_step() is Step.AGAIN
+        assert await host.scheduler.claim_step() is Step.AGAIN
+        assert await host.scheduler.claim_step() is Step.THROTTLED  # 20 jobs spent
+        assert host.claimer.limits == [10, 10]
+        now[0] += 0.5  # half a second later: 10 more jobs' worth, a batch
+        assert await host.scheduler.claim_step() is Step.AGAIN
+        assert host.claimer.limits == [10, 10, 10]
+
+    run(test)
+
+
+# --- stopping and draining -------------------------------------------------------------------
+
+def test_stop_ends_the_loops() -> None:
+    async def test() -> None:
+        host = Host()
+        host.start()
+        await host.settle()
+        await host.stop()
+        assert host.task is not None and host.task.done()
+
+    run(test)
+
+
+def test_a_hard_stop_cancels_loops_that_were_just_woken() -> None:
+    async def test() -> None:
+        # Outcomes wake both loops, and the cancel (a second signal) comes before they run.
+        # asyncio.wait_for on 3.11 would swallow it and claim on, and that claim would hang.
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        claims = len(host.claimer.limits)
+        host.claimer.gate = asyncio.Event()  # never opened
+        host.finish(30)
+        assert host.scheduler.waiting == []  # both woken, neither has run yet
+        assert host.task is not None
+        host.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await host.task
+        assert len(host.claimer.limits) == claims
+
+    run(test)
+
+
+def test_a_burst_host_runs_the_reaper_before_it_calls_the_queue_drained() -> None:
+    async def test() -> None:
+        # Nothing ready, but the reaper brings back 3 jobs a dead host left: they run first.
+        host = Host(burst=True, revive=3)
+        host.start()
+        await host.settle(lambda: host.workers.held == 3)
+        assert not host.scheduler.drained
+        host.finish(3)
+        host.scheduler.acks_flushed()  # the last acks are written: the loops check again
+        await host.settle(lambda: host.scheduler.drained)
+        await host.task
+        assert host.reaper.passes == 2  # a pass found the 3 jobs, a second found none
+
+    run(test)
+
+
+def test_auto_batch_grows_and_the_ack_batch_follows() -> None:
+    async def test() -> None:
+        host = Host(procs=2, batch="auto", ready=10_000)
+        host.workers.job_seconds = 0.0001  # 0.1 ms jobs, 2 ms claims: big batches
+        assert host.acks.max_batch == host.scheduler.batch == 2
+        for _ in range(6):
+            host.workers.jobs.clear()
+            await host.scheduler.claim_step()
+        assert host.scheduler.batch > 50
+        assert host.acks.max_batch == host.scheduler.batch
+
+    run(test)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 50])
+def test_held_and_claiming_jobs_never_exceed_capacity(batch: int) -> None:
+    async def test() -> None:
+        host = Host(procs=3, batch=batch, ready=5000)
+        host.claimer.gate = asyncio.Event()
+        host.start()
+        limit = capacity(3, batch)
+        for _ in range(100):  # claims return and outcomes arrive, in turns
+            host.claimer.gate.set()
+            await asyncio.sleep(0)
+            host.claimer.gate.clear()
+            assert host.workers.held + host.scheduler.claiming <= limit
+            host.finish(min(host.workers.held, 10))
+            await asyncio.sleep(0)
+            assert host.workers.held + host.scheduler.claiming <= limit
+        assert len(host.claimer.limits) > 10  # it did claim, again and again
+        host.claimer.gate.set()
+        await host.stop()
+
+    run(test)
