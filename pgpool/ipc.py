@@ -1,19 +1,28 @@
-"""Frames on the pipes between the dispatcher and its workers.
+"""Messages on the pipes between the dispatcher and its workers, and their framing.
+
+Every message is a named tuple of its own type, read by field at both ends:
+
+    dispatcher -> worker
+        Jobs(jobs)                   work items (`WorkItem`) to run in order, after any
+                                     already sent
+        Stop()                       finish the running job, hand back the rest, exit
+    worker -> dispatcher
+        Ready(pid) | Broken(reason)  once, after importing the handler modules
+        Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order
+        Returned(ids)                the unstarted jobs, answering Stop
+        Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
+                                     job still assigned to it is unstarted, even those sent
+                                     after this message, which it never reads
 
 A frame is a 4-byte little-endian length and a pickle. Pickle is safe here: both ends are
 our own processes, started by the dispatcher, and nothing from the database is unpickled
 (payloads travel as the raw JSON bytes PostgreSQL returned).
 
-Messages, dispatcher -> worker:
-    ("jobs", [(id, attempt, max_attempts, kind, queue, payload_bytes), ...])
-    ("stop",)                      finish the current job, hand back the rest, exit
-Messages, worker -> dispatcher:
-    ("ready", pid) | ("broken", reason)         once, after importing handler modules
-    ("done", id, elapsed) | ("failed", id, error_text, cause, elapsed)   one per job
-    ("returned", [ids])            unstarted jobs, answering "stop"
-    ("retiring", reason)           leaving between jobs (max tasks, MemoryError): every
-                                   job still assigned to it is unstarted, even those sent
-                                   after this message, which it never reads
+What is pickled is a plain tuple: the message type's index in `MESSAGES`, then its fields
+(a Jobs frame's work items as plain tuples too). A pickled named tuple would name its class
+in every frame and be rebuilt through Python code: on the dispatcher's per-job path
+(building the work item, a share of one Jobs frame, one Done frame) that measured 2.1 µs
+against 0.34 µs for the positional tuples this replaced; the plain form costs 0.77 µs.
 """
 
 from __future__ import annotations
@@ -21,13 +30,78 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import Any
+from typing import NamedTuple
 
 _HEADER = struct.Struct("<I")
 
 
-def encode(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+class WorkItem(NamedTuple):
+    """One job as a worker receives it (see `pgpool.job.Job.wire`)."""
+
+    id: int
+    attempt: int
+    max_attempts: int
+    kind: str
+    queue: str
+    payload: bytes  # raw JSON text as stored; only the worker parses it
+
+
+class Jobs(NamedTuple):
+    jobs: list[WorkItem]
+
+
+class Stop(NamedTuple):
+    pass
+
+
+class Ready(NamedTuple):
+    pid: int
+
+
+class Broken(NamedTuple):
+    reason: str  # why the handler modules cannot be used, for the operator
+
+
+class Done(NamedTuple):
+    id: int
+    elapsed: float  # seconds the handler ran
+
+
+class Failed(NamedTuple):
+    id: int
+    error: str  # the bounded traceback stored with the attempt (may quote payload data)
+    cause: str  # the exception's type name: what logs show
+    elapsed: float
+
+
+class Returned(NamedTuple):
+    ids: list[int]
+
+
+class Retiring(NamedTuple):
+    reason: str
+
+
+ToWorker = Jobs | Stop
+FromWorker = Ready | Broken | Done | Failed | Returned | Retiring
+Message = ToWorker | FromWorker
+
+#: Every message type; a frame names its type by its index here.
+MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
+                                       Retiring)
+_TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
+_JOBS = _TAGS[Jobs]
+_new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__
+
+
+def encode(message: Message) -> bytes:
+    """One frame holding ``message``."""
+    tag = _TAGS[type(message)]
+    if tag == _JOBS:
+        plain: tuple[object, ...] = (tag, [tuple(item) for item in message.jobs])
+    else:
+        plain = (tag, *message)
+    body = pickle.dumps(plain, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
 
 
@@ -37,16 +111,22 @@ class Decoder:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
+    def feed(self, data: bytes) -> list[Message]:
+        """The messages completed by ``data``, in order; a partial frame waits for more."""
         buf = self._buf
         buf += data
-        out = []
+        out: list[Message] = []
         pos = 0
         while len(buf) - pos >= 4:
             (size,) = _HEADER.unpack_from(buf, pos)
             if len(buf) - pos - 4 < size:
                 break
-            out.append(pickle.loads(buf[pos + 4 : pos + 4 + size]))
+            plain = pickle.loads(buf[pos + 4 : pos + 4 + size])
+            tag = plain[0]
+            if tag == _JOBS:
+                out.append(Jobs([_new(WorkItem, item) for item in plain[1]]))
+            else:
+                out.append(_new(MESSAGES[tag], plain[1:]))
             pos += 4 + size
         del buf[:pos]
         return out

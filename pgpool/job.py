@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .ipc import WorkItem
+
 
 @dataclass(slots=True, eq=False)
 class Job:
@@ -20,9 +22,10 @@ class Job:
     #: sets it.
     lost: bool = False
 
-    def wire(self) -> tuple[int, int, int, str, str, bytes]:
-        """The tuple a worker receives."""
-        return (self.id, self.attempt, self.max_attempts, self.kind, self.queue, self.payload)
+    def wire(self) -> WorkItem:
+        """What a worker receives of this attempt."""
+        return WorkItem(self.id, self.attempt, self.max_attempts, self.kind, self.queue,
+                        self.payload)
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.kind}, attempt {self.attempt}/{self.max_attempts})"

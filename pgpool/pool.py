@@ -1,36 +1,48 @@
 """The worker pool: the dispatcher's side of its worker processes.
 
-Data flow inside one host. The dispatcher's event loop owns everything left of the pipes;
-each worker process owns one task pipe (read end) and one result pipe (write end)::
+How a job crosses one host, by the attributes of a running `WorkerPool`. The dispatcher's
+event loop owns everything left of the pipes; each worker process (`pgpool.worker.main`)
+owns the far ends of one task pipe and one result pipe. What crosses them are the message
+types of `pgpool.ipc`::
 
-    claimer ─ jobs ─▶ WorkerPool.submit()
-                        │
-                        ▼
-                   backlog (claimed, not yet sent; handed back unstarted on shutdown)
-                        │ _assign(): top each ready worker up to `depth` jobs
-                        │   (about 5 ms of work), in chunks: one frame per hand-off
-                        ▼
-        ┌──────────── task pipe 0 ────────────▶┌─────────────────────────────────┐
-        │                                      │ worker 0 (pgpool.worker.main)   │
-        │                                      │   handler modules imported once │
-        │                                      │   orjson.loads(payload)         │
-        │                                      │   handler(payload)              │
-        │◀─────────── result pipe 0 ───────────└─────────────────────────────────┘
-        │   ... one pair of pipes per worker, up to worker N-1
-        ▼
-    _ResultPipe.data_received() ─▶ on_outcome(Outcome) ─▶ dispatcher ─▶ completer (acks)
+  submit(jobs)
+     ▼
+  _backlog: deque[Job]     claimed, not yet sent (stop() hands them back: on_returned)
+     │ _assign(): top each open worker up to `depth` jobs (about QUEUED_SECONDS of work)
+     │   once it is half drained, dealt in rounds: one Jobs frame per hand-off
+     ▼
+  _workers[index]: _Worker
+     .assigned: deque[Job]   in order: the front one runs (since .started_at), the rest
+     │                       wait in the pipe
+     │  .transport ── task pipe: Jobs([job.wire(), ...]) | Stop() ──▶ ┌─────────────────────┐
+     │                                                                │ worker.main(index)  │
+     │                                                                │   handler modules   │
+     │                                                                │   imported once;    │
+     │  _ResultPipe ◀── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
+     │                  Done | Failed; Returned | Retiring at the end │   handler.fn()      │
+     │    .data_received() ─▶ ipc.Decoder ─▶ _on_message(w, message)  └─────────────────────┘
+     │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
+     │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)
+     │                                  (the dispatcher's `_job_finished`: to its completer)
+     │    .connection_lost() ─▶ _on_eof()
+     ▼
+  _reap(w): _exit_status() ─▶ _forget() ─▶ _fail_running() ─▶ _requeue() ─▶ .exited set
+            ─▶ _settle_startup() ─▶ _replace(): a new worker, by _spawn(), at the same index
 
 Why one pair of pipes per worker rather than one shared call queue: the pool always knows
-which job each worker is running (its `assigned` deque, in order: the front one runs).
-That lets it kill exactly one worker at a job's deadline, attribute a crash to the one job
-that caused it, hand the worker's unstarted jobs to others, and replace it, while the rest
-of the pool carries on. A shared queue cannot say who held what, and a process killed while
-holding a shared queue's lock breaks the queue for everyone.
+which job each worker is running (the front of its `assigned`). That lets it kill exactly
+one worker at a job's deadline (`check_deadlines`) or when its lease is lost (`drop_lost`),
+attribute a crash to the one job that caused it, hand the worker's unstarted jobs to
+others, and replace it, while the rest of the pool carries on. A shared queue cannot say
+who held what, and a process killed while holding a shared queue's lock breaks the queue
+for everyone.
 
-A worker's death is noticed when its result pipe reaches EOF; the process is then reaped
-(no zombies) and its exit status becomes the cause of the failure. Workers are started
-with the ``spawn`` method: a fresh interpreter that inherits none of the dispatcher's
-threads, sockets or event loop.
+Every way a worker ends goes through `_reap`: a crash, a `_kill` (deadline, lost lease,
+grace period over, hard stop), retiring, or answering Stop. Its death is noticed when its
+result pipe reaches EOF; the process is then reaped (no zombies) and its exit status, or
+the reason it was killed, becomes the cause of the failure. Workers are started with the
+``spawn`` method: a fresh interpreter that inherits none of the dispatcher's threads,
+sockets or event loop.
 """
 
 from __future__ import annotations
@@ -45,7 +57,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 from . import ipc, worker
 from .errors import HandlerError
@@ -58,12 +69,18 @@ MAX_START_FAILURES = 3
 #: How much work, in seconds, to keep queued in each worker's pipe; and the most jobs.
 QUEUED_SECONDS = 0.005
 MAX_DEPTH = 64
+#: Kill reasons for a worker the pool ends on purpose before it was ready: not a failed start.
+_STOPPING = "pool stopping"
+_HARD_STOP = "hard stop"
+#: The kill reason of a worker that said it cannot load its handler modules (`ipc.Broken`).
+_BROKEN = "broken"
 
 
 @dataclass(eq=False)
 class _Worker:
     index: int
     process: BaseProcess
+    exited: asyncio.Future[None]  # set by _reap once its jobs are settled
     transport: asyncio.WriteTransport | None = None
     assigned: deque[Job] = field(default_factory=deque)
     ready: bool = False
@@ -71,7 +88,6 @@ class _Worker:
     started_at: float = 0.0  # loop time the front job of `assigned` started
     kill_reason: str | None = None
     retiring: str | None = None  # left on its own between jobs; nothing of it is running
-    exited: asyncio.Future[None] | None = None
 
     @property
     def running(self) -> Job | None:
@@ -103,9 +119,9 @@ class WorkerPool:
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
         self._limits = (max_tasks, max_memory)
         self._modules = modules
-        self._on_outcome = on_outcome
-        self._on_returned = on_returned
-        self._on_fatal = on_fatal
+        self._report_outcome = on_outcome
+        self._report_returned = on_returned
+        self._report_fatal = on_fatal
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: dict[int, _Worker] = {}
         self._backlog: deque[Job] = deque()
@@ -150,14 +166,14 @@ class WorkerPool:
         returned = list(self._backlog)
         self._backlog.clear()
         if returned:
-            self._on_returned(returned)
+            self._report_returned(returned)
         for w in self._workers.values():
             if w.ready and not w.stopping:
                 w.stopping = True
-                self._send(w, ("stop",))
+                self._send(w, ipc.Stop())
             elif not w.ready:
-                self._kill(w, "pool stopping")
-        waits = [w.exited for w in self._workers.values() if w.exited is not None]
+                self._kill(w, _STOPPING)
+        waits = [w.exited for w in self._workers.values()]
         if not waits:
             return
         _, late = await asyncio.wait(waits, timeout=grace)
@@ -169,13 +185,12 @@ class WorkerPool:
     async def kill_all(self) -> None:
         """Kill every worker now, without reporting outcomes (hard stop)."""
         self.closing = True
-        self._on_outcome = _ignore
-        self._on_returned = _ignore
+        self._report_outcome = _ignore
+        self._report_returned = _ignore
         waits = []
         for w in list(self._workers.values()):
-            self._kill(w, "hard stop")
-            if w.exited is not None:
-                waits.append(w.exited)
+            self._kill(w, _HARD_STOP)
+            waits.append(w.exited)
         if waits:
             await asyncio.wait(waits, timeout=10)
 
@@ -262,7 +277,7 @@ class WorkerPool:
             if not w.assigned:
                 w.started_at = now
             w.assigned.extend(batch)
-            self._send(w, ("jobs", [job.wire() for job in batch]))
+            self._send(w, ipc.Jobs([job.wire() for job in batch]))
             self.frames_sent += 1
 
     # --- processes --------------------------------------------------------------------------
@@ -281,7 +296,7 @@ class WorkerPool:
         # The child has its own copies now; ours must close or EOF would never arrive.
         task_r.close()
         result_w.close()
-        w = _Worker(index, process, exited=loop.create_future())
+        w = _Worker(index, process, loop.create_future())
         self._workers[index] = w
         write_fd = os.dup(task_w.fileno())
         read_fd = os.dup(result_r.fileno())
@@ -294,7 +309,7 @@ class WorkerPool:
             lambda: _ResultPipe(self, w), os.fdopen(read_fd, "rb", buffering=0)
         )
 
-    def _send(self, w: _Worker, message: tuple[Any, ...]) -> None:
+    def _send(self, w: _Worker, message: ipc.ToWorker) -> None:
         if w.transport is not None and not w.transport.is_closing():
             w.transport.write(ipc.encode(message))
 
@@ -305,91 +320,164 @@ class WorkerPool:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.process.pid, signal.SIGKILL)
 
-    def _on_message(self, w: _Worker, message: tuple[Any, ...]) -> None:
-        tag = message[0]
-        if tag in ("done", "failed"):
-            job = w.assigned.popleft()
-            if job.id != message[1]:  # the protocol is strictly in order; this is a bug
-                raise RuntimeError(f"worker {w.index} answered job {message[1]}, not {job.id}")
-            w.started_at = asyncio.get_running_loop().time()
-            if tag == "done":
-                outcome = Outcome(job, None, message[2])
-            else:
-                outcome = Outcome(job, message[2], message[4], cause=message[3])
-            # A slow average: one job preempted for 5 ms among 3 us jobs must not swing the
-            # batch and depth derived from it; a real change (jobs turning long) still
-            # moves it at once, because the new times are so much larger.
-            self._job_seconds = (outcome.elapsed if not self._job_seconds
-                                 else 0.98 * self._job_seconds + 0.02 * outcome.elapsed)
-            self._on_outcome(outcome)
-            # Every other worker was topped up when it last could be: only this one, now
-            # a job shorter, may need more (per-job path: skip scanning the pool).
-            if len(w.assigned) <= self.depth // 2:
-                self._assign()
-        elif tag == "ready":
-            w.ready = True
-            self._start_failures = 0
-            if self._startup is not None and not self._startup.done() and all(
-                x.ready for x in self._workers.values()
-            ):
-                self._startup.set_result(None)
+    @property
+    def _starting(self) -> bool:
+        """`start` is running: it waits for every worker to be ready, and a worker that
+        ends before it is ready fails the start instead of being replaced."""
+        return self._startup is not None
+
+    def _fail_start(self, error: HandlerError) -> None:
+        if self._startup is not None and not self._startup.done():  # the first error wins
+            self._startup.set_exception(error)
+
+    # --- messages from a worker -------------------------------------------------------------
+
+    def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
+        match message:  # the per-job ones first
+            case ipc.Done():
+                self._on_done(w, message)
+            case ipc.Failed():
+                self._on_failed(w, message)
+            case ipc.Ready():
+                self._on_ready(w)
+            case ipc.Returned():
+                self._on_returned(w, message)
+            case ipc.Retiring():
+                self._on_retiring(w, message)
+            case ipc.Broken():
+                self._on_broken(w, message)
+            case _:
+                raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
+
+    def _on_done(self, w: _Worker, message: ipc.Done) -> None:
+        self._finished(w, Outcome(self._front_job(w, message.id), None, message.elapsed))
+
+    def _on_failed(self, w: _Worker, message: ipc.Failed) -> None:
+        job = self._front_job(w, message.id)
+        self._finished(w, Outcome(job, message.error, message.elapsed, cause=message.cause))
+
+    def _front_job(self, w: _Worker, job_id: int) -> Job:
+        """The job an outcome is about: the front of `assigned`, which it leaves."""
+        job = w.assigned.popleft()
+        if job.id != job_id:  # the protocol is strictly in order; this is a bug
+            raise RuntimeError(f"worker {w.index} answered job {job_id}, not {job.id}")
+        return job
+
+    def _finished(self, w: _Worker, outcome: Outcome) -> None:
+        w.started_at = asyncio.get_running_loop().time()  # its next job starts now
+        # A slow average: one job preempted for 5 ms among 3 us jobs must not swing the
+        # batch and depth derived from it; a real change (jobs turning long) still moves it
+        # at once, because the new times are so much larger.
+        self._job_seconds = (outcome.elapsed if not self._job_seconds
+                             else 0.98 * self._job_seconds + 0.02 * outcome.elapsed)
+        self._report_outcome(outcome)
+        # Every other worker was topped up when it last could be: only this one, now a job
+        # shorter, may need more (per-job path: skip scanning the pool).
+        if len(w.assigned) <= self.depth // 2:
             self._assign()
-        elif tag == "returned":
-            ids = set(message[1])
-            returned = [job for job in w.assigned if job.id in ids]
-            w.assigned = deque(job for job in w.assigned if job.id not in ids)
-            if returned:
-                self._on_returned(returned)
-        elif tag == "retiring":
-            # Everything still assigned is unstarted, including jobs sent after it decided.
-            w.retiring = message[1]
-            self._requeue(w)
-            self._assign()
-        elif tag == "broken":
-            w.kill_reason = "broken"
-            if self._startup is not None and not self._startup.done():
-                self._startup.set_exception(HandlerError(message[1]))
-            else:
-                self._start_failed(w, message[1])
+
+    def _on_ready(self, w: _Worker) -> None:
+        w.ready = True
+        self._start_failures = 0
+        if (self._startup is not None and not self._startup.done()
+                and all(x.ready for x in self._workers.values())):
+            self._startup.set_result(None)
+        self._assign()
+
+    def _on_returned(self, w: _Worker, message: ipc.Returned) -> None:
+        ids = set(message.ids)
+        returned = [job for job in w.assigned if job.id in ids]
+        w.assigned = deque(job for job in w.assigned if job.id not in ids)
+        if returned:
+            self._report_returned(returned)
+
+    def _on_retiring(self, w: _Worker, message: ipc.Retiring) -> None:
+        # Everything still assigned is unstarted, including jobs sent after it decided.
+        w.retiring = message.reason
+        self._requeue(w)
+        self._assign()
+
+    def _on_broken(self, w: _Worker, message: ipc.Broken) -> None:
+        w.kill_reason = _BROKEN
+        if self._starting:
+            self._fail_start(HandlerError(message.reason))
+        else:
+            self._start_failed(message.reason)
+
+    # --- a worker's end ---------------------------------------------------------------------
 
     def _on_eof(self, w: _Worker) -> None:
         asyncio.get_running_loop().create_task(self._reap(w))
 
     async def _reap(self, w: _Worker) -> None:
-        # The pipe closes a moment before the process can be waited for; poll briefly.
+        """Settle a worker whose result pipe closed: it crashed, was killed, retired or
+        stopped. Its running job fails with the exit as the cause, its unstarted jobs go
+        back, and, unless the pool or this worker was stopping, a new worker takes its place.
+        """
+        code = await self._exit_status(w)
+        self._forget(w)
+        cause = w.kill_reason or _describe_exit(code)
+        self._fail_running(w, cause)
+        self._requeue(w)  # the jobs queued behind it never started
+        w.exited.set_result(None)  # what stop() and kill_all() wait for
+        if self._settle_startup(w, cause) and not (self.closing or w.stopping):
+            await self._replace(w, cause)
+
+    async def _exit_status(self, w: _Worker) -> int | None:
+        """The worker's exit code (negative: the signal that ended it; None: unknown), once
+        it is reaped (no zombie). The pipe closes a moment before the process can be waited
+        for, so this polls briefly; a process that closed its pipe and lives on is killed.
+        """
         for _ in range(200):
             if w.process.exitcode is not None:
                 break
             await asyncio.sleep(0.005)
         else:
-            self._kill(w, w.kill_reason or "closed its result pipe")
+            self._kill(w, "closed its result pipe")
             await asyncio.sleep(0.05)
         w.process.join(timeout=1)
-        code = w.process.exitcode
+        return w.process.exitcode
+
+    def _forget(self, w: _Worker) -> None:
+        """Take the worker out of the pool: nothing is sent or assigned to it any more."""
         if w.transport is not None:
             w.transport.close()
         del self._workers[w.index]
-        cause = w.kill_reason or _describe_exit(code)
+
+    def _fail_running(self, w: _Worker, cause: str) -> None:
+        """The job it was running, if any, ends as a failure with ``cause``."""
         if w.assigned:
-            job = w.assigned.popleft()
-            self._on_outcome(Outcome(job, cause, 0.0, cause=cause))
-            self._requeue(w)  # the jobs queued behind it never started
-        if w.exited is not None and not w.exited.done():
-            w.exited.set_result(None)
-        if not w.ready and w.kill_reason not in ("pool stopping", "hard stop"):
-            if self._startup is not None and not self._startup.done():
-                self._startup.set_exception(HandlerError(
-                    f"worker {w.index} exited while starting ({cause}): run "
-                    f"`python -c 'import {self._modules[0] if self._modules else '...'}'` "
-                    "to see why"
-                ))
-                return
-            if w.kill_reason != "broken":
-                self._start_failed(w, cause)
-        if self.closing:
-            return
-        if w.stopping:
-            return
+            self._report_outcome(Outcome(w.assigned.popleft(), cause, 0.0, cause=cause))
+
+    def _requeue(self, w: _Worker) -> None:
+        """Take a worker's unstarted jobs: back to the front of the backlog, or to the
+        dispatcher when no worker will take new jobs any more."""
+        unstarted = [job for job in w.assigned if not job.lost]
+        w.assigned.clear()
+        if unstarted:
+            if self.closing:
+                self._report_returned(unstarted)
+            else:
+                self._backlog.extendleft(reversed(unstarted))
+
+    def _settle_startup(self, w: _Worker, cause: str) -> bool:
+        """Account for a worker that ended before it was ready. During `start` that fails
+        the start (False: it is not replaced); later it counts as a failed start."""
+        if w.ready or w.kill_reason in (_STOPPING, _HARD_STOP):
+            return True
+        if self._starting:
+            module = self._modules[0] if self._modules else "..."
+            self._fail_start(HandlerError(
+                f"worker {w.index} exited while starting ({cause}): run "
+                f"`python -c 'import {module}'` to see why"
+            ))
+            return False
+        if w.kill_reason != _BROKEN:  # a broken one was counted when it said so
+            self._start_failed(cause)
+        return True
+
+    async def _replace(self, w: _Worker, cause: str) -> None:
+        """Start a new worker at the dead one's index and give it work."""
         if w.retiring:
             log.info("worker %d (pid %s) %s; replacing it", w.index, w.process.pid,
                      w.retiring)
@@ -399,22 +487,11 @@ class WorkerPool:
         await self._spawn(w.index)
         self._assign()
 
-    def _requeue(self, w: _Worker) -> None:
-        """Take a worker's unstarted jobs: back to the front of the backlog, or to the
-        dispatcher when no worker will take new jobs any more."""
-        unstarted = [job for job in w.assigned if not job.lost]
-        w.assigned.clear()
-        if unstarted:
-            if self.closing:
-                self._on_returned(unstarted)
-            else:
-                self._backlog.extendleft(reversed(unstarted))
-
-    def _start_failed(self, w: _Worker, reason: str) -> None:
+    def _start_failed(self, reason: str) -> None:
         self._start_failures += 1
         if self._start_failures >= MAX_START_FAILURES and not self.closing:
             self.closing = True
-            self._on_fatal(
+            self._report_fatal(
                 f"worker processes keep failing to start ({reason}); stopping this dispatcher"
             )
 

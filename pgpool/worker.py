@@ -2,11 +2,12 @@
 
 It imports the handler modules once, then loops: read frames from the task pipe, run each
 job (decoding its payload with orjson here, not in the dispatcher), and write one outcome
-frame per job to the result pipe. Before starting each job it looks for a "stop" frame
-without blocking, so a stopping dispatcher gets its unstarted jobs back. The worker ignores
-SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with its dispatcher: on
-Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also sees its task pipe
-close. See `pgpool.pool` for the whole picture.
+frame (`ipc.Done` or `ipc.Failed`) per job to the result pipe. Before starting each job it
+looks for an `ipc.Stop` frame without blocking, so a stopping dispatcher gets its unstarted
+jobs back (`ipc.Returned`). The worker ignores SIGINT and SIGTERM (the dispatcher decides
+when it stops) and dies with its dispatcher: on Linux the kernel kills it
+(PR_SET_PDEATHSIG), and an idle worker also sees its task pipe close. See `pgpool.pool` for
+the whole picture.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     try:
         handlers = registry.load(modules)
     except PgpoolError as exc:
-        ipc.write_all(wfd, ipc.encode(("broken", str(exc))))
+        ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))
         return
     if max_memory is not None:
         try:
@@ -85,69 +86,68 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         except (ValueError, OSError) as exc:
             reason = (f"cannot cap worker memory at {max_memory // 2**20} MiB ({exc}): the "
                       "worker already uses more after importing handlers; raise --max-memory")
-            ipc.write_all(wfd, ipc.encode(("broken", reason)))
+            ipc.write_all(wfd, ipc.encode(ipc.Broken(reason)))
             return
-    ipc.write_all(wfd, ipc.encode(("ready", os.getpid())))
+    ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
     decoder = ipc.Decoder()
     poller = select.poll()
     poller.register(rfd, select.POLLIN)
-    pending: deque[tuple[int, int, int, str, str, bytes]] = deque()
+    pending: deque[ipc.WorkItem] = deque()
     idle_title = f"{prefix}: idle"
     setproctitle(idle_title)
     while True:
-        # Block only when there is nothing to run; otherwise just peek for "stop".
+        # Block only when there is nothing to run; otherwise just peek for Stop.
         if not pending or poller.poll(0):
             data = os.read(rfd, 1 << 16)
             if not data:
                 return  # the dispatcher closed the pipe: it is gone
             for message in decoder.feed(data):
-                if message[0] == "jobs":
-                    pending.extend(message[1])
-                elif message[0] == "stop":
-                    returned = [job[0] for job in pending]
-                    ipc.write_all(wfd, ipc.encode(("returned", returned)))
-                    return
+                match message:
+                    case ipc.Jobs():
+                        pending.extend(message.jobs)
+                    case ipc.Stop():
+                        returned = ipc.Returned([job.id for job in pending])
+                        ipc.write_all(wfd, ipc.encode(returned))
+                        return
         if pending:
             job = pending.popleft()
-            setproctitle(f"{prefix}: {job[3]}#{job[0]}")
+            setproctitle(f"{prefix}: {job.kind}#{job.id}")
             outcome = _run(handlers, job)
             ipc.write_all(wfd, ipc.encode(outcome))
             finished += 1
             retire = None
-            if outcome[0] == "failed" and outcome[3] == "MemoryError":
+            if isinstance(outcome, ipc.Failed) and outcome.cause == "MemoryError":
                 retire = "retired after a MemoryError"  # its heap may be left fragmented
             elif max_tasks is not None and finished >= max_tasks:
                 retire = f"recycled after {finished} jobs"
             if retire:
-                ipc.write_all(wfd, ipc.encode(("retiring", retire)))
+                ipc.write_all(wfd, ipc.encode(ipc.Retiring(retire)))
                 return
             if not pending:
                 setproctitle(idle_title)
 
 
-def _run(handlers: dict[str, registry.Handler],
-         job: tuple[int, int, int, str, str, bytes]) -> tuple[object, ...]:
+def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem) -> ipc.Done | ipc.Failed:
     global _current
-    job_id, attempt, max_attempts, kind, queue, payload = job
     started = time.perf_counter()
-    _current = JobInfo(job_id, kind, queue, attempt, max_attempts)
+    _current = JobInfo(job.id, job.kind, job.queue, job.attempt, job.max_attempts)
     try:
-        handler = handlers.get(kind)
+        handler = handlers.get(job.kind)
         if handler is None:
-            raise LookupError(f"no handler for kind {kind!r} in this worker")
-        result = handler.fn(orjson.loads(payload))
+            raise LookupError(f"no handler for kind {job.kind!r} in this worker")
+        result = handler.fn(orjson.loads(job.payload))
         if inspect.iscoroutine(result):  # an ``async def`` handler
             import asyncio  # only async handlers need it: keeps worker start-up light
 
             asyncio.run(result)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
-        return ("failed", job_id, format_error(exc), type(exc).__name__,
-                time.perf_counter() - started)
+        return ipc.Failed(job.id, format_error(exc), type(exc).__name__,
+                          time.perf_counter() - started)
     finally:
         _current = None
-    return ("done", job_id, time.perf_counter() - started)
+    return ipc.Done(job.id, time.perf_counter() - started)
 
 
 def format_error(exc: BaseException) -> str:

@@ -7,15 +7,23 @@ dispatcher would: which job ended how, which worker ran it, which jobs came back
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import subprocess
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import read_records
 
+from pgpool import ipc
+from pgpool.errors import HandlerError
 from pgpool.job import Job, Outcome
-from pgpool.pool import WorkerPool
+from pgpool.pool import MAX_START_FAILURES, WorkerPool
 
 
 def job(i: int, kind: str, payload: bytes = b"{}", timeout: float | None = None) -> Job:
@@ -109,3 +117,223 @@ def test_what_a_worker_imports_leaves_out_psycopg() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# --- the messages on the pipes ------------------------------------------------------------
+
+EVERY_MESSAGE: list[ipc.Message] = [
+    ipc.Jobs([ipc.WorkItem(1, 1, 3, "resize", "default", b'{"w": 1}'),
+              ipc.WorkItem(2, 2, 3, "email", "mail", b"{}")]),
+    ipc.Jobs([]),
+    ipc.Stop(),
+    ipc.Ready(4321),
+    ipc.Broken("handler module 'x' not found"),
+    ipc.Done(1, 0.25),
+    ipc.Failed(2, "Traceback (most recent call last):\nValueError: café\n", "ValueError", 0.5),
+    ipc.Returned([3, 4]),
+    ipc.Returned([]),
+    ipc.Retiring("recycled after 3 jobs"),
+]
+
+
+def test_every_message_arrives_whole_and_named_however_the_stream_is_split() -> None:
+    assert {type(m) for m in EVERY_MESSAGE} == set(ipc.MESSAGES)
+    stream = b"".join(ipc.encode(m) for m in EVERY_MESSAGE)
+    for cut in range(len(stream) + 1):
+        decoder = ipc.Decoder()
+        got = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert got == EVERY_MESSAGE
+        assert [type(m) for m in got] == [type(m) for m in EVERY_MESSAGE]
+    decoder = ipc.Decoder()
+    got = [m for i in range(len(stream)) for m in decoder.feed(stream[i : i + 1])]
+    assert got == EVERY_MESSAGE
+    jobs = got[0]
+    assert isinstance(jobs, ipc.Jobs)
+    assert all(type(item) is ipc.WorkItem for item in jobs.jobs)
+    assert (jobs.jobs[1].kind, jobs.jobs[1].queue, jobs.jobs[1].payload) == ("email", "mail",
+                                                                             b"{}")
+
+
+def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
+    item = Job(7, "resize", "images", 2, 5, b'{"w": 1}', 30.0).wire()
+    assert item == ipc.WorkItem(id=7, attempt=2, max_attempts=5, kind="resize",
+                                queue="images", payload=b'{"w": 1}')
+    assert type(item) is ipc.WorkItem
+
+
+# --- a worker's end, step by step (pool._reap) ----------------------------------------------
+
+class Callbacks:
+    """The pool's three callbacks, recording what the dispatcher would see."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.returned: list[Job] = []
+        self.fatal: list[str] = []
+        self._changed = asyncio.Event()
+
+    def on_outcome(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        self._changed.set()
+
+    def on_returned(self, jobs: list[Job]) -> None:
+        self.returned.extend(jobs)
+        self._changed.set()
+
+    def on_fatal(self, reason: str) -> None:
+        self.fatal.append(reason)
+        self._changed.set()
+
+    async def wait_for(self, check: Callable[[], bool], what: str, timeout: float = 60,
+                       tick: Callable[[], None] | None = None) -> None:
+        """Wait until ``check()`` holds after a callback; ``tick`` runs every 50 ms meanwhile,
+        as the dispatcher's own tick does."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not check():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.05 if tick else left))
+            if tick:
+                tick()
+
+
+def new_pool(calls: Callbacks, modules: list[str], **options: Any) -> WorkerPool:
+    return WorkerPool(procs=options.pop("procs", 1), modules=modules,
+                      on_outcome=calls.on_outcome, on_returned=calls.on_returned,
+                      on_fatal=calls.on_fatal, **options)
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A handler module ``gatejobs`` on the workers' path: kind "gate" touches its payload's
+    "started" file, then runs until its "release" file exists. Importing the module exits
+    the process with code 3 while the returned path exists."""
+    (tmp_path / "gatejobs.py").write_text(textwrap.dedent('''
+        import os, time
+        from pathlib import Path
+        import pgpool
+
+        if Path(os.environ["GATE_CLOSED"]).exists():
+            os._exit(3)
+
+        @pgpool.handler("gate")
+        def gate(payload):
+            Path(payload["started"]).touch()
+            deadline = time.monotonic() + 60
+            while not Path(payload["release"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers get this sys.path
+    closed = tmp_path / "closed"
+    monkeypatch.setenv("GATE_CLOSED", str(closed))
+    return closed
+
+
+async def file_appears(path: Path, timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not path.exists():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {path}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_stopping_worker_finishes_its_job_hands_back_the_rest_and_is_not_replaced(
+        tmp_path: Path, gate: Path) -> None:
+    started, release = tmp_path / "started", tmp_path / "release"
+    payload = json.dumps({"started": str(started), "release": str(release)}).encode()
+
+    async def main() -> tuple[Callbacks, WorkerPool]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["gatejobs"], depth=4)
+        await pool.start()
+        pool.submit([job(1, "gate", payload), *(job(i, "gate", payload) for i in (2, 3, 4))])
+        await file_appears(started)  # job 1 runs; 2, 3 and 4 wait in the worker's pipe
+        stopping = asyncio.create_task(pool.stop(grace=30))
+        await asyncio.sleep(0)  # stop() has written Stop before job 1 can end
+        release.touch()
+        await asyncio.wait_for(stopping, 60)
+        return calls, pool
+
+    calls, pool = asyncio.run(main())
+    assert [(o.job.id, o.error) for o in calls.outcomes] == [(1, None)]
+    assert [j.id for j in calls.returned] == [2, 3, 4]
+    assert pool.replaced == 0 and pool.held == 0
+
+
+def test_a_job_past_its_deadline_fails_alone_and_its_worker_is_replaced(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+
+    async def main() -> tuple[Callbacks, WorkerPool]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs"], depth=2)
+        await pool.start()
+        pool.submit([job(1, "spin", timeout=0.2), job(2, "whoami")])
+        await calls.wait_for(lambda: len(calls.outcomes) == 2, "both outcomes",
+                             tick=pool.check_deadlines)
+        await pool.stop(grace=10)
+        return calls, pool
+
+    calls, pool = asyncio.run(main())
+    by_id = {o.job.id: o for o in calls.outcomes}
+    assert by_id[1].cause == by_id[1].error == "timeout: killed after 0.2s"
+    assert by_id[2].error is None
+    assert pool.replaced == 1
+    pids = {r[0]: r[2] for r in read_records(record_dir)}
+    assert pids[1] != pids[2]  # job 2 waited behind the killed job: it ran on the new worker
+
+
+def test_a_worker_that_exits_while_starting_fails_the_start_and_is_not_replaced(
+        gate: Path) -> None:
+    gate.touch()
+    pool = new_pool(Callbacks(), ["gatejobs"], procs=2)
+    with pytest.raises(HandlerError, match=r"exited while starting \(worker died: exit code 3\)"):
+        asyncio.run(pool.start())
+    # Both workers die; whichever is reaped second must not be counted as a failed start
+    # and replaced while start() is still running (it once could be).
+    assert pool.replaced == 0
+
+
+def test_a_worker_that_cannot_import_its_handlers_fails_the_start() -> None:
+    async def main() -> None:
+        await new_pool(Callbacks(), ["no_such_module_here"]).start()
+
+    with pytest.raises(HandlerError, match="handler module 'no_such_module_here' not found"):
+        asyncio.run(main())
+
+
+def test_replacements_that_keep_failing_to_start_stop_the_pool(gate: Path) -> None:
+    async def main() -> tuple[Callbacks, WorkerPool]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs", "gatejobs"])
+        await pool.start()
+        gate.touch()  # from now on a new worker exits while importing its handler modules
+        pool.submit([job(1, "crash")])
+        await calls.wait_for(lambda: bool(calls.fatal), "on_fatal")
+        await pool.stop(grace=10)
+        return calls, pool
+
+    calls, pool = asyncio.run(main())
+    assert [(o.job.id, o.cause) for o in calls.outcomes] == [
+        (1, "worker died: signal 9 (SIGKILL)")]
+    assert calls.fatal == ["worker processes keep failing to start (worker died: exit code 3); "
+                           "stopping this dispatcher"]
+    assert pool.replaced == MAX_START_FAILURES  # the crashed worker's and two failed ones'
+    assert pool.closing
+
+
+def test_a_hard_stop_kills_running_jobs_without_reporting_or_replacing() -> None:
+    async def main() -> tuple[Callbacks, WorkerPool]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs"], procs=2)
+        await pool.start()
+        pool.submit([job(1, "spin"), job(2, "spin")])
+        await pool.kill_all()
+        return calls, pool
+
+    calls, pool = asyncio.run(main())
+    assert calls.outcomes == [] and calls.returned == []
+    assert pool.replaced == 0 and pool.held == 0
