@@ -19,10 +19,11 @@ our own processes, started by the dispatcher, and nothing from the database is u
 (payloads travel as the raw JSON bytes PostgreSQL returned).
 
 What is pickled is a plain tuple: the message type's index in `MESSAGES`, then its fields
-(a Jobs frame's work items as plain tuples too). A pickled named tuple would name its class
-in every frame and be rebuilt through Python code: on the dispatcher's per-job path
-(building the work item, a share of one Jobs frame, one Done frame) that measured 2.1 µs
-against 0.34 µs for the positional tuples this replaced; the plain form costs 0.77 µs.
+(a Jobs frame's work items as plain tuples too), and the decoder rebuilds the named tuple
+with `tuple.__new__`. Pickled as they are, named tuples (or slotted dataclasses) name their
+class in every frame and are rebuilt through Python code. Measured on the dispatcher's
+per-job path (building the work item, its share of a Jobs frame of 25, one Done frame):
+positional tuples 0.34 µs, named tuples pickled as they are 2.1 µs, this form 0.7 µs.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ class Job:
 
     def wire(self) -> WorkItem:
         """What a worker receives of this attempt."""
-        return WorkItem(self.id, self.attempt, self.max_attempts, self.kind, self.queue,
-                        self.payload)
+        # tuple.__new__ skips the named tuple's Python-level __new__: half the cost, once per
+        # job on the dispatcher's busiest path.
+        return tuple.__new__(WorkItem, (self.id, self.attempt, self.max_attempts, self.kind,
+                                        self.queue, self.payload))
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.kind}, attempt {self.attempt}/{self.max_attempts})"
