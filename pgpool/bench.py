@@ -92,7 +92,7 @@ from . import registry, schema, sql
 from .benchjobs import KIND, STAMPS_ENV, sha256_chain
 from .config import RunConfig
 from .dispatcher import Dispatcher
-from .enqueue import _copy_chunks, enqueue, enqueue_many
+from .enqueue import copy_rows, enqueue, enqueue_many
 from .errors import PgpoolError
 from .job import Outcome
 
@@ -321,7 +321,7 @@ def _seed_comparison(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -
     """enqueue_many against a raw COPY of pre-built rows, alternating, `SEED_ROUNDS` times
     each; the fastest of each side counts (the round least disturbed by the machine)."""
     # The very rows enqueue_many sends, encoded before the clock starts.
-    pieces = list(_copy_chunks(KIND, payloads, "default", 0, None, None, [0]))
+    pieces = [piece for piece, _ in copy_rows(KIND, payloads)]
 
     def raw_copy() -> None:
         with conn.transaction(), conn.cursor() as cur, cur.copy(sql.COPY_JOBS) as copy:

@@ -207,23 +207,42 @@ def _enqueue_params(
     }
 
 
-def _copy_chunks(
+def copy_rows(
+    kind: str,
+    payloads: Iterable[Any],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> Iterator[tuple[bytes, int]]:
+    """The rows `enqueue_many` sends for these jobs, in ``COPY pgpool_jobs`` text format
+    (`sql.COPY_JOBS`, or `sql.COPY_JOBS_AT` with ``run_at``).
+
+    Yields (piece, rows in it): pieces of about 16 KiB, each ending at a row boundary, so a
+    COPY can insert one while the next is being encoded. The options are checked at the
+    call (`ConfigError`); payloads as they are encoded (`PayloadError` naming a bad one's
+    position, after the pieces before it were yielded).
+    """
+    _check_options(kind, queue, priority, run_at, max_attempts)
+    return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts)
+
+
+def _encode_rows(
     kind: str,
     payloads: Iterable[Any],
     queue: str,
     priority: int,
     run_at: datetime | None,
     max_attempts: int | None,
-    counter: list[int],
-) -> Iterator[bytes]:
-    """COPY text-format rows, about `_COPY_CHUNK` bytes at a time; ``counter[0]`` counts
-    the rows."""
+) -> Iterator[tuple[bytes, int]]:
     limit = max_payload_bytes()
     tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
     if run_at is not None:
         tail += b"\t" + run_at.isoformat().encode()
     head = f"{queue}\t{kind}\t".encode()
     buf = bytearray()
+    rows = 0  # in buf
     for i, payload in enumerate(payloads):
         try:
             data = encode_payload(payload, limit=limit)
@@ -231,12 +250,13 @@ def _copy_chunks(
             raise PayloadError(f"payload #{i} (0-based): {exc}") from None
         # COPY text format: backslash is the only byte orjson output needs escaped.
         buf += head + data.replace(b"\\", b"\\\\") + tail + b"\n"
-        counter[0] += 1
+        rows += 1
         if len(buf) >= _COPY_CHUNK:
-            yield bytes(buf)
+            yield bytes(buf), rows
             buf.clear()
+            rows = 0
     if buf:
-        yield bytes(buf)
+        yield bytes(buf), rows
 
 
 def _missing_schema(exc: Exception) -> SchemaError:
@@ -288,8 +308,9 @@ def enqueue_many(
     Returns how many were inserted. All or none: a bad payload raises `PayloadError` naming
     its position, and the COPY is abandoned.
     """
-    _check_options(kind, queue, priority, run_at, max_attempts)
-    counter = [0]
+    rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
+                     max_attempts=max_attempts)
+    count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if _outside_a_transaction(conn):
         conn.execute(sql.OPEN_TRANSACTION)
@@ -297,12 +318,12 @@ def enqueue_many(
     # stays usable, with none of these rows in it.
     with _schema_required(), conn.transaction(), conn.cursor() as cur:
         with cur.copy(stmt) as copy:
-            for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
-                                      max_attempts, counter):
-                copy.write(chunk)
-        if counter[0]:
+            for piece, n in rows:
+                copy.write(piece)
+                count += n
+        if count:
             cur.execute(sql.NOTIFY, {"queue": queue})
-    return counter[0]
+    return count
 
 
 async def enqueue_async(
@@ -336,17 +357,18 @@ async def enqueue_many_async(
     max_attempts: int | None = None,
 ) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-    _check_options(kind, queue, priority, run_at, max_attempts)
-    counter = [0]
+    rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
+                     max_attempts=max_attempts)
+    count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if _outside_a_transaction(conn):
         await conn.execute(sql.OPEN_TRANSACTION)
     with _schema_required():
         async with conn.transaction(), conn.cursor() as cur:
             async with cur.copy(stmt) as copy:
-                for chunk in _copy_chunks(kind, payloads, queue, priority, run_at,
-                                          max_attempts, counter):
-                    await copy.write(chunk)
-            if counter[0]:
+                for piece, n in rows:
+                    await copy.write(piece)
+                    count += n
+            if count:
                 await cur.execute(sql.NOTIFY, {"queue": queue})
-    return counter[0]
+    return count
