@@ -2,7 +2,7 @@
 
     python bench/pool_overhead.py [--jobs N] [--procs N] [--rounds R]
 
-Both sides run the same CPU job (`pgpool.benchjobs`: a SHA-256 chain of R rounds, the job
+Both sides run the same CPU job (`pgpool.bench.jobs`: a SHA-256 chain of R rounds, the job
 `pgpool bench --profile cpu` runs) N times over P processes; no database is involved. The
 bare side splits the jobs evenly and runs them in a loop: the best any pool could do. The
 ratio is pool / bare.
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pgpool.benchjobs import KIND, sha256_chain
+from pgpool.bench.jobs import KIND, sha256_chain
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ async def pooled(jobs: int, procs: int, rounds: int) -> float:
         if done == jobs:
             finished.set_result(None)
 
-    pool = WorkerPool(procs=procs, modules=["pgpool.benchjobs"], on_outcome=on_outcome,
+    pool = WorkerPool(procs=procs, modules=["pgpool.bench.jobs"], on_outcome=on_outcome,
                       on_returned=print, on_fatal=print)
     await pool.start()
     payload = f'{{"do": "cpu", "rounds": {rounds}}}'.encode()

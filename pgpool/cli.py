@@ -323,17 +323,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Seed and drive jobs in a schema of its own, dropped at the end; print the figures."""
-    from . import bench
     from . import dsn as dsnlib
+    from .bench.options import BenchOptions
+    from .bench.progress import Progress
+    from .bench.report import render
+    from .bench.run import run
 
     if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
         logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output
-    opts = bench.BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
-                              procs=_resolve_procs(args.procs),
-                              batch=args.batch, profile=args.profile, backlog=args.backlog,
-                              max_claims_per_sec=args.max_claims_per_sec)
-    report = bench.run(opts, bench.Progress(sys.stderr))
-    print(json.dumps(report) if args.json else bench.render(report))
+    opts = BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
+                        procs=_resolve_procs(args.procs),
+                        batch=args.batch, profile=args.profile, backlog=args.backlog,
+                        max_claims_per_sec=args.max_claims_per_sec)
+    report = run(opts, Progress(sys.stderr))
+    print(json.dumps(report) if args.json else render(report))
     return 0
 
 

@@ -1,12 +1,12 @@
 """The job kind `pgpool bench` runs: one handler whose payload says what each job does.
 
 Payload ``{"do": "noop"}`` returns at once; ``{"do": "cpu", "rounds": R}`` computes a
-SHA-256 chain of R rounds (pure CPU; `pgpool.bench` calibrates R to about 5 ms on the
-host); ``{"do": "sleep"}`` sleeps a random 2-5 ms. With ``"stamp": true`` as well, the job
-first appends its start time (``time.monotonic_ns()``, one line) to the file or FIFO named
-by the environment variable `STAMPS_ENV`, if set: that is how the bench measures queue lag
-and pickup latency without a database round trip. Workers import this module as
-``pgpool.benchjobs``.
+SHA-256 chain of R rounds (pure CPU; `pgpool.bench.profiles` calibrates R to about 5 ms on
+the host); ``{"do": "sleep"}`` sleeps a random 2-5 ms. With ``"stamp": true`` as well, the
+job first appends its start time (``time.monotonic_ns()``, one line) to the file or FIFO
+named by the environment variable `STAMPS_ENV`, if set: that is how the bench measures
+queue lag and pickup latency without a database round trip. Workers import this module as
+``pgpool.bench.jobs``: it and the package's ``__init__`` import neither psycopg nor asyncio.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 import time
 from typing import Any, Final
 
-from .registry import handler
+from ..registry import handler
 
 #: The kind every bench job has.
 KIND: Final = "pgpool.bench"

@@ -1,0 +1,166 @@
+"""Pickup latency on an idle queue, through a real ``pgpool run --procs 1`` subprocess, and
+the floor no framework can beat.
+
+Jobs are enqueued one at a time, each in its own committed transaction, `PICKUP_GAP` apart
+so the queue is idle: latency runs from the commit returning to the handler starting, which
+the handler reports through a FIFO (`jobs.STAMPS_ENV`) in ``CLOCK_MONOTONIC`` nanoseconds
+(system-wide on Linux). The subprocess is stopped with SIGTERM and must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Final
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from .. import dsn as dsnlib
+from .. import sql
+from ..enqueue import enqueue
+from . import jobs, queries
+from .ceilings import bare_claim
+from .figures import quantile
+from .jobs import KIND, STAMPS_ENV
+from .options import BenchError, BenchOptions
+from .progress import Progress
+from .scratch import vacuum
+
+#: Pickup jobs: min(this, --jobs), but at least `PICKUP_MIN`.
+PICKUP_SAMPLES: Final = 200
+PICKUP_MIN: Final = 20
+#: Idle gap before each pickup job, seconds.
+PICKUP_GAP: Final = (0.005, 0.020)
+#: How long one pickup job may take to start before the run fails (polling is 1 s).
+PICKUP_TIMEOUT: Final = 10.0
+#: How long the pickup dispatcher may take to start, and to stop after SIGTERM.
+SUBPROCESS_TIMEOUT: Final = 60.0
+
+_STAMP_JOB: Final = {"do": "noop", "stamp": True}
+
+
+def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
+                   progress: Progress) -> dict[str, Any]:
+    """Pickup latency p50/p99/max over min(`PICKUP_SAMPLES`, ``opts.jobs``) jobs (at least
+    `PICKUP_MIN`) and the floor's p50/p99, in ms; the FIFO and the subprocess's log go in
+    ``tmp``. Raises `BenchError` if the subprocess fails, stalls or does not stop cleanly."""
+    samples = max(PICKUP_MIN, min(PICKUP_SAMPLES, opts.jobs))
+    vacuum(conn)
+    progress.step(f"pickup latency: starting `pgpool run --procs 1`, then {samples} jobs "
+                  "enqueued one at a time on an idle queue")
+    fifo = tmp / "pickup-stamps"
+    os.mkfifo(fifo)
+    # A FIFO wakes the reader the moment a handler writes. Our own write end keeps it from
+    # reporting end-of-file between the handlers' writes.
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep_open = os.open(fifo, os.O_WRONLY)
+    app = f"pgpool-bench-pickup-{os.getpid()}-{secrets.token_hex(3)}"
+    env = {**os.environ, STAMPS_ENV: str(fifo), "PGPOOL_LOG_LEVEL": "WARNING",
+           "PGPOOL_DSN": make_conninfo(dsn, application_name=app)}  # not in `ps` output
+    with open(tmp / "pickup.log", "w+b") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
+             "--procs", "1", "--batch", str(opts.batch)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        try:
+            _await_listener(conn, app, proc, log)
+            enqueue(conn, KIND, _STAMP_JOB)  # warm-up: the worker's first job
+            _read_stamp(reader, proc, log, SUBPROCESS_TIMEOUT)
+            latencies = []
+            for _ in range(samples):
+                time.sleep(random.uniform(*PICKUP_GAP))
+                enqueue(conn, KIND, _STAMP_JOB)  # autocommit: its own transaction
+                committed = time.monotonic_ns()
+                latencies.append((_read_stamp(reader, proc, log, PICKUP_TIMEOUT)
+                                  - committed) / 1e6)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                status = proc.wait(SUBPROCESS_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise BenchError("the pickup dispatcher did not stop within "
+                                 f"{SUBPROCESS_TIMEOUT:g}s of SIGTERM") from None
+            if status != 0:
+                raise BenchError(f"the pickup dispatcher exited with status {status} after "
+                                 f"SIGTERM: {_last_line(log)}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(reader)
+            os.close(keep_open)
+    latencies.sort()
+    floor = _pickup_floor(dsn, conn, samples)
+    return {"samples": len(latencies), "procs": 1,
+            "p50_ms": quantile(latencies, 0.50), "p99_ms": quantile(latencies, 0.99),
+            "max_ms": latencies[-1], "floor_p50_ms": quantile(floor, 0.50),
+            "floor_p99_ms": quantile(floor, 0.99)}
+
+
+def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
+    """The latency no framework can beat, in ms: from the enqueue's commit to a bare
+    claim's durable commit, by a connection that was LISTENing (then the job is deleted)."""
+    params = bare_claim("bench-pickup-floor", 1)
+    latencies = []
+    with dsnlib.connect(dsn, autocommit=True) as listener, \
+            dsnlib.connect(dsn, autocommit=True) as claimer:
+        listener.execute(sql.LISTEN)
+        for _ in range(samples):
+            time.sleep(random.uniform(*PICKUP_GAP))
+            enqueue(conn, KIND, _STAMP_JOB)
+            committed = time.monotonic_ns()
+            if not list(listener.notifies(timeout=PICKUP_TIMEOUT, stop_after=1)):
+                raise BenchError(f"no notification within {PICKUP_TIMEOUT:g}s")
+            ids = [r[0] for r in claimer.execute(sql.CLAIM, params).fetchall()]
+            latencies.append((time.monotonic_ns() - committed) / 1e6)
+            claimer.execute(queries.DELETE, {"ids": ids})
+    return sorted(latencies)
+
+
+def _await_listener(conn: psycopg.Connection, app: str, proc: subprocess.Popen[bytes],
+                    log: IO[bytes]) -> None:
+    """Wait until the pickup dispatcher's LISTEN is in place: before that, a job enqueued
+    would wait for its poll, not its notification."""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while not conn.execute(queries.LISTENING, {"app": app, "listen": sql.LISTEN}).fetchone():
+        _check_alive(proc, log)
+        if time.monotonic() > deadline:
+            raise BenchError(f"the pickup dispatcher did not start within "
+                             f"{SUBPROCESS_TIMEOUT:g}s")
+        time.sleep(0.02)
+
+
+def _read_stamp(fd: int, proc: subprocess.Popen[bytes], log: IO[bytes],
+                timeout: float) -> int:
+    """The next handler start time written to the FIFO ``fd``, in monotonic ns."""
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BenchError(f"no pickup job started within {timeout:g}s")
+        if select.select([fd], [], [], min(left, 0.5))[0]:
+            line += os.read(fd, 64)
+        else:
+            _check_alive(proc, log)
+    return int(line)
+
+
+def _check_alive(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    if proc.poll() is not None:
+        raise BenchError(f"the pickup dispatcher exited with status {proc.returncode}: "
+                         f"{_last_line(log)}")
+
+
+def _last_line(log: IO[bytes]) -> str:
+    log.seek(0)
+    lines = log.read().decode(errors="replace").splitlines()
+    return lines[-1] if lines else "(no output)"

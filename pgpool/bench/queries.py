@@ -1,0 +1,53 @@
+"""The SQL only `pgpool bench` sends, by name: its scratch schema's life (`scratch`), the
+table upkeep and checks between stages, and the server statistics it reads.
+
+The runtime statements it also uses (`pgpool.sql.CLAIM`, `pgpool.sql.LISTEN`,
+`pgpool.sql.COPY_JOBS`) stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The scratch schema (not pgpool's own DDL, which is in `pgpool.schema`), dropped at the
+#: end; compose with ``psycopg.sql.Identifier(name)``.
+CREATE_SCHEMA: Final = "CREATE SCHEMA {}"
+DROP_SCHEMA: Final = "DROP SCHEMA IF EXISTS {} CASCADE"
+
+#: The server facts the report prints: version and durability settings, read, not changed.
+SERVER_FACTS: Final = """
+SELECT current_setting('server_version'), current_setting('fsync'),
+       current_setting('synchronous_commit'), current_setting('full_page_writes'),
+       current_setting('shared_buffers')
+"""
+
+#: ``--backlog``: N no-op jobs due in a day, the deep table a claim must skip.
+BACKLOG: Final = """
+INSERT INTO pgpool_jobs (kind, payload, run_at)
+SELECT %(kind)s, '{"do": "noop"}', now() + interval '1 day' FROM generate_series(1, %(n)s)
+"""
+
+#: After a stage: (jobs due or running, jobs not yet due, dead-lettered jobs).
+LEFTOVERS: Final = """
+SELECT count(*) FILTER (WHERE state = 'running' OR run_at <= now()),
+       count(*) FILTER (WHERE state = 'ready' AND run_at > now()),
+       (SELECT count(*) FROM pgpool_dead)
+FROM pgpool_jobs
+"""
+
+#: The ceiling loops' and the pickup floor's second statement: the claimed jobs are done.
+DELETE: Final = "DELETE FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])"
+EMPTY: Final = "TRUNCATE pgpool_jobs"
+VACUUM: Final = "VACUUM pgpool_jobs"
+ANALYZE: Final = "ANALYZE pgpool_jobs"
+
+#: Committed transactions in the current database (each autocommit read takes a fresh
+#: statistics snapshot).
+COMMITS: Final = """
+SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()
+"""
+
+#: Whether the connection named ``app`` is LISTENing yet.
+LISTENING: Final = """
+SELECT 1 FROM pg_stat_activity WHERE application_name = %(app)s AND query = %(listen)s
+"""
