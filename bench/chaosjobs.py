@@ -22,9 +22,9 @@ import time
 
 import pgpool
 
-#: The environment variable naming the directory the records go to (chaos.RECORD_ENV).
+#: The environment variable naming the directory the records go to (chaos_cluster.RECORD_ENV).
 RECORD_ENV = "CHAOS_RECORD"
-#: The job kind the soak enqueues (chaos.KIND).
+#: The job kind the soak enqueues (chaos_cluster.KIND).
 KIND = "chaos.record"
 
 _fd: int | None = None
