@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NoReturn
 
-from . import registry, schema
+from . import logs, registry, schema
 from .config import RunConfig, usable_cpus
 from .enqueue import enqueue
 from .errors import ConfigError, PgpoolError, first_line
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                         help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
+    common.add_argument("--log-format", choices=logs.LOG_FORMATS, type=str.lower,
+                        help="log lines as text, or one JSON object each with the events' "
+                             "fields (env PGPOOL_LOG_FORMAT; default text)")
     sizing = argparse.ArgumentParser(add_help=False)
     sizing.add_argument("--procs", type=_or_auto(procs_count), default="auto",
                         help="worker processes, or auto: the usable CPUs, respecting "
@@ -188,10 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgpool: error: PGPOOL_LOG_LEVEL={level!r} is not one of "
               f"{', '.join(LOG_LEVELS)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=level, stream=sys.stderr,
-        format="%(asctime)s pgpool[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
+    log_format = args.log_format or os.environ.get("PGPOOL_LOG_FORMAT", "text").lower()
+    if log_format not in logs.LOG_FORMATS:
+        print(f"pgpool: error: PGPOOL_LOG_FORMAT={log_format!r} is not one of "
+              f"{', '.join(logs.LOG_FORMATS)}", file=sys.stderr)
+        return 2
+    logs.configure(level, log_format, sys.stderr)
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     try:
         return int(args.func(args))
