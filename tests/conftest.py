@@ -1,29 +1,51 @@
-"""Fixtures: a real PostgreSQL for the whole session, a fresh schema for every test.
+"""The suite's one helper module: fixtures, and the helpers the test modules share.
 
+A real PostgreSQL for the whole session, a fresh schema for every test:
 ``PGPOOL_TEST_DSN`` points the suite at a server you run; otherwise it starts a throwaway
 embedded PostgreSQL in a temporary directory and deletes it at the end. Each test gets its
 own schema (through ``search_path`` in the DSN), so tests never see each other's rows.
+
+Test modules import helpers from here only, never from each other. Tests observe a running
+``pgpool`` through its structured log events (``--log-format json``), counters and table
+rows, not through the wording of log sentences; the one-line user errors
+(``pgpool: error: ...``) are the user contract and are asserted as text. Every wait has a
+deadline and never blocks past it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import IO, Any, NoReturn
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool import embedded
 
 TESTS = Path(__file__).parent
+#: The command line of a dispatcher running the test handlers (tests/testjobs.py).
+RUN = ("run", "--handlers", "testjobs")
+#: Environment for a `pgpool` whose log a test reads: one JSON object per line.
+JSON_LOGS = {"PGPOOL_LOG_FORMAT": "json"}
+#: A DSN nobody answers, with a password that must never reach the user's screen.
+SECRET = "s3cret-pw"
+UNREACHABLE = f"postgresql://u:{SECRET}@127.0.0.1:1/db"
+#: Put in payloads that must never be logged or echoed.
+MARKER = "PAYLOAD-MARKER-123"
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +84,14 @@ def record_dir(tmp_path: Path) -> Path:
     return path
 
 
+def one(db: psycopg.Connection, query: str, *params: object) -> Any:
+    """The first row of ``query``, or None."""
+    return db.execute(query, params).fetchone()
+
+
+# --- the real CLI in a subprocess ---------------------------------------------------------
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without PGPOOL_* and PG* settings."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
@@ -83,23 +113,165 @@ def pgpool_cmd(*args: str) -> list[str]:
 
 def run_pgpool(dsn: str, *args: str, record_dir: Path | None = None, timeout: float = 120,
                **env: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, from tests/ so ``--handlers testjobs`` imports."""
+    """Run the real CLI in a subprocess, from tests/ so ``--handlers testjobs`` imports.
+    Pass ``**JSON_LOGS`` to read its events with `events` / `only_event`."""
     return subprocess.run(
         pgpool_cmd(*args), cwd=TESTS, env=pgpool_env(dsn, record_dir, **env),
         capture_output=True, text=True, timeout=timeout,
     )
 
 
-_started: list[subprocess.Popen[str]] = []
+def log_records(text: str) -> list[dict[str, Any]]:
+    """The JSON log records among the lines of ``text`` (other lines are skipped: the
+    one-line errors and notices are plain text in both formats)."""
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
 
 
-def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
-                 **env: str) -> subprocess.Popen[str]:
-    """Start the real CLI in the background; killed after the test if still running."""
-    proc = subprocess.Popen(
-        pgpool_cmd(*args), cwd=TESTS, env=pgpool_env(dsn, record_dir, **env),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+def events(text: str, name: str) -> list[dict[str, Any]]:
+    """The records of the event ``name`` in a ``--log-format json`` log."""
+    return [r for r in log_records(text) if r.get("event") == name]
+
+
+def only_event(text: str, name: str) -> dict[str, Any]:
+    """The one record of the event ``name`` (a failure names what was there instead)."""
+    found = events(text, name)
+    assert len(found) == 1, f"expected one {name!r} event, got {len(found)}:\n{text}"
+    return found[0]
+
+
+class Pgpool:
+    """A `pgpool` command running in the background (see `start_pgpool`).
+
+    Two threads read its stdout and stderr as they arrive. So waiting for a log line has a
+    real deadline (a blocking ``readline`` on the pipe would sit past any timeout until
+    the process writes or exits), and a process that writes a lot never stalls on a full
+    pipe. Its workers inherit the pipes: end of output means they have exited too.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(args, cwd=TESTS, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self._changed = threading.Condition()
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._err_ended = False
+        self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
+                         for pipe, lines in ((self.proc.stdout, self._out),
+                                             (self.proc.stderr, self._err))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, pipe: IO[str], lines: list[str]) -> None:
+        with pipe:
+            for line in pipe:
+                with self._changed:
+                    lines.append(line)
+                    self._changed.notify_all()
+        with self._changed:
+            self._err_ended = self._err_ended or lines is self._err
+            self._changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    @property
+    def stdout(self) -> str:
+        with self._changed:
+            return "".join(self._out)
+
+    @property
+    def stderr(self) -> str:
+        with self._changed:
+            return "".join(self._err)
+
+    def wait_for_line(self, matches: Callable[[str], object], what: str,
+                      timeout: float = 30, *, end_ok: bool = False) -> str | None:
+        """The first stderr line (from the start) for which ``matches`` is truthy; fails
+        naming ``what`` after ``timeout`` seconds, or as soon as stderr ends without one
+        (with ``end_ok``, returns None then: the process exited first)."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for line in self._err[seen:]:
+                    if matches(line):
+                        return line
+                seen = len(self._err)
+                if self._err_ended:
+                    if end_ok:
+                        return None
+                    self._fail(f"pgpool exited ({self.proc.poll()}) before {what}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._fail(f"timed out after {timeout}s waiting for {what}")
+                self._changed.wait(left)
+
+    def event(self, name: str, timeout: float = 30, *, end_ok: bool = False
+              ) -> dict[str, Any] | None:
+        """The first ``name`` event in its log (which must be ``--log-format json``, the
+        default of `start_pgpool`), waiting for it at most ``timeout`` seconds; as
+        `wait_for_line`, None with ``end_ok`` if the process exits without it."""
+        def is_event(line: str) -> bool:
+            return any(r.get("event") == name for r in log_records(line))
+
+        line = self.wait_for_line(is_event, f"the {name!r} event", timeout, end_ok=end_ok)
+        return None if line is None else log_records(line)[0]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Every ``name`` event logged so far."""
+        return events(self.stderr, name)
+
+    def wait(self, timeout: float = 60) -> int:
+        """Wait until it exits and its output has ended (its workers are gone too); its
+        exit status. Fails after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._fail(f"pgpool still running after {timeout}s")
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                self._fail(f"pgpool's output still open {timeout}s on (a worker left behind?)")
+        return self.proc.returncode
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Send ``sig`` and `wait`; the exit status."""
+        self.send_signal(sig)
+        return self.wait(timeout)
+
+    def _fail(self, message: str) -> NoReturn:
+        pytest.fail(f"{message}\nstderr so far:\n{self.stderr}")
+
+
+_started: list[Pgpool] = []
+
+
+def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None, **env: str) -> Pgpool:
+    """Start the real CLI in the background, logging JSON (``PGPOOL_LOG_FORMAT`` in ``env``
+    overrides it); killed after the test if still running."""
+    proc = Pgpool(pgpool_cmd(*args), pgpool_env(dsn, record_dir, **{**JSON_LOGS, **env}))
     _started.append(proc)
     return proc
 
@@ -112,7 +284,47 @@ def _no_leftover_dispatchers() -> Iterator[None]:
         proc = _started.pop()
         if proc.poll() is None:
             proc.kill()
-            proc.communicate(timeout=30)
+        proc.wait(30)
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The CLI contract for user errors (exit 2, exactly one line ``pgpool: error: ...`` on
+    stderr naming each of ``needles``, no traceback, no password or payload echoed);
+    returns the line for further checks."""
+    where = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2, where
+    assert "Traceback" not in result.stderr, where
+    assert result.stderr.startswith("pgpool: error:"), where
+    assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, (
+        f"not exactly one line on stderr\n{where}"
+    )
+    assert result.stdout == "", where
+    line = result.stderr.rstrip("\n")
+    for needle in needles:
+        assert needle in line, f"{needle!r} missing from the error line\n{where}"
+    assert SECRET not in line, f"the password leaked into the error\n{where}"
+    assert MARKER not in line, f"the payload leaked into the error\n{where}"
+    return line
+
+
+def status_json(dsn: str) -> dict[str, Any]:
+    """``pgpool status --json``, parsed."""
+    done = run_pgpool(dsn, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def in_registry(dsn: str, work: Callable[[AsyncConnectionPool], Awaitable[Any]]) -> Any:
+    """Run ``work(pool)`` on a small async pool like the dispatcher's (autocommit)."""
+    async def main() -> Any:
+        async with AsyncConnectionPool(dsn, min_size=2, max_size=2,
+                                       kwargs={"autocommit": True}) as pool:
+            return await work(pool)
+
+    return asyncio.run(main())
+
+
+# --- what the test handlers did, and waiting --------------------------------------------------
 
 
 def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
@@ -125,15 +337,19 @@ def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def wait_until(check: Callable[[], object], what: str, timeout: float = 30) -> object:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+def wait_until(check: Callable[[], object], what: str, timeout: float = 30,
+               interval: float = 0.02) -> Any:
+    """Poll ``check`` every ``interval`` seconds until it returns something truthy, and
+    return that; fail naming ``what`` after ``timeout`` seconds. ``check`` must not block
+    (a database query or a file read; to wait for a log line use `Pgpool.event`)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = check()
         if value:
             return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
 
 
 def make_version_1_schema(conn: psycopg.Connection) -> None:

@@ -10,8 +10,7 @@ import json
 
 import psycopg
 import pytest
-from conftest import run_pgpool
-from test_user_errors import UNREACHABLE, assert_user_error
+from conftest import UNREACHABLE, assert_user_error, run_pgpool
 
 import pgpool
 

@@ -9,43 +9,27 @@ changed schema, no payload or password echoed back to the user.
 from __future__ import annotations
 
 import subprocess
-import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
-from conftest import run_pgpool, start_pgpool
+from conftest import (
+    MARKER,
+    RUN,
+    SECRET,
+    UNREACHABLE,
+    assert_user_error,
+    run_pgpool,
+    start_pgpool,
+)
 from psycopg.conninfo import make_conninfo
 
 import pgpool
 from pgpool import ConfigError, PayloadError, PgpoolError, SchemaError
 
-UNREACHABLE = "postgresql://u:s3cret-pw@127.0.0.1:1/db"
-MARKER = "PAYLOAD-MARKER-123"
-SECRET = "s3cret-pw"
-
-
 # --- helpers --------------------------------------------------------------------------------
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """The CLI contract for user errors; returns the one line for further checks."""
-    where = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
-    assert result.returncode == 2, where
-    assert "Traceback" not in result.stderr, where
-    assert result.stderr.startswith("pgpool: error:"), where
-    assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, (
-        f"not exactly one line on stderr\n{where}"
-    )
-    assert result.stdout == "", where
-    line = result.stderr.rstrip("\n")
-    for needle in needles:
-        assert needle in line, f"{needle!r} missing from the error line\n{where}"
-    assert SECRET not in line, f"the password leaked into the error\n{where}"
-    assert MARKER not in line, f"the payload leaked into the error\n{where}"
-    return line
 
 
 def count(db: psycopg.Connection, table: str = "pgpool_jobs") -> int:
@@ -258,33 +242,14 @@ def test_cli_run_invalid_log_level(dsn: str) -> None:
                       "PGPOOL_LOG_LEVEL")
 
 
-def run_until_exit_or(dsn: str, args: tuple[str, ...], bad: str) -> tuple[int | None, str]:
-    """Run the CLI until it exits, or until ``bad`` appears on its stderr (then kill it).
-
-    Returns (exit status or None if killed, stderr so far). Event-driven: no sleeps.
-    """
-    proc = start_pgpool(dsn, *args)
-    watchdog = threading.Timer(60, proc.kill)  # a last resort against a silent hang
-    watchdog.start()
-    seen: list[str] = []
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            seen.append(line)
-            if bad in line:
-                proc.kill()
-                proc.wait()
-                return None, "".join(seen)
-        proc.wait()
-        return proc.returncode, "".join(seen)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+@pytest.mark.parametrize("command", [RUN, ("migrate",), ("status",)],
+                         ids=["run", "migrate", "status"])
+def test_cli_invalid_log_format(dsn: str, command: tuple[str, ...]) -> None:
+    assert_user_error(run_pgpool(dsn, *command, "--log-format", "xml"), "--log-format",
+                      "'text', 'json'")
+    line = assert_user_error(run_pgpool(dsn, *command, PGPOOL_LOG_FORMAT="xml"),
+                             "PGPOOL_LOG_FORMAT")
+    assert line == "pgpool: error: PGPOOL_LOG_FORMAT='xml' is not one of text, json"
 
 
 @pytest.mark.parametrize("option", [("--lease", "1e15"), ("--batch", "99999999999999999999")],
@@ -293,17 +258,16 @@ def test_cli_run_option_the_database_cannot_represent(
     dsn: str, db: psycopg.Connection, option: tuple[str, str]
 ) -> None:
     # Values that parse as numbers but that PostgreSQL cannot use must be refused up front,
-    # not make every claim fail ("claim failed ...; retrying") forever.
+    # before the dispatcher starts: once started, every claim would fail and be retried
+    # forever. Its `started` event, if it comes, is the proof that it was accepted.
     job = pgpool.enqueue(db, "record", {"n": 1})
-    status, stderr = run_until_exit_or(
-        dsn, ("run", "--handlers", "testjobs", "--procs", "1", "--burst", *option),
-        bad="claim failed",
-    )
-    if status is None:
-        pytest.fail(f"`pgpool run {' '.join(option)}` was accepted and then retried a failing "
-                    f"claim forever instead of exiting 2:\n{stderr}")
-    result = subprocess.CompletedProcess([], status, "", stderr)
-    assert_user_error(result, option[0])
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--burst", *option)
+    if host.event("started", timeout=60, end_ok=True) is not None:
+        pytest.fail(f"`pgpool run {' '.join(option)}` was accepted (the dispatcher started) "
+                    f"instead of exiting 2:\n{host.stderr}")
+    status = host.wait()
+    assert_user_error(subprocess.CompletedProcess([], status, host.stdout, host.stderr),
+                      option[0])
     assert db.execute("SELECT id, state, attempts FROM pgpool_jobs").fetchall() == [
         (job, "ready", 0)]
 
