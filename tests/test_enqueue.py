@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -20,9 +21,22 @@ def listener(dsn: str) -> psycopg.Connection:
     return conn
 
 
-def notifications(conn: psycopg.Connection) -> list[str]:
-    # timeout=0.5 bounds the wait when nothing comes; a delivered one returns at once.
-    return [n.payload for n in conn.notifies(timeout=0.5, stop_after=1)]
+def next_notification(conn: psycopg.Connection, timeout: float = 30) -> str | None:
+    """The payload of the next notification on ``conn``; None after ``timeout`` seconds
+    (only a failing test waits that long: the ones it expects arrive at once)."""
+    for n in conn.notifies(timeout=timeout, stop_after=1):
+        return n.payload
+    return None
+
+
+def nothing_before_a_marker(ears: psycopg.Connection, db: psycopg.Connection) -> bool:
+    """Whether no notification reached ``ears`` before now, proved without waiting on a
+    hunch: a marker notified and committed now on ``db`` must be the next one to arrive.
+    PostgreSQL delivers notifications in commit order, so one sent by anything committed
+    earlier would arrive first."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    db.execute("SELECT pg_notify('pgpool', %s)", (marker,))
+    return next_notification(ears) == marker
 
 
 def test_rolled_back_enqueue_leaves_no_job_and_wakes_nobody(db, dsn):
@@ -36,7 +50,7 @@ def test_rolled_back_enqueue_leaves_no_job_and_wakes_nobody(db, dsn):
         conn.rollback()
     assert count(db) == 0
     assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
-    assert notifications(ears) == []
+    assert nothing_before_a_marker(ears, db)
 
 
 def test_committed_enqueue_commits_with_business_rows_and_notifies_at_commit(db, dsn):
@@ -45,9 +59,9 @@ def test_committed_enqueue_commits_with_business_rows_and_notifies_at_commit(db,
         conn.execute("CREATE TABLE orders (id int)")
         conn.execute("INSERT INTO orders VALUES (1)")
         pgpool.enqueue(conn, "thumbnail", {"order": 1}, queue="images")
-        assert notifications(ears) == []  # not before commit
+        assert nothing_before_a_marker(ears, db)  # not before commit
         conn.commit()
-    assert notifications(ears) == ["images"]
+    assert next_notification(ears) == "images"
     assert count(db, "queue = 'images' AND state = 'ready'") == 1
 
 
@@ -56,7 +70,7 @@ def test_delayed_job_is_scheduled_and_does_not_notify(db, dsn):
     pgpool.enqueue(db, "k", {}, delay=60)
     pgpool.enqueue(db, "k", {}, run_at=datetime.now(UTC) + timedelta(hours=2))
     pgpool.enqueue(db, "k", {}, delay=timedelta(minutes=3))
-    assert notifications(ears) == []
+    assert nothing_before_a_marker(ears, db)
     assert count(db, "run_at > now() + interval '50 seconds'") == 3
 
 
