@@ -8,7 +8,6 @@ or ``PGDATABASE`` is set) > the embedded default, a private PostgreSQL 18 starte
 from __future__ import annotations
 
 import os
-import sys
 from typing import Final
 
 import psycopg
@@ -96,8 +95,3 @@ def connect_error(dsn: str, exc: Exception) -> ConnectError:
     else:
         hint = "check that the server is running and the DSN's host and port are right"
     return ConnectError(f"cannot connect to PostgreSQL at {describe(dsn)}: {reason}: {hint}")
-
-
-def note(message: str) -> None:
-    """A one-line notice on stderr, for facts the user should see once."""
-    print(f"pgpool: {message}", file=sys.stderr, flush=True)

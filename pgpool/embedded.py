@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 
-from .dsn import note
 from .errors import ConnectError
 
 _dsn: str | None = None
@@ -52,9 +52,9 @@ def start_default() -> str:
     if _dsn is None:
         pgdata = home() / "pg18"
         _dsn = start(pgdata)
-        note(
-            f"no database configured: using the embedded PostgreSQL in {pgdata} "
-            "(set --dsn or PGPOOL_DSN to use your own)"
+        print(
+            f"pgpool: no database configured: using the embedded PostgreSQL in {pgdata} "
+            "(set --dsn or PGPOOL_DSN to use your own)", file=sys.stderr, flush=True,
         )
     return _dsn
 

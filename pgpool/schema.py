@@ -127,7 +127,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
 #: The schema version this code expects.
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 
-_BOOKKEEPING = """
+BOOKKEEPING = """
 CREATE TABLE IF NOT EXISTS pgpool_schema_version (
     version     integer     PRIMARY KEY,
     description text        NOT NULL,
@@ -156,7 +156,7 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     applied: list[int] = []
     with conn.transaction():
         conn.execute(_LOCK)
-        conn.execute(_BOOKKEEPING)
+        conn.execute(BOOKKEEPING)
         current = conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
         if current > SCHEMA_VERSION:
             raise SchemaError(_too_new(current))

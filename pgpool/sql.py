@@ -55,7 +55,8 @@ WITH job AS (
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id, run_at
 )
-SELECT id, CASE WHEN run_at <= now() THEN pg_notify('pgpool', %(queue)s) END FROM job
+SELECT id, CASE WHEN run_at <= now() THEN pg_notify('""" + CHANNEL + """', %(queue)s) END
+FROM job
 """
 
 #: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`.
@@ -64,11 +65,11 @@ COPY_JOBS_AT: Final = (
     "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"
 )
 
-NOTIFY: Final = "SELECT pg_notify('pgpool', %(queue)s)"
+NOTIFY: Final = f"SELECT pg_notify('{CHANNEL}', %(queue)s)"
 
 # --- dispatcher: claim, heartbeat, ack, reap -----------------------------------------------
 
-LISTEN: Final = "LISTEN pgpool"
+LISTEN: Final = f"LISTEN {CHANNEL}"
 
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,
 #: then oldest due. SKIP LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE

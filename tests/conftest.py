@@ -356,7 +356,7 @@ def make_version_1_schema(conn: psycopg.Connection) -> None:
     """Lay down pgpool's schema as version 1 left it, as an old deployment would have it."""
     from pgpool import schema
 
-    conn.execute(schema._BOOKKEEPING)
+    conn.execute(schema.BOOKKEEPING)
     conn.execute(schema.MIGRATIONS[0].ddl)
     conn.execute("INSERT INTO pgpool_schema_version (version, description) VALUES (1, %s)",
                  (schema.MIGRATIONS[0].description,))
