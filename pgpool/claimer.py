@@ -73,6 +73,14 @@ class Claimer:
         recent = sorted(itertools.islice(reversed(self.rtts), RECENT_RTTS))
         return recent[len(recent) // 2] if recent else 0.0
 
+    async def running(self) -> tuple[int, float]:
+        """(jobs of this host's queues and kinds running anywhere, seconds until the last of
+        their leases ends, 0 if none)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.RUNNING_ELSEWHERE, self._params)
+            count, left = await cur.fetchone()
+        return count, left.total_seconds() if left is not None else 0.0
+
     async def claim(self, limit: int) -> list[Job]:
         """Claim up to ``limit`` ready jobs, in one statement and transaction."""
         # A dict per claim: a claim waiting for a connection must not send another's limit.

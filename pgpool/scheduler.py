@@ -17,7 +17,9 @@ other's, which doubles what a fixed batch can claim per second. Each loop repeat
 - `Step.AGAIN`: the claim came back full, so more may be ready now: claim again at once,
   and wake the other loop (it may claim the next batch meanwhile);
 - `Step.RECHECK`: a burst host found nothing and ran the reaper: claim once more, alone;
-- `Step.DRAINED`: a burst host is done (nothing ready, nothing held, nothing to ack);
+- `Step.DRAINED`: a burst host is done: nothing ready, nothing held or to ack here, and
+  no job it could run is running on another host (one that died holds its jobs until the
+  reaper returns them; a burst host waits for that, polling);
 - `Step.THROTTLED`: this host's share of the fleet's claims per second is spent for now;
 - or wait, until woken or the poll backstop, for one reason (`Wait`):
   `Wait.ROOM` (outcomes wake it: `job_finished`), `Wait.ACKS` (the completer's backlog is
@@ -93,6 +95,7 @@ class ClaimSource(Protocol):
     @property
     def rtt(self) -> float: ...
     async def claim(self, limit: int) -> list[Job]: ...
+    async def running(self) -> tuple[int, float]: ...
 
 
 class Workers(Protocol):
@@ -154,6 +157,8 @@ class ClaimScheduler:
         #: Jobs asked for by claims in flight: room the pool will need when they return.
         self._claiming = 0
         self._reaped_for_burst = False
+        #: A burst host found nothing to claim while other hosts ran jobs it could run.
+        self._waiting_for_others = False
         self._stopping = False
         self.drained = False
 
@@ -276,7 +281,7 @@ class ClaimScheduler:
                                                     self.workers.job_seconds)
         if jobs:
             self.workers.submit(jobs)
-            self._reaped_for_burst = False
+            self._reaped_for_burst = self._waiting_for_others = False
         if len(jobs) == want:
             return Step.AGAIN
         if self.burst and not jobs and self._nothing_in_flight():
@@ -287,14 +292,24 @@ class ClaimScheduler:
     def _nothing_in_flight(self) -> bool:
         return self.workers.held == 0 and self._claiming == 0 and self.acks.backlog == 0
 
-    async def _check_drained(self) -> Step:
-        """Drained only if a claim still finds nothing after a reaper pass: jobs stranded
-        by a dead host count as work for a batch host too."""
-        if self._reaped_for_burst:
+    async def _check_drained(self) -> Step | Wait:
+        """Drained only if a claim still finds nothing after a reaper pass, and no job this
+        host could run is running elsewhere: jobs stranded by a dead host come back when
+        the reaper finds their leases expired, and count as work for a batch host too."""
+        if not self._reaped_for_burst:
+            await self.reaper.reap()
+            self._reaped_for_burst = True
+            return Step.RECHECK
+        self._reaped_for_burst = False
+        running, lease_left = await self.claimer.running()
+        if running == 0:
             return Step.DRAINED
-        await self.reaper.reap()
-        self._reaped_for_burst = True
-        return Step.RECHECK
+        if not self._waiting_for_others:  # said once, not at every poll
+            log.info("burst: nothing to claim, but %d jobs are running on other hosts (the "
+                     "last lease ends in %.1fs); waiting for them to finish or be reaped",
+                     running, max(0.0, lease_left))
+            self._waiting_for_others = True
+        return Wait.WORK
 
     # --- waking ----------------------------------------------------------------------------
 

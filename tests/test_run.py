@@ -326,6 +326,23 @@ def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
 
 
+def test_burst_waits_for_the_jobs_a_killed_host_still_holds(db, dsn, record_dir):
+    pgpool.enqueue_many(db, "record", [{"sleep": 600}] * 2)
+    host = start_pgpool(dsn, *RUN, "--procs", "2", "--lease", "5", record_dir=record_dir)
+    wait_until(lambda: len(starts(record_dir)) == 2, "both jobs to start")
+    host.kill()
+    host.wait()
+    db.execute("UPDATE pgpool_jobs SET payload = '{}'")  # their next attempts are quick
+    # Heartbeats came every 5/3 s, so each lease still has at least 3 s to run: the burst
+    # host starts while the dead host holds both jobs, and must not call that drained.
+    assert one(db, "SELECT bool_and(lease_until > now() + interval '1 second') "
+                   "FROM pgpool_jobs") == (True,)
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert sorted(r[1] for r in ended(record_dir)) == [2, 2]
+
+
 @contextmanager
 def serving(dsn: str, record_dir: Path, *args: str) -> Iterator[Pgpool]:
     """A dispatcher that has started up; stopped with SIGTERM afterwards (must exit 0)."""

@@ -41,6 +41,8 @@ class FakeClaimer:
         self.gate: asyncio.Event | None = None
         self.in_flight = 0
         self.rtt = 0.002
+        #: Jobs of this host's kinds that other hosts are running.
+        self.elsewhere = 0
 
     async def claim(self, limit: int) -> list[Job]:
         self.limits.append(limit)
@@ -52,6 +54,9 @@ class FakeClaimer:
             self.in_flight -= 1
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         return taken
+
+    async def running(self) -> tuple[int, float]:
+        return self.elsewhere, 20.0
 
 
 class FakeWorkers:
@@ -356,6 +361,28 @@ def test_auto_batch_grows_and_the_ack_batch_follows() -> None:
             await host.scheduler.claim_step()
         assert host.scheduler.batch > 50
         assert host.acks.max_batch == host.scheduler.batch
+
+    run(test)
+
+
+def test_a_burst_host_is_not_drained_while_other_hosts_run_its_kind_of_jobs() -> None:
+    async def test() -> None:
+        # A host that was SIGKILLed holds 2 jobs under live leases: they are not done, and
+        # will come back to the queue once the reaper finds their leases expired.
+        host = Host(burst=True)
+        host.claimer.elsewhere = 2
+        host.start()
+        await host.settle()
+        assert not host.scheduler.drained
+        assert host.scheduler.waiting == [Wait.WORK, Wait.WORK]
+        host.claimer.elsewhere = 0  # their leases expired, the reaper returned them
+        host.claimer.ready = [job(7), job(8)]
+        host.scheduler.work_ready()  # (the poll, in a real host)
+        await host.settle(lambda: host.workers.held == 2)
+        host.finish(2)
+        host.scheduler.acks_flushed()
+        await host.settle(lambda: host.scheduler.drained)
+        await host.task
 
     run(test)
 
