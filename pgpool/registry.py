@@ -10,12 +10,15 @@ packages' ``pgpool.handlers`` entry points.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Final, TypeVar
@@ -23,6 +26,8 @@ from typing import Any, Final, TypeVar
 from .errors import ConfigError, HandlerError
 
 ENTRY_POINT_GROUP: Final = "pgpool.handlers"
+
+log = logging.getLogger("pgpool.registry")
 
 #: Kinds and queue names: short, printable, no whitespace; safe in logs and process titles.
 NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
@@ -32,8 +37,11 @@ F = TypeVar("F", bound=Callable[[dict[str, Any]], None])
 
 @dataclass(frozen=True)
 class Handler:
+    """A registered handler. ``fn`` is what a worker calls: the decorated function, wrapped
+    (by `handler`) so that a value it returns is dropped with a warning."""
+
     kind: str
-    fn: Callable[[dict[str, Any]], None]
+    fn: Callable[[dict[str, Any]], Any]  # None, or a coroutine for the worker to run
     timeout: float | None
     max_attempts: int | None
 
@@ -43,6 +51,8 @@ class Handler:
 
 
 _registry: dict[str, Handler] = {}
+#: Kinds whose handler returned a value in this process: the warning is given once per kind.
+_returned_values: set[str] = set()
 
 
 def check_name(what: str, value: object) -> str:
@@ -65,6 +75,14 @@ def handler(
     of this kind gets when its producer did not say; after the last failure it moves to
     ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
+
+    A value the handler returns is ignored (the attempt still succeeds), and a warning
+    naming the kind and the value's type, never the value, is logged once per kind and
+    process: nothing stores results, and failing would repeat the job's side effects.
+
+    ``fn`` must be a plain function (``def`` or ``async def``) defined at the top level of
+    its module, since workers import it by module and name; a generator, a method, a class,
+    a lambda, a nested function or a non-callable raises `HandlerError`.
     """
     check_name("kind", kind)
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
@@ -73,7 +91,9 @@ def handler(
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
 
     def register(fn: F) -> F:
-        new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts)
+        _check_function(kind, fn)
+        new = Handler(kind, _returning_none(kind, fn), float(timeout) if timeout else None,
+                      max_attempts)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(
@@ -84,6 +104,52 @@ def handler(
         return fn
 
     return register
+
+
+def _check_function(kind: str, fn: object) -> None:
+    """Refuse what a worker could not run as a handler, naming what to write instead."""
+    fix = "decorate a plain `def` (or `async def`) at the top level of a module"
+    if not inspect.isfunction(fn):
+        what = ("a class" if inspect.isclass(fn) else "a method" if inspect.ismethod(fn)
+                else f"a {type(fn).__name__}" if callable(fn)
+                else f"not callable (a {type(fn).__name__})")
+        raise HandlerError(f"handler {kind!r} is {what}: {fix}")
+    where = f"{fn.__module__}.{fn.__qualname__}"
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise HandlerError(f"handler {kind!r} ({where}) is a generator function, whose body "
+                           "would never run: use return instead of yield")
+    if "<" in fn.__qualname__ or "." in fn.__qualname__:
+        # <lambda>, f.<locals>.g, or Class.method: workers import handlers by module and name.
+        raise HandlerError(f"handler {kind!r} ({where}) cannot be imported by its module and "
+                           f"name: {fix}")
+
+
+def _returning_none(kind: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+    """``fn``, with a returned value (also an ``async def``'s) dropped with a warning."""
+
+    @functools.wraps(fn)
+    def call(payload: dict[str, Any]) -> Any:
+        result = fn(payload)
+        if inspect.iscoroutine(result):  # the worker runs it to completion
+            return _awaited(kind, result)
+        _ignore_result(kind, result)
+        return None
+
+    return call
+
+
+async def _awaited(kind: str, coroutine: Coroutine[Any, Any, Any]) -> None:
+    _ignore_result(kind, await coroutine)
+
+
+def _ignore_result(kind: str, result: object) -> None:
+    if result is None or kind in _returned_values:
+        return
+    _returned_values.add(kind)
+    # The type only: a returned value may hold the payload's data.
+    log.warning("handler %r returned a %s, which pgpool ignores: return None, and store "
+                "results yourself (logged once per kind and worker)", kind,
+                type(result).__name__)
 
 
 def registered() -> dict[str, Handler]:
@@ -125,6 +191,13 @@ def load(modules: Iterable[str]) -> dict[str, Handler]:
             "@pgpool.handler), set PGPOOL_HANDLERS, or install a package with a "
             f"{ENTRY_POINT_GROUP!r} entry point"
         )
+    for h in _registry.values():
+        module = sys.modules.get(h.fn.__module__)
+        if getattr(module, h.fn.__qualname__, None) is None:
+            raise HandlerError(
+                f"handler {h.kind!r} ({h.qualname}) cannot be imported by its module and name "
+                "once the module is loaded: keep the decorated function under its own name"
+            )
     return registered()
 
 

@@ -1,0 +1,146 @@
+"""Handler mistakes: what ``@pgpool.handler`` refuses at registration, and what happens to a
+value a handler returns.
+
+Registration is checked in this process (the functions below are module-level, so only the
+mistake under test is wrong with them); the returned-value rule also through a real
+``pgpool run``, whose workers import the handlers as any deployment does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import textwrap
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import MARKER, assert_user_error, run_pgpool
+
+import pgpool
+from pgpool import HandlerError, registry
+
+
+def generator(payload):
+    yield payload
+
+
+async def async_generator(payload):
+    yield payload
+
+
+class Jobs:
+    def method(self, payload):
+        pass
+
+
+def plain(payload):
+    pass
+
+
+def returns_a_value(payload):
+    return {"echo": payload}
+
+
+async def returns_a_value_async(payload):
+    return [payload]
+
+
+def nested():
+    def inner(payload):
+        pass
+
+    return inner
+
+
+REFUSED = {
+    "generator": (generator, ["generator function", "test_handlers.generator", "return"]),
+    "async-generator": (async_generator, ["generator function", "async_generator"]),
+    "bound-method": (Jobs().method, ["is a method", "top level of a module"]),
+    "method": (Jobs.method, ["Jobs.method", "cannot be imported by its module and name"]),
+    "nested": (nested(), ["nested.<locals>.inner", "cannot be imported"]),
+    "lambda": (lambda payload: None, ["<lambda>", "cannot be imported"]),
+    "non-callable": (5, ["is not callable (a int)", "plain `def`"]),
+    "string": ("plain", ["is not callable (a str)"]),
+    "class": (Jobs, ["is a class", "plain `def`"]),
+    "partial": (functools.partial(plain), ["is a partial", "plain `def`"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_registration_refuses_what_a_worker_cannot_run(case: str) -> None:
+    fn, needles = REFUSED[case]
+    kind = f"refused-{case}"
+    with pytest.raises(HandlerError) as caught:
+        pgpool.handler(kind)(fn)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"handler {kind!r}" in message
+    for needle in needles:
+        assert needle in message
+    assert kind not in registry.registered()
+
+
+def test_a_returned_value_is_ignored_with_one_warning_per_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pgpool.handler("test-returns")(returns_a_value)
+    pgpool.handler("test-returns-async")(returns_a_value_async)
+    handlers = registry.registered()
+    with caplog.at_level(logging.WARNING, logger="pgpool"):
+        for _ in range(3):
+            assert handlers["test-returns"].fn({"secret": MARKER}) is None
+            assert asyncio.run(handlers["test-returns-async"].fn({"secret": MARKER})) is None
+    assert [r.getMessage()[:48] for r in caplog.records] == [
+        "handler 'test-returns' returned a dict, which pg",
+        "handler 'test-returns-async' returned a list, wh",
+    ]
+    assert MARKER not in caplog.text
+    # Registration hands back the function itself: callers and tests see it unchanged.
+    assert pgpool.handler("test-returns")(returns_a_value) is returns_a_value
+    assert handlers["test-returns"].qualname == "test_handlers.returns_a_value"
+
+
+def test_a_handler_that_returns_a_value_succeeds_in_a_real_run(
+    dsn: str, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    (tmp_path / "returning.py").write_text(textwrap.dedent('''
+        import pgpool
+
+        @pgpool.handler("returning")
+        def returning(payload):
+            return payload
+    '''))
+    jobs = [pgpool.enqueue(db, "returning", {"secret": MARKER, "n": n}) for n in range(3)]
+    assert all(jobs)
+    done = run_pgpool(dsn, "run", "--handlers", "returning", "--burst", "--procs", "1",
+                      PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    # Succeeded: gone from the table, not retried or dead-lettered.
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert done.stderr.count("handler 'returning' returned a dict") == 1, done.stderr
+    assert MARKER not in done.stderr
+
+
+MISTAKEN_MODULES = {
+    "generator": ("@pgpool.handler('gen')\ndef gen(payload):\n    yield 1\n",
+                  ["generator function", "mistaken_generator.gen"]),
+    "method": ("class Jobs:\n    @pgpool.handler('method')\n    def method(self, payload):\n"
+               "        pass\n",
+               ["mistaken_method.Jobs.method", "cannot be imported by its module and name"]),
+    "renamed": ("@pgpool.handler('renamed')\ndef first(payload):\n    pass\n\n"
+                "second = first\ndel first\n",
+                ["mistaken_renamed.first", "keep the decorated function under its own name"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKEN_MODULES))
+def test_cli_run_refuses_a_handler_module_with_a_mistake(dsn: str, tmp_path: Path,
+                                                         case: str) -> None:
+    source, needles = MISTAKEN_MODULES[case]
+    module = f"mistaken_{case}"
+    (tmp_path / f"{module}.py").write_text("import pgpool\n\n" + source)
+    assert_user_error(run_pgpool(dsn, "run", "--handlers", module, "--burst",
+                                 PYTHONPATH=str(tmp_path)), *needles)
