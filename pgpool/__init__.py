@@ -9,8 +9,11 @@ The public API::
     pgpool.migrate(conn)                                        create or upgrade the schema
     pgpool.current_job()                                        inside a handler: id, attempt...
 
-Errors a caller can act on derive from `pgpool.PgpoolError`.
+Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
+installed distribution's version (pyproject.toml is its one source).
 """
+
+from importlib.metadata import version as _version
 
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
@@ -25,6 +28,8 @@ from .registry import handler
 from .schema import SCHEMA_VERSION, migrate
 from .worker import JobInfo, current_job
 
+__version__: str = _version("pgpool")
+
 __all__ = [
     "SCHEMA_VERSION",
     "ConfigError",
@@ -34,6 +39,7 @@ __all__ = [
     "PayloadError",
     "PgpoolError",
     "SchemaError",
+    "__version__",
     "current_job",
     "enqueue",
     "enqueue_async",

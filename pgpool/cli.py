@@ -14,12 +14,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, registry, schema
+from . import logs, registry, schema, sql
 from .config import RunConfig, usable_cpus
-from .enqueue import enqueue
+from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
+from .lease import STALE_AFTER_LEASES
 
 # psycopg (through pgpool.dsn) is imported by the commands, not here: the worker processes
 # of `pgpool run` import this module again (multiprocessing's "spawn" re-runs the main
@@ -92,12 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pgpool",
         description="CPU-heavy jobs on every core of every host; PostgreSQL is the queue.",
     )
+    # Like pgpool.__version__: the installed distribution's, whose one source is pyproject.
+    parser.add_argument("--version", action="version", version=f"pgpool {version('pgpool')}",
+                        help="print pgpool's version and exit")
+    # The logging options go before or after the subcommand. The subcommand's copies are
+    # SUPPRESSed when absent: a default there would overwrite a value given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
-                        help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
-    common.add_argument("--log-format", choices=logs.LOG_FORMATS, type=str.lower,
-                        help="log lines as text, or one JSON object each with the events' "
-                             "fields (env PGPOOL_LOG_FORMAT; default text)")
+    for options, default in ((parser, None), (common, argparse.SUPPRESS)):
+        options.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                             default=default,
+                             help="log verbosity (env PGPOOL_LOG_LEVEL; default INFO)")
+        options.add_argument("--log-format", choices=logs.LOG_FORMATS, type=str.lower,
+                             default=default,
+                             help="log lines as text, or one JSON object each with the "
+                                  "events' fields (env PGPOOL_LOG_FORMAT; default text)")
     sizing = argparse.ArgumentParser(add_help=False)
     sizing.add_argument("--procs", type=_or_auto(procs_count), default="auto",
                         help="worker processes, or auto: the usable CPUs, respecting "
@@ -105,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.add_argument("--batch", type=_or_auto(batch_size), default="auto",
                         help="jobs claimed per statement, or auto: sized from the measured "
                              "claim round trip and job time (default auto)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                help="what to do (`pgpool COMMAND --help` for its options)")
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
                 "embedded server in $PGPOOL_HOME)")
 
@@ -142,13 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
-    enq.add_argument("kind", type=_name("kind"))
-    enq.add_argument("payload", metavar="JSON", help="the payload, a JSON object")
-    enq.add_argument("--queue", type=_name("queue"), default="default")
+    enq.add_argument("kind", type=_name("kind"), help="the job's kind (its handler's name)")
+    enq.add_argument("payload", metavar="JSON",
+                     help="the payload, a JSON object; - reads it from stdin, @FILE from FILE")
+    enq.add_argument("--queue", type=_name("queue"), default="default",
+                     help="queue to put the job in (default: default)")
     enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     enq.add_argument("--delay", type=seconds, help="run no sooner than this many seconds")
-    enq.add_argument("--unique-key", help="skip if a job of this kind and key is pending")
-    enq.add_argument("--max-attempts", type=positive_int)
+    enq.add_argument("--unique-key", type=_unique_key, metavar="KEY",
+                     help="skip if a job of this kind and key is ready or running")
+    enq.add_argument("--max-attempts", type=positive_int, metavar="N",
+                     help="attempts before the job is dead-lettered (default: the "
+                          "handler's setting, else 20)")
     enq.add_argument("--dsn", help=dsn_help)
     enq.set_defaults(func=cmd_enqueue)
 
@@ -294,24 +310,76 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from . import dsn as dsnlib
 
+    text = _payload_text(args.payload)
     try:
         # The stdlib parser keeps big integers exact (orjson would round them to floats,
         # silently changing the data); encode_payload then refuses what JSON cannot hold.
-        payload = json.loads(args.payload, parse_constant=_reject_constant)
+        payload = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"the JSON payload is not valid JSON ({exc}); quote it for the "
-                          """shell, e.g. '{"n": 1}'""") from None
+        hint = ("" if args.payload == "-" or args.payload.startswith("@")
+                else """; quote it for the shell, e.g. '{"n": 1}'""")
+        raise ConfigError(f"the JSON payload is not valid JSON ({exc}){hint}") from None
+    except RecursionError:  # nested deeper than about 1000 levels
+        raise too_deep() from None
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
+        schema.check_version(schema.schema_version(conn))
         job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
                          delay=args.delay, unique_key=args.unique_key,
                          max_attempts=args.max_attempts)
+        served = conn.execute(sql.KIND_SERVED, {"queue": args.queue, "kind": args.kind,
+                                                "stale_leases": STALE_AFTER_LEASES}).fetchone()[0]
     if job_id is None:
         print(f"pgpool: not enqueued: a {args.kind} job with unique key {args.unique_key!r} "
               "is already ready or running", file=sys.stderr)
         return 0
     print(job_id)
+    if not served:
+        print(f"pgpool: notice: no live host serves kind {args.kind} on queue {args.queue}: "
+              "the job waits until one does (start `pgpool run` with a handler for it"
+              + ("" if args.queue == "default" else f" and --queue {args.queue}") + ")",
+              file=sys.stderr)
     return 0
+
+
+def _payload_text(arg: str) -> str:
+    """The JSON text of ``pgpool enqueue``'s payload argument: itself, or stdin for ``-``,
+    or a file's contents for ``@FILE``; never more than the payload limit allows."""
+    if arg != "-" and not arg.startswith("@"):
+        return arg
+    # The compact encoding stored is usually smaller than the text read, but not always
+    # (\u escapes shrink; spaces go): allow 4x the limit, plus room for a final newline.
+    cap = 4 * max_payload_bytes() + 2
+    if arg == "-":
+        data = sys.stdin.buffer.read(cap + 1)
+        where = "stdin"
+    else:
+        path = arg[1:]
+        where = f"file {path!r}"
+        if not path:
+            raise ConfigError("@ must be followed by a file name, e.g. @payload.json")
+        try:
+            with open(path, "rb") as f:
+                data = f.read(cap + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read the payload from {where}: "
+                              f"{exc.strerror or exc}") from None
+    if len(data) > cap:
+        raise ConfigError(f"the payload from {where} is over {cap:,} bytes, 4 times the "
+                          f"{max_payload_bytes():,}-byte limit: store large data elsewhere "
+                          "and pass a reference, or raise PGPOOL_MAX_PAYLOAD_BYTES")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the payload from {where} is not UTF-8: save it as UTF-8 "
+                          "JSON") from None
+
+
+def _unique_key(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the key is empty: give a non-empty key, or leave "
+                                         "out --unique-key")
+    return text
 
 
 def cmd_status(args: argparse.Namespace) -> int:

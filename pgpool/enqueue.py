@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     import psycopg
 
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+#: Deepest nesting of objects and arrays a payload may have, the payload itself counting as
+#: one: orjson refuses to encode deeper data.
+MAX_PAYLOAD_DEPTH: Final = 254
 MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
 #: COPY data goes out in small pieces, so PostgreSQL inserts one while the next is being
 #: encoded: with 1 MiB pieces, enqueue_many of 20,000 small jobs ran at about 0.7 of a raw
@@ -70,6 +73,8 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
     try:
         data = orjson.dumps(payload)
     except orjson.JSONEncodeError as exc:
+        if _deeper_than(payload, MAX_PAYLOAD_DEPTH):
+            raise too_deep() from None
         raise PayloadError(
             f"payload is not JSON-serialisable ({exc}): use dicts with str keys, lists, str, "
             "int, float, bool, None (datetimes and dataclasses are converted)"
@@ -92,6 +97,25 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
             "remove it or encode the binary data (e.g. base64)"
         )
     return data
+
+
+def too_deep() -> PayloadError:
+    """The error for a payload nested deeper than `MAX_PAYLOAD_DEPTH` (or circular)."""
+    return PayloadError(
+        f"payload is nested more than {MAX_PAYLOAD_DEPTH} levels deep (objects and arrays "
+        "within each other), or contains itself: flatten it"
+    )
+
+
+def _deeper_than(value: Any, depth: int) -> bool:
+    """Whether ``value`` nests dicts, lists and tuples more than ``depth`` levels deep; looks
+    at most ``depth + 1`` levels down, so a circular value cannot recurse forever."""
+    if not isinstance(value, dict | list | tuple):
+        return False
+    if depth == 0:
+        return True
+    children = value.values() if isinstance(value, dict) else value
+    return any(_deeper_than(v, depth - 1) for v in children)
 
 
 def _has_non_finite(value: Any) -> bool:

@@ -204,5 +204,5 @@ def check_version(found: int | None) -> None:
 def _too_new(found: int) -> str:
     return (
         f"the pgpool schema is at version {found}, newer than this pgpool understands "
-        f"({SCHEMA_VERSION}): upgrade pgpool on this host before running it"
+        f"({SCHEMA_VERSION}): upgrade pgpool on this host to use this database"
     )

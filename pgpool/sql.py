@@ -252,6 +252,16 @@ WHERE owner IN (
 RETURNING owner
 """
 
+#: Whether a live host serves ``queue`` and has a handler for ``kind`` (`pgpool enqueue`'s
+#: notice that a job will wait); live as in `STATUS_HOSTS`.
+KIND_SERVED: Final = """
+SELECT EXISTS (
+    SELECT FROM pgpool_hosts
+    WHERE %(queue)s = ANY(queues) AND %(kind)s = ANY(kinds)
+      AND last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+)
+"""
+
 # --- status ---------------------------------------------------------------------------------
 
 #: First statement of the status transaction: one consistent, read-only snapshot.

@@ -21,6 +21,7 @@ from conftest import (
     SECRET,
     UNREACHABLE,
     assert_user_error,
+    make_version_1_schema,
     run_pgpool,
     start_pgpool,
 )
@@ -137,6 +138,14 @@ def test_cli_run_with_older_schema(dsn: str) -> None:
                       "pgpool migrate")
 
 
+def test_cli_enqueue_with_older_schema(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        make_version_1_schema(conn)
+        assert_user_error(run_pgpool(dsn, "enqueue", "record", "{}"),
+                          "run `pgpool migrate` to upgrade")
+        assert conn.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+
+
 def test_cli_enqueue_without_schema(dsn: str) -> None:
     assert_user_error(run_pgpool(dsn, "enqueue", "record", "{}"), "pgpool migrate")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -154,11 +163,14 @@ def test_cli_newer_schema_is_refused(dsn: str, db: psycopg.Connection) -> None:
     db.execute("INSERT INTO pgpool_schema_version (version, description) VALUES (%s, %s)",
                (newer, "from the future"))
 
-    for args in (("run", "--handlers", "testjobs", "--burst"), ("migrate",)):
-        line = assert_user_error(run_pgpool(dsn, *args), "newer", "upgrade")
+    # Every command refuses it, reading ones too: a newer schema may mean something else by
+    # the same columns, and enqueue's rows could lack what newer hosts rely on.
+    for args in (("run", "--handlers", "testjobs", "--burst"), ("migrate",),
+                 ("enqueue", "record", "{}"), ("status",), ("status", "--json")):
+        line = assert_user_error(run_pgpool(dsn, *args), "newer", "upgrade pgpool")
         assert str(newer) in line
 
-    # Nothing touched: the job is still ready, the recorded version unchanged.
+    # Nothing touched: the one job is still ready, the recorded version unchanged.
     assert db.execute("SELECT id, state, attempts FROM pgpool_jobs").fetchall() == [
         (job, "ready", 0)]
     assert db.execute("SELECT max(version) FROM pgpool_schema_version").fetchone()[0] == newer
@@ -287,7 +299,7 @@ def test_cli_run_option_the_database_cannot_represent(
     (("record", "{}", "--delay", "1e300"), {}, ["delay"]),
     (("record", "{}", "--priority", "99999999999"), {}, ["priority"]),
     (("record", "{}", "--max-attempts", "0"), {}, ["--max-attempts"]),
-    (("record", "{}", "--unique-key", ""), {}, ["unique_key"]),
+    (("record", "{}", "--unique-key", ""), {}, ["--unique-key", "empty"]),
     (("record", '{"secret": "PAYLOAD-MARKER-123", "pad": "' + "x" * 200 + '"}'),
      {"PGPOOL_MAX_PAYLOAD_BYTES": "100"}, ["100-byte limit", "PGPOOL_MAX_PAYLOAD_BYTES"]),
     (("record", "{}"), {"PGPOOL_MAX_PAYLOAD_BYTES": "abc"},
