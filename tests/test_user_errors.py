@@ -381,6 +381,31 @@ BAD_PAYLOADS = {
 }
 
 
+def nested(depth: int) -> dict[str, object]:
+    """A payload ``depth`` levels deep (itself the first), alternating objects and arrays."""
+    inner: object = MARKER
+    for level in range(depth - 1):
+        inner = [inner] if level % 2 else {"a": inner}
+    return {"secret": inner}
+
+
+def circular() -> dict[str, object]:
+    payload: dict[str, object] = {"secret": MARKER}
+    payload["self"] = [payload]
+    return payload
+
+
+def test_enqueue_payload_nesting_limit(db: psycopg.Connection) -> None:
+    assert pgpool.enqueue(db, "record", nested(254))
+    for payload in (nested(255), nested(5000), circular()):
+        with pytest.raises(PayloadError) as info:
+            pgpool.enqueue(db, "record", payload)
+        assert str(info.value) == (
+            "payload is nested more than 254 levels deep (objects and arrays within each "
+            "other), or contains itself: flatten it")
+    assert count(db) == 1
+
+
 @pytest.mark.parametrize("case", list(BAD_PAYLOADS))
 def test_enqueue_bad_payload(db: psycopg.Connection, case: str) -> None:
     with pytest.raises(PayloadError) as info:
