@@ -176,7 +176,9 @@ def load(modules: Iterable[str]) -> dict[str, Handler]:
     """Import the handler modules and entry points; return the registry.
 
     The current directory is importable first, as with ``python -m``. Raises `HandlerError`
-    with the module's own error when one fails to import, and when nothing got registered.
+    with the module's own error when one fails to import, when nothing got registered, and
+    when a handler is no longer its module's attribute of the same name (workers could not
+    be sure to run the same function).
     """
     cwd = os.getcwd()
     if cwd not in sys.path:

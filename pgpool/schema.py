@@ -3,7 +3,8 @@
 `migrate` applies the migrations the database lacks, in order, inside one transaction that
 holds an advisory lock, so several hosts may run it at once: the first applies, the others
 wait and then find nothing to do. The applied version is recorded in ``pgpool_schema_version``;
-`check` is what ``pgpool run`` uses to refuse a missing, older or newer schema.
+`check_version` is what ``pgpool run``, ``enqueue`` and ``status`` use to refuse a missing,
+older or newer schema.
 
 Physical choices come from the field reports in ``shared/seeds``: the ready-job index is
 partial (it stays as small as the backlog, not the table); nothing that a heartbeat touches
