@@ -35,9 +35,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
-from .errors import first_line
 from .job import Job, Outcome
-from .retry import RetryPolicy, backoff
+from .retry import Failures, RetryPolicy, backoff
 
 log = logging.getLogger("pgpool.completer")
 
@@ -204,7 +203,7 @@ class Completer:
 
     async def run(self) -> None:
         """Flush forever; cancel to stop (call `wait_idle` first to lose nothing)."""
-        failures = 0
+        failures = Failures(log, "ack flush")
         while True:
             await self._have.wait()
             wait = self.interval - (time.monotonic() - self._first_at)
@@ -218,20 +217,16 @@ class Completer:
             try:
                 result = await self.flush(self._flushing)
             except (psycopg.Error, OSError) as exc:
-                failures += 1
+                failures.failed(exc)
                 self.stats.failed_flushes += 1
-                delay = backoff(failures, 0.1, 5.0)
-                log.warning(
-                    "ack flush of %d outcomes failed (%s); keeping them, retrying in %.1fs",
-                    len(self._flushing), f"{type(exc).__name__}: {first_line(exc)}", delay,
-                )
-                self._buffer[:0] = self._flushing
+                delay = backoff(failures.count, 0.1, 5.0)
+                self._buffer[:0] = self._flushing  # kept, in order, for the next try
                 self._flushing = []
                 self._first_at = 0.0
                 self._have.set()
                 await asyncio.sleep(delay)
                 continue
-            failures = 0
+            failures.succeeded()
             self._flushing = []
             if not self._buffer:
                 self._idle.set()

@@ -166,7 +166,10 @@ class Dispatcher:
             if not await self._until_hard_stop(self._drain()):
                 return await self._die()
             self._summary()
-            await self.hosts.deregister()  # not after a hard stop: that row goes stale
+            # Not after a hard stop (that row goes stale), nor when the database did not
+            # take the last acks: the stop then ends within grace + FINAL_ACK_TIMEOUT.
+            if self.completer.backlog == 0:
+                await self.hosts.deregister()
             return 1 if self.fatal else 0
         finally:
             for task in tasks:

@@ -21,6 +21,7 @@ from . import sql
 from .job import Job
 from .lease import Lease
 from .logs import event
+from .retry import Failures
 
 log = logging.getLogger("pgpool.heartbeat")
 
@@ -50,6 +51,8 @@ class Heartbeat:
         self._held = held
         self._on_lost = on_lost
         self.last_ok = time.monotonic()
+        #: Leases the last successful beat extended (0: it sent no statement).
+        self.extended = 0
 
     @property
     def at_risk(self) -> bool:
@@ -73,14 +76,17 @@ class Heartbeat:
 
     async def run(self) -> None:
         pause = self.lease.beat_interval
+        failures = Failures(log, "heartbeat")
         while True:
             await asyncio.sleep(pause)
             try:
                 async with asyncio.timeout(self.lease.beat_interval):
                     await self.beat()
                 pause = self.lease.beat_interval
+                if self.extended:  # with nothing held, nothing reached the database
+                    failures.succeeded()
             except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning("heartbeat failed: %s", type(exc).__name__)
+                failures.failed(exc)
                 pause = self.lease.retry_interval
 
     async def beat(self) -> set[int]:
@@ -100,6 +106,7 @@ class Heartbeat:
         else:
             kept = set()
         self.last_ok = started
+        self.extended = len(kept)
         # A job acked while the heartbeat was in flight is simply gone; only jobs still
         # held now and not extended are really lost.
         sent = {j.id for j in jobs}

@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .lease import STALE_AFTER_LEASES, Lease
+from .retry import Failures
 
 log = logging.getLogger("pgpool.hosts")
 
@@ -87,13 +88,15 @@ class HostRegistry:
 
     async def run(self) -> None:
         """Beat and prune every beat interval until cancelled; failures are logged and retried."""
+        failures = Failures(log, "host registry update")
         while True:
             await asyncio.sleep(self.interval)
             try:
                 await self.beat()
                 await self.prune()
+                failures.succeeded()
             except (psycopg.Error, OSError) as exc:
-                log.warning("host registry update failed: %s", type(exc).__name__)
+                failures.failed(exc)
 
     async def beat(self) -> None:
         """Upsert this host's row: ``last_seen = now()``, the current counters, and the jobs

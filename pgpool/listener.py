@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 
 from . import sql
-from .retry import backoff
+from .retry import Failures, backoff
 
 log = logging.getLogger("pgpool.listener")
 
@@ -26,23 +26,18 @@ class Listener:
         self._wake = wake
 
     async def run(self) -> None:
-        failures = 0
+        failures = Failures(log, "listener connection")
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True
                 ) as conn:
                     await conn.execute(sql.LISTEN)
-                    if failures:
-                        log.info("listener reconnected")
-                    failures = 0
+                    failures.succeeded()
                     self._wake()
                     async for notify in conn.notifies():
                         if notify.payload in self._queues:
                             self._wake()
             except (psycopg.Error, OSError) as exc:
-                failures += 1
-                delay = backoff(failures, 0.2, 10.0)
-                log.warning("listener connection lost (%s); reconnecting in %.1fs",
-                            type(exc).__name__, delay)
-                await asyncio.sleep(delay)
+                failures.failed(exc)
+                await asyncio.sleep(backoff(failures.count, 0.2, 10.0))

@@ -14,6 +14,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
+from .retry import Failures
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -29,11 +30,13 @@ class Reaper:
         self._lock = asyncio.Lock()
 
     async def run(self) -> None:
+        failures = Failures(log, "reaper pass")
         while True:
             try:
                 await self.reap()
+                failures.succeeded()
             except (psycopg.Error, OSError) as exc:
-                log.warning("reaper pass failed: %s", type(exc).__name__)
+                failures.failed(exc)
             await asyncio.sleep(self.interval)
 
     async def reap(self) -> tuple[int, int]:

@@ -46,7 +46,7 @@ import psycopg
 
 from .budget import ClaimBudget
 from .job import Job
-from .retry import backoff
+from .retry import Failures, backoff
 from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.scheduler")
@@ -233,17 +233,16 @@ class ClaimScheduler:
         await asyncio.gather(*(self._loop(wake) for wake in self._wakes))
 
     async def _loop(self, wake: asyncio.Event) -> None:
-        failures = 0
+        failures = Failures(log, "claim")
         while not (self._stopping or self.drained):
             wake.clear()
             try:
                 step = await self.claim_step()
             except (psycopg.Error, OSError) as exc:
-                failures += 1
-                log.warning("claim failed (%s); retrying", type(exc).__name__)
-                await self._wait(wake, Wait.WORK, backoff(failures, 0.1, 5.0))
+                failures.failed(exc)
+                await self._wait(wake, Wait.WORK, backoff(failures.count, 0.1, 5.0))
                 continue
-            failures = 0
+            failures.succeeded()
             if isinstance(step, Wait):
                 await self._wait(wake, step, self.poll)
             elif step is Step.AGAIN:

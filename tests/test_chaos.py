@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import clean_env, pgpool_cmd, pgpool_env, wait_until
+from conftest import clean_env, events, pgpool_cmd, pgpool_env, wait_until
 from psycopg.conninfo import make_conninfo
 
 import pgpool
@@ -296,6 +296,53 @@ def test_postgres_down_longer_than_a_lease_the_cut_off_host_stops_its_jobs(
         f"{overlaps}; its log:\n{first.output()}")
     assert not overlaps, f"{overlaps}; first host's log:\n{first.output()}"
     check_run(ids, records, watcher, [outage])
+
+
+def test_an_outage_is_logged_as_state_changes_and_sigterm_during_one_is_bounded(
+        own_server, records, hosts):
+    """Each background part logs the start of an outage once and its end once (not a line
+    per retry), held jobs are abandoned once, and a SIGTERM while the database is away
+    ends within grace + 15 s (the last acks' wait), with exit status 1."""
+    pg = own_server
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        pgpool.migrate(conn)
+        pgpool.enqueue(conn, KIND, {"sleep": 0.3})
+    host = hosts(pg.dsn, records, "--procs", "1", "--batch", "1", "--grace", "1",
+                 "--log-format", "json")
+    wait_until(lambda: started_pids(records), "the job to start")
+    pg.stop()
+    wait_until(lambda: ended(records) == 1, "the job to end during the outage")
+    wait_until(lambda: {e["what"] for e in events(host.output(), "failing")}
+               >= {"heartbeat", "ack flush"}, "the heartbeat and ack flush to fail")
+    # The outage itself: three leases, in which the heartbeat retries every 0.5 s (about
+    # twelve tries), the ack flush backs off, and the held job is abandoned at 0.8 lease.
+    time.sleep(3 * LEASE)
+    pg.start_again()
+    wait_until(lambda: "ack flush" in {e["what"] for e in events(host.output(), "recovered")},
+               "the waiting ack to be written")
+    log = host.output()
+    failing = [e["what"] for e in events(log, "failing")]
+    assert len(failing) == len(set(failing)), failing  # once per part, not per retry
+    assert {"heartbeat", "ack flush", "reaper pass"} <= set(failing), failing
+    assert len(events(log, "abandoned")) == 1, log
+    (back,) = [e for e in events(log, "recovered") if e["what"] == "ack flush"]
+    assert back["failures"] >= 2 and back["seconds"] >= 3 * LEASE, back
+
+    # A second outage with an ack waiting: SIGTERM gives up on it after 15 s and exits 1.
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        pgpool.enqueue(conn, KIND, {"sleep": 0.3})
+    wait_until(lambda: len(started_pids(records)) == 2, "the second job to start")
+    pg.stop()
+    wait_until(lambda: ended(records) == 2, "the second job to end during the outage")
+    started = time.monotonic()
+    host.proc.send_signal(signal.SIGTERM)
+    # grace (1 s) + the last acks' 15 s; 10 s more for a loaded machine, and for the
+    # connection pool's close. Before, a 5 s deregistration came on top.
+    status = host.proc.wait(timeout=1 + 15 + 10)
+    took = time.monotonic() - started
+    assert status == 1, host.output()
+    assert 15 <= took <= 1 + 15 + 10, took
+    pg.start_again()  # the fixture stops it
 
 
 #: The small soak stops by itself after its 60 s limit (+ one query's patience, 30 s); with
