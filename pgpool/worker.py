@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 import orjson
 from setproctitle import setproctitle
 
-from . import ipc, registry
+from . import ipc, output, registry
 from .errors import PgpoolError
 
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
@@ -88,6 +88,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
                       "worker already uses more after importing handlers; raise --max-memory")
             ipc.write_all(wfd, ipc.encode(ipc.Broken(reason)))
             return
+    streams = output.install()  # handlers' prints name their job, and are bounded
     ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
@@ -114,7 +115,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         if pending:
             job = pending.popleft()
             setproctitle(f"{prefix}: {job.kind}#{job.id}")
-            outcome = _run(handlers, job)
+            outcome = _run(handlers, job, streams)
             ipc.write_all(wfd, ipc.encode(outcome))
             finished += 1
             retire = None
@@ -129,10 +130,13 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
                 setproctitle(idle_title)
 
 
-def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem) -> ipc.Done | ipc.Failed:
+def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,
+         streams: tuple[output.JobStream, ...]) -> ipc.Done | ipc.Failed:
     global _current
     started = time.perf_counter()
     _current = JobInfo(job.id, job.kind, job.queue, job.attempt, job.max_attempts)
+    for stream in streams:
+        stream.begin(f"{job.kind}#{job.id}")
     try:
         handler = handlers.get(job.kind)
         if handler is None:
@@ -147,6 +151,8 @@ def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem) -> ipc.Done |
                           time.perf_counter() - started)
     finally:
         _current = None
+        for stream in streams:
+            stream.end()
     return ipc.Done(job.id, time.perf_counter() - started)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import time
 
 import pgpool
@@ -108,3 +109,12 @@ def whoami(payload: dict) -> None:
 @pgpool.handler("noop")
 def noop(payload: dict) -> None:
     pass
+
+
+@pgpool.handler("chatty")
+def chatty(payload: dict) -> None:
+    """Prints ``payload["chars"]`` characters to stdout and to stderr, in lines."""
+    line = "x" * 99
+    for _ in range(payload["chars"] // 100):
+        print(line)
+        print(line, file=sys.stderr)
