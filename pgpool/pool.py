@@ -18,13 +18,15 @@ types of `pgpool.ipc`::
      │                                                                │ worker.main(index)  │
      │                                                                │   handler modules   │
      │                                                                │   imported once;    │
-     │  _ResultPipe ◀── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
+     │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
      │                  Done | Failed; Returned | Retiring at the end │   handler.fn()      │
-     │    .data_received() ─▶ ipc.Decoder ─▶ _on_message(w, message)  └─────────────────────┘
+     │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
      │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)
      │                                  (the dispatcher's `_job_finished`: to its completer)
-     │    .connection_lost() ─▶ _on_eof()
+     │
+     │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
+     │    _kill_group() (what the handler started dies with it), _drain_results()
      ▼
   _reap(w): _exit_status() ─▶ _forget() ─▶ _fail_running() ─▶ _requeue() ─▶ .exited set
             ─▶ _settle_startup() ─▶ _replace(): a new worker, by _spawn(), at the same index
@@ -38,11 +40,22 @@ who held what, and a process killed while holding a shared queue's lock breaks t
 for everyone.
 
 Every way a worker ends goes through `_reap`: a crash, a `_kill` (deadline, lost lease,
-grace period over, hard stop), retiring, or answering Stop. Its death is noticed when its
-result pipe reaches EOF; the process is then reaped (no zombies) and its exit status, or
-the reason it was killed, becomes the cause of the failure. Workers are started with the
-``spawn`` method: a fresh interpreter that inherits none of the dispatcher's threads,
-sockets or event loop.
+grace period over, hard stop), retiring, or answering Stop. Its death is noticed from the
+process itself, through a pidfd that becomes readable when it exits, never from its result
+pipe: a handler's child inherits the pipe and may hold it open long after the worker died.
+Then whatever the worker wrote before it died is read from the pipe, the process is reaped
+(no zombies) and its exit status, or the reason it was killed, becomes the cause of the
+failure.
+
+Each worker leads its own process group (`worker.main` calls setpgid before it imports a
+handler), and `_kill` signals the whole group: a handler's children and grandchildren die
+with the attempt. When a worker ends on its own
+(retiring, stopping) whatever is left in its group is killed too, so nothing a handler
+started outlives it. A child that leaves the group on purpose (setsid, a double-forking
+daemon) escapes this; when the dispatcher runs as PID 1 it still reaps it (`pgpool.init`).
+
+Workers are started with the ``spawn`` method: a fresh interpreter that inherits none of
+the dispatcher's threads, sockets or event loop.
 """
 
 from __future__ import annotations
@@ -81,6 +94,9 @@ class _Worker:
     index: int
     process: BaseProcess
     exited: asyncio.Future[None]  # set by _reap once its jobs are settled
+    exit_fd: int  # readable once the process has exited (a pidfd)
+    results: int  # the read end of its result pipe, non-blocking; -1 once closed
+    decoder: ipc.Decoder = field(default_factory=ipc.Decoder)
     transport: asyncio.WriteTransport | None = None
     assigned: deque[Job] = field(default_factory=deque)
     ready: bool = False
@@ -296,17 +312,17 @@ class WorkerPool:
         # The child has its own copies now; ours must close or EOF would never arrive.
         task_r.close()
         result_w.close()
-        w = _Worker(index, process, loop.create_future())
+        results = os.dup(result_r.fileno())
+        os.set_blocking(results, False)
+        w = _Worker(index, process, loop.create_future(), _exit_fd(process), results)
         self._workers[index] = w
         write_fd = os.dup(task_w.fileno())
-        read_fd = os.dup(result_r.fileno())
         task_w.close()
         result_r.close()
+        loop.add_reader(w.results, self._on_readable, w)
+        loop.add_reader(w.exit_fd, self._on_exit, w)
         w.transport, _ = await loop.connect_write_pipe(
             asyncio.BaseProtocol, os.fdopen(write_fd, "wb", buffering=0)
-        )
-        await loop.connect_read_pipe(
-            lambda: _ResultPipe(self, w), os.fdopen(read_fd, "rb", buffering=0)
         )
 
     def _send(self, w: _Worker, message: ipc.ToWorker) -> None:
@@ -314,11 +330,11 @@ class WorkerPool:
             w.transport.write(ipc.encode(message))
 
     def _kill(self, w: _Worker, reason: str) -> None:
+        """Kill the worker and everything its handler started (its process group)."""
         if w.kill_reason is None:
             w.kill_reason = reason
         if w.process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(w.process.pid, signal.SIGKILL)
+            _kill_group(w.process.pid)
 
     @property
     def _starting(self) -> bool:
@@ -406,13 +422,55 @@ class WorkerPool:
 
     # --- a worker's end ---------------------------------------------------------------------
 
-    def _on_eof(self, w: _Worker) -> None:
+    def _on_readable(self, w: _Worker) -> None:
+        """Outcomes and other messages arrive: decode and handle each."""
+        try:
+            data = os.read(w.results, 1 << 18)
+        except BlockingIOError:
+            return
+        if not data:
+            self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
+            return
+        for message in w.decoder.feed(data):
+            self._on_message(w, message)
+
+    def _on_exit(self, w: _Worker) -> None:
+        """The worker process exited (its pidfd turned readable): settle it now, even if
+        a child of its handler still holds its result pipe open."""
+        asyncio.get_running_loop().remove_reader(w.exit_fd)
+        os.close(w.exit_fd)
+        _kill_group(w.process.pid)  # what its handler started must not outlive it
+        self._drain_results(w)
         asyncio.get_running_loop().create_task(self._reap(w))
 
+    def _drain_results(self, w: _Worker) -> None:
+        """Handle everything the dead worker wrote, then close its result pipe.
+
+        The process has exited, so all it ever wrote is in the pipe already: reading until
+        the pipe is empty (or at EOF) cannot miss an outcome, and never waits for a child
+        that holds the pipe open.
+        """
+        while w.results >= 0:
+            try:
+                data = os.read(w.results, 1 << 18)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            for message in w.decoder.feed(data):
+                self._on_message(w, message)
+        self._close_results(w)
+
+    def _close_results(self, w: _Worker) -> None:
+        if w.results >= 0:
+            asyncio.get_running_loop().remove_reader(w.results)
+            os.close(w.results)
+            w.results = -1
+
     async def _reap(self, w: _Worker) -> None:
-        """Settle a worker whose result pipe closed: it crashed, was killed, retired or
-        stopped. Its running job fails with the exit as the cause, its unstarted jobs go
-        back, and, unless the pool or this worker was stopping, a new worker takes its place.
+        """Settle a worker that exited: it crashed, was killed, retired or stopped. Its
+        running job fails with the exit as the cause, its unstarted jobs go back, and,
+        unless the pool or this worker was stopping, a new worker takes its place.
         """
         code = await self._exit_status(w)
         self._forget(w)
@@ -424,17 +482,8 @@ class WorkerPool:
             await self._replace(w, cause)
 
     async def _exit_status(self, w: _Worker) -> int | None:
-        """The worker's exit code (negative: the signal that ended it; None: unknown), once
-        it is reaped (no zombie). The pipe closes a moment before the process can be waited
-        for, so this polls briefly; a process that closed its pipe and lives on is killed.
-        """
-        for _ in range(200):
-            if w.process.exitcode is not None:
-                break
-            await asyncio.sleep(0.005)
-        else:
-            self._kill(w, "closed its result pipe")
-            await asyncio.sleep(0.05)
+        """The worker's exit code (negative: the signal that ended it; None: unknown),
+        reaping it (no zombie). It has exited already (`_on_exit`), so this does not wait."""
         w.process.join(timeout=1)
         return w.process.exitcode
 
@@ -496,18 +545,21 @@ class WorkerPool:
             )
 
 
-class _ResultPipe(asyncio.Protocol):
-    def __init__(self, pool: WorkerPool, w: _Worker) -> None:
-        self._pool = pool
-        self._worker = w
-        self._decoder = ipc.Decoder()
+def _exit_fd(process: BaseProcess) -> int:
+    """A file descriptor that becomes readable when ``process`` exits: a pidfd. Not the
+    process's sentinel: that is a pipe the worker's own children inherit and hold open."""
+    assert process.pid is not None
+    return os.pidfd_open(process.pid)
 
-    def data_received(self, data: bytes) -> None:
-        for message in self._decoder.feed(data):
-            self._pool._on_message(self._worker, message)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._pool._on_eof(self._worker)
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group led by worker ``pid``: the worker, if it still runs, and
+    every process its handlers started that stayed in the group."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left in the group (or not a leader yet)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _describe_exit(code: int | None) -> str:

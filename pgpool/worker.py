@@ -6,8 +6,8 @@ frame (`ipc.Done` or `ipc.Failed`) per job to the result pipe. Before starting e
 looks for an `ipc.Stop` frame without blocking, so a stopping dispatcher gets its unstarted
 jobs back (`ipc.Returned`). The worker ignores SIGINT and SIGTERM (the dispatcher decides
 when it stops) and dies with its dispatcher: on Linux the kernel kills it
-(PR_SET_PDEATHSIG), and an idle worker also sees its task pipe close. See `pgpool.pool` for
-the whole picture.
+(PR_SET_PDEATHSIG), and an idle worker also sees its task pipe close. It leads its own
+process group, which the dispatcher kills with it. See `pgpool.pool` for the whole picture.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     writable memory (RLIMIT_DATA) at that many bytes, so a runaway job fails with
     MemoryError instead of exhausting the host; the worker retires after one.
     """
+    # Lead a process group of its own before any handler code runs: the dispatcher kills
+    # the whole group, so whatever a handler starts dies with the attempt.
+    os.setpgid(0, 0)
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -292,6 +292,68 @@ def test_a_job_past_its_deadline_fails_alone_and_its_worker_is_replaced(
     assert pids[1] != pids[2]  # job 2 waited behind the killed job: it ran on the new worker
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_worker_is_replaced_even_while_its_handlers_child_holds_the_pipe(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handler's child inherits the worker's result pipe and would sleep 40 s: the
+    # worker's death must be seen from the process, and the child must die with it.
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    payload = json.dumps({"sleep": 60, "child_sleep": 40}).encode()
+
+    async def main() -> tuple[Callbacks, WorkerPool, float]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs"], depth=2)
+        await pool.start()
+        started = asyncio.get_running_loop().time()
+        pool.submit([job(1, "forker", payload, timeout=0.5), job(2, "whoami")])
+        # 20 s: well under the child's 40 s, so holding the pipe would fail this wait; and
+        # far above the 0.5 s timeout plus a worker start on a loaded 2-core machine.
+        await calls.wait_for(lambda: len(calls.outcomes) == 2, "both outcomes", timeout=20,
+                             tick=pool.check_deadlines)
+        elapsed = asyncio.get_running_loop().time() - started
+        await pool.stop(grace=10)
+        return calls, pool, elapsed
+
+    calls, pool, elapsed = asyncio.run(main())
+    by_id = {o.job.id: o for o in calls.outcomes}
+    assert by_id[1].cause == "timeout: killed after 0.5s"
+    assert by_id[2].error is None
+    assert pool.replaced == 1
+    records = read_records(record_dir)
+    (child,) = [pid for _, _, pid, event in records if event == "child"]
+    # Killed with its worker's process group: no need to wait, it is gone already (at
+    # most a zombie that its new parent has not reaped yet).
+    assert not _alive(child), f"the handler's child {child} outlived its worker"
+    print(f"timeout 0.5 s: both outcomes after {elapsed:.2f} s")
+
+
+def test_a_worker_that_ends_on_its_own_takes_what_its_handler_started_with_it(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handler returns and leaves a child behind (holding the result pipe, sleeping
+    # far longer than the test may take); the worker retires after one job, and job 2
+    # needs its replacement.
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    payload = json.dumps({"child_sleep": 600}).encode()
+    try:
+        outcomes, pool = run_pool([job(1, "forker", payload), job(2, "whoami")], max_tasks=1)
+        assert [o.error for o in outcomes] == [None, None]
+        assert pool.replaced >= 1
+        (child,) = [pid for _, _, pid, event in read_records(record_dir) if event == "child"]
+        assert not _alive(child), f"the handler's child {child} outlived its worker"
+    finally:
+        for _, _, pid, event in read_records(record_dir):
+            if event == "child" and _alive(pid):
+                os.kill(pid, 9)
+
+
 def test_a_worker_that_exits_while_starting_fails_the_start_and_is_not_replaced(
         gate: Path) -> None:
     gate.touch()

@@ -118,3 +118,30 @@ def chatty(payload: dict) -> None:
     for _ in range(payload["chars"] // 100):
         print(line)
         print(line, file=sys.stderr)
+
+
+@pgpool.handler("forker", max_attempts=1)
+def forker(payload: dict) -> None:
+    """Start a child that sleeps (it inherits the worker's pipes), then sleep too."""
+    if os.fork() == 0:
+        try:
+            _record("child")
+            time.sleep(payload.get("child_sleep", 40))
+        finally:
+            os._exit(0)
+    _record("start")
+    time.sleep(payload.get("sleep", 0))
+    _record("end")
+
+
+@pgpool.handler("orphan")
+def orphan(payload: dict) -> None:
+    """Leave an orphan behind: a child forks a grandchild and exits at once. Whichever of
+    the two ends first, the grandchild ends up re-parented (to PID 1, or a subreaper) and
+    is a zombie there until that process reaps it."""
+    child = os.fork()
+    if child == 0:
+        os.fork()
+        os._exit(0)  # both the child and the grandchild
+    os.waitpid(child, 0)
+    _record("run")
