@@ -89,8 +89,13 @@ class Heartbeat:
                 failures.failed(exc)
                 pause = self.lease.retry_interval
 
-    async def beat(self) -> set[int]:
-        """Extend the leases of every held job; return the ids found lost."""
+    async def beat(self) -> set[tuple[int, int]]:
+        """Extend the leases of every held job; return the (id, attempt) pairs found lost.
+
+        Attempts are matched as (id, attempt), never by id alone: this host may hold a
+        fresh attempt of a job whose stale attempt it still holds too (an unsent ack), or
+        claim one while this beat is in flight; losing the old one must not touch it.
+        """
         jobs = [job for job in self._held() if not job.lost]
         started = time.monotonic()
         if jobs:
@@ -102,22 +107,23 @@ class Heartbeat:
             }
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HEARTBEAT, params)
-                kept = {row[0] for row in await cur.fetchall()}
+                kept = {(job_id, attempt) for job_id, attempt in await cur.fetchall()}
         else:
             kept = set()
         self.last_ok = started
         self.extended = len(kept)
-        # A job acked while the heartbeat was in flight is simply gone; only jobs still
-        # held now and not extended are really lost.
-        sent = {j.id for j in jobs}
-        lost = [j for j in self._held() if j.id in sent and j.id not in kept and not j.lost]
+        # A job acked while the heartbeat was in flight is simply gone, and one claimed
+        # meanwhile was not asked about; only attempts sent and not extended are lost.
+        sent = {(j.id, j.attempt) for j in jobs}
+        lost = [j for j in self._held()
+                if (j.id, j.attempt) in sent and (j.id, j.attempt) not in kept and not j.lost]
         if lost:
             ids = sorted(j.id for j in lost)
             event(log, logging.WARNING, "lease_lost",
                   "lost the lease of %d jobs (ids %s); dropping their results",
                   len(lost), ", ".join(map(str, ids[:10])), jobs=len(lost))
             self._lose(lost)
-        return {j.id for j in lost}
+        return {(j.id, j.attempt) for j in lost}
 
     def _lose(self, jobs: list[Job]) -> None:
         for job in jobs:

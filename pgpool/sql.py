@@ -124,7 +124,7 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
             array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]))
      AS h(id, attempt, owner)
 WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
-RETURNING j.id
+RETURNING j.id, j.attempts
 """
 
 #: One grouped ack: delete succeeded jobs, reschedule failures, hand back unstarted jobs

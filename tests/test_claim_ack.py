@@ -21,6 +21,7 @@ import pgpool
 from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer
 from pgpool.heartbeat import Heartbeat
+from pgpool.job import Job
 from pgpool.lease import Lease
 from pgpool.reaper import Reaper
 from pgpool.registry import Handler
@@ -163,7 +164,30 @@ def test_a_reclaimed_attempt_cannot_be_acked_by_its_old_owner(db, dsn):
     assert attempt == 2
     assert late.stale == 1  # attempt 1's ack is refused: attempt 2 owns the job now
     assert rows(db, "SELECT state, attempts FROM pgpool_jobs") == [("running", 2)]
-    assert lost == {rows(db, "SELECT id FROM pgpool_jobs")[0][0]}
+    assert lost == {(rows(db, "SELECT id FROM pgpool_jobs")[0][0], 1)}
+
+
+def test_losing_a_stale_attempt_spares_the_fresh_attempt_of_the_same_job(db, dsn):
+    # Host-a still holds attempt 1 (its lease expired, its ack not written yet) when it
+    # claims attempt 2 of the same job, while a heartbeat that carried only attempt 1 is in
+    # flight. That heartbeat loses attempt 1; attempt 2, which it never asked about, must
+    # stay held and running.
+    pgpool.enqueue(db, "k", {})
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[set[Any], Job, Job]:
+        (old,) = await claimer(pool, "host-a", lease=30).claim(1)
+        async with pool.connection() as conn:
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
+        await Reaper(pool, 1).reap()
+        (new,) = await claimer(pool, "host-a").claim(1)
+        held = iter([[old], [old, new]])  # as sent; once the answer is back
+        beat = Heartbeat(pool, "host-a", Lease(30), lambda: next(held), lambda: None)
+        return await beat.beat(), old, new
+
+    lost, old, new = run_with_pool(dsn, scenario)
+    assert (old.id, old.attempt, new.attempt) == (new.id, 1, 2)
+    assert old.lost and not new.lost
+    assert lost == {(old.id, 1)}
 
 
 def test_heartbeat_extends_every_held_lease_in_one_statement(db, dsn):
