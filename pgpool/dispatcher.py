@@ -40,12 +40,14 @@ that safe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
 import signal
 import socket
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
@@ -77,6 +79,8 @@ log = logging.getLogger("pgpool.dispatcher")
 FINAL_ACK_TIMEOUT: Final = 15.0
 #: Pooled connections: one per claim loop, the completer, heartbeat, reaper and registry.
 CONNECTIONS: Final = CLAIM_LOOPS + 4
+#: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
+WATCHDOG: Final = "watchdog"
 
 
 def make_owner() -> str:
@@ -125,6 +129,9 @@ class Dispatcher:
         self._started = 0.0
         #: Built once the database is open; a signal may arrive before that.
         self.scheduler: ClaimScheduler | None = None
+        #: The supervised parts' tasks, by name (`_start_parts`).
+        self._parts: dict[str, asyncio.Task[None]] = {}
+        self._killing: asyncio.Task[None] | None = None  # a dead watchdog's kill_all
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -161,7 +168,7 @@ class Dispatcher:
             await self.db.open(wait=True, timeout=30)
             await self._build_parts()
             tasks = self._start_parts()
-            if not await self._until_hard_stop(self.scheduler.run()):
+            if not await self._until_hard_stop(self._serve()):
                 return await self._die()
             if not await self._until_hard_stop(self._drain()):
                 return await self._die()
@@ -234,9 +241,20 @@ class Dispatcher:
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
-        parts = (self.completer, self.heartbeat, self.reaper, self.listener, self.hosts)
-        tasks = [asyncio.create_task(part.run()) for part in parts]
-        tasks.append(asyncio.create_task(self._watch()))
+        """Start the parts that run beside the claim loops, each supervised (`_part_ended`)."""
+        parts = {
+            "completer": self.completer.run(),
+            "heartbeat": self.heartbeat.run(),
+            "reaper": self.reaper.run(),
+            "listener": self.listener.run(),
+            "host registry": self.hosts.run(),
+            WATCHDOG: self._watch(),
+        }
+        self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
+                       for name, run in parts.items()}
+        for name, task in self._parts.items():
+            task.add_done_callback(functools.partial(self._part_ended, name))
+        tasks = list(self._parts.values())
         cfg = self.config
         event(log, logging.INFO, "started",
               "dispatcher %s: %d workers, batch %s, queues %s, kinds %s",
@@ -262,6 +280,43 @@ class Dispatcher:
                         "registry beat will register it", type(exc).__name__)
 
     # --- serving ----------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        """The claim loops, until stopped or drained; a failure of theirs stops the host."""
+        try:
+            await self.scheduler.run()
+        except Exception as exc:
+            self._part_failed("claim loops", exc)
+
+    def _part_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        """A supervised part's task ended. Each runs until cancelled at shutdown and handles
+        the failures it expects (the database going away) itself, so anything else is a
+        bug or a broken environment: the host stops, loudly (`_part_failed`)."""
+        if not task.cancelled():
+            self._part_failed(name, task.exception())
+
+    def _part_failed(self, name: str, exc: BaseException | None) -> None:
+        """Stop this host because part ``name`` died: log it, stop claiming and drain as
+        gracefully as the dead part allows; `run` then returns 1.
+
+        Never stay up and idle: a host whose completer, heartbeat or claim loops are dead
+        holds or claims nothing useful. A dead watchdog cannot enforce lease expiry and
+        timeouts any more, so then the workers are killed at once instead of drained (their
+        jobs come back when their leases expire). The log names the exception's type and
+        where it was raised, never its message, which may quote job data.
+        """
+        if exc is None:
+            reason = f"the {name} stopped unexpectedly"
+        else:
+            frame = traceback.extract_tb(exc.__traceback__)[-1:]
+            where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+            reason = f"the {name} failed: {type(exc).__name__}{where}"
+        event(log, logging.CRITICAL, "part_failed", "%s; stopping this dispatcher", reason,
+              part=name, error=type(exc).__name__ if exc else None)
+        self.fatal = self.fatal or reason
+        self._stop_claiming()
+        if name == WATCHDOG and not self.pool.closing:
+            self._killing = asyncio.create_task(self.pool.kill_all())
 
     async def _watch(self) -> None:
         """Lease expiry and hard timeouts, and the process title, a few times a second."""
@@ -323,6 +378,11 @@ class Dispatcher:
 
     async def _drain(self) -> None:
         await self.pool.stop(self.config.grace)
+        if self._parts["completer"].done():
+            log.error("the completer is down: %d acks are not written; those jobs will run "
+                      "again once their leases expire", self.completer.backlog)
+            self.observer.drained()
+            return
         try:
             async with asyncio.timeout(FINAL_ACK_TIMEOUT):
                 await self.completer.wait_idle()

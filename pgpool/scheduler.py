@@ -229,8 +229,18 @@ class ClaimScheduler:
     # --- the loops -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run the claim loops until `stop` or, in burst mode, until drained."""
-        await asyncio.gather(*(self._loop(wake) for wake in self._wakes))
+        """Run the claim loops until `stop` or, in burst mode, until drained.
+
+        If a loop fails, the other is stopped and awaited before the error propagates: it
+        ends after its claim in flight, so no claimed job arrives after `run` returned.
+        """
+        loops = [asyncio.create_task(self._loop(wake)) for wake in self._wakes]
+        try:
+            await asyncio.gather(*loops)
+        except BaseException:
+            self.stop()
+            await asyncio.gather(*loops, return_exceptions=True)
+            raise
 
     async def _loop(self, wake: asyncio.Event) -> None:
         failures = Failures(log, "claim")
