@@ -256,6 +256,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # "stop gracefully", not instant death: catch it from here on.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _record_signal)
+    # As PID 1 (a container without an init), a small init stays PID 1 to reap orphans and
+    # forward signals, and the dispatcher goes on in a child.
+    from . import init
+
+    init.split_if_pid1(_early_signals)
     from . import dsn as dsnlib
     from .dispatcher import Dispatcher
 

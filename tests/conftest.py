@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -268,10 +268,13 @@ class Pgpool:
 _started: list[Pgpool] = []
 
 
-def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None, **env: str) -> Pgpool:
+def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
+                 wrapper: Sequence[str] = (), **env: str) -> Pgpool:
     """Start the real CLI in the background, logging JSON (``PGPOOL_LOG_FORMAT`` in ``env``
-    overrides it); killed after the test if still running."""
-    proc = Pgpool(pgpool_cmd(*args), pgpool_env(dsn, record_dir, **{**JSON_LOGS, **env}))
+    overrides it); killed after the test if still running. ``wrapper``: a command that
+    runs it (``unshare ...``)."""
+    proc = Pgpool([*wrapper, *pgpool_cmd(*args)],
+                  pgpool_env(dsn, record_dir, **{**JSON_LOGS, **env}))
     _started.append(proc)
     return proc
 

@@ -6,6 +6,11 @@ the database itself (a trigger), never by replacing code.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+
+import pytest
 from conftest import RUN, one, read_records, start_pgpool, wait_until
 
 import pgpool
@@ -35,3 +40,64 @@ def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
     assert [r[3] for r in read_records(record_dir)] == ["start", "end"]
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = %s", job_id) == (0,)
     assert p.events("finished"), p.stderr
+
+
+# --- as PID 1 ----------------------------------------------------------------------------
+
+UNSHARE = shutil.which("unshare")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def _zombies_under(root: int) -> list[int]:
+    """The zombie processes among ``root``'s descendants."""
+    tree: dict[int, list[int]] = {}
+    states: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            states[int(entry)] = stat[0]
+            tree.setdefault(stat[1], []).append(int(entry))
+    found, todo = [], list(tree.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if states.get(pid) == "Z":
+            found.append(pid)
+        todo.extend(tree.get(pid, []))
+    return found
+
+
+@pytest.mark.skipif(UNSHARE is None, reason="needs unshare (util-linux) to start a PID namespace")
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root")
+def test_as_pid_1_it_reaps_orphans_and_still_drains_on_sigterm(db, dsn, record_dir):
+    # Each "orphan" job leaves a grandchild that is re-parented to PID 1 of the namespace:
+    # pgpool itself. Run it as a container without an init would.
+    pgpool.enqueue_many(db, "orphan", ({"n": i} for i in range(20)))
+    p = start_pgpool(dsn, *RUN, "--procs", "2", record_dir=record_dir,
+                     wrapper=[UNSHARE, "--pid", "--fork", "--mount-proc", "--kill-child"])
+    wait_until(lambda: len(read_records(record_dir)) == 20, "the 20 orphan jobs to run")
+    wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs") == (0,),
+               "the 20 orphan jobs to be acked")
+    # unshare forks PID 1 of the new namespace: `pgpool run` (it does not forward signals).
+    with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+        (pid1,) = map(int, f.read().split())
+    # Zombies last only until PID 1 reaps them, which it does at once; 10 s is a generous
+    # bound on a loaded machine. Unreaped, they would stay for good.
+    wait_until(lambda: not _zombies_under(pid1), "the orphans to be reaped", timeout=10)
+
+    # It still stops as it should: a job running at SIGTERM finishes, and the exit is 0.
+    job_id = pgpool.enqueue(db, "record", {"sleep": 1})
+    wait_until(lambda: any(r[3] == "start" for r in read_records(record_dir)),
+               "the record job to start")
+    os.kill(pid1, signal.SIGTERM)
+    assert p.wait(60) == 0, p.stderr
+    assert p.events("stopping") and p.events("finished"), p.stderr
+    assert [r[3] for r in read_records(record_dir) if r[0] == job_id] == ["start", "end"]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
