@@ -42,6 +42,29 @@ def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
     assert p.events("finished"), p.stderr
 
 
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def test_a_killed_worker_is_noticed_and_replaced_while_its_handlers_child_holds_its_pipe(
+        db, dsn, record_dir):
+    # The reported case: the handler forks a child that sleeps 40 s (it inherits the
+    # worker's pipes), and the job has a 2 s timeout. The worker is killed at 2 s; the job
+    # must end then, the child with it, and a new worker must take the next job.
+    job_id = pgpool.enqueue(db, "forker", {"sleep": 60, "child_sleep": 40})
+    p = start_pgpool(dsn, *RUN, "--procs", "1", "--timeout", "2", record_dir=record_dir)
+    # 20 s: far above 2 s plus a claim on a loaded machine, well below the child's 40 s.
+    wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", job_id)
+               == (1,), "the timed-out job to be dead-lettered", timeout=20)
+    (child,) = [r[2] for r in read_records(record_dir) if r[3] == "child"]
+    assert not _alive(child), f"the handler's child {child} outlived the attempt"
+    pgpool.enqueue(db, "whoami", {})
+    wait_until(lambda: any(r[3] == "run" for r in read_records(record_dir)),
+               "the next job to run on a new worker")
+    assert p.stop() == 0, p.stderr
+
+
 # --- as PID 1 ----------------------------------------------------------------------------
 
 UNSHARE = shutil.which("unshare")
