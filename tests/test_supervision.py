@@ -42,6 +42,31 @@ def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
     assert p.events("finished"), p.stderr
 
 
+def test_a_failed_claim_loop_stops_the_host_loudly_after_a_drain(db, dsn, record_dir):
+    # A trigger renames the kind of every job as it is claimed: the claim then returns a
+    # kind this host has no handler for, which the claimer cannot expect (it claims only
+    # kinds it handles), and the claim loop fails with KeyError. A job already running
+    # when that happens still finishes and is acked.
+    running = pgpool.enqueue(db, "record", {"sleep": 2})
+    p = start_pgpool(dsn, *RUN, "--procs", "2", record_dir=record_dir)
+    wait_until(lambda: any(r[3] == "start" for r in read_records(record_dir)),
+               "the first job to start")
+    db.execute("""
+        CREATE FUNCTION rename_kind() RETURNS trigger LANGUAGE plpgsql
+        AS $$ BEGIN NEW.kind := 'renamed'; RETURN NEW; END $$;
+        CREATE TRIGGER rename_kind BEFORE UPDATE ON pgpool_jobs
+        FOR EACH ROW WHEN (NEW.state = 'running' AND OLD.state = 'ready')
+        EXECUTE FUNCTION rename_kind();
+    """)
+    pgpool.enqueue(db, "record", {})
+    failed = p.event("part_failed", timeout=30)  # a claim is woken by NOTIFY, or the 1 s poll
+    assert failed["part"] == "claim loops" and failed["error"] == "KeyError"
+    assert p.wait(60) == 1
+    assert [r[3] for r in read_records(record_dir) if r[0] == running] == ["start", "end"]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = %s", running) == (0,)
+    assert p.events("finished"), p.stderr
+
+
 def _alive(pid: int) -> bool:
     stat = _stat(pid)
     return stat is not None and stat[0] != "Z"
