@@ -182,6 +182,8 @@ class Dispatcher:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self._killing is not None:
+                await self._killing
             if not self.pool.closing:
                 await self.pool.kill_all()
             await self.db.close()
