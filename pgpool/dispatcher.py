@@ -7,7 +7,7 @@ is a small module of its own)::
                                         │    ▲
   listener.run() ◀──── NOTIFY ──────────┘    ├── heartbeat.run(): HEARTBEAT of _held() =
      │ scheduler.work_ready()                │     pool.held_jobs() + completer.pending_jobs()
-     ▼                                       │     every lease.beat_interval; ids not kept:
+     ▼                                       │     every lease.beat_interval; attempts not kept:
   scheduler.run(): CLAIM_LOOPS claim loops   │     job.lost = True, then pool.drop_lost()
      │ has_room()? acks.has_room()? budget?  │
      ├── claimer.claim(want()) ──── CLAIM ───┤  (FOR NO KEY UPDATE SKIP LOCKED)
@@ -30,7 +30,9 @@ owns the room formulas and the two claim loops; the completer owns what an outco
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts, serves (the claim loops) until stopped or
 drained, drains (workers finish or hand back their jobs, the last acks are written), and
-shuts down. Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``):
+shuts down. It watches every part it started: one that dies on an exception it does not
+expect stops the host (`_part_failed`: logged, drained, exit 1), never leaving it up and
+idle. Signals are handled through asyncio's self-pipe (``loop.add_signal_handler``):
 the handler only sets flags, and the work happens on the loop. The first SIGTERM/SIGINT
 stops claiming, hands unstarted jobs back, lets running jobs finish within ``grace`` and
 acks them, then exits 0. A second one kills the workers and exits at once; leases make
