@@ -51,8 +51,8 @@ class Heartbeat:
         self._held = held
         self._on_lost = on_lost
         self.last_ok = time.monotonic()
-        #: Leases the last successful beat extended (0: it sent no statement).
-        self.extended = 0
+        #: The last successful beat sent a statement (it holds jobs).
+        self.reached = False
 
     @property
     def at_risk(self) -> bool:
@@ -83,7 +83,7 @@ class Heartbeat:
                 async with asyncio.timeout(self.lease.beat_interval):
                     await self.beat()
                 pause = self.lease.beat_interval
-                if self.extended:  # with nothing held, nothing reached the database
+                if self.reached:  # with nothing held, nothing was sent to the database
                     failures.succeeded()
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 failures.failed(exc)
@@ -111,7 +111,7 @@ class Heartbeat:
         else:
             kept = set()
         self.last_ok = started
-        self.extended = len(kept)
+        self.reached = bool(jobs)
         # A job acked while the heartbeat was in flight is simply gone, and one claimed
         # meanwhile was not asked about; only attempts sent and not extended are lost.
         sent = {(j.id, j.attempt) for j in jobs}
