@@ -18,8 +18,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 ## make demo: start the embedded PostgreSQL, enqueue example CPU jobs, run them, report
+## (its data directory is .pgpool/ in the repo, not the per-user one: the demo is self-contained)
 demo: $(STAMP)
-	$(BIN)/python bench/demo.py
+	PGPOOL_HOME="$(CURDIR)/.pgpool" $(BIN)/python bench/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check pgpool tests bench handlers

@@ -2,7 +2,10 @@
 
 Migrates, enqueues a few thousand jobs of the example CPU-heavy kinds (hash chains, prime
 sieves, Mandelbrot tiles) in one transaction, runs `pgpool run --burst` on every usable
-CPU, then reads the outcome back from the database and prints it.
+CPU, then reads the outcome back from the database and prints it. `make demo` keeps the
+embedded server's data in ``.pgpool/`` in the repo (``PGPOOL_HOME``). A user error (e.g.
+``PGPOOL_EMBEDDED=0`` with no DSN, or no way to create the server's user as root) is one
+line and exit status 2, as for the ``pgpool`` command.
 """
 
 from __future__ import annotations
@@ -65,4 +68,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except pgpool.PgpoolError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        sys.exit(2)

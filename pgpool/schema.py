@@ -191,7 +191,7 @@ def check_version(found: int | None) -> None:
     if found is None:
         raise SchemaError(
             "pgpool's tables are missing from this database: run `pgpool migrate` "
-            "(with the same --dsn) first"
+            "against the same database first"
         )
     if found > SCHEMA_VERSION:
         raise SchemaError(_too_new(found))
