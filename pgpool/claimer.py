@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .job import Job
+from .lease import Lease
 from .registry import Handler
 
 RTT_SAMPLES = 10_000
@@ -45,7 +46,7 @@ class Claimer:
         *,
         queues: tuple[str, ...],
         handlers: dict[str, Handler],
-        lease: float,
+        lease: Lease,
         max_attempts: int,
         timeout: float | None,
     ) -> None:
@@ -58,8 +59,9 @@ class Claimer:
             "kinds": kinds,
             "kind_max_attempts": [handlers[k].max_attempts or max_attempts for k in kinds],
             "owner": owner,
-            "lease": lease,
+            "lease": lease.seconds,
         }
+        self._lease = lease
         self.claims = 0
         self.claimed = 0
         #: The most recent round trips, seconds, for percentiles.
@@ -82,7 +84,12 @@ class Claimer:
         return count, left.total_seconds() if left is not None else 0.0
 
     async def claim(self, limit: int) -> list[Job]:
-        """Claim up to ``limit`` ready jobs, in one statement and transaction."""
+        """Claim up to ``limit`` ready jobs, in one statement and transaction.
+
+        Each job's deadline counts from the moment the claim was started (waiting for a
+        connection included), not from its answer: a slow claim hands out the lease that is
+        left, and the pool hands back jobs with too little of it to start.
+        """
         # A dict per claim: a claim waiting for a connection must not send another's limit.
         params = {**self._params, "limit": limit}
         started = time.monotonic()
@@ -93,7 +100,9 @@ class Claimer:
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts
+        deadline = self._lease.deadline(started)
         return [
-            Job(id_, kind, queue, attempt, max_attempts, payload, timeouts[kind])
+            Job(id_, kind, queue, attempt, max_attempts, payload, timeouts[kind],
+                deadline=deadline)
             for id_, kind, queue, attempt, max_attempts, payload in rows
         ]

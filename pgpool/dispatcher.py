@@ -212,6 +212,7 @@ class Dispatcher:
             on_fatal=self._on_fatal,
             max_tasks=cfg.max_tasks_per_child,
             max_memory=cfg.max_memory,
+            min_left_to_start=self.lease.min_left_to_start,
         )
         await self.pool.start()
 
@@ -219,7 +220,7 @@ class Dispatcher:
         cfg, db = self.config, self.db
         self.claimer = Claimer(
             db, self.owner, queues=cfg.queues, handlers=self.handlers,
-            lease=cfg.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
+            lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
         )
         self.hosts = HostRegistry(
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
@@ -231,7 +232,7 @@ class Dispatcher:
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
         )
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
-                                   self.pool.drop_lost)
+                                   on_lost=self.pool.drop_lost, on_extended=self.pool.extend)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
         self.scheduler = ClaimScheduler(
             procs=cfg.procs, batch=cfg.batch, claimer=self.claimer, workers=self.pool,

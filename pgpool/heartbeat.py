@@ -4,7 +4,9 @@ The heartbeat is the only part that decides a lease is lost, and the only writer
 `Job.lost`: when the database no longer shows an attempt as ours, or when no heartbeat has
 succeeded for `Lease.abandon_after`. It marks those jobs and calls ``on_lost``, which stops
 them (the pool kills a worker running one); every other part only reads the flag, and a
-lost job's result is dropped instead of acked.
+lost job's result is dropped instead of acked. It also moves `Job.deadline` on for every
+job a heartbeat extended, then calls ``on_extended`` (the pool tells its workers, whose
+fence would otherwise end them at the old deadline: `pgpool.fence`).
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ class Heartbeat:
         lease: Lease,
         held: Callable[[], list[Job]],
         on_lost: Callable[[], None],
+        on_extended: Callable[[], None],
     ) -> None:
         self._pool = pool
         self._owner = owner
         self.lease = lease
         self._held = held
         self._on_lost = on_lost
+        self._on_extended = on_extended
         self.last_ok = time.monotonic()
         #: The last successful beat sent a statement (it holds jobs).
         self.reached = False
@@ -112,6 +116,12 @@ class Heartbeat:
             kept = set()
         self.last_ok = started
         self.reached = bool(jobs)
+        if kept:
+            deadline = self.lease.deadline(started)
+            for job in jobs:
+                if (job.id, job.attempt) in kept:
+                    job.deadline = deadline
+            self._on_extended()
         # A job acked while the heartbeat was in flight is simply gone, and one claimed
         # meanwhile was not asked about; only attempts sent and not extended are lost.
         sent = {(j.id, j.attempt) for j in jobs}

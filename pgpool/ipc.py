@@ -6,6 +6,9 @@ Every message is a named tuple of its own type, read by field at both ends:
         Jobs(jobs)                   work items (`WorkItem`) to run in order, after any
                                      already sent
         Stop()                       finish the running job, hand back the rest, exit
+        Extend(until)                every job sent before this one may run until
+                                     ``until`` (its lease was extended); read at once,
+                                     also while a job runs (see `pgpool.fence`)
     worker -> dispatcher
         Ready(pid) | Broken(reason)  once, after importing the handler modules
         Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order
@@ -45,6 +48,7 @@ class WorkItem(NamedTuple):
     kind: str
     queue: str
     payload: bytes  # raw JSON text as stored; only the worker parses it
+    deadline: float  # time.monotonic() at which the worker ends itself (pgpool.fence)
 
 
 class Jobs(NamedTuple):
@@ -53,6 +57,10 @@ class Jobs(NamedTuple):
 
 class Stop(NamedTuple):
     pass
+
+
+class Extend(NamedTuple):
+    until: float  # time.monotonic(): no job this worker was sent before holds a shorter lease
 
 
 class Ready(NamedTuple):
@@ -83,13 +91,13 @@ class Retiring(NamedTuple):
     reason: str
 
 
-ToWorker = Jobs | Stop
+ToWorker = Jobs | Stop | Extend
 FromWorker = Ready | Broken | Done | Failed | Returned | Retiring
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
-                                       Retiring)
+                                       Retiring, Extend)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

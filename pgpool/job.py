@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .ipc import WorkItem
@@ -21,13 +22,16 @@ class Job:
     #: This dispatcher no longer owns the attempt: never ack it. Only `pgpool.heartbeat`
     #: sets it.
     lost: bool = False
+    #: When a worker must stop running it (`time.monotonic()`, see `Lease.deadline`): set
+    #: from the claim's start, moved on by each heartbeat that extends the lease.
+    deadline: float = math.inf  # inf: no deadline (a pool used on its own, in tests)
 
     def wire(self) -> WorkItem:
         """What a worker receives of this attempt."""
         # tuple.__new__ skips the named tuple's Python-level __new__: half the cost, once per
         # job on the dispatcher's busiest path.
         return tuple.__new__(WorkItem, (self.id, self.attempt, self.max_attempts, self.kind,
-                                        self.queue, self.payload))
+                                        self.queue, self.payload, self.deadline))
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.kind}, attempt {self.attempt}/{self.max_attempts})"

@@ -10,7 +10,15 @@ lease's length, so it is all derived here, in one place:
 - held jobs are given up at 0.8 of a lease (`abandon_after`), before the server-side lease
   can expire and the reaper can hand them to another host;
 - the reaper runs every third of a lease too (at most once a second);
-- a host row is stale, and pruned, after `STALE_AFTER_LEASES` of that host's own leases.
+- a host row is stale, and pruned, after `STALE_AFTER_LEASES` of that host's own leases;
+- each worker is fenced: the kernel ends it at its running job's `deadline` (pgpool.fence),
+  a `FENCE_MARGIN` share of a lease before the lease can run out on the server, unless an
+  extension (after a heartbeat) arrived in time. A job is handed to a worker only with at
+  least `MIN_LEFT_TO_START` of a lease left before that deadline.
+
+Deadlines are CLOCK_MONOTONIC times (`time.monotonic()`), one clock for every process on
+the host. They are counted from the moment a claim or heartbeat statement was sent, which
+is no later than the server's ``now()`` that its ``lease_until = now() + lease`` used.
 """
 
 from __future__ import annotations
@@ -25,6 +33,14 @@ STALE_AFTER_LEASES: Final = 3
 ABANDON_AT: Final = 0.8
 #: Seconds between heartbeat attempts after a failure (at most a beat interval).
 RETRY_AFTER_FAILURE: Final = 0.5
+#: Share of a lease a worker's deadline keeps short of the server-side lease: room for the
+#: kernel to act on the timer, and for the rate of the host's clock and the server's to
+#: differ. Below 1 - `ABANDON_AT`, so a dispatcher that can act gives jobs up first.
+FENCE_MARGIN: Final = 0.1
+#: Share of a lease that must be left before a job's deadline for it to be sent to a
+#: worker: a claim that took longer than the rest of the lease (it waited behind a lock, or
+#: the dispatcher stalled) hands its jobs back instead of starting them.
+MIN_LEFT_TO_START: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +73,14 @@ class Lease:
     def reaper_interval(self) -> float:
         """Between reaper passes."""
         return max(1.0, self.seconds / 3)
+
+    def deadline(self, sent_at: float) -> float:
+        """The worker deadline of a lease granted (or extended) by a statement sent at
+        ``sent_at`` (`time.monotonic()`): the server's lease ends no sooner than
+        ``sent_at + seconds``; the worker stops `FENCE_MARGIN` of a lease before that."""
+        return sent_at + (1 - FENCE_MARGIN) * self.seconds
+
+    @property
+    def min_left_to_start(self) -> float:
+        """Seconds that must be left before a job's deadline for a worker to start it."""
+        return MIN_LEFT_TO_START * self.seconds

@@ -63,15 +63,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import signal
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
-from . import ipc, worker
+from . import fence, ipc, worker
 from .errors import HandlerError
 from .job import Job, Outcome
 
@@ -116,6 +118,8 @@ class WorkerPool:
     ``on_outcome`` is called, on the event loop, once per started job: success, failure,
     timeout or worker death. ``on_returned`` receives jobs a stopping worker never started.
     ``on_fatal`` is called if replacement workers keep failing to start.
+    ``min_left_to_start``: a job is sent to a worker only with at least that many seconds
+    left before its `Job.deadline`; later ones go back through ``on_returned``.
     """
 
     def __init__(
@@ -129,8 +133,10 @@ class WorkerPool:
         depth: int | None = None,
         max_tasks: int | None = None,
         max_memory: int | None = None,
+        min_left_to_start: float = 0.0,
     ) -> None:
         self.procs = procs
+        self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
         self._limits = (max_tasks, max_memory)
@@ -241,6 +247,16 @@ class WorkerPool:
             if any(job.lost for job in w.assigned):
                 self._kill(w, "lease lost")
 
+    def extend(self) -> None:
+        """The heartbeat moved `Job.deadline` on: send each worker one `ipc.Extend`, for
+        the earliest deadline among the jobs it was sent and has not answered (every job
+        it holds is one of those)."""
+        for w in self._workers.values():
+            if w.assigned and w.kill_reason is None:
+                until = min(job.deadline for job in w.assigned)
+                if until != math.inf:
+                    self._send(w, ipc.Extend(until))
+
     def check_deadlines(self) -> None:
         """Kill workers whose running job is past its hard timeout."""
         now = asyncio.get_running_loop().time()
@@ -282,12 +298,21 @@ class WorkerPool:
         # Deal in rounds, one job per worker per round, so a short backlog spreads over
         # idle workers before any worker gets a job queued behind its running one.
         batches: dict[_Worker, list[Job]] = {}
+        late: list[Job] = []
+        start_by = time.monotonic() + self._min_left_to_start
         for level in range(depth):
             for w in open_:
-                if self._backlog and len(w.assigned) + len(batches.get(w, ())) <= level:
-                    batches.setdefault(w, []).append(self._backlog.popleft())
+                if len(w.assigned) + len(batches.get(w, ())) <= level:
+                    job = self._take(start_by, late)
+                    if job is None:
+                        break
+                    batches.setdefault(w, []).append(job)
             if not self._backlog:
                 break
+        if late:
+            log.warning("handing back %d jobs with too little of their lease left to start "
+                        "(a slow claim, or a stalled dispatcher)", len(late))
+            self._report_returned(late)
         now = asyncio.get_running_loop().time()
         for w, batch in batches.items():
             if not w.assigned:
@@ -295,6 +320,17 @@ class WorkerPool:
             w.assigned.extend(batch)
             self._send(w, ipc.Jobs([job.wire() for job in batch]))
             self.frames_sent += 1
+
+    def _take(self, start_by: float, late: list[Job]) -> Job | None:
+        """The next backlog job whose deadline is ``start_by`` or later; earlier ones go
+        to ``late``."""
+        backlog = self._backlog
+        while backlog:
+            job = backlog.popleft()
+            if job.deadline >= start_by:
+                return job
+            late.append(job)
+        return None
 
     # --- processes --------------------------------------------------------------------------
 
@@ -494,9 +530,17 @@ class WorkerPool:
         del self._workers[w.index]
 
     def _fail_running(self, w: _Worker, cause: str) -> None:
-        """The job it was running, if any, ends as a failure with ``cause``."""
-        if w.assigned:
-            self._report_outcome(Outcome(w.assigned.popleft(), cause, 0.0, cause=cause))
+        """The job it was running, if any, ends as a failure with ``cause``; unless the
+        fence ended it at its lease deadline: then its lease may be another host's by now,
+        so it is not acked, and it runs again once the lease ends on the server."""
+        if not w.assigned:
+            return
+        job = w.assigned.popleft()
+        if cause == fence.DEADLINE_PASSED:
+            log.warning("worker %d (pid %s): %s, %s: not acked, it runs again once its "
+                        "lease ends", w.index, w.process.pid, cause, job)
+            return
+        self._report_outcome(Outcome(job, cause, 0.0, cause=cause))
 
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the
@@ -565,6 +609,8 @@ def _kill_group(pid: int) -> None:
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "worker died: exit status unknown"
+    if code == -fence.SIGNAL:
+        return fence.DEADLINE_PASSED
     if code < 0:
         try:
             name = signal.Signals(-code).name

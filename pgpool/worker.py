@@ -1,13 +1,16 @@
 """A worker process: runs the handlers for the jobs its dispatcher sends, one at a time.
 
-It imports the handler modules once, then loops: read frames from the task pipe, run each
-job (decoding its payload with orjson here, not in the dispatcher), and write one outcome
-frame (`ipc.Done` or `ipc.Failed`) per job to the result pipe. Before starting each job it
-looks for an `ipc.Stop` frame without blocking, so a stopping dispatcher gets its unstarted
-jobs back (`ipc.Returned`). The worker ignores SIGINT and SIGTERM (the dispatcher decides
-when it stops) and dies with its dispatcher: on Linux the kernel kills it
-(PR_SET_PDEATHSIG), and an idle worker also sees its task pipe close. It leads its own
-process group, which the dispatcher kills with it. See `pgpool.pool` for the whole picture.
+It imports the handler modules once, then loops: take the next job, run it (decoding its
+payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
+or `ipc.Failed`) per job to the result pipe. A reader thread (`_Inbox`) drains the task
+pipe meanwhile: jobs queue up in order, an `ipc.Stop` is seen before the next job starts
+(a stopping dispatcher gets its unstarted jobs back, `ipc.Returned`), and an `ipc.Extend`
+moves the lease deadline at once, even while a handler runs. Each job runs under the
+fence's kernel timer (`pgpool.fence`): past its deadline, the kernel ends the process.
+The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
+its dispatcher: on Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also
+sees its task pipe close. It leads its own process group, which the dispatcher kills with
+it. See `pgpool.pool` for the whole picture.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import ctypes
 import inspect
 import os
 import resource
-import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -28,7 +31,7 @@ from multiprocessing.connection import Connection
 import orjson
 from setproctitle import setproctitle
 
-from . import ipc, output, registry
+from . import fence, ipc, output, registry
 from .errors import PgpoolError
 
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
@@ -75,6 +78,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fence.reserve()
     prefix = f"pgpool worker {index}"
     setproctitle(f"{prefix}: starting")
     rfd, wfd = tasks.fileno(), results.fileno()
@@ -95,42 +99,99 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
-    decoder = ipc.Decoder()
-    poller = select.poll()
-    poller.register(rfd, select.POLLIN)
-    pending: deque[ipc.WorkItem] = deque()
+    timer = fence.Fence()
+    inbox = _Inbox(rfd, timer)
     idle_title = f"{prefix}: idle"
     setproctitle(idle_title)
     while True:
-        # Block only when there is nothing to run; otherwise just peek for Stop.
-        if not pending or poller.poll(0):
-            data = os.read(rfd, 1 << 16)
+        job = inbox.next()
+        if job is None:  # told to stop, or the dispatcher closed the pipe: it is gone
+            if inbox.stopping:
+                ipc.write_all(wfd, ipc.encode(ipc.Returned(inbox.take_all())))
+            return
+        seq, item = job
+        if not timer.start(seq, item.deadline):
+            # Its lease may be gone already: it must not start. End the way the timer
+            # would have, so the pool reads it the same way.
+            os.kill(os.getpid(), fence.SIGNAL)
+        setproctitle(f"{prefix}: {item.kind}#{item.id}")
+        outcome = _run(handlers, item, streams)
+        timer.finish()
+        ipc.write_all(wfd, ipc.encode(outcome))
+        finished += 1
+        retire = None
+        if isinstance(outcome, ipc.Failed) and outcome.cause == "MemoryError":
+            retire = "retired after a MemoryError"  # its heap may be left fragmented
+        elif max_tasks is not None and finished >= max_tasks:
+            retire = f"recycled after {finished} jobs"
+        if retire:
+            ipc.write_all(wfd, ipc.encode(ipc.Retiring(retire)))
+            return
+        if not inbox.pending:
+            setproctitle(idle_title)
+
+
+class _Inbox:
+    """The task pipe, read on a thread of its own so that an `ipc.Extend` reaches the fence
+    while a handler runs. Jobs wait in `pending` in the order sent, each with its number
+    (counted from 0), which tells `Fence` which extensions cover it.
+
+    The thread blocks the fence's signal, so only the handler thread can take it.
+    """
+
+    def __init__(self, rfd: int, timer: fence.Fence) -> None:
+        self._rfd = rfd
+        self._timer = timer
+        self._ready = threading.Condition(threading.Lock())
+        self.pending: deque[tuple[int, ipc.WorkItem]] = deque()
+        self._received = 0
+        self.stopping = False
+        self._closed = False
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {fence.SIGNAL})
+        try:  # the thread inherits this thread's mask, blocked at its first instruction
+            threading.Thread(target=self._read, name="pgpool-inbox", daemon=True).start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def next(self) -> tuple[int, ipc.WorkItem] | None:
+        """The next job to run, waiting for one; None once Stop came or the pipe closed."""
+        with self._ready:
+            while not (self.pending or self.stopping or self._closed):
+                self._ready.wait()
+            if self.stopping or self._closed:
+                return None
+            return self.pending.popleft()
+
+    def take_all(self) -> list[int]:
+        """The ids of the jobs not started, which the worker hands back."""
+        with self._ready:
+            ids = [item.id for _, item in self.pending]
+            self.pending.clear()
+            return ids
+
+    def _read(self) -> None:
+        decoder = ipc.Decoder()
+        while True:
+            data = os.read(self._rfd, 1 << 16)  # releases the GIL while it waits
             if not data:
-                return  # the dispatcher closed the pipe: it is gone
+                with self._ready:
+                    self._closed = True
+                    self._ready.notify()
+                return
             for message in decoder.feed(data):
                 match message:
                     case ipc.Jobs():
-                        pending.extend(message.jobs)
+                        with self._ready:
+                            start = self._received
+                            self.pending.extend(enumerate(message.jobs, start))
+                            self._received = start + len(message.jobs)
+                            self._ready.notify()
+                    case ipc.Extend():
+                        self._timer.extend(message.until, self._received)
                     case ipc.Stop():
-                        returned = ipc.Returned([job.id for job in pending])
-                        ipc.write_all(wfd, ipc.encode(returned))
-                        return
-        if pending:
-            job = pending.popleft()
-            setproctitle(f"{prefix}: {job.kind}#{job.id}")
-            outcome = _run(handlers, job, streams)
-            ipc.write_all(wfd, ipc.encode(outcome))
-            finished += 1
-            retire = None
-            if isinstance(outcome, ipc.Failed) and outcome.cause == "MemoryError":
-                retire = "retired after a MemoryError"  # its heap may be left fragmented
-            elif max_tasks is not None and finished >= max_tasks:
-                retire = f"recycled after {finished} jobs"
-            if retire:
-                ipc.write_all(wfd, ipc.encode(ipc.Retiring(retire)))
-                return
-            if not pending:
-                setproctitle(idle_title)
+                        with self._ready:
+                            self.stopping = True
+                            self._ready.notify()
 
 
 def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,

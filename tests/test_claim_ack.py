@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,7 +47,7 @@ def claimer(pool: AsyncConnectionPool, owner: str = "host-a", *kinds: str,
             queues: tuple[str, ...] = ("default",), lease: float = 30,
             max_attempts: int = 20) -> Claimer:
     return Claimer(pool, owner, queues=queues, handlers=_handlers(*(kinds or ("k",))),
-                   lease=lease, max_attempts=max_attempts, timeout=None)
+                   lease=Lease(lease), max_attempts=max_attempts, timeout=None)
 
 
 def rows(db: psycopg.Connection, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -156,7 +157,8 @@ def test_a_reclaimed_attempt_cannot_be_acked_by_its_old_owner(db, dsn):
         revived, _ = await Reaper(pool, 1).reap()
         (new,) = await claimer(pool, "host-a").claim(1)  # the same host claims it again
         late = await Completer(pool, "host-a").flush([Ack.done(old)])
-        beat = await Heartbeat(pool, "host-a", Lease(30), lambda: [old], lambda: None).beat()
+        beat = await Heartbeat(pool, "host-a", Lease(30), lambda: [old], lambda: None,
+                               lambda: None).beat()
         return late, beat, new.attempt, revived
 
     late, lost, attempt, revived = run_with_pool(dsn, scenario)
@@ -193,16 +195,31 @@ def test_losing_a_stale_attempt_spares_the_fresh_attempt_of_the_same_job(db, dsn
 def test_heartbeat_extends_every_held_lease_in_one_statement(db, dsn):
     for i in range(20):
         pgpool.enqueue(db, "k", {"n": i})
+    extended = []
 
-    async def scenario(pool: AsyncConnectionPool) -> set[int]:
+    async def scenario(pool: AsyncConnectionPool
+                       ) -> tuple[set[int], list[float], float, float]:
+        before = time.monotonic()
         jobs = await claimer(pool, "host-a", lease=5).claim(20)
-        hb = Heartbeat(pool, "host-a", Lease(600), lambda: jobs, lambda: None)
-        return await hb.beat()
+        claimed = {job.deadline for job in jobs}
+        # Counted from the claim's start, a margin short of the lease: a slow answer
+        # cannot stretch it.
+        assert len(claimed) == 1 and before < claimed.pop() - Lease(5).deadline(0) < before + 5
+        hb = Heartbeat(pool, "host-a", Lease(600), lambda: jobs, lambda: None,
+                       lambda: extended.append(True))
+        sent = time.monotonic()
+        lost = await hb.beat()
+        return lost, [job.deadline for job in jobs], sent, time.monotonic()
 
-    assert run_with_pool(dsn, scenario) == set()
+    lost, deadlines, sent, answered = run_with_pool(dsn, scenario)
+    assert lost == set()
     short = rows(db, "SELECT count(*) FROM pgpool_jobs WHERE lease_until < now() + "
                      "interval '500 seconds'")[0][0]
     assert short == 0
+    # Each kept job's deadline moved on to the new lease, and the pool was told once.
+    assert extended == [True]
+    assert all(Lease(600).deadline(sent) <= d <= Lease(600).deadline(answered)
+               for d in deadlines)
 
 
 def test_reaper_revives_expired_jobs_and_buries_exhausted_ones(db, dsn):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,10 +129,11 @@ def test_what_a_worker_imports_leaves_out_psycopg() -> None:
 # --- the messages on the pipes ------------------------------------------------------------
 
 EVERY_MESSAGE: list[ipc.Message] = [
-    ipc.Jobs([ipc.WorkItem(1, 1, 3, "resize", "default", b'{"w": 1}'),
-              ipc.WorkItem(2, 2, 3, "email", "mail", b"{}")]),
+    ipc.Jobs([ipc.WorkItem(1, 1, 3, "resize", "default", b'{"w": 1}', 1234.5),
+              ipc.WorkItem(2, 2, 3, "email", "mail", b"{}", math.inf)]),
     ipc.Jobs([]),
     ipc.Stop(),
+    ipc.Extend(98765.25),
     ipc.Ready(4321),
     ipc.Broken("handler module 'x' not found"),
     ipc.Done(1, 0.25),
@@ -161,9 +163,9 @@ def test_every_message_arrives_whole_and_named_however_the_stream_is_split() -> 
 
 
 def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
-    item = Job(7, "resize", "images", 2, 5, b'{"w": 1}', 30.0).wire()
+    item = Job(7, "resize", "images", 2, 5, b'{"w": 1}', 30.0, deadline=42.5).wire()
     assert item == ipc.WorkItem(id=7, attempt=2, max_attempts=5, kind="resize",
-                                queue="images", payload=b'{"w": 1}')
+                                queue="images", payload=b'{"w": 1}', deadline=42.5)
     assert type(item) is ipc.WorkItem
 
 

@@ -1,0 +1,89 @@
+"""The lease fence: a worker ends itself, from the kernel, when its job's lease may be gone.
+
+The dispatcher is what normally stops a job whose lease is lost, but a dispatcher that
+cannot act (frozen, swapped out, its event loop blocked) would let its workers run on while
+another host's reaper hands their jobs to someone else. So every job reaches its worker
+with a deadline (`ipc.WorkItem.deadline`, a `time.monotonic()` time a margin before the
+server-side lease can end, see `pgpool.lease`), and after each successful heartbeat the
+dispatcher sends each worker one `ipc.Extend` that moves the deadline of every job it was
+sent before.
+
+While a job runs, a kernel timer (``setitimer(ITIMER_REAL)``) is armed for its deadline.
+SIGALRM keeps its default action, so when the timer expires the kernel terminates the
+process: whatever the handler is doing (C code, ``time.sleep``, holding the GIL), and even
+if the whole host was frozen with SIGSTOP in between (a pending fatal signal is acted on
+before the process returns to user space on SIGCONT). SIGALRM is blocked in every thread
+but the one that runs handlers, so that thread is the one that takes it. The pool reads a
+worker's death by SIGALRM as `DEADLINE_PASSED`.
+
+Extensions arrive on the task pipe, which a reader thread drains while a handler runs
+(`pgpool.worker`); it re-arms the timer under `Fence`'s lock. That thread needs the GIL for
+a few microseconds per message: a handler that holds the GIL without a break for longer
+than its deadline is away is ended even though its lease holds.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from typing import Final
+
+#: The signal the fence reserves: handlers must not handle, ignore or block it, nor arm
+#: ``signal.alarm`` / ``setitimer(ITIMER_REAL)``.
+SIGNAL: Final = signal.SIGALRM
+#: How the pool describes a worker the fence ended.
+DEADLINE_PASSED: Final = "lease deadline passed"
+
+
+class Fence:
+    """The timer of one worker process. `start` and `finish` bracket each job on the
+    handler thread; `extend` may be called from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadline: float | None = None  # of the running job; None between jobs
+        self._extended_until = -math.inf  # the last `Extend`...
+        self._extended_upto = 0  # ...covers the jobs numbered below this
+
+    def start(self, seq: int, deadline: float) -> bool:
+        """Arm the timer for job number ``seq`` (counted from 0 in the order received) whose
+        own deadline is ``deadline``. False, and nothing armed, if it has already passed:
+        the job must not start."""
+        with self._lock:
+            if seq < self._extended_upto:
+                deadline = max(deadline, self._extended_until)
+            if deadline == math.inf:
+                self._deadline = deadline
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            signal.setitimer(signal.ITIMER_REAL, left)
+            self._deadline = deadline
+            return True
+
+    def finish(self) -> None:
+        """Disarm the timer: the job is over."""
+        with self._lock:
+            if self._deadline is not None and self._deadline != math.inf:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            self._deadline = None
+
+    def extend(self, until: float, received: int) -> None:
+        """Every job numbered below ``received`` may run until ``until``. Never shortens
+        the running job's timer, and never re-arms one that has already expired."""
+        with self._lock:
+            self._extended_until, self._extended_upto = until, received
+            if self._deadline is not None and until > self._deadline:
+                left = until - time.monotonic()
+                if left > 0:
+                    signal.setitimer(signal.ITIMER_REAL, left)
+                    self._deadline = until
+
+
+def reserve() -> None:
+    """Give the fence's signal its default action (terminate), in case the interpreter's
+    parent left it otherwise."""
+    signal.signal(SIGNAL, signal.SIG_DFL)
