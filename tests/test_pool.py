@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,105 @@ def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
     assert item == ipc.WorkItem(id=7, attempt=2, max_attempts=5, kind="resize",
                                 queue="images", payload=b'{"w": 1}', deadline=42.5)
     assert type(item) is ipc.WorkItem
+
+
+# --- the lease fence: a worker ends itself at its deadline (pgpool.fence) ---------------------
+
+def run_fenced(jobs: list[Job], *, extend_every: float | None = None,
+               min_left_to_start: float = 0.0, until: Callable[[WorkerPool], bool],
+               ) -> tuple[list[Outcome], list[Job], WorkerPool]:
+    """Run ``jobs`` on one worker until ``until(pool)`` holds; with ``extend_every``, move
+    every job's deadline to a second from now that often and tell the workers, as the
+    heartbeat does. Returns the outcomes, the jobs handed back and the pool."""
+    async def main() -> tuple[list[Outcome], list[Job], WorkerPool]:
+        outcomes: list[Outcome] = []
+        returned: list[Job] = []
+        pool = WorkerPool(procs=1, modules=["testjobs"], on_outcome=outcomes.append,
+                          on_returned=returned.extend, on_fatal=print, depth=4,
+                          min_left_to_start=min_left_to_start)
+        await pool.start()
+        pool.submit(jobs)
+        async with asyncio.timeout(30):  # every case here is over within about 5 s
+            while not until(pool):
+                await asyncio.sleep(0.05)
+                if extend_every is not None:
+                    for j in jobs:
+                        j.deadline = time.monotonic() + 1
+                    pool.extend()
+                    await asyncio.sleep(extend_every)
+        await pool.stop(grace=10)
+        return outcomes, returned, pool
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["sleep", "gil"])
+def test_a_worker_past_its_deadline_is_ended_by_the_kernel_and_its_job_not_acked(
+        record_dir: Path, monkeypatch, how: str):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    deadline = time.monotonic() + 1.0
+    stuck = Job(1, "stuck", "default", 1, 1,
+                json.dumps({"how": how, "seconds": 20}).encode(), None, deadline=deadline)
+    after = Job(2, "whoami", "default", 1, 1, b"{}", None)  # queued behind it, no deadline
+    replaced_at = []
+
+    def done(p: WorkerPool) -> bool:
+        if p.replaced and not replaced_at:
+            replaced_at.append(time.monotonic())
+        return p.held == 0
+
+    outcomes, returned, pool = run_fenced([stuck, after], until=done)
+    # Ended by the timer, not the dispatcher (which never killed it): not acked, not
+    # reported. The job queued behind it went back to the backlog and ran on the new worker.
+    assert pool.replaced == 1
+    assert [(o.job.id, o.error) for o in outcomes] == [(2, None)]
+    assert returned == []
+    assert sorted((r[0], r[3]) for r in read_records(record_dir)) == [(1, "start"), (2, "run")]
+    # Stuck for 20 s, it was gone (and replaced) at its deadline: not before, and well
+    # within 5 s after (the pool notices a death within 0.05 s of polling plus the time it
+    # takes to start a new worker on a loaded 2-core machine).
+    assert deadline <= replaced_at[0] < deadline + 5
+
+
+def test_an_extension_keeps_a_worker_alive_past_its_first_deadline(record_dir: Path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    # Stuck 3 s in time.sleep, with a 1 s deadline moved on every 0.35 s.
+    long = Job(1, "stuck", "default", 1, 1, b'{"how": "sleep", "seconds": 3}', None,
+               deadline=time.monotonic() + 1)
+    outcomes, _, pool = run_fenced([long], extend_every=0.3, until=lambda p: p.held == 0)
+    assert [(o.job.id, o.error) for o in outcomes] == [(1, None)]
+    assert pool.replaced == 0
+
+
+def test_a_job_with_too_little_lease_left_is_handed_back_and_never_started(
+        record_dir: Path, monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    late = Job(1, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 0.5)
+    fine = Job(2, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 60)
+    outcomes, returned, pool = run_fenced([late, fine], min_left_to_start=5,
+                                          until=lambda p: p.held == 0)
+    assert returned == [late]
+    assert pool.replaced == 0
+    assert [o.job.id for o in outcomes] == [2]
+    assert [r[0] for r in read_records(record_dir)] == [2]
+
+
+def test_a_job_whose_deadline_passes_while_queued_in_a_worker_never_starts(
+        record_dir: Path, monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    # ``queued`` waits in the worker's pipe behind a 1 s job, and its deadline passes
+    # meanwhile (0.3 s: the hand-off takes milliseconds, the first job a full second).
+    first = Job(1, "stuck", "default", 1, 1, b'{"how": "sleep", "seconds": 1}', None)
+    queued = Job(2, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 0.3)
+    after = Job(3, "whoami", "default", 1, 1, b"{}", None)
+    outcomes, returned, pool = run_fenced([first, queued, after],
+                                          until=lambda p: p.held == 0)
+    assert pool.replaced == 1
+    assert returned == []
+    assert [o.job.id for o in outcomes] == [1, 3]
+    assert sorted((r[0], r[3]) for r in read_records(record_dir)) == [
+        (1, "end"), (1, "start"), (3, "run")]
 
 
 # --- a worker's end, step by step (pool._reap) ----------------------------------------------

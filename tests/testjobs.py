@@ -145,3 +145,15 @@ def orphan(payload: dict) -> None:
         os._exit(0)  # both the child and the grandchild
     os.waitpid(child, 0)
     _record("run")
+
+
+@pgpool.handler("stuck", max_attempts=1)
+def stuck(payload: dict) -> None:
+    """Stuck for ``payload["seconds"]``: in ``time.sleep`` (``how`` "sleep"), or in a C call
+    that holds the GIL all along (``how`` "gil": libc's sleep through ctypes.PyDLL)."""
+    _record("start")
+    if payload["how"] == "gil":
+        ctypes.PyDLL(None).sleep(int(payload["seconds"]))
+    else:
+        time.sleep(payload["seconds"])
+    _record("end")
