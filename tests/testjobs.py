@@ -157,3 +157,29 @@ def stuck(payload: dict) -> None:
     else:
         time.sleep(payload["seconds"])
     _record("end")
+
+
+#: Seconds between a ticker's records.
+TICK = 0.02
+
+
+@pgpool.handler("ticker", max_attempts=5)
+def ticker(payload: dict) -> None:
+    """Run ``payload["seconds"]``, recording "<job id> <attempt> <monotonic ns>" every
+    `TICK` seconds, then "<job id> <attempt> end", in ``$TICKS_RECORD/<ppid>-<pid>.log``.
+    Whenever handler code runs, a tick follows within `TICK` of running time: the last tick
+    of a killed attempt is within `TICK` of the last moment its code ran."""
+    job = pgpool.current_job()
+    name = os.path.join(os.environ["TICKS_RECORD"], f"{os.getppid()}-{os.getpid()}.log")
+    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        until = time.monotonic_ns() + int(payload["seconds"] * 1e9)
+        while True:
+            now = time.monotonic_ns()
+            os.write(fd, f"{job.id} {job.attempt} {now}\n".encode())
+            if now >= until:
+                break
+            time.sleep(TICK)
+        os.write(fd, f"{job.id} {job.attempt} end\n".encode())
+    finally:
+        os.close(fd)
