@@ -58,7 +58,10 @@ async def pooled(jobs: int, procs: int, rounds: int) -> float:
     await pool.start()
     payload = f'{{"do": "cpu", "rounds": {rounds}}}'.encode()
     started = time.perf_counter()
-    pool.submit([Job(i, KIND, "default", 1, 1, payload, None) for i in range(jobs)])
+    # Every claimed job has a lease deadline, so each one runs under an armed fence timer.
+    deadline = time.monotonic() + 3600
+    pool.submit([Job(i, KIND, "default", 1, 1, payload, None, deadline=deadline)
+                 for i in range(jobs)])
     await finished
     rate = jobs / (time.perf_counter() - started)
     await pool.stop(grace=10)

@@ -38,49 +38,59 @@ DEADLINE_PASSED: Final = "lease deadline passed"
 
 
 class Fence:
-    """The timer of one worker process. `start` and `finish` bracket each job on the
-    handler thread; `extend` may be called from any thread."""
+    """The timer of one worker process. `start` before each job and `disarm` before
+    waiting for work, on the handler thread; `extend` may be called from any thread.
+
+    Between two jobs the timer stays armed: the worker is only writing an outcome then,
+    and jobs claimed together (or extended together) share one deadline, so most jobs
+    cost no system call at all.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deadline: float | None = None  # of the running job; None between jobs
+        self._armed: float | None = None  # the deadline the timer is set for; None: off
         self._extended_until = -math.inf  # the last `Extend`...
         self._extended_upto = 0  # ...covers the jobs numbered below this
 
     def start(self, seq: int, deadline: float) -> bool:
         """Arm the timer for job number ``seq`` (counted from 0 in the order received) whose
-        own deadline is ``deadline``. False, and nothing armed, if it has already passed:
-        the job must not start."""
+        own deadline is ``deadline``. False if that has already passed: the job must not
+        start."""
         with self._lock:
             if seq < self._extended_upto:
                 deadline = max(deadline, self._extended_until)
             if deadline == math.inf:
-                self._deadline = deadline
+                self._off()
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            signal.setitimer(signal.ITIMER_REAL, left)
-            self._deadline = deadline
+            if deadline != self._armed:
+                signal.setitimer(signal.ITIMER_REAL, left)
+                self._armed = deadline
             return True
 
-    def finish(self) -> None:
-        """Disarm the timer: the job is over."""
+    def disarm(self) -> None:
+        """No job is running or about to: turn the timer off."""
         with self._lock:
-            if self._deadline is not None and self._deadline != math.inf:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            self._deadline = None
+            self._off()
 
     def extend(self, until: float, received: int) -> None:
         """Every job numbered below ``received`` may run until ``until``. Never shortens
-        the running job's timer, and never re-arms one that has already expired."""
+        the armed timer, and never re-arms one that has already expired (its signal is
+        pending: the process ends anyway)."""
         with self._lock:
             self._extended_until, self._extended_upto = until, received
-            if self._deadline is not None and until > self._deadline:
+            if self._armed is not None and until > self._armed:
                 left = until - time.monotonic()
                 if left > 0:
                     signal.setitimer(signal.ITIMER_REAL, left)
-                    self._deadline = until
+                    self._armed = until
+
+    def _off(self) -> None:
+        if self._armed is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._armed = None
 
 
 def reserve() -> None:

@@ -104,8 +104,11 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     idle_title = f"{prefix}: idle"
     setproctitle(idle_title)
     while True:
+        if not inbox.pending:  # about to wait for work: nothing runs, nothing to fence
+            timer.disarm()
         job = inbox.next()
         if job is None:  # told to stop, or the dispatcher closed the pipe: it is gone
+            timer.disarm()
             if inbox.stopping:
                 ipc.write_all(wfd, ipc.encode(ipc.Returned(inbox.take_all())))
             return
@@ -116,7 +119,6 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
             os.kill(os.getpid(), fence.SIGNAL)
         setproctitle(f"{prefix}: {item.kind}#{item.id}")
         outcome = _run(handlers, item, streams)
-        timer.finish()
         ipc.write_all(wfd, ipc.encode(outcome))
         finished += 1
         retire = None
@@ -125,6 +127,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         elif max_tasks is not None and finished >= max_tasks:
             retire = f"recycled after {finished} jobs"
         if retire:
+            timer.disarm()
             ipc.write_all(wfd, ipc.encode(ipc.Retiring(retire)))
             return
         if not inbox.pending:
