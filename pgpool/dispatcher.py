@@ -8,7 +8,9 @@ is a small module of its own)::
   listener.run() ◀──── NOTIFY ──────────┘    ├── heartbeat.run(): HEARTBEAT of _held() =
      │ scheduler.work_ready()                │     pool.held_jobs() + completer.pending_jobs()
      ▼                                       │     every lease.beat_interval; attempts not kept:
-  scheduler.run(): CLAIM_LOOPS claim loops   │     job.lost = True, then pool.drop_lost()
+  scheduler.run(): CLAIM_LOOPS claim loops   │     job.lost = True, then pool.drop_lost();
+     │                                       │     kept: job.deadline moved on, then
+     │                                       │     pool.extend(): one ipc.Extend a worker
      │ has_room()? acks.has_room()? budget?  │
      ├── claimer.claim(want()) ──── CLAIM ───┤  (FOR NO KEY UPDATE SKIP LOCKED)
      ▼ jobs                                  │

@@ -39,6 +39,12 @@ others, and replace it, while the rest of the pool carries on. A shared queue ca
 who held what, and a process killed while holding a shared queue's lock breaks the queue
 for everyone.
 
+Each worker also fences itself (`pgpool.fence`): every job carries its lease deadline
+(`Job.deadline`), and after each heartbeat `extend` sends every worker one `ipc.Extend`.
+A worker the kernel ended at a deadline (SIGALRM) has its running job dropped, not acked:
+its lease may be another host's by now. `_assign` hands back, instead of sending, jobs
+with less than ``min_left_to_start`` seconds left before their deadline.
+
 Every way a worker ends goes through `_reap`: a crash, a `_kill` (deadline, lost lease,
 grace period over, hard stop), retiring, or answering Stop. Its death is noticed from the
 process itself, through a pidfd that becomes readable when it exits, never from its result

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from conftest import RUN, Pgpool, start_pgpool, wait_until
+from conftest import RUN, Pgpool, read_records, start_pgpool, wait_until
 from testjobs import TICK
 
 import pgpool
@@ -144,3 +144,32 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     last = enqueue(db, 1, 0)
     wait_until(lambda: finished_on(ticks, frozen, last), "the thawed host to run a job")
     assert frozen.stop() == 0, frozen.stderr
+
+
+def test_a_claim_that_took_most_of_the_lease_hands_its_jobs_back(db, dsn, record_dir):
+    """A claim stuck behind a lock for 0.9 of a lease: its lease is nearly spent when the
+    rows arrive, so the job is handed back (no attempt counted) instead of started, and the
+    next claim runs it."""
+    (job,) = [pgpool.enqueue(db, "record", {})]
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE pgpool_jobs IN ACCESS EXCLUSIVE MODE")
+        host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", str(LEASE),
+                            record_dir=record_dir)
+        host.event("started")
+
+        def claim_waits() -> bool:
+            return bool(db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%FOR NO KEY UPDATE SKIP LOCKED%%'").fetchone()[0])
+
+        wait_until(claim_waits, "a claim to wait for the lock")
+        # The fault: the claim waits 0.9 of a lease (more than the 0.75 a job may lose
+        # before it starts), counted from when it was seen waiting, so later than it began.
+        time.sleep(0.9 * LEASE)
+    host.wait_for_line(lambda line: "too little of their lease left" in line,
+                       "the job to be handed back")
+    wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
+               "the job to run after all")
+    assert sorted((r[0], r[1], r[3]) for r in read_records(record_dir)) == [
+        (job, 1, "end"), (job, 1, "start")]  # the handed-back claim was no attempt
+    assert host.stop() == 0, host.stderr
