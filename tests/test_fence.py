@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 from conftest import RUN, Pgpool, read_records, start_pgpool, wait_until
 from testjobs import TICK
 
@@ -79,6 +80,26 @@ def finished_on(where: Path, host: Pgpool, jobs: list[int]) -> bool:
     return set(jobs) <= {int(line.split()[0]) for line in lines if line.endswith(" end")}
 
 
+def acked(db: psycopg.Connection, jobs: list[int]) -> bool:
+    """Whether ``jobs`` are done: their rows are gone (the ack committed)."""
+    return not db.execute("SELECT count(*) FROM pgpool_jobs WHERE id = ANY(%s)",
+                          (jobs,)).fetchone()[0]
+
+
+def idle_workers(host: Pgpool) -> int:
+    """How many of ``host``'s worker processes are started and waiting for work (their
+    process title says so once they have imported the handler modules)."""
+    children = Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()
+    idle = 0
+    for pid in children:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:  # it exited meanwhile
+            continue
+        idle += title.startswith(b"pgpool worker") and b": idle" in title
+    return idle
+
+
 def enqueue(db: psycopg.Connection, n: int, seconds: float) -> list[int]:
     return [pgpool.enqueue(db, "ticker", {"seconds": seconds}) for _ in range(n)]
 
@@ -89,8 +110,12 @@ def freeze(what: Callable[[int], None], other: Pgpool, where: Path, jobs: list[i
     stopped = time.monotonic_ns()
     what(signal.SIGSTOP)
     try:
-        wait_until(lambda: running_on(where, other, jobs), "the other host to reclaim the "
-                   "frozen host's jobs", RECLAIM)
+        deadline = time.monotonic() + RECLAIM
+        while not running_on(where, other, jobs):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the other host did not reclaim jobs {jobs} within {RECLAIM}s;"
+                            f" attempts {read_ticks(where)}; its log:\n{other.stderr}")
+            time.sleep(0.02)
         # The fault is a freeze of this length: holding it is the point, not a wait.
         time.sleep(max(0.0, FREEZE - (time.monotonic_ns() - stopped) / 1e9))
     finally:
@@ -112,7 +137,10 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
         os.killpg(other.pid, sig)
 
     def run_on_frozen(n: int) -> list[int]:
-        """Enqueue ``n`` jobs while the other host is stopped, so the frozen one takes them."""
+        """Enqueue ``n`` jobs while the other host is stopped, so the frozen one takes them,
+        one on each of its workers (all started, so the jobs are not queued behind one
+        another: starting a worker takes a second or two on a loaded machine)."""
+        wait_until(lambda: idle_workers(frozen) == 2, "the frozen host's workers to start")
         the_other(signal.SIGSTOP)
         try:
             jobs = enqueue(db, n, JOB_SECONDS)
@@ -124,12 +152,13 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     # 1. The dispatcher alone: its workers run on, and must end themselves.
     first = run_on_frozen(2)
     freeze(lambda sig: os.kill(frozen.pid, sig), other, ticks, first)
-    # Each job runs for 4 s; 30 s is several times that on a loaded machine.
-    wait_until(lambda: finished_on(ticks, other, first), "the reclaimed jobs to finish", 30)
+    # Each job runs for 4 s; 30 s is several times that on a loaded machine. Acked, so
+    # that stopping the other host next (to steer new jobs) cannot cost it a lease.
+    wait_until(lambda: acked(db, first), "the reclaimed jobs to finish", 30)
     # 2. The whole process group: on thaw, no attempt may run one more line.
     second = run_on_frozen(2)
     stopped = freeze(lambda sig: os.killpg(frozen.pid, sig), other, ticks, second)
-    wait_until(lambda: finished_on(ticks, other, second), "the reclaimed jobs to finish", 30)
+    wait_until(lambda: acked(db, second), "the reclaimed jobs to finish", 30)
 
     attempts = read_ticks(ticks)
     assert find_overlaps(attempts, died=lambda pid: None) == []
@@ -142,7 +171,8 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     # The frozen host carries on serving, and stops cleanly.
     assert other.stop() == 0, other.stderr
     last = enqueue(db, 1, 0)
-    wait_until(lambda: finished_on(ticks, frozen, last), "the thawed host to run a job")
+    wait_until(lambda: acked(db, last), "the thawed host to run a job")
+    assert finished_on(ticks, frozen, last)
     assert frozen.stop() == 0, frozen.stderr
 
 
