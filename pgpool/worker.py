@@ -19,6 +19,7 @@ import ctypes
 import inspect
 import os
 import resource
+import select
 import signal
 import sys
 import threading
@@ -150,6 +151,8 @@ class _Inbox:
         self._received = 0
         self.stopping = False
         self._closed = False
+        self._unread = select.poll()
+        self._unread.register(rfd, select.POLLIN)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {fence.SIGNAL})
         try:  # the thread inherits this thread's mask, blocked at its first instruction
             threading.Thread(target=self._read, name="pgpool-inbox", daemon=True).start()
@@ -159,11 +162,16 @@ class _Inbox:
     def next(self) -> tuple[int, ipc.WorkItem] | None:
         """The next job to run, waiting for one; None once Stop came or the pipe closed."""
         with self._ready:
-            while not (self.pending or self.stopping or self._closed):
-                self._ready.wait()
-            if self.stopping or self._closed:
-                return None
-            return self.pending.popleft()
+            while True:
+                while not (self.pending or self.stopping or self._closed):
+                    self._ready.wait()
+                if self.stopping or self._closed:
+                    return None
+                # Frames already in the pipe are read first: a Stop sent before this job
+                # could start must keep it from starting (it is handed back).
+                if not self._unread.poll(0):
+                    return self.pending.popleft()
+                self._ready.wait(0.001)
 
     def take_all(self) -> list[int]:
         """The ids of the jobs not started, which the worker hands back."""

@@ -5,8 +5,8 @@ Jobs are `testjobs.ticker` jobs: each attempt records a tick every `TICK` second
 handler code runs, so the records show the last moment an interrupted attempt ran, and no
 two attempts of a job may overlap (`chaos_checks.find_overlaps`, the soak's checker).
 First the dispatcher alone is frozen (its workers run on, and must end themselves at their
-deadline), then its whole process group (on SIGCONT, a worker whose deadline passed must
-not run one more line of handler code). The frozen host then carries on serving, and
+deadline), then the whole host, every process of its session (on SIGCONT, a worker whose
+deadline passed must not run one more line of handler code). The frozen host then carries on serving, and
 exits 0 on SIGTERM.
 """
 
@@ -104,6 +104,20 @@ def enqueue(db: psycopg.Connection, n: int, seconds: float) -> list[int]:
     return [pgpool.enqueue(db, "ticker", {"seconds": seconds}) for _ in range(n)]
 
 
+def signal_session(leader: int, sig: int) -> None:
+    """Send ``sig`` to every process of the session ``leader`` leads: the dispatcher and its
+    workers, each of which leads a process group of its own (a group signal would miss
+    them), and their children."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == leader:
+                os.kill(int(entry.name), sig)
+        except (ProcessLookupError, PermissionError):  # it exited meanwhile
+            continue
+
+
 def freeze(what: Callable[[int], None], other: Pgpool, where: Path, jobs: list[int]) -> int:
     """Stop the frozen host with ``what(SIGSTOP)`` until both three leases have passed and
     ``other`` runs ``jobs``; continue it; return when it was stopped (monotonic ns)."""
@@ -128,13 +142,14 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     ticks.mkdir()
     args = (*RUN, "--procs", "2", "--lease", str(LEASE), "--batch", "1")
     env = {"TICKS_RECORD": str(ticks)}
-    frozen = start_pgpool(dsn, *args, own_group=True, **env)
-    other = start_pgpool(dsn, *args, own_group=True, **env)
+    # Each host leads a session of its own (setsid), so a test can stop it whole.
+    frozen = start_pgpool(dsn, *args, wrapper=("setsid",), **env)
+    other = start_pgpool(dsn, *args, wrapper=("setsid",), **env)
     for host in (frozen, other):
         host.event("started")
 
     def the_other(sig: int) -> None:
-        os.killpg(other.pid, sig)
+        signal_session(other.pid, sig)
 
     def run_on_frozen(n: int) -> list[int]:
         """Enqueue ``n`` jobs while the other host is stopped, so the frozen one takes them,
@@ -155,9 +170,9 @@ def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     # Each job runs for 4 s; 30 s is several times that on a loaded machine. Acked, so
     # that stopping the other host next (to steer new jobs) cannot cost it a lease.
     wait_until(lambda: acked(db, first), "the reclaimed jobs to finish", 30)
-    # 2. The whole process group: on thaw, no attempt may run one more line.
+    # 2. The whole host, workers included: on thaw, no attempt may run one more line.
     second = run_on_frozen(2)
-    stopped = freeze(lambda sig: os.killpg(frozen.pid, sig), other, ticks, second)
+    stopped = freeze(lambda sig: signal_session(frozen.pid, sig), other, ticks, second)
     wait_until(lambda: acked(db, second), "the reclaimed jobs to finish", 30)
 
     attempts = read_ticks(ticks)
