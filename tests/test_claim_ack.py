@@ -183,7 +183,8 @@ def test_losing_a_stale_attempt_spares_the_fresh_attempt_of_the_same_job(db, dsn
         await Reaper(pool, 1).reap()
         (new,) = await claimer(pool, "host-a").claim(1)
         held = iter([[old], [old, new]])  # as sent; once the answer is back
-        beat = Heartbeat(pool, "host-a", Lease(30), lambda: next(held), lambda: None)
+        beat = Heartbeat(pool, "host-a", Lease(30), lambda: next(held), lambda: None,
+                         lambda: None)
         return await beat.beat(), old, new
 
     lost, old, new = run_with_pool(dsn, scenario)

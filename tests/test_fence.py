@@ -6,8 +6,8 @@ handler code runs, so the records show the last moment an interrupted attempt ra
 two attempts of a job may overlap (`chaos_checks.find_overlaps`, the soak's checker).
 First the dispatcher alone is frozen (its workers run on, and must end themselves at their
 deadline), then the whole host, every process of its session (on SIGCONT, a worker whose
-deadline passed must not run one more line of handler code). The frozen host then carries on serving, and
-exits 0 on SIGTERM.
+deadline passed must not run one more line of handler code). The frozen host then carries
+on serving, and exits 0 on SIGTERM.
 """
 
 from __future__ import annotations
