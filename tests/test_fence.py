@@ -121,8 +121,10 @@ def signal_session(leader: int, sig: int) -> None:
 def freeze(what: Callable[[int], None], other: Pgpool, where: Path, jobs: list[int]) -> int:
     """Stop the frozen host with ``what(SIGSTOP)`` until both three leases have passed and
     ``other`` runs ``jobs``; continue it; return when it was stopped (monotonic ns)."""
-    stopped = time.monotonic_ns()
     what(signal.SIGSTOP)
+    # Taken once every process has been sent SIGSTOP: signalling a session goes through
+    # /proc one process at a time, and a worker ticks on until its own signal arrives.
+    stopped = time.monotonic_ns()
     try:
         deadline = time.monotonic() + RECLAIM
         while not running_on(where, other, jobs):
