@@ -79,7 +79,7 @@ class Claimer:
         """(jobs of this host's queues and kinds running anywhere, seconds until the last of
         their leases ends, 0 if none)."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.RUNNING_ELSEWHERE, self._params)
+            cur = await conn.execute(sql.RUNNING, self._params)
             count, left = await cur.fetchone()
         return count, left.total_seconds() if left is not None else 0.0
 

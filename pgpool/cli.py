@@ -261,12 +261,12 @@ def _record_signal(signum: int, frame: object) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     # A SIGTERM while handler modules import or the database is checked must still mean
     # "stop gracefully", not instant death: catch it from here on.
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    from . import init
+
+    for sig in init.FORWARDED:
         signal.signal(sig, _record_signal)
     # As PID 1 (a container without an init), a small init stays PID 1 to reap orphans and
     # forward signals, and the dispatcher goes on in a child.
-    from . import init
-
     init.split_if_pid1(_early_signals)
     from . import dsn as dsnlib
     from .dispatcher import Dispatcher

@@ -129,7 +129,7 @@ class Completer:
         interval: float = 0.01,
         high_water: int = 1000,
         retry: RetryPolicy | None = None,
-        on_flushed: Callable[[FlushResult], None] | None = None,
+        on_flushed: Callable[[], None] | None = None,
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -215,7 +215,7 @@ class Completer:
             self._have.clear()
             self._full.clear()
             try:
-                result = await self.flush(self._flushing)
+                await self.flush(self._flushing)
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 self.stats.failed_flushes += 1
@@ -231,7 +231,7 @@ class Completer:
             if not self._buffer:
                 self._idle.set()
             if self._on_flushed is not None:
-                self._on_flushed(result)
+                self._on_flushed()
 
     async def flush(self, acks: list[Ack]) -> FlushResult:
         """Write ``acks`` in one transaction (one statement, autocommit); errors propagate

@@ -348,7 +348,7 @@ class Dispatcher:
     def _jobs_returned(self, jobs: list[Job]) -> None:
         self.completer.release(jobs)
 
-    def _acks_flushed(self, _result: object) -> None:
+    def _acks_flushed(self) -> None:
         self.scheduler.acks_flushed()
 
     def _held(self) -> list[Job]:
@@ -435,7 +435,7 @@ class Dispatcher:
             done=c["done"], retried=c["retried"], dead=c["dead"], released=c["released"],
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
-            batch_auto=auto,
+            batch_auto=auto, lost=c["lost"],
         )
 
 

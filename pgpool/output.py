@@ -79,8 +79,8 @@ class JobStream(io.TextIOBase):
         return self._raw.encoding
 
 
-def install(limit: int = LIMIT) -> tuple[JobStream, JobStream]:
+def install() -> tuple[JobStream, JobStream]:
     """Put `JobStream`s in place of this process's ``sys.stdout`` and ``sys.stderr``."""
-    sys.stdout = out = JobStream(sys.stdout, limit)
-    sys.stderr = err = JobStream(sys.stderr, limit)
+    sys.stdout = out = JobStream(sys.stdout)
+    sys.stderr = err = JobStream(sys.stderr)
     return out, err

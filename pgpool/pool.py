@@ -122,8 +122,11 @@ class WorkerPool:
     """``procs`` worker processes, each fed through its own pipe.
 
     ``on_outcome`` is called, on the event loop, once per started job: success, failure,
-    timeout or worker death. ``on_returned`` receives jobs a stopping worker never started.
-    ``on_fatal`` is called if replacement workers keep failing to start.
+    timeout or worker death; except a job its worker's fence ended (its lease deadline
+    passed), which gets no outcome: it is not acked, and runs again once the lease expires.
+    ``on_returned`` receives jobs that were never started: those a stopping worker hands
+    back, those requeued while the pool closes, and late ones (below). ``on_fatal`` is
+    called if replacement workers keep failing to start.
     ``min_left_to_start``: a job is sent to a worker only with at least that many seconds
     left before its `Job.deadline`; later ones go back through ``on_returned``.
     """
@@ -466,15 +469,21 @@ class WorkerPool:
 
     def _on_readable(self, w: _Worker) -> None:
         """Outcomes and other messages arrive: decode and handle each."""
+        if self._read_results(w) is None:
+            self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
+
+    def _read_results(self, w: _Worker) -> bool | None:
+        """Handle what one read of the result pipe brings: True if it read something,
+        False if nothing was waiting, None at EOF."""
         try:
             data = os.read(w.results, 1 << 18)
         except BlockingIOError:
-            return
+            return False
         if not data:
-            self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
-            return
+            return None
         for message in w.decoder.feed(data):
             self._on_message(w, message)
+        return True
 
     def _on_exit(self, w: _Worker) -> None:
         """The worker process exited (its pidfd turned readable): settle it now, even if
@@ -492,15 +501,8 @@ class WorkerPool:
         the pipe is empty (or at EOF) cannot miss an outcome, and never waits for a child
         that holds the pipe open.
         """
-        while w.results >= 0:
-            try:
-                data = os.read(w.results, 1 << 18)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            for message in w.decoder.feed(data):
-                self._on_message(w, message)
+        while w.results >= 0 and self._read_results(w):
+            pass
         self._close_results(w)
 
     def _close_results(self, w: _Worker) -> None:

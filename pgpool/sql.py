@@ -108,9 +108,10 @@ WHERE j.id = picked.id AND k.kind = j.kind
 RETURNING j.id, j.kind, j.queue, j.attempts, j.max_attempts, j.payload
 """
 
-#: Jobs of the given queues and kinds that some host is running now, and when the last of
-#: their leases ends: a burst host is not drained while any could still come back to it.
-RUNNING_ELSEWHERE: Final = """
+#: Jobs of the given queues and kinds that any host (this one too) is running now, and when
+#: the last of their leases ends: a burst host is not drained while any could still come
+#: back to it.
+RUNNING: Final = """
 SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
 WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
 """

@@ -330,6 +330,15 @@ def in_registry(dsn: str, work: Callable[[AsyncConnectionPool], Awaitable[Any]])
 # --- what the test handlers did, and waiting --------------------------------------------------
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
     """(job id, attempt, worker pid, event) lines written by tests/testjobs.py."""
     out = []

@@ -143,8 +143,9 @@ def test_the_environment_sets_the_format_and_the_option_wins(db, dsn) -> None:
     assert only_event(from_env.stderr, "finished")["done"] == 0
     option_wins = run_pgpool(dsn, *RUN, "--burst", "--log-format", "TEXT", **JSON_LOGS)
     assert option_wins.returncode == 0, option_wins.stderr
-    assert log_records(option_wins.stderr) == []
-    assert all(TEXT_LINE.fullmatch(line) for line in option_wins.stderr.splitlines())
+    lines = option_wins.stderr.splitlines()
+    assert lines and log_records(option_wins.stderr) == []
+    assert all(TEXT_LINE.fullmatch(line) for line in lines)
 
 
 def test_every_subcommand_takes_the_option(dsn) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_records
+from conftest import alive, read_records
 
 from pgpool import ipc
 from pgpool.errors import HandlerError
@@ -394,15 +394,6 @@ def test_a_job_past_its_deadline_fails_alone_and_its_worker_is_replaced(
     assert pids[1] != pids[2]  # job 2 waited behind the killed job: it ran on the new worker
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_killed_worker_is_replaced_even_while_its_handlers_child_holds_the_pipe(
         record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The handler's child inherits the worker's result pipe and would sleep 40 s: the
@@ -433,7 +424,7 @@ def test_a_killed_worker_is_replaced_even_while_its_handlers_child_holds_the_pip
     (child,) = [pid for _, _, pid, event in records if event == "child"]
     # Killed with its worker's process group: no need to wait, it is gone already (at
     # most a zombie that its new parent has not reaped yet).
-    assert not _alive(child), f"the handler's child {child} outlived its worker"
+    assert not alive(child), f"the handler's child {child} outlived its worker"
     print(f"timeout 0.5 s: both outcomes after {elapsed:.2f} s")
 
 
@@ -449,10 +440,10 @@ def test_a_worker_that_ends_on_its_own_takes_what_its_handler_started_with_it(
         assert [o.error for o in outcomes] == [None, None]
         assert pool.replaced >= 1
         (child,) = [pid for _, _, pid, event in read_records(record_dir) if event == "child"]
-        assert not _alive(child), f"the handler's child {child} outlived its worker"
+        assert not alive(child), f"the handler's child {child} outlived its worker"
     finally:
         for _, _, pid, event in read_records(record_dir):
-            if event == "child" and _alive(pid):
+            if event == "child" and alive(pid):
                 os.kill(pid, 9)
 
 

@@ -6,7 +6,6 @@ each test can say exactly which attempt of which job ran, and how often.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -22,6 +21,7 @@ from conftest import (
     MARKER,
     RUN,
     Pgpool,
+    alive,
     one,
     only_event,
     pgpool_cmd,
@@ -32,19 +32,6 @@ from conftest import (
 )
 
 import pgpool
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it has exited as far as we are concerned.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def starts(record_dir: Path) -> list[tuple[int, int, int, str]]:

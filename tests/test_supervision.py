@@ -11,7 +11,7 @@ import shutil
 import signal
 
 import pytest
-from conftest import RUN, one, read_records, start_pgpool, wait_until
+from conftest import RUN, alive, one, read_records, start_pgpool, wait_until
 
 import pgpool
 
@@ -67,11 +67,6 @@ def test_a_failed_claim_loop_stops_the_host_loudly_after_a_drain(db, dsn, record
     assert p.events("finished"), p.stderr
 
 
-def _alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
 def test_a_killed_worker_is_noticed_and_replaced_while_its_handlers_child_holds_its_pipe(
         db, dsn, record_dir):
     # The reported case: the handler forks a child that sleeps 40 s (it inherits the
@@ -83,7 +78,7 @@ def test_a_killed_worker_is_noticed_and_replaced_while_its_handlers_child_holds_
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", job_id)
                == (1,), "the timed-out job to be dead-lettered", timeout=20)
     (child,) = [r[2] for r in read_records(record_dir) if r[3] == "child"]
-    assert not _alive(child), f"the handler's child {child} outlived the attempt"
+    assert not alive(child), f"the handler's child {child} outlived the attempt"
     pgpool.enqueue(db, "whoami", {})
     wait_until(lambda: any(r[3] == "run" for r in read_records(record_dir)),
                "the next job to run on a new worker")

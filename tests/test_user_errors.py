@@ -396,7 +396,9 @@ def circular() -> dict[str, object]:
 
 
 def test_enqueue_payload_nesting_limit(db: psycopg.Connection) -> None:
-    assert pgpool.enqueue(db, "record", nested(254))
+    job = pgpool.enqueue(db, "record", nested(254))
+    assert db.execute("SELECT payload = %s::jsonb FROM pgpool_jobs WHERE id = %s",
+                      (orjson.dumps(nested(254)).decode(), job)).fetchone() == (True,)
     for payload in (nested(255), nested(5000), circular()):
         with pytest.raises(PayloadError) as info:
             pgpool.enqueue(db, "record", payload)
