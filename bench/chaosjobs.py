@@ -5,8 +5,8 @@ with ``bench/`` on ``PYTHONPATH``). Each attempt appends two lines to a per-proc
 ``$CHAOS_RECORD/<dispatcher pid>-<worker pid>.log``, each written with one ``write`` and
 made durable with ``fdatasync`` before the handler goes on::
 
-    <job id> <attempt> <worker pid> <start_ns> -          before the work starts
-    <job id> <attempt> <worker pid> <start_ns> <end_ns>   after the work, before returning
+    <job id> <claim> <worker pid> <start_ns> -            before the work starts
+    <job id> <claim> <worker pid> <start_ns> <end_ns>     after the work, before returning
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process on the
 host, so they compare with the fault times the soak driver takes. An attempt killed while
@@ -63,9 +63,9 @@ def record(payload: dict) -> None:
     job = pgpool.current_job()
     pid = os.getpid()
     start = time.monotonic_ns()
-    _append(f"{job.id} {job.attempt} {pid} {start} -\n")
+    _append(f"{job.id} {job.claim} {pid} {start} -\n")
     spin(float(payload.get("ms", 2)))
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
     end = time.monotonic_ns()
-    _append(f"{job.id} {job.attempt} {pid} {start} {end}\n")
+    _append(f"{job.id} {job.claim} {pid} {start} {end}\n")

@@ -60,7 +60,7 @@ async def pooled(jobs: int, procs: int, rounds: int) -> float:
     started = time.perf_counter()
     # Every claimed job has a lease deadline, so each one runs under an armed fence timer.
     deadline = time.monotonic() + 3600
-    pool.submit([Job(i, KIND, "default", 1, 1, payload, None, deadline=deadline)
+    pool.submit([Job(i, KIND, "default", 1, 0, 1, payload, None, deadline=deadline)
                  for i in range(jobs)])
     await finished
     rate = jobs / (time.perf_counter() - started)

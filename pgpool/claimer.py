@@ -102,7 +102,7 @@ class Claimer:
         timeouts = self._timeouts
         deadline = self._lease.deadline(started)
         return [
-            Job(id_, kind, queue, attempt, max_attempts, payload, timeouts[kind],
-                deadline=deadline)
-            for id_, kind, queue, attempt, max_attempts, payload in rows
+            Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
+                timeouts[kind], deadline=deadline)
+            for id_, kind, queue, attempt, interruptions, max_attempts, payload in rows
         ]

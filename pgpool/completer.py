@@ -1,15 +1,18 @@
 """What happens to a finished attempt, and writing that back as grouped acks.
 
-Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of four
+Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of five
 typed acks: `Ack.done` (delete it), `Ack.retry` (ready again after a capped exponential
-backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_dead``) and
-`Ack.release` (claimed but never started: ready again, the claim not counted as an attempt).
+backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_dead``),
+`Ack.release` (claimed but never started: ready again, the claim not counted as an attempt)
+and `Ack.interrupted` (cut off by this host's shutdown: ready again now, not counted, up to
+`FREE_INTERRUPTIONS` times per job; after that such an attempt fails like any other).
 `Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
 attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never acked.
 
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
-statement (deletes, retries, hand-backs and dead letters, each guarded by ownership). Only
+statement (deletes, retries, hand-backs, interruptions and dead letters, each guarded by
+ownership). Only
 one flush runs at a time; acks that arrive meanwhile wait for the next.
 
 Backpressure: `has_room` turns False once ``high_water`` acks are waiting, and the claim
@@ -36,17 +39,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .job import Job, Outcome
-from .retry import Failures, RetryPolicy, backoff
+from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
 
 log = logging.getLogger("pgpool.completer")
 
-AckKind = Literal["done", "retry", "release", "dead"]
+AckKind = Literal["done", "retry", "release", "interrupted", "dead"]
 
 
 @dataclass(frozen=True, slots=True)
 class Ack:
     """A job's next state, to be written by the completer. Build one with `done`,
-    `retry`, `release` or `dead`."""
+    `retry`, `release`, `interrupted` or `dead`."""
 
     kind: AckKind
     job: Job
@@ -69,25 +72,35 @@ class Ack:
         return cls("release", job)
 
     @classmethod
+    def interrupted(cls, job: Job, error: str) -> Ack:
+        """Cut off by this host's shutdown: ready again now, ``error`` kept, the attempt
+        not counted against ``max_attempts``."""
+        return cls("interrupted", job, error=error)
+
+    @classmethod
     def dead(cls, job: Job, error: str) -> Ack:
         """The last attempt failed: move the job to ``pgpool_dead`` with ``error``."""
         return cls("dead", job, error=error)
 
 
 def decide(outcome: Outcome, retry: RetryPolicy) -> Ack:
-    """The next state of a job after ``outcome``: done, retry after ``retry``'s delay
-    for this attempt, or dead when it was the last attempt."""
+    """The next state of a job after ``outcome``: done; interrupted when this host's
+    shutdown cut it off and the job has had fewer than `FREE_INTERRUPTIONS` uncounted
+    attempts; otherwise retry after ``retry``'s delay for this attempt, or dead when it was
+    the last one counted against ``max_attempts``."""
     job = outcome.job
     if outcome.error is None:
         return Ack.done(job)
-    if job.attempt >= job.max_attempts:
+    if outcome.interrupted and job.interruptions < FREE_INTERRUPTIONS:
+        return Ack.interrupted(job, outcome.error)
+    if job.counted >= job.max_attempts:
         return Ack.dead(job, outcome.error)
-    return Ack.retry(job, retry.delay(job.attempt), outcome.error)
+    return Ack.retry(job, retry.delay(job.counted), outcome.error)
 
 
 #: The `Completer.counts` key of each ack kind.
 _COUNTED: dict[AckKind, str] = {"done": "done", "retry": "retried", "release": "released",
-                                "dead": "dead"}
+                                "interrupted": "interrupted", "dead": "dead"}
 
 
 @dataclass(slots=True)
@@ -95,6 +108,7 @@ class FlushResult:
     done: int = 0
     retried: int = 0
     released: int = 0
+    interrupted: int = 0
     dead: int = 0
     #: Acks the database refused because this host no longer owned the attempt.
     stale: int = 0
@@ -116,8 +130,8 @@ class Completer:
     """Decides each finished attempt's next state, buffers the acks and writes them in
     grouped transactions.
 
-    ``counts`` tallies what was decided: "done", "retried", "dead", "released", and "lost"
-    (results dropped because the lease was lost).
+    ``counts`` tallies what was decided: "done", "retried", "dead", "released",
+    "interrupted", and "lost" (results dropped because the lease was lost).
     """
 
     def __init__(
@@ -164,6 +178,9 @@ class Completer:
                       outcome.cause)
         elif ack.kind == "retry":
             log.warning("%s failed (%s); retry in %.1fs", job, outcome.cause, ack.delay)
+        elif ack.kind == "interrupted":
+            log.warning("%s cut off by shutdown (%s); ready again, not counted as an attempt",
+                        job, outcome.cause)
         self.add(ack)
 
     def release(self, jobs: list[Job]) -> None:
@@ -237,7 +254,8 @@ class Completer:
         """Write ``acks`` in one transaction (one statement, autocommit); errors propagate
         (`run` keeps the acks and retries)."""
         started = time.monotonic()
-        arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [], "dead": []}
+        arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
+                                      "interrupted": [], "dead": []}
         for a in acks:
             arms[a.kind].append(a)
         p: dict[str, object] = {"owner": self._owner}
@@ -246,13 +264,14 @@ class Completer:
             p[f"{kind}_attempts"] = sql.int_array(a.job.attempt for a in arm)
         p["retry_delays"] = [a.delay for a in arms["retry"]]
         p["retry_errors"] = [a.error or "" for a in arms["retry"]]
+        p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
         p["dead_errors"] = [a.error or "" for a in arms["dead"]]
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.ACK, p)
-            done, retried, released, dead = await cur.fetchone()
-        result = FlushResult(done, retried, released, dead, size=len(acks),
+            done, retried, released, interrupted, dead = await cur.fetchone()
+        result = FlushResult(done, retried, released, interrupted, dead, size=len(acks),
                              seconds=time.monotonic() - started)
-        result.stale = len(acks) - (done + retried + released + dead)
+        result.stale = len(acks) - (done + retried + released + interrupted + dead)
         self.stats.flushes += 1
         self.stats.acks += len(acks)
         self.stats.stale += result.stale

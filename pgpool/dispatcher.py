@@ -428,11 +428,13 @@ class Dispatcher:
         event(
             log, logging.INFO, "finished",
             "finished: %d succeeded, %d failed and retried later, %d dead-lettered, "
-            "%d handed back, in %.2fs (%.0f jobs/s); %d claims, %d ack flushes; batch %d%s",
-            c["done"], c["retried"], c["dead"], c["released"], elapsed, rate,
+            "%d handed back, %d cut off by the shutdown, in %.2fs (%.0f jobs/s); "
+            "%d claims, %d ack flushes; batch %d%s",
+            c["done"], c["retried"], c["dead"], c["released"], c["interrupted"], elapsed, rate,
             self.claimer.claims, self.completer.stats.flushes, self.scheduler.batch,
             " (auto)" if auto else "",
             done=c["done"], retried=c["retried"], dead=c["dead"], released=c["released"],
+            interrupted=c["interrupted"],
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
             batch_auto=auto, lost=c["lost"],

@@ -106,6 +106,7 @@ class Heartbeat:
             params = {
                 "ids": sql.int_array(j.id for j in jobs),
                 "attempts": sql.int_array(j.attempt for j in jobs),
+                "started": "{" + ",".join("t" if j.started else "f" for j in jobs) + "}",
                 "owner": self._owner,
                 "lease": self.lease.seconds,
             }

@@ -43,7 +43,8 @@ class WorkItem(NamedTuple):
     """One job as a worker receives it (see `pgpool.job.Job.wire`)."""
 
     id: int
-    attempt: int
+    attempt: int  # the claim number (`Job.attempt`)
+    interruptions: int  # earlier claims not counted against max_attempts
     max_attempts: int
     kind: str
     queue: str

@@ -15,7 +15,8 @@ class Job:
     id: int
     kind: str
     queue: str
-    attempt: int
+    attempt: int  # claims so far, this one included: with ``id``, the ownership token
+    interruptions: int  # earlier claims not counted against ``max_attempts``
     max_attempts: int
     payload: bytes  # raw JSON text as stored; only the worker parses it
     timeout: float | None
@@ -25,16 +26,24 @@ class Job:
     #: When a worker must stop running it (`time.monotonic()`, see `Lease.deadline`): set
     #: from the claim's start, moved on by each heartbeat that extends the lease.
     deadline: float = math.inf  # inf: no deadline (a pool used on its own, in tests)
+    #: A worker has started it (set by the pool; the heartbeat records it for the reaper).
+    started: bool = False
+
+    @property
+    def counted(self) -> int:
+        """Attempts used against ``max_attempts``, this one included."""
+        return self.attempt - self.interruptions
 
     def wire(self) -> WorkItem:
         """What a worker receives of this attempt."""
         # tuple.__new__ skips the named tuple's Python-level __new__: half the cost, once per
         # job on the dispatcher's busiest path.
-        return tuple.__new__(WorkItem, (self.id, self.attempt, self.max_attempts, self.kind,
-                                        self.queue, self.payload, self.deadline))
+        return tuple.__new__(WorkItem, (self.id, self.attempt, self.interruptions,
+                                        self.max_attempts, self.kind, self.queue,
+                                        self.payload, self.deadline))
 
     def __str__(self) -> str:
-        return f"job {self.id} ({self.kind}, attempt {self.attempt}/{self.max_attempts})"
+        return f"job {self.id} ({self.kind}, attempt {self.counted}/{self.max_attempts})"
 
 
 @dataclass(slots=True)
@@ -47,3 +56,5 @@ class Outcome:
     #: A short cause for logs: the exception type, "timeout", "worker died: signal 9"...
     #: Logs carry this and never the error text, which may quote payload data.
     cause: str = ""
+    #: Cut off by this host's shutdown (its grace period ran out), not by the job itself.
+    interrupted: bool = False

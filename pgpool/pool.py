@@ -12,8 +12,9 @@ types of `pgpool.ipc`::
      │   once it is half drained, dealt in rounds: one Jobs frame per hand-off
      ▼
   _workers[index]: _Worker
-     .assigned: deque[Job]   in order: the front one runs (since .started_at), the rest
-     │                       wait in the pipe
+     .assigned: deque[Job]   in order: the front one runs (since .started_at, and it is
+     │                       marked `Job.started` for the heartbeat), the rest wait in the
+     │                       pipe
      │  .transport ── task pipe: Jobs([job.wire(), ...]) | Stop() ──▶ ┌─────────────────────┐
      │                                                                │ worker.main(index)  │
      │                                                                │   handler modules   │
@@ -111,6 +112,8 @@ class _Worker:
     stopping: bool = False
     started_at: float = 0.0  # loop time the front job of `assigned` started
     kill_reason: str | None = None
+    #: Killed because the shutdown grace period ran out: its running job was interrupted.
+    interrupted: bool = False
     retiring: str | None = None  # left on its own between jobs; nothing of it is running
 
     @property
@@ -191,7 +194,8 @@ class WorkerPool:
         """Let running jobs finish within ``grace`` seconds, then kill what is left.
 
         Unstarted jobs come back through ``on_returned``; jobs killed at the deadline
-        end through ``on_outcome`` as failures.
+        end through ``on_outcome`` as failures marked `Outcome.interrupted` (the
+        completer does not count such an attempt, up to a bound).
         """
         self.closing = True
         returned = list(self._backlog)
@@ -210,6 +214,8 @@ class WorkerPool:
         _, late = await asyncio.wait(waits, timeout=grace)
         if late:
             for w in list(self._workers.values()):
+                if w.kill_reason is None:
+                    w.interrupted = True
                 self._kill(w, f"shutdown grace period ({grace:g}s) expired")
             await asyncio.wait(late, timeout=10)
 
@@ -326,6 +332,7 @@ class WorkerPool:
         for w, batch in batches.items():
             if not w.assigned:
                 w.started_at = now
+                batch[0].started = True
             w.assigned.extend(batch)
             self._send(w, ipc.Jobs([job.wire() for job in batch]))
             self.frames_sent += 1
@@ -426,6 +433,8 @@ class WorkerPool:
 
     def _finished(self, w: _Worker, outcome: Outcome) -> None:
         w.started_at = asyncio.get_running_loop().time()  # its next job starts now
+        if w.assigned:
+            w.assigned[0].started = True
         # A slow average: one job preempted for 5 ms among 3 us jobs must not swing the
         # batch and depth derived from it; a real change (jobs turning long) still moves it
         # at once, because the new times are so much larger.
@@ -548,7 +557,7 @@ class WorkerPool:
             log.warning("worker %d (pid %s): %s, %s: not acked, it runs again once its "
                         "lease ends", w.index, w.process.pid, cause, job)
             return
-        self._report_outcome(Outcome(job, cause, 0.0, cause=cause))
+        self._report_outcome(Outcome(job, cause, 0.0, cause=cause, interrupted=w.interrupted))
 
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the

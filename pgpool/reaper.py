@@ -14,7 +14,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
-from .retry import Failures
+from .retry import FREE_INTERRUPTIONS, Failures
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -45,7 +45,8 @@ class Reaper:
         async with self._lock:
             while True:
                 async with self._pool.connection() as conn:
-                    cur = await conn.execute(sql.REAP, {"limit": BATCH})
+                    cur = await conn.execute(sql.REAP, {"limit": BATCH,
+                                                       "max_interruptions": FREE_INTERRUPTIONS})
                     r, d = await cur.fetchone()
                 revived += r
                 buried += d

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from .errors import first_line
 from .logs import event
 
+#: How many attempts of one job may go uncounted against its ``max_attempts``: attempts cut
+#: off by a dispatcher's shutdown (its grace period ran out) and attempts whose host died
+#: before they started. Bounded, so a job that always outlives the grace period cannot loop
+#: through deploys forever: past the bound, such attempts count like any other.
+FREE_INTERRUPTIONS = 3
+
 
 def backoff(failures: int, base: float, cap: float) -> float:
     """Seconds to wait before retrying the database after ``failures`` failures in a row:

@@ -102,10 +102,11 @@ SET state = 'running',
     max_attempts = coalesce(j.max_attempts, k.max_attempts),
     locked_by = %(owner)s,
     claimed_at = now(),
-    lease_until = now() + make_interval(secs => %(lease)s)
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false
 FROM picked, unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
 WHERE j.id = picked.id AND k.kind = j.kind
-RETURNING j.id, j.kind, j.queue, j.attempts, j.max_attempts, j.payload
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload
 """
 
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
@@ -116,21 +117,25 @@ SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
 WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
 """
 
-#: Extend the leases of every job this dispatcher holds, in one statement.
-#: Returns the ids still owned; the caller treats the rest as lost.
+#: Extend the leases of every job this dispatcher holds, in one statement, and record which
+#: attempts have started in a worker (the reaper does not count an attempt that never
+#: started). Returns the ids still owned; the caller treats the rest as lost.
 HEARTBEAT: Final = """
 UPDATE pgpool_jobs AS j
-SET lease_until = now() + make_interval(secs => %(lease)s)
+SET lease_until = now() + make_interval(secs => %(lease)s),
+    started = j.started OR h.started
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
-            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]))
-     AS h(id, attempt, owner)
+            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+            %(started)s::bool[])
+     AS h(id, attempt, owner, started)
 WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
 RETURNING j.id, j.attempts
 """
 
 #: One grouped ack: delete succeeded jobs, reschedule failures, hand back unstarted jobs
-#: (their claim did not count as an attempt) and move exhausted jobs to pgpool_dead.
-#: Each arm is guarded by ownership. Returns how many rows each arm changed.
+#: (their claim did not count as an attempt), return attempts cut off by this host's
+#: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
+#: pgpool_dead. Each arm is guarded by ownership. Returns how many rows each arm changed.
 ACK: Final = """
 WITH done AS (
     DELETE FROM pgpool_jobs AS j
@@ -157,6 +162,16 @@ WITH done AS (
          AS a(id, attempt, owner)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id
+), interrupted AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', locked_by = NULL, lease_until = NULL, last_error = a.error,
+        run_at = now(), interruptions = j.interruptions + 1
+    FROM unnest(%(interrupted_ids)s::bigint[], %(interrupted_attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(interrupted_ids)s::bigint[])]),
+                %(interrupted_errors)s::text[])
+         AS a(id, attempt, owner, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
 ), buried AS (
     DELETE FROM pgpool_jobs AS j
     USING unnest(%(dead_ids)s::bigint[], %(dead_attempts)s::int[],
@@ -164,23 +179,26 @@ WITH done AS (
                  %(dead_errors)s::text[])
           AS a(id, attempt, owner, error)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
-    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.max_attempts,
-              j.unique_key, j.created_at, a.error
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
+              j.max_attempts, j.unique_key, j.created_at, a.error
 ), dead AS (
-    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
-                             unique_key, created_at, last_error)
-    SELECT id, queue, kind, payload, priority, attempts, max_attempts,
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
+                             max_attempts, unique_key, created_at, last_error)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
            unique_key, created_at, error
     FROM buried
     RETURNING id
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
-       (SELECT count(*) FROM released), (SELECT count(*) FROM dead)
+       (SELECT count(*) FROM released), (SELECT count(*) FROM interrupted),
+       (SELECT count(*) FROM dead)
 """
 
 #: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
-#: or bury them when that attempt was their last. The expired attempt counts. SKIP LOCKED
-#: lets every host run this concurrently without two of them handling one row.
+#: or bury them when that attempt was their last. An attempt that never started in a worker
+#: (no heartbeat recorded it) does not count, up to ``max_interruptions`` per job; any other
+#: expired attempt counts. SKIP LOCKED lets every host run this concurrently without two of
+#: them handling one row.
 REAP: Final = """
 WITH expired AS (
     SELECT id FROM pgpool_jobs
@@ -188,24 +206,33 @@ WITH expired AS (
     ORDER BY id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
+), judged AS (
+    SELECT j.id, j.locked_by,
+           NOT j.started AND j.interruptions < %(max_interruptions)s AS uncounted,
+           j.attempts - j.interruptions < j.max_attempts AS attempts_left
+    FROM pgpool_jobs AS j JOIN expired AS e USING (id)
 ), revived AS (
     UPDATE pgpool_jobs AS j
     SET state = 'ready', run_at = now(), lease_until = NULL, locked_by = NULL,
-        last_error = 'lease expired while running on ' || coalesce(j.locked_by, '?')
-    FROM expired AS e
-    WHERE j.id = e.id AND j.attempts < j.max_attempts
+        interruptions = j.interruptions + CASE WHEN g.uncounted THEN 1 ELSE 0 END,
+        last_error = 'lease expired while '
+                     || CASE WHEN g.uncounted THEN 'waiting to start on '
+                             ELSE 'running on ' END
+                     || coalesce(j.locked_by, '?')
+    FROM judged AS g
+    WHERE j.id = g.id AND (g.uncounted OR g.attempts_left)
     RETURNING j.id
 ), buried AS (
     DELETE FROM pgpool_jobs AS j
-    USING expired AS e
-    WHERE j.id = e.id AND j.attempts >= j.max_attempts
-    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.max_attempts,
-              j.unique_key, j.created_at, j.locked_by
+    USING judged AS g
+    WHERE j.id = g.id AND NOT (g.uncounted OR g.attempts_left)
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
+              j.max_attempts, j.unique_key, j.created_at, j.locked_by
 ), dead AS (
-    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
-                             unique_key, created_at, last_error)
-    SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key, created_at,
-           'lease expired while running on ' || coalesce(locked_by, '?')
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
+                             max_attempts, unique_key, created_at, last_error)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
+           unique_key, created_at, 'lease expired while running on ' || coalesce(locked_by, '?')
     FROM buried
     RETURNING id
 )

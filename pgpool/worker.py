@@ -46,8 +46,13 @@ class JobInfo:
     id: int
     kind: str
     queue: str
+    #: This attempt's number as counted against ``max_attempts`` (1 on the first run). An
+    #: attempt cut off by a shutdown, or whose host died before it started, is not counted
+    #: (at most three per job), so two attempts may share a number; ``claim`` tells them apart.
     attempt: int
     max_attempts: int
+    #: How many times the job has been claimed, this attempt included: unique per attempt.
+    claim: int
 
 
 _current: JobInfo | None = None
@@ -209,7 +214,8 @@ def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,
          streams: tuple[output.JobStream, ...]) -> ipc.Done | ipc.Failed:
     global _current
     started = time.perf_counter()
-    _current = JobInfo(job.id, job.kind, job.queue, job.attempt, job.max_attempts)
+    _current = JobInfo(job.id, job.kind, job.queue, job.attempt - job.interruptions,
+                       job.max_attempts, job.attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
     try:

@@ -20,12 +20,13 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool.claimer import Claimer, configure_connection
-from pgpool.completer import Ack, Completer
+from pgpool.completer import Ack, Completer, decide
 from pgpool.heartbeat import Heartbeat
-from pgpool.job import Job
+from pgpool.job import Job, Outcome
 from pgpool.lease import Lease
 from pgpool.reaper import Reaper
 from pgpool.registry import Handler
+from pgpool.retry import FREE_INTERRUPTIONS, RetryPolicy
 
 
 def _handlers(*kinds: str, max_attempts: int | None = None) -> dict[str, Handler]:
@@ -115,11 +116,11 @@ def test_claims_waiting_for_a_connection_each_send_their_own_limit(db, dsn):
 
 
 def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
-    for i in range(6):
+    for i in range(7):
         pgpool.enqueue(db, "k", {"n": i})
 
     async def scenario(pool: AsyncConnectionPool) -> list[Any]:
-        jobs = await claimer(pool, "host-a").claim(6)
+        jobs = await claimer(pool, "host-a").claim(7)
         mine = Completer(pool, "host-a")
         theirs = Completer(pool, "host-b")
         # Another host cannot ack, retry or bury jobs it does not own.
@@ -129,20 +130,27 @@ def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
             Ack.retry(jobs[2], 60, "boom"),
             Ack.release(jobs[3]),
             Ack.dead(jobs[4], "gave up"),
+            Ack.interrupted(jobs[6], "shutdown grace period (1s) expired"),
         ])
         return [stolen, result, jobs]
 
     stolen, result, jobs = run_with_pool(dsn, scenario)
     assert (stolen.done, stolen.dead, stolen.stale) == (0, 0, 2)
-    assert (result.done, result.retried, result.released, result.dead, result.stale) == (
-        2, 1, 1, 1, 0)
+    assert (result.done, result.retried, result.released, result.interrupted, result.dead,
+            result.stale) == (2, 1, 1, 1, 1, 0)
     states = dict(rows(db, "SELECT id, state FROM pgpool_jobs"))
-    assert states == {jobs[2].id: "ready", jobs[3].id: "ready", jobs[5].id: "running"}
+    assert states == {jobs[2].id: "ready", jobs[3].id: "ready", jobs[5].id: "running",
+                      jobs[6].id: "ready"}
     retried = rows(db, "SELECT attempts, last_error, run_at > now() + interval '50 seconds',"
                        " locked_by FROM pgpool_jobs WHERE id = %s", jobs[2].id)
     assert retried == [(1, "boom", True, None)]
     released = rows(db, "SELECT attempts FROM pgpool_jobs WHERE id = %s", jobs[3].id)
     assert released == [(0,)]  # handing back an unstarted job costs no attempt
+    # Cut off by a shutdown: ready now, the claim kept (it is the ownership token) but
+    # not counted against max_attempts.
+    interrupted = rows(db, "SELECT attempts, interruptions, run_at <= now(), last_error, "
+                           "locked_by FROM pgpool_jobs WHERE id = %s", jobs[6].id)
+    assert interrupted == [(1, 1, True, "shutdown grace period (1s) expired", None)]
     dead = rows(db, "SELECT id, attempts, last_error, payload FROM pgpool_dead")
     assert dead == [(jobs[4].id, 1, "gave up", {"n": 4})]
 
@@ -229,9 +237,9 @@ def test_reaper_revives_expired_jobs_and_buries_exhausted_ones(db, dsn):
 
     async def scenario(pool: AsyncConnectionPool) -> tuple[int, int]:
         await claimer(pool, "host-gone").claim(3)
-        async with pool.connection() as conn:
-            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'"
-                               " WHERE payload->>'n' IN ('0', '1')")
+        async with pool.connection() as conn:  # they ran (a heartbeat recorded it), then
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s',"
+                               " started = true WHERE payload->>'n' IN ('0', '1')")
         # Two reapers at once (two hosts): each expired job is handled exactly once.
         a, b = await asyncio.gather(Reaper(pool, 1).reap(), Reaper(pool, 1).reap())
         return a[0] + b[0], a[1] + b[1]
@@ -243,6 +251,56 @@ def test_reaper_revives_expired_jobs_and_buries_exhausted_ones(db, dsn):
     assert rows(db, "SELECT payload->>'n', last_error LIKE 'lease expired while running on "
                     "host-gone%%' FROM pgpool_dead") == [("0", True)]
     assert rows(db, "SELECT count(*) FROM pgpool_jobs WHERE state = 'running'") == [(1,)]
+
+
+def test_reaper_does_not_count_an_attempt_that_never_started_up_to_a_bound(db, dsn):
+    # A host claims three max_attempts=1 jobs, starts one, and dies. The heartbeat recorded
+    # which one started: only that attempt counts. The third job was already stranded
+    # FREE_INTERRUPTIONS times, so this time its attempt counts too.
+    for i in range(3):
+        pgpool.enqueue(db, "k", {"n": i}, max_attempts=1)
+    db.execute("UPDATE pgpool_jobs SET attempts = %s, interruptions = %s "
+               "WHERE payload->>'n' = '2'", (FREE_INTERRUPTIONS, FREE_INTERRUPTIONS))
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[int, int]:
+        jobs = await claimer(pool, "host-gone").claim(3)
+        jobs[0].started = True  # what the pool marks when a worker takes it
+        await Heartbeat(pool, "host-gone", Lease(30), lambda: jobs, lambda: None,
+                        lambda: None).beat()
+        async with pool.connection() as conn:
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
+        return await Reaper(pool, 1).reap()
+
+    assert run_with_pool(dsn, scenario) == (1, 2)
+    assert rows(db, "SELECT payload->>'n', state, attempts, interruptions, "
+                    "last_error LIKE 'lease expired while waiting to start on host-gone%%' "
+                    "FROM pgpool_jobs") == [("1", "ready", 1, 1, True)]
+    assert rows(db, "SELECT payload->>'n', attempts, interruptions FROM pgpool_dead "
+                    "ORDER BY id") == [("0", 1, 0),
+                                       ("2", FREE_INTERRUPTIONS + 1, FREE_INTERRUPTIONS)]
+    # Its next claim is attempt 2 as a token, attempt 1 as counted against max_attempts.
+    (again,) = run_with_pool(dsn, lambda pool: claimer(pool).claim(1))
+    assert (again.attempt, again.counted, again.max_attempts) == (2, 1, 1)
+
+
+def _outcome(attempt: int, interruptions: int, *, interrupted: bool) -> Outcome:
+    job = Job(1, "k", "default", attempt, interruptions, 3, b"{}", None)
+    return Outcome(job, "shutdown grace period (1s) expired", 1.0, interrupted=interrupted)
+
+
+def test_an_attempt_cut_off_by_shutdown_is_not_counted_up_to_the_bound() -> None:
+    policy = RetryPolicy()
+    # On its last counted attempt, a shutdown cut-off does not send it to pgpool_dead.
+    assert decide(_outcome(3, 0, interrupted=True), policy).kind == "interrupted"
+    assert decide(_outcome(3, 0, interrupted=False), policy).kind == "dead"
+    # Past the bound it counts like any failure: retried while attempts are left, then dead.
+    bound = FREE_INTERRUPTIONS
+    assert decide(_outcome(bound + 1, bound, interrupted=True), policy).kind == "retry"
+    assert decide(_outcome(bound + 3, bound, interrupted=True), policy).kind == "dead"
+    # Uncounted claims do not use up max_attempts: the 5th claim with 2 uncounted is the 3rd
+    # attempt, the last; the 4th is retried.
+    assert decide(_outcome(4, 2, interrupted=False), policy).kind == "retry"
+    assert decide(_outcome(5, 2, interrupted=False), policy).kind == "dead"
 
 
 def test_completer_groups_many_acks_into_few_transactions(db, dsn):
@@ -377,12 +435,14 @@ def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement
     if statement == "ack":
         query = sql.ACK
         params: dict[str, Any] = {"owner": "h", "done_ids": ids, "done_attempts": attempts}
-        for arm in ("retry", "release", "dead"):
+        for arm in ("retry", "release", "interrupted", "dead"):
             params |= {f"{arm}_ids": "{}", f"{arm}_attempts": "{}"}
-        params |= {"retry_delays": [], "retry_errors": [], "dead_errors": []}
+        params |= {"retry_delays": [], "retry_errors": [], "interrupted_errors": [],
+                   "dead_errors": []}
     else:
         query = sql.HEARTBEAT
-        params = {"owner": "h", "ids": ids, "attempts": attempts, "lease": 30}
+        params = {"owner": "h", "ids": ids, "attempts": attempts, "lease": 30,
+                  "started": "{" + ",".join("t" * len(rows)) + "}"}
 
     plan = _explain_prepared(db, query, params, mode)
     assert _join_filter_removals(plan) <= len(rows)

@@ -106,8 +106,9 @@ def test_text_is_the_default_and_unchanged(db, dsn) -> None:
     assert re.fullmatch(r"dispatcher \S+: 1 workers, batch 7, queues default, kinds \S+",
                         messages[0]), messages
     assert re.fullmatch(r"finished: 5 succeeded, 0 failed and retried later, "
-                        r"0 dead-lettered, 0 handed back, in [0-9.]+s \(\d+ jobs/s\); "
-                        r"\d+ claims, \d+ ack flushes; batch 7", messages[-1]), messages
+                        r"0 dead-lettered, 0 handed back, 0 cut off by the shutdown, "
+                        r"in [0-9.]+s \(\d+ jobs/s\); \d+ claims, \d+ ack flushes; batch 7",
+                        messages[-1]), messages
 
 
 def test_json_lines_carry_the_events_and_their_fields(db, dsn) -> None:

@@ -29,7 +29,7 @@ from pgpool.pool import MAX_START_FAILURES, WorkerPool
 
 
 def job(i: int, kind: str, payload: bytes = b"{}", timeout: float | None = None) -> Job:
-    return Job(i, kind, "default", 1, 1, payload, timeout)
+    return Job(i, kind, "default", 1, 0, 1, payload, timeout)
 
 
 def run_pool(jobs: list[Job], *, procs: int = 1, depth: int | None = 2,
@@ -130,8 +130,8 @@ def test_what_a_worker_imports_leaves_out_psycopg() -> None:
 # --- the messages on the pipes ------------------------------------------------------------
 
 EVERY_MESSAGE: list[ipc.Message] = [
-    ipc.Jobs([ipc.WorkItem(1, 1, 3, "resize", "default", b'{"w": 1}', 1234.5),
-              ipc.WorkItem(2, 2, 3, "email", "mail", b"{}", math.inf)]),
+    ipc.Jobs([ipc.WorkItem(1, 1, 0, 3, "resize", "default", b'{"w": 1}', 1234.5),
+              ipc.WorkItem(2, 3, 1, 3, "email", "mail", b"{}", math.inf)]),
     ipc.Jobs([]),
     ipc.Stop(),
     ipc.Extend(98765.25),
@@ -164,8 +164,8 @@ def test_every_message_arrives_whole_and_named_however_the_stream_is_split() -> 
 
 
 def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
-    item = Job(7, "resize", "images", 2, 5, b'{"w": 1}', 30.0, deadline=42.5).wire()
-    assert item == ipc.WorkItem(id=7, attempt=2, max_attempts=5, kind="resize",
+    item = Job(7, "resize", "images", 3, 1, 5, b'{"w": 1}', 30.0, deadline=42.5).wire()
+    assert item == ipc.WorkItem(id=7, attempt=3, interruptions=1, max_attempts=5, kind="resize",
                                 queue="images", payload=b'{"w": 1}', deadline=42.5)
     assert type(item) is ipc.WorkItem
 
@@ -205,9 +205,9 @@ def test_a_worker_past_its_deadline_is_ended_by_the_kernel_and_its_job_not_acked
         record_dir: Path, monkeypatch, how: str):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
     deadline = time.monotonic() + 1.0
-    stuck = Job(1, "stuck", "default", 1, 1,
+    stuck = Job(1, "stuck", "default", 1, 0, 1,
                 json.dumps({"how": how, "seconds": 20}).encode(), None, deadline=deadline)
-    after = Job(2, "whoami", "default", 1, 1, b"{}", None)  # queued behind it, no deadline
+    after = Job(2, "whoami", "default", 1, 0, 1, b"{}", None)  # queued behind it, no deadline
     replaced_at = []
 
     def done(p: WorkerPool) -> bool:
@@ -232,7 +232,7 @@ def test_an_extension_keeps_a_worker_alive_past_its_first_deadline(record_dir: P
                                                                    monkeypatch):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
     # Stuck 3 s in time.sleep, with a 1 s deadline moved on every 0.35 s.
-    long = Job(1, "stuck", "default", 1, 1, b'{"how": "sleep", "seconds": 3}', None,
+    long = Job(1, "stuck", "default", 1, 0, 1, b'{"how": "sleep", "seconds": 3}', None,
                deadline=time.monotonic() + 1)
     outcomes, _, pool = run_fenced([long], extend_every=0.3, until=lambda p: p.held == 0)
     assert [(o.job.id, o.error) for o in outcomes] == [(1, None)]
@@ -242,8 +242,8 @@ def test_an_extension_keeps_a_worker_alive_past_its_first_deadline(record_dir: P
 def test_a_job_with_too_little_lease_left_is_handed_back_and_never_started(
         record_dir: Path, monkeypatch):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
-    late = Job(1, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 0.5)
-    fine = Job(2, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 60)
+    late = Job(1, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 0.5)
+    fine = Job(2, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 60)
     outcomes, returned, pool = run_fenced([late, fine], min_left_to_start=5,
                                           until=lambda p: p.held == 0)
     assert returned == [late]
@@ -257,9 +257,9 @@ def test_a_job_whose_deadline_passes_while_queued_in_a_worker_never_starts(
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
     # ``queued`` waits in the worker's pipe behind a 1 s job, and its deadline passes
     # meanwhile (0.3 s: the hand-off takes milliseconds, the first job a full second).
-    first = Job(1, "stuck", "default", 1, 1, b'{"how": "sleep", "seconds": 1}', None)
-    queued = Job(2, "whoami", "default", 1, 1, b"{}", None, deadline=time.monotonic() + 0.3)
-    after = Job(3, "whoami", "default", 1, 1, b"{}", None)
+    first = Job(1, "stuck", "default", 1, 0, 1, b'{"how": "sleep", "seconds": 1}', None)
+    queued = Job(2, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 0.3)
+    after = Job(3, "whoami", "default", 1, 0, 1, b"{}", None)
     outcomes, returned, pool = run_fenced([first, queued, after],
                                           until=lambda p: p.held == 0)
     assert pool.replaced == 1

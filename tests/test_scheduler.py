@@ -29,7 +29,7 @@ HOUR = 3600.0
 
 
 def job(i: int) -> Job:
-    return Job(i, "k", "default", 1, 3, b"{}", None)
+    return Job(i, "k", "default", 1, 0, 3, b"{}", None)
 
 
 class FakeClaimer:

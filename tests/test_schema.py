@@ -15,7 +15,7 @@ from pgpool import schema
 def test_migrate_creates_schema_records_version_and_is_idempotent(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert schema.schema_version(conn) is None
-        assert pgpool.migrate(conn) == [1, 2, 3]
+        assert pgpool.migrate(conn) == list(range(1, pgpool.SCHEMA_VERSION + 1))
         assert pgpool.migrate(conn) == []
         assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
         options = conn.execute(
@@ -41,7 +41,7 @@ def test_concurrent_migrations_apply_once(dsn):
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results) == [[], [], [], [], [], [1, 2, 3]]
+    assert sorted(results) == [[]] * 5 + [list(range(1, pgpool.SCHEMA_VERSION + 1))]
 
 
 def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
@@ -49,8 +49,8 @@ def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
         make_version_1_schema(conn)
         job = pgpool.enqueue(conn, "record", {})
         assert schema.schema_version(conn) == 1
-        assert pgpool.migrate(conn) == [2, 3]
-        assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION == 3
+        assert pgpool.migrate(conn) == list(range(2, pgpool.SCHEMA_VERSION + 1))
+        assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
         assert conn.execute("SELECT id FROM pgpool_jobs").fetchall() == [(job,)]
         assert conn.execute("SELECT count(*) FROM pgpool_hosts").fetchone() == (0,)
 
@@ -81,7 +81,7 @@ def test_migrate_upgrades_a_version_2_schema_in_place_keeping_hosts_and_jobs(dsn
         with pytest.raises(pgpool.SchemaError, match="run `pgpool migrate` to upgrade"):
             schema.check_version(schema.schema_version(conn))
 
-        assert pgpool.migrate(conn) == [3]
+        assert pgpool.migrate(conn) == list(range(3, pgpool.SCHEMA_VERSION + 1))
         schema.check_version(schema.schema_version(conn))
         assert conn.execute("SELECT id FROM pgpool_jobs").fetchall() == [(job,)]
         # The registered host keeps its row; what it never reported stays unknown (NULL).
@@ -102,7 +102,8 @@ def test_check_version_refuses_missing_older_and_newer():
         schema.check_version(None)
     with pytest.raises(pgpool.SchemaError, match="run `pgpool migrate` to upgrade"):
         schema.check_version(0)  # bookkeeping table present, migrations not applied
-    with pytest.raises(pgpool.SchemaError, match="at version 2 but this pgpool needs 3"):
+    needs = f"at version 2 but this pgpool needs {pgpool.SCHEMA_VERSION}"
+    with pytest.raises(pgpool.SchemaError, match=needs):
         schema.check_version(2)
     with pytest.raises(pgpool.SchemaError, match="newer"):
         schema.check_version(pgpool.SCHEMA_VERSION + 1)

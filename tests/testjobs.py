@@ -1,7 +1,8 @@
 """Handlers used by the test suite (imported by real worker processes: ``--handlers testjobs``).
 
-Each records what it did as a line "<job id> <attempt> <pid> <event>" in a per-process
-file under $TESTJOBS_RECORD, so a test can check exactly which attempts ran where.
+Each records what it did as a line "<job id> <claim> <pid> <event>" in a per-process file
+under $TESTJOBS_RECORD, so a test can check exactly which attempts ran where (the claim
+number, `pgpool.JobInfo.claim`, tells a job's attempts apart).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def _record(event: str) -> None:
     if not where:
         return
     job = pgpool.current_job()
-    line = f"{job.id} {job.attempt} {os.getpid()} {event}\n".encode()
+    line = f"{job.id} {job.claim} {os.getpid()} {event}\n".encode()
     fd = os.open(os.path.join(where, f"{os.getpid()}.log"),
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -176,10 +177,10 @@ def ticker(payload: dict) -> None:
         until = time.monotonic_ns() + int(payload["seconds"] * 1e9)
         while True:
             now = time.monotonic_ns()
-            os.write(fd, f"{job.id} {job.attempt} {now}\n".encode())
+            os.write(fd, f"{job.id} {job.claim} {now}\n".encode())
             if now >= until:
                 break
             time.sleep(TICK)
-        os.write(fd, f"{job.id} {job.attempt} end\n".encode())
+        os.write(fd, f"{job.id} {job.claim} end\n".encode())
     finally:
         os.close(fd)
