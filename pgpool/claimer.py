@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 
 import psycopg
 from psycopg.adapt import Loader
@@ -49,8 +50,11 @@ class Claimer:
         lease: Lease,
         max_attempts: int,
         timeout: float | None,
+        on_claimed: Callable[[float, list[Job]], None] | None = None,
     ) -> None:
+        """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs."""
         self._pool = pool
+        self._on_claimed = on_claimed
         kinds = sorted(handlers)
         self._timeouts = {k: handlers[k].timeout or timeout for k in kinds}
         #: What every claim sends, but its ``limit``.
@@ -96,13 +100,17 @@ class Claimer:
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CLAIM, params)
             rows = await cur.fetchall()
-        self.rtts.append(time.monotonic() - started)
+        rtt = time.monotonic() - started
+        self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts
         deadline = self._lease.deadline(started)
-        return [
+        jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
-                timeouts[kind], deadline=deadline)
-            for id_, kind, queue, attempt, interruptions, max_attempts, payload in rows
+                timeouts[kind], deadline=deadline, waited=waited)
+            for id_, kind, queue, attempt, interruptions, max_attempts, payload, waited in rows
         ]
+        if self._on_claimed is not None:
+            self._on_claimed(rtt, jobs)
+        return jobs

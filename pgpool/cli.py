@@ -1,4 +1,4 @@
-"""The ``pgpool`` command: run, migrate, enqueue, status, dsn, bench.
+"""The ``pgpool`` command: run, migrate, enqueue, status, health, dsn, bench.
 
 Every error a user can cause ends as one line on stderr, ``pgpool: error: <what and how to
 fix it>``, with exit status 2 and no traceback.
@@ -70,6 +70,8 @@ memory_mib = _number(int, minimum=64, inclusive=True, maximum=2**30,
                      what="a memory size in MiB, at least 64")
 poll_seconds = _number(float, minimum=0.01, inclusive=True, maximum=3600,
                        what="a poll interval from 0.01 to 3600 seconds")
+tcp_port = _number(int, minimum=0, inclusive=True, maximum=65535,
+                   what="a TCP port from 0 to 65535")
 
 
 def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | Literal["auto"]]:
@@ -147,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default {RunConfig.max_claims_per_sec:g})")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
+    run.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
+                     help="serve Prometheus /metrics and /healthz on this port (env "
+                          "PGPOOL_METRICS_PORT; default: not served)")
+    run.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDRESS",
+                     help="address to serve metrics on (default 0.0.0.0: every interface)")
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -175,6 +182,17 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
     status.set_defaults(func=cmd_status)
 
+    health = sub.add_parser("health", parents=[common],
+                            help="exit 0 if the dispatcher on this host is healthy, else 1 "
+                                 "(for exec probes)")
+    health.add_argument("--port", type=tcp_port,
+                        help="the dispatcher's --metrics-port (default $PGPOOL_METRICS_PORT)")
+    health.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                        help="where the dispatcher serves it (default 127.0.0.1)")
+    health.add_argument("--timeout", type=positive_seconds, default=5.0,
+                        help="seconds to wait for the answer (default 5)")
+    health.set_defaults(func=cmd_health)
+
     where = sub.add_parser("dsn", parents=[common],
                            help="print the DSN an application should use to reach pgpool's "
                                 "database (starts the embedded server if that is the default)")
@@ -199,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="apply this fleet claim budget, as for run (default: none, so "
                             "the drive measures the engine; its claims/s are compared with "
                             f"run's default budget, {RunConfig.max_claims_per_sec:g})")
+    bench.add_argument("--metrics", action="store_true",
+                       help="serve /metrics during the drive, as run --metrics-port does "
+                            "(to measure what the metrics cost)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -288,10 +309,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_tasks_per_child=args.max_tasks_per_child,
         max_claims_per_sec=args.max_claims_per_sec,
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
+        metrics_port=_from_env(args.metrics_port, "PGPOOL_METRICS_PORT", tcp_port),
+        metrics_host=args.metrics_host,
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
     return Dispatcher(config, handlers, early_signals=_early_signals).run_sync()
+
+
+def _from_env(value: Any, variable: str, parse: Callable[[str], Any]) -> Any:
+    """The flag's value if given, else the environment variable's, parsed like the flag."""
+    if value is not None or variable not in os.environ:
+        return value
+    try:
+        return parse(os.environ[variable])
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{variable}: {exc}") from None
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    port = _from_env(args.port, "PGPOOL_METRICS_PORT", tcp_port)
+    if port is None:
+        raise ConfigError("pgpool health asks a running dispatcher: give --port (its "
+                          "--metrics-port) or set PGPOOL_METRICS_PORT")
+    url = f"http://{args.host}:{port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as answer:
+            print(f"pgpool: healthy: {answer.read().decode().strip()}")
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"pgpool: unhealthy: {exc.read().decode().strip()}")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"pgpool: unhealthy: no dispatcher answered on {args.host}:{port} ({reason})")
+    return 1
 
 
 def _resolve_procs(value: int | Literal["auto"]) -> int:
@@ -435,7 +489,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
                         procs=_resolve_procs(args.procs),
                         batch=args.batch, profile=args.profile, backlog=args.backlog,
-                        max_claims_per_sec=args.max_claims_per_sec)
+                        max_claims_per_sec=args.max_claims_per_sec, metrics=args.metrics)
     report = run(opts, Progress(sys.stderr))
     print(json.dumps(report) if args.json else render(report))
     return 0

@@ -143,7 +143,7 @@ class Completer:
         interval: float = 0.01,
         high_water: int = 1000,
         retry: RetryPolicy | None = None,
-        on_flushed: Callable[[], None] | None = None,
+        on_flushed: Callable[[FlushResult], None] | None = None,
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -164,14 +164,14 @@ class Completer:
 
     # --- outcomes in ---------------------------------------------------------------------------
 
-    def complete(self, outcome: Outcome) -> None:
-        """An attempt ended: decide the job's next state and queue its ack (or drop the
-        result if the lease was lost meanwhile)."""
+    def complete(self, outcome: Outcome) -> Ack | None:
+        """An attempt ended: decide the job's next state and queue its ack, which is
+        returned; or drop the result if the lease was lost meanwhile (None)."""
         job = outcome.job
         if job.lost:
             self.counts["lost"] += 1
             log.warning("%s ended after its lease was lost; result dropped", job)
-            return
+            return None
         ack = decide(outcome, self._retry)
         if ack.kind == "dead":
             log.error("%s failed (%s), no attempts left: moved to pgpool_dead", job,
@@ -182,6 +182,7 @@ class Completer:
             log.warning("%s cut off by shutdown (%s); ready again, not counted as an attempt",
                         job, outcome.cause)
         self.add(ack)
+        return ack
 
     def release(self, jobs: list[Job]) -> None:
         """Jobs claimed and never started: hand them back (unless their lease was lost)."""
@@ -232,7 +233,7 @@ class Completer:
             self._have.clear()
             self._full.clear()
             try:
-                await self.flush(self._flushing)
+                result = await self.flush(self._flushing)
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 self.stats.failed_flushes += 1
@@ -248,7 +249,7 @@ class Completer:
             if not self._buffer:
                 self._idle.set()
             if self._on_flushed is not None:
-                self._on_flushed()
+                self._on_flushed(result)
 
     async def flush(self, acks: list[Ack]) -> FlushResult:
         """Write ``acks`` in one transaction (one statement, autocommit); errors propagate

@@ -37,6 +37,9 @@ class RunConfig:
     max_claims_per_sec: float = 10_000.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: Serve /metrics and /healthz on this TCP port (None: not at all; 0: any free port).
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
 
 def usable_cpus() -> int:

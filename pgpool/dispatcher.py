@@ -63,7 +63,7 @@ from . import dsn as dsnlib
 from . import schema
 from .budget import ClaimBudget
 from .claimer import Claimer, configure_connection
-from .completer import Completer
+from .completer import Completer, FlushResult
 from .config import RunConfig
 from .heartbeat import Heartbeat
 from .hosts import HostRegistry
@@ -71,6 +71,7 @@ from .job import Job, Outcome
 from .lease import Lease
 from .listener import Listener
 from .logs import event
+from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
 from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
@@ -136,6 +137,9 @@ class Dispatcher:
         #: The supervised parts' tasks, by name (`_start_parts`).
         self._parts: dict[str, asyncio.Task[None]] = {}
         self._killing: asyncio.Task[None] | None = None  # a dead watchdog's kill_all
+        #: With ``metrics_port``: the instruments and their HTTP server.
+        self.metrics: DispatcherMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -161,6 +165,15 @@ class Dispatcher:
 
     async def _run(self) -> int:
         setproctitle(f"pgpool dispatcher: starting {self.config.procs} workers")
+        if self.config.metrics_port is not None:
+            self._bind_metrics()  # a port in use fails before anything starts
+        try:
+            return await self._start_and_serve()
+        finally:
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+
+    async def _start_and_serve(self) -> int:
         await self._check_database()
         await self._start_workers()
         self.db = AsyncConnectionPool(
@@ -194,6 +207,15 @@ class Dispatcher:
 
     # --- start-up ---------------------------------------------------------------------------
 
+    def _bind_metrics(self) -> None:
+        cfg = self.config
+        assert cfg.metrics_port is not None
+        loop = asyncio.get_running_loop()
+        self.metrics = DispatcherMetrics(loop, self._host_state, cfg.dsn)
+        health = Health(loop, self.lease.seconds, lambda: self.hosts.last_ok)
+        self.metrics_server = MetricsServer(self.metrics, health, cfg.metrics_host,
+                                            cfg.metrics_port)
+
     async def _check_database(self) -> None:
         """Refuse a missing, older or newer schema. A server that cannot be reached fails at
         once (`ConnectError`); a connection lost during the check is retried."""
@@ -223,6 +245,7 @@ class Dispatcher:
         self.claimer = Claimer(
             db, self.owner, queues=cfg.queues, handlers=self.handlers,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
+            on_claimed=self.metrics.jobs_claimed if self.metrics else None,
         )
         self.hosts = HostRegistry(
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
@@ -259,6 +282,11 @@ class Dispatcher:
         }
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
                        for name, run in parts.items()}
+        if self.metrics_server is not None:
+            self.metrics_server.start()
+            event(log, logging.INFO, "metrics", "serving /metrics and /healthz on %s:%d",
+                  self.config.metrics_host, self.metrics_server.port,
+                  host=self.config.metrics_host, port=self.metrics_server.port)
         for name, task in self._parts.items():
             task.add_done_callback(functools.partial(self._part_ended, name))
         tasks = list(self._parts.values())
@@ -340,16 +368,33 @@ class Dispatcher:
                     f"{self.completer.counts['done']} done"
                 )
 
+    def _host_state(self) -> HostState:
+        """What /metrics shows of this host (called on the loop by the metrics thread)."""
+        assert self.scheduler is not None
+        return HostState(
+            procs=self.config.procs, batch=self.scheduler.batch,
+            in_flight=self.pool.held + self.completer.backlog,
+            budget_share=self.scheduler.budget.rate,
+            restarts=dict(self.pool.restarts),
+            leases_lost=self.heartbeat.lost, lease_abandonments=self.heartbeat.abandoned,
+            ack_flush_failures=self.completer.stats.failed_flushes,
+            db_reached_at=self.hosts.last_ok,
+        )
+
     def _job_finished(self, outcome: Outcome) -> None:
         self.scheduler.job_finished()
-        self.completer.complete(outcome)
+        ack = self.completer.complete(outcome)
+        if self.metrics is not None:
+            self.metrics.job_finished(outcome, ack)
         self.observer.finished(outcome)
 
     def _jobs_returned(self, jobs: list[Job]) -> None:
         self.completer.release(jobs)
 
-    def _acks_flushed(self) -> None:
+    def _acks_flushed(self, result: FlushResult) -> None:
         self.scheduler.acks_flushed()
+        if self.metrics is not None:
+            self.metrics.acks_flushed(result)
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]

@@ -57,6 +57,10 @@ class Heartbeat:
         self.last_ok = time.monotonic()
         #: The last successful beat sent a statement (it holds jobs).
         self.reached = False
+        #: Attempts found lost (the database no longer shows them as ours), and attempts
+        #: abandoned for want of a successful heartbeat, since start.
+        self.lost = 0
+        self.abandoned = 0
 
     @property
     def at_risk(self) -> bool:
@@ -76,6 +80,7 @@ class Heartbeat:
             event(log, logging.ERROR, "abandoned",
                   "no heartbeat for %.1fs: abandoning %d jobs before their leases expire",
                   silent, len(lost), jobs=len(lost), seconds=round(silent, 3))
+            self.abandoned += len(lost)
             self._lose(lost)
 
     async def run(self) -> None:
@@ -133,6 +138,7 @@ class Heartbeat:
             event(log, logging.WARNING, "lease_lost",
                   "lost the lease of %d jobs (ids %s); dropping their results",
                   len(lost), ", ".join(map(str, ids[:10])), jobs=len(lost))
+            self.lost += len(lost)
             self._lose(lost)
         return {(j.id, j.attempt) for j in lost}
 

@@ -80,6 +80,9 @@ class HostRegistry:
         self._lock = asyncio.Lock()
         #: Live hosts in the fleet, this one included, as of the last beat.
         self.live_hosts = 1
+        #: When a beat last reached the database (``clock()``; the dispatcher checked the
+        #: database just before building the registry).
+        self.last_ok = clock()
 
     async def register(self) -> None:
         """Prune stale hosts, then insert this host's row. Database errors propagate."""
@@ -123,6 +126,7 @@ class HostRegistry:
                 cur = await conn.execute(sql.HOST_LIVE_COUNT,
                                          {"stale_leases": STALE_AFTER_LEASES})
                 self.live_hosts = max(1, (await cur.fetchone())[0])
+            self.last_ok = self._clock()
 
     async def prune(self) -> list[str]:
         """Delete every stale host's row (safe from many hosts at once); return their owners."""

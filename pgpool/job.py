@@ -28,6 +28,8 @@ class Job:
     deadline: float = math.inf  # inf: no deadline (a pool used on its own, in tests)
     #: A worker has started it (set by the pool; the heartbeat records it for the reaper).
     started: bool = False
+    #: Seconds from when it was due (``run_at``) to its claim: its queue lag.
+    waited: float = 0.0
 
     @property
     def counted(self) -> int:

@@ -75,7 +75,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -96,6 +96,9 @@ _STOPPING = "pool stopping"
 _HARD_STOP = "hard stop"
 #: The kill reason of a worker that said it cannot load its handler modules (`ipc.Broken`).
 _BROKEN = "broken"
+#: Kill reasons (the cause recorded with the attempt), and the start of a hard timeout's.
+LEASE_LOST = "lease lost"
+TIMEOUT = "timeout"
 
 
 @dataclass(eq=False)
@@ -163,6 +166,8 @@ class WorkerPool:
         self._startup: asyncio.Future[None] | None = None
         self.closing = False
         self.replaced = 0
+        #: Workers replaced, by `restart_reason`.
+        self.restarts: Counter[str] = Counter()
         self.frames_sent = 0  # job frames written to workers
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -260,7 +265,7 @@ class WorkerPool:
             # A lost job queued in a worker's pipe would start sooner or later: only
             # killing the worker stops it. Its other unstarted jobs are requeued.
             if any(job.lost for job in w.assigned):
-                self._kill(w, "lease lost")
+                self._kill(w, LEASE_LOST)
 
     def extend(self) -> None:
         """The heartbeat moved `Job.deadline` on: send each worker one `ipc.Extend`, for
@@ -278,7 +283,7 @@ class WorkerPool:
         for w in self._workers.values():
             job = w.running
             if job is not None and job.timeout and now - w.started_at > job.timeout:
-                self._kill(w, f"timeout: killed after {job.timeout:g}s")
+                self._kill(w, f"{TIMEOUT}: killed after {job.timeout:g}s")
 
     @property
     def job_seconds(self) -> float:
@@ -594,6 +599,7 @@ class WorkerPool:
         elif w.ready:
             log.warning("worker %d (pid %s) %s; replacing it", w.index, w.process.pid, cause)
         self.replaced += 1
+        self.restarts[restart_reason(w, cause)] += 1
         await self._spawn(w.index)
         self._assign()
 
@@ -604,6 +610,18 @@ class WorkerPool:
             self._report_fatal(
                 f"worker processes keep failing to start ({reason}); stopping this dispatcher"
             )
+
+
+def restart_reason(w: _Worker, cause: str) -> str:
+    """Why a worker is replaced, as the metrics' ``reason`` label: recycle, memory, timeout,
+    lease (lost, or its fence ended it at the deadline) or crash (anything else)."""
+    if w.retiring:
+        return "memory" if w.retiring == worker.RETIRED_AFTER_MEMORY_ERROR else "recycle"
+    if cause.startswith(TIMEOUT):
+        return "timeout"
+    if cause in (LEASE_LOST, fence.DEADLINE_PASSED):
+        return "lease"
+    return "crash"
 
 
 def _exit_fd(process: BaseProcess) -> int:

@@ -106,7 +106,8 @@ SET state = 'running',
     started = false
 FROM picked, unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
 WHERE j.id = picked.id AND k.kind = j.kind
-RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8
 """
 
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
@@ -342,6 +343,52 @@ WHERE NOT EXISTS (
       AND h.last_seen >= now() - make_interval(secs => %(stale_leases)s * h.lease)
 )
 ORDER BY w.queue, w.kind
+"""
+
+# --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ------------
+
+#: Become the host that serves the queue metrics, if none is: a session-level lock, held
+#: for as long as the scrape connection lives. One key per schema (one per installation).
+METRICS_TAKE_REPORTER: Final = """
+SELECT pg_try_advisory_lock(hashtext('pgpool.queue-metrics:' || current_schema()))
+"""
+
+#: Per queue: due now, due later, claimed, the age of the oldest job due now (seconds; NULL
+#: when none is), dead-lettered.
+METRICS_QUEUES: Final = """
+WITH jobs AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
+           count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
+           count(*) FILTER (WHERE state = 'running')                   AS running,
+           extract(epoch FROM now() - min(run_at) FILTER (
+               WHERE state = 'ready' AND run_at <= now()))::float8     AS oldest
+    FROM pgpool_jobs
+    GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+)
+SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0), oldest,
+       coalesce(dead, 0)
+FROM jobs FULL JOIN dead USING (queue)
+ORDER BY queue
+"""
+
+#: Live hosts, their claims per second together, and the largest budget any runs with.
+METRICS_FLEET: Final = """
+SELECT count(*), coalesce(sum(claims_per_sec), 0)::float8,
+       coalesce(max(max_claims_per_sec), 'NaN')::float8
+FROM pgpool_hosts
+WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""
+
+#: Autovacuum debt of the jobs table: dead and live tuples, seconds since its last
+#: autovacuum (NaN: never).
+METRICS_VACUUM: Final = """
+SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),
+       coalesce(extract(epoch FROM now() - last_autovacuum)::float8, 'NaN')
+FROM pg_stat_user_tables
+WHERE relid = to_regclass('pgpool_jobs')
 """
 
 # --- schema bookkeeping ---------------------------------------------------------------------

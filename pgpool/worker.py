@@ -35,6 +35,8 @@ from setproctitle import setproctitle
 from . import fence, ipc, output, registry
 from .errors import PgpoolError
 
+#: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
+RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
 MAX_ERROR_CHARS = 4000
 
@@ -129,7 +131,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         finished += 1
         retire = None
         if isinstance(outcome, ipc.Failed) and outcome.cause == "MemoryError":
-            retire = "retired after a MemoryError"  # its heap may be left fragmented
+            retire = RETIRED_AFTER_MEMORY_ERROR  # its heap may be left fragmented
         elif max_tasks is not None and finished >= max_tasks:
             retire = f"recycled after {finished} jobs"
         if retire:

@@ -37,6 +37,7 @@ import pgpool
 from pgpool import embedded
 
 TESTS = Path(__file__).parent
+BENCH = TESTS.parent / "bench"
 #: The command line of a dispatcher running the test handlers (tests/testjobs.py).
 RUN = ("run", "--handlers", "testjobs")
 #: Environment for a `pgpool` whose log a test reads: one JSON object per line.
@@ -56,6 +57,18 @@ def server_dsn() -> str:
     # A short path: the server's Unix socket lives in its data directory.
     base = Path(tempfile.mkdtemp(prefix="pgpool-test-", dir="/tmp"))
     return embedded.start(base / "pg", delete_on_exit=True)
+
+
+@pytest.fixture
+def own_server() -> Iterator[Any]:
+    """A dedicated PostgreSQL (`chaos_cluster.Postgres`) that a test may stop and restart:
+    doing that to the session's server would break every other test."""
+    sys.path.insert(0, str(BENCH))
+    from chaos_cluster import Postgres
+
+    pg = Postgres.start()
+    yield pg
+    pg.stop()
 
 
 @pytest.fixture

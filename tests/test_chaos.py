@@ -24,15 +24,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import clean_env, events, pgpool_cmd, pgpool_env, wait_until
+from conftest import BENCH, clean_env, events, pgpool_cmd, pgpool_env, wait_until
 from psycopg.conninfo import make_conninfo
 
 import pgpool
 from pgpool.scheduler import capacity
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-from chaos_checks import (  # noqa: E402
+from chaos_checks import (
     BACKENDS_TERMINATED,
     POSTGRES_RESTART,
     Attempt,
@@ -41,7 +40,7 @@ from chaos_checks import (  # noqa: E402
     judge,
     read_attempts,
 )
-from chaos_cluster import KIND, RECORD_ENV, Db, Postgres, Watcher, now_ns  # noqa: E402
+from chaos_cluster import KIND, RECORD_ENV, Db, Watcher, now_ns
 
 LEASE = 2
 PROCS = 2
@@ -126,14 +125,6 @@ def hosts(tmp_path: Path) -> Iterator[Callable[..., Host]]:
         if host.proc.poll() is None:
             host.proc.kill()
             host.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def own_server() -> Iterator[Postgres]:
-    """A dedicated PostgreSQL: restarting the session's server would break other fixtures."""
-    pg = Postgres.start()
-    yield pg
-    pg.stop()
 
 
 def check_run(ids: set[int], records: Path, watcher: Watcher,

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import RUN, Pgpool, read_records, start_pgpool, wait_until
+from conftest import BENCH, RUN, Pgpool, read_records, start_pgpool, wait_until
 from testjobs import TICK
 
 import pgpool
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-from chaos_checks import Attempt, find_overlaps  # noqa: E402
+from chaos_checks import Attempt, find_overlaps
 
 LEASE = 2
 #: Three leases, the freeze the issue asks for.

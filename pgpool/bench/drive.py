@@ -107,7 +107,8 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
     """
     modules = (jobs.__name__,)
     config = RunConfig(dsn=dsn, modules=modules, procs=opts.procs, batch=opts.batch,
-                       burst=True, max_claims_per_sec=opts.max_claims_per_sec or NO_BUDGET)
+                       burst=True, max_claims_per_sec=opts.max_claims_per_sec or NO_BUDGET,
+                       metrics_port=0 if opts.metrics else None, metrics_host="127.0.0.1")
     observer = DriveObserver(total=len(payloads), progress=progress)
     dispatcher = Dispatcher(config, {KIND: registry.load(modules)[KIND]}, observer=observer)
     stamps = tmp / "drive-stamps"
