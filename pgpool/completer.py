@@ -39,6 +39,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .job import Job, Outcome
+from .logs import event
 from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
 
 log = logging.getLogger("pgpool.completer")
@@ -168,19 +169,25 @@ class Completer:
         """An attempt ended: decide the job's next state and queue its ack, which is
         returned; or drop the result if the lease was lost meanwhile (None)."""
         job = outcome.job
+        fields = {"job_id": job.id, "kind": job.kind, "attempt": job.counted,
+                  "cause": outcome.cause}
         if job.lost:
             self.counts["lost"] += 1
-            log.warning("%s ended after its lease was lost; result dropped", job)
+            event(log, logging.WARNING, "job_lost",
+                  "%s ended after its lease was lost; result dropped", job, **fields)
             return None
         ack = decide(outcome, self._retry)
         if ack.kind == "dead":
-            log.error("%s failed (%s), no attempts left: moved to pgpool_dead", job,
-                      outcome.cause)
+            event(log, logging.ERROR, "job_dead",
+                  "%s failed (%s), no attempts left: moved to pgpool_dead", job,
+                  outcome.cause, **fields)
         elif ack.kind == "retry":
-            log.warning("%s failed (%s); retry in %.1fs", job, outcome.cause, ack.delay)
+            event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
+                  outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
         elif ack.kind == "interrupted":
-            log.warning("%s cut off by shutdown (%s); ready again, not counted as an attempt",
-                        job, outcome.cause)
+            event(log, logging.WARNING, "job_interrupted",
+                  "%s cut off by shutdown (%s); ready again, not counted as an attempt",
+                  job, outcome.cause, **fields)
         self.add(ack)
         return ack
 

@@ -286,7 +286,7 @@ class Dispatcher:
             self.metrics_server.start()
             event(log, logging.INFO, "metrics", "serving /metrics and /healthz on %s:%d",
                   self.config.metrics_host, self.metrics_server.port,
-                  host=self.config.metrics_host, port=self.metrics_server.port)
+                  address=self.config.metrics_host, port=self.metrics_server.port)
         for name, task in self._parts.items():
             task.add_done_callback(functools.partial(self._part_ended, name))
         tasks = list(self._parts.values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
@@ -23,7 +24,7 @@ LOG_FORMATS: Final = ("text", "json")
 #: The text format's line (unchanged since the first release: people grep it).
 TEXT_FORMAT: Final = "%(asctime)s pgpool[%(process)d] %(levelname)s %(name)s: %(message)s"
 #: The keys every JSON line has; an event's fields sit beside them and may not reuse them.
-BASE_KEYS: Final = frozenset({"time", "level", "logger", "pid", "message", "event"})
+BASE_KEYS: Final = frozenset({"time", "level", "host", "logger", "pid", "message", "event"})
 
 
 def event(logger: logging.Logger, level: int, name: str, message: str, *args: object,
@@ -43,14 +44,20 @@ def event(logger: logging.Logger, level: int, name: str, message: str, *args: ob
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line: ``time`` (ISO 8601, UTC, milliseconds),
-    ``level``, ``logger``, ``pid``, ``message``; for events also ``event`` and its fields;
-    ``exception`` (the formatted traceback) when the record carries one."""
+    ``level``, ``host`` (the hostname), ``logger``, ``pid``, ``message``; for events also
+    ``event`` and its fields (events about one attempt carry ``job_id``, ``kind`` and
+    ``attempt``); ``exception`` (the formatted traceback) when the record carries one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._host = socket.gethostname()
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(
                 timespec="milliseconds"),
             "level": record.levelname,
+            "host": self._host,
             "logger": record.name,
             "pid": record.process,
             "message": record.getMessage(),

@@ -8,10 +8,20 @@ import logging
 import os
 import re
 import signal
+import socket
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import JSON_LOGS, RUN, log_records, only_event, run_pgpool, start_pgpool
+from conftest import (
+    JSON_LOGS,
+    MARKER,
+    RUN,
+    events,
+    log_records,
+    only_event,
+    run_pgpool,
+    start_pgpool,
+)
 
 import pgpool
 from pgpool import logs
@@ -45,6 +55,7 @@ def test_an_event_is_a_json_line_with_its_fields_beside_the_base_keys() -> None:
         jobs=3, seconds=24.0, queues=["a", "b"], auto=True, nothing=None))
     record = json.loads(line)
     assert record.pop("logger").startswith("pgpool.test_logs.")
+    assert record.pop("host") == socket.gethostname()
     stamp = datetime.fromisoformat(record.pop("time"))
     assert stamp.utcoffset() == timedelta(0)  # UTC
     assert before - timedelta(seconds=1) <= stamp <= datetime.now(UTC)
@@ -63,7 +74,7 @@ def test_a_plain_record_has_the_base_keys_only_and_an_exception_its_traceback() 
             log.exception("it failed")
 
     plain, failed = (json.loads(line) for line in formatted(logs.JsonFormatter(), emit))
-    assert set(plain) == {"time", "level", "logger", "pid", "message"}
+    assert set(plain) == {"time", "level", "host", "logger", "pid", "message"}
     assert plain["message"] == "plain message"
     assert failed["level"] == "ERROR" and failed["message"] == "it failed"
     assert "ValueError: boom" in failed["exception"]
@@ -120,7 +131,7 @@ def test_json_lines_carry_the_events_and_their_fields(db, dsn) -> None:
     records = log_records(done.stderr)
     assert len(records) == len(lines), done.stderr  # every line is a JSON object
     for record in records:
-        assert {"time", "level", "logger", "pid", "message"} <= set(record)
+        assert {"time", "level", "host", "logger", "pid", "message"} <= set(record)
         assert datetime.fromisoformat(record["time"]).utcoffset() == timedelta(0)
     started = only_event(done.stderr, "started")
     assert started["owner"].split(":")[1] == str(started["pid"])
@@ -164,3 +175,18 @@ def test_a_signal_is_the_stopping_event(db, dsn) -> None:
     (stopping,) = host.events("stopping")
     assert stopping["signal"] == "SIGINT"
     assert stopping["message"].startswith("SIGINT: stopping")
+
+
+def test_json_lines_about_an_attempt_name_the_job_and_never_its_payload(db, dsn) -> None:
+    retried = pgpool.enqueue(db, "fail", {"secret": MARKER})
+    dead = pgpool.enqueue(db, "fail", {"secret": MARKER}, max_attempts=1)
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", "--log-format", "json")
+    assert done.returncode == 0, done.stderr
+    assert MARKER not in done.stderr + done.stdout
+    retry = next(e for e in events(done.stderr, "job_retry") if e["job_id"] == retried)
+    assert (retry["kind"], retry["attempt"], retry["cause"], retry["level"]) == (
+        "fail", 1, "ValueError", "WARNING")
+    assert retry["delay"] > 0 and retry["host"] == socket.gethostname()
+    buried = only_event(done.stderr, "job_dead")
+    assert (buried["job_id"], buried["kind"], buried["attempt"], buried["level"]) == (
+        dead, "fail", 1, "ERROR")
