@@ -364,12 +364,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         applied = schema.migrate(conn)
+        found = schema.locate(conn)
+    where = f'in schema "{found.schema}" at {dsnlib.describe(dsn)}'
+    if applied[:1] == [schema.MIGRATIONS[0].version] and found.elsewhere:
+        others = ", ".join(f'"{name}"' for name in found.elsewhere)
+        print(f"pgpool: notice: pgpool is also installed in schema {others}, not on this "
+              f'DSN\'s search_path: the installation in "{found.schema}" is a separate one, '
+              "with jobs of its own", file=sys.stderr)
     if applied:
         print(f"pgpool: schema migrated to version {schema.SCHEMA_VERSION} "
-              f"(applied {', '.join(map(str, applied))}) at {dsnlib.describe(dsn)}")
+              f"(applied {', '.join(map(str, applied))}) {where}")
     else:
-        print(f"pgpool: schema already at version {schema.SCHEMA_VERSION} "
-              f"at {dsnlib.describe(dsn)}")
+        print(f"pgpool: schema already at version {schema.SCHEMA_VERSION} {where}")
     return 0
 
 
@@ -389,7 +395,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         raise too_deep() from None
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
-        schema.check_version(schema.schema_version(conn))
+        schema.check(conn)
         job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
                          delay=args.delay, unique_key=args.unique_key,
                          max_attempts=args.max_attempts)
@@ -454,7 +460,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
-        schema.check_version(schema.schema_version(conn))
+        schema.check(conn)
         report = status.collect(conn)
     print(json.dumps(report) if args.json else status.render(report))
     return 0

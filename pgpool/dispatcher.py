@@ -222,7 +222,7 @@ class Dispatcher:
         async def check() -> None:
             conn = await dsnlib.connect_async(self.config.dsn, autocommit=True)
             async with conn:
-                schema.check_version(await schema.schema_version_async(conn))
+                await schema.check_async(conn)
 
         await _retrying("checking the schema", check)
 

@@ -3,6 +3,9 @@
 Notifications are only a latency optimisation: they are not durable, and any sent while
 this connection is down are lost. So after every (re)connect the listener wakes the claimer
 once, and the claimer also polls as a backstop.
+
+The channel is the installation's (`sql.CHANNEL`): enqueues into pgpool's tables in another
+schema of the same database never wake this one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class Listener:
                 async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True
                 ) as conn:
-                    await conn.execute(sql.LISTEN)
+                    row = await (await conn.execute(sql.CHANNEL)).fetchone()
+                    await conn.execute(listen_statement(row[0]))
                     failures.succeeded()
                     self._wake()
                     async for notify in conn.notifies():
@@ -41,3 +45,9 @@ class Listener:
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 await asyncio.sleep(backoff(failures.count, 0.2, 10.0))
+
+
+def listen_statement(channel: str) -> str:
+    """``LISTEN`` on ``channel`` (as `sql.CHANNEL` returns it), quoted as an identifier: a
+    schema name may hold any character."""
+    return sql.LISTEN.format('"' + channel.replace('"', '""') + '"')

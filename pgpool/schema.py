@@ -3,8 +3,16 @@
 `migrate` applies the migrations the database lacks, in order, inside one transaction that
 holds an advisory lock, so several hosts may run it at once: the first applies, the others
 wait and then find nothing to do. The applied version is recorded in ``pgpool_schema_version``;
-`check_version` is what ``pgpool run``, ``enqueue`` and ``status`` use to refuse a missing,
-older or newer schema.
+`check` is what ``pgpool run``, ``enqueue`` and ``status`` use to refuse a missing, older or
+newer schema.
+
+Where: pgpool is installed in the schema holding ``pgpool_schema_version`` that
+``search_path`` leads to (`locate`), which need not be the first schema on the path (the
+default ``"$user", public`` finds ``public`` even once a schema named after the role
+exists). `migrate` runs its DDL there, explicitly, and everyone refuses a path on which two
+installations, or a same-named table ahead of pgpool's, would mix. A migration waits at most
+`LOCK_TIMEOUT` for each lock, so the heartbeats queued behind it are held up no longer, and
+tries again later.
 
 Physical choices come from the field reports in ``shared/seeds``: the ready-job index is
 partial (it stays as small as the backlog, not the table); nothing that a heartbeat touches
@@ -14,10 +22,14 @@ on each page for those updates; autovacuum is made aggressive on the one high-ch
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from . import sql
 from .errors import SchemaError
+from .logs import event
+from .retry import backoff
 
 if TYPE_CHECKING:  # imported by `pgpool` itself, so workers too: see pgpool.enqueue
     import psycopg
@@ -155,27 +167,121 @@ CREATE TABLE IF NOT EXISTS pgpool_schema_version (
 )
 """
 
-# One key per schema, so pgpool installations in different schemas never wait on each other.
-_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgpool.migrate:' || current_schema()))"
+#: Seconds `migrate` waits for a table lock before it lets go and tries again. Every statement
+#: on a table (heartbeats too) queues behind a waiting ACCESS EXCLUSIVE request, so this bounds
+#: how long a migration can hold them up: a heartbeat runs every lease/3 and a lease is at
+#: least 1 s, so half a second never costs a lease.
+LOCK_TIMEOUT: Final = 0.5
+#: Tries before `migrate` gives up; between them it backs off from 0.5 s, doubling to 10 s
+#: (about 2.5 minutes in all with the defaults), so other sessions get through meanwhile.
+LOCK_TRIES: Final = 20
+
+log = logging.getLogger("pgpool.schema")
 
 
-def migrate(conn: psycopg.Connection) -> list[int]:
-    """Bring the schema on ``conn`` up to `SCHEMA_VERSION`; return the versions applied.
+class Installation(NamedTuple):
+    """Where pgpool's tables are, as seen through a connection's ``search_path``."""
 
-    Safe to call concurrently from many processes and to call again (it then applies
-    nothing). Runs in a transaction of its own, or in a savepoint if ``conn`` is already
-    inside one. Raises `SchemaError` when the database is newer than this code.
-    """
-    if conn.execute("SELECT current_schema()").fetchone()[0] is None:
+    #: The schema holding the installation unqualified names resolve to, or None.
+    schema: str | None
+    #: Schemas of the database holding an installation that is not on ``search_path``.
+    elsewhere: tuple[str, ...]
+
+
+def locate(conn: psycopg.Connection) -> Installation:
+    """Find pgpool's installation: the schema on ``conn``'s ``search_path`` holding
+    ``pgpool_schema_version``. Raises `SchemaError` when that is ambiguous: two schemas on
+    the path hold one, or a schema ahead of it holds a table of the same name as one of
+    pgpool's (unqualified statements would then mix the two)."""
+    return _installation(conn.execute(sql.INSTALLATIONS).fetchall())
+
+
+async def locate_async(conn: psycopg.AsyncConnection) -> Installation:
+    """Async twin of `locate`."""
+    return _installation(await (await conn.execute(sql.INSTALLATIONS)).fetchall())
+
+
+def _installation(rows: list[tuple[str, int | None, list[str]]]) -> Installation:
+    installed = [(name, pos, tables) for name, pos, tables in rows
+                 if "pgpool_schema_version" in tables]
+    on_path = [(name, pos, tables) for name, pos, tables in installed if pos is not None]
+    elsewhere = tuple(name for name, pos, _ in installed if pos is None)
+    if len(on_path) > 1:
+        names = " and ".join(_quoted(name) for name, _, _ in on_path)
         raise SchemaError(
-            "the connection's search_path names no existing schema to create pgpool's tables "
-            "in: create the schema first, or fix search_path in the DSN"
+            f"pgpool is installed in {len(on_path)} schemas on this connection's search_path, "
+            f"{names}, and statements would mix their tables: keep the one that holds your "
+            f"jobs and drop the other's pgpool_* tables, or set search_path in the DSN "
+            f"(options=-csearch_path=...) so that only one of them is on it"
         )
-    if schema_version(conn) == SCHEMA_VERSION:
+    if not on_path:
+        return Installation(None, elsewhere)
+    schema, pos, tables = on_path[0]
+    shadows = sorted(f"{_quoted(name)}.{table}" for name, p, others in rows
+                     if p is not None and p < pos for table in others if table in tables)
+    if shadows:
+        raise SchemaError(
+            f"pgpool is installed in schema {_quoted(schema)}, but {', '.join(shadows)} "
+            f"comes before it on search_path and would be used instead: rename or drop "
+            f"it, or set search_path in the DSN (options=-csearch_path=...) to put "
+            f"{_quoted(schema)} first"
+        )
+    return Installation(schema, elsewhere)
+
+
+def migrate(conn: psycopg.Connection, *, lock_timeout: float = LOCK_TIMEOUT,
+            tries: int = LOCK_TRIES) -> list[int]:
+    """Bring pgpool's schema on ``conn`` up to `SCHEMA_VERSION`; return the versions applied.
+
+    Migrates the installation `locate` finds, wherever it sits on ``search_path``; with
+    none, installs into the first existing schema on it. Safe to call concurrently from
+    many processes and to call again (it then applies nothing). Runs in a transaction of
+    its own, or in a savepoint if ``conn`` is already inside one (then leaving the
+    session's settings as they were). A lock it waits for longer than ``lock_timeout``
+    seconds is let go and tried again, up to ``tries`` times. Raises `SchemaError` when the
+    database is newer than this code, when the installation is ambiguous, or when the
+    locks stayed taken.
+    """
+    import psycopg  # see TYPE_CHECKING above
+
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, not {tries}")
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return _migrate_once(conn, lock_timeout)
+        except psycopg.errors.LockNotAvailable:
+            if attempt >= tries:
+                raise _locked_out(conn, lock_timeout, tries) from None
+            delay = backoff(attempt, 0.25, 10.0)
+            if attempt == 1:
+                event(log, logging.WARNING, "migrate_waiting",
+                      "migration waits for sessions holding pgpool's tables; trying again "
+                      "up to %d times", tries - 1, tries=tries, lock_timeout=lock_timeout)
+            time.sleep(delay)
+
+
+def _migrate_once(conn: psycopg.Connection, lock_timeout: float) -> list[int]:
+    schema = locate(conn).schema
+    if schema is None:
+        schema = conn.execute(sql.CURRENT_SCHEMA).fetchone()[0]
+        if schema is None:
+            raise SchemaError(
+                "the connection's search_path names no existing schema to create pgpool's "
+                "tables in: create the schema first, or fix search_path in the DSN"
+            )
+    elif _version(conn) == SCHEMA_VERSION:
         return []  # nothing to do, and no DDL privilege needed to find that out
+    from psycopg.sql import Identifier
+
     applied: list[int] = []
     with conn.transaction():
-        conn.execute(_LOCK)
+        saved = conn.execute(sql.MIGRATE_SAVED).fetchone()
+        conn.execute(sql.MIGRATE_SEARCH_PATH,
+                     {"search_path": Identifier(schema).as_string(conn)})
+        conn.execute(sql.MIGRATE_LOCK)
+        conn.execute(sql.MIGRATE_LOCK_TIMEOUT, {"lock_timeout": f"{lock_timeout * 1000:.0f}ms"})
         conn.execute(BOOKKEEPING)
         current = conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
         if current > SCHEMA_VERSION:
@@ -183,30 +289,64 @@ def migrate(conn: psycopg.Connection) -> list[int]:
         for m in MIGRATIONS:
             if m.version > current:
                 conn.execute(m.ddl)
-                conn.execute(
-                    "INSERT INTO pgpool_schema_version (version, description) VALUES (%s, %s)",
-                    (m.version, m.description),
-                )
+                conn.execute(sql.MIGRATE_RECORD, (m.version, m.description))
                 applied.append(m.version)
+        conn.execute(sql.MIGRATE_RESTORE,
+                     {"search_path": saved[0], "lock_timeout": saved[1]})
     return applied
 
 
+def _locked_out(conn: psycopg.Connection, lock_timeout: float, tries: int) -> SchemaError:
+    schema = locate(conn).schema or conn.execute(sql.CURRENT_SCHEMA).fetchone()[0]
+    holders = [pid for (pid,) in conn.execute(sql.LOCK_HOLDERS, {"schema": schema})]
+    who = (f"sessions with pid {', '.join(map(str, holders))} hold locks on them now"
+           if holders else "the sessions holding them have let go since")
+    return SchemaError(
+        f"the migration could not lock pgpool's tables in schema {_quoted(schema)} in "
+        f"{tries} tries of {lock_timeout:g} s ({who}): let long transactions on them finish "
+        f"or end them (pg_stat_activity shows them), then run `pgpool migrate` again"
+    )
+
+
 def schema_version(conn: psycopg.Connection) -> int | None:
-    """The recorded schema version, or None when pgpool's schema is absent."""
-    if not conn.execute(sql.HAS_SCHEMA).fetchone()[0]:
-        return None
+    """The recorded version of the installation `locate` finds, or None when there is none
+    on ``search_path``. Raises `SchemaError` when that is ambiguous."""
+    return None if locate(conn).schema is None else _version(conn)
+
+
+def check(conn: psycopg.Connection) -> None:
+    """Raise `SchemaError` unless ``conn``'s ``search_path`` leads to exactly one pgpool
+    installation, at exactly the version this code needs (``run``, ``enqueue``, ``status``)."""
+    found = locate(conn)
+    check_version(None if found.schema is None else _version(conn), found.elsewhere)
+
+
+async def check_async(conn: psycopg.AsyncConnection) -> None:
+    """Async twin of `check`."""
+    found = await locate_async(conn)
+    version = None
+    if found.schema is not None:
+        version = (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
+    check_version(version, found.elsewhere)
+
+
+def _version(conn: psycopg.Connection) -> int:
     return conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
 
 
-async def schema_version_async(conn: psycopg.AsyncConnection) -> int | None:
-    """Async twin of `schema_version`."""
-    if not (await (await conn.execute(sql.HAS_SCHEMA)).fetchone())[0]:
-        return None
-    return (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
-
-
-def check_version(found: int | None) -> None:
-    """Raise `SchemaError` unless ``found`` is exactly the version this code needs."""
+def check_version(found: int | None, elsewhere: tuple[str, ...] = ()) -> None:
+    """Raise `SchemaError` unless ``found`` is exactly the version this code needs;
+    ``elsewhere``, the schemas off ``search_path`` that hold pgpool, hint at a DSN that
+    misses its schema when ``found`` is None."""
+    if found is None and elsewhere:
+        names = ", ".join(_quoted(name) for name in elsewhere[:3])
+        more = f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
+        raise SchemaError(
+            f"pgpool's tables are in no schema on this connection's search_path, but "
+            f"schema {names}{more} of this database holds them: put that schema on "
+            f"search_path in the DSN (options=-csearch_path=...), or run `pgpool migrate` "
+            f"to install pgpool in the schema search_path names"
+        )
     if found is None:
         raise SchemaError(
             "pgpool's tables are missing from this database: run `pgpool migrate` "
@@ -219,6 +359,10 @@ def check_version(found: int | None) -> None:
             f"the pgpool schema is at version {found} but this pgpool needs {SCHEMA_VERSION}: "
             "run `pgpool migrate` to upgrade it"
         )
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _too_new(found: int) -> str:

@@ -35,8 +35,21 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-#: The LISTEN/NOTIFY channel. The payload is the queue name that has new ready work.
-CHANNEL: Final = "pgpool"
+#: The LISTEN/NOTIFY channel of the installation whose ``pgpool_jobs`` is the table with oid
+#: ``{table}``: derived from its schema, so installations in different schemas of one
+#: database (and the bench's scratch schema) never wake each other. ``pgpool`` for
+#: ``public``, as before channels were per schema (a dispatcher of an older pgpool still
+#: hears it); else ``pgpool.<schema>``, or ``pgpool.<md5 of the schema>`` when that would
+#: pass the 63 bytes a channel name may have. The payload is the queue with new ready work.
+_CHANNEL_OF: Final = """(
+    SELECT CASE WHEN n.nspname = 'public' THEN 'pgpool'
+                WHEN octet_length(n.nspname) <= 56 THEN 'pgpool.' || n.nspname
+                ELSE 'pgpool.' || md5(n.nspname) END
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.oid = {table})"""
+
+#: The channel of the installation ``search_path`` resolves to, for `LISTEN`.
+CHANNEL: Final = "SELECT " + _CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
 
 # --- enqueue ------------------------------------------------------------------------------
 
@@ -53,9 +66,10 @@ WITH job AS (
             coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
             %(max_attempts)s, %(unique_key)s)
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-    RETURNING id, run_at
+    RETURNING id, run_at, tableoid
 )
-SELECT id, CASE WHEN run_at <= now() THEN pg_notify('""" + CHANNEL + """', %(queue)s) END
+SELECT id, CASE WHEN run_at <= now() THEN pg_notify(
+    """ + _CHANNEL_OF.format(table="job.tableoid") + """, %(queue)s) END
 FROM job
 """
 
@@ -65,11 +79,16 @@ COPY_JOBS_AT: Final = (
     "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"
 )
 
-NOTIFY: Final = f"SELECT pg_notify('{CHANNEL}', %(queue)s)"
+#: After a COPY: wake the dispatchers of the installation the rows went to.
+NOTIFY: Final = (
+    "SELECT pg_notify(" + _CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
+    + ", %(queue)s)"
+)
 
 # --- dispatcher: claim, heartbeat, ack, reap -----------------------------------------------
 
-LISTEN: Final = f"LISTEN {CHANNEL}"
+#: Format with the channel `CHANNEL` returned, quoted (`pgpool.listener.listen_statement`).
+LISTEN: Final = "LISTEN {}"
 
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,
 #: then oldest due. SKIP LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE
@@ -393,5 +412,53 @@ WHERE relid = to_regclass('pgpool_jobs')
 
 # --- schema bookkeeping ---------------------------------------------------------------------
 
-HAS_SCHEMA: Final = "SELECT to_regclass('pgpool_schema_version') IS NOT NULL"
+#: Every schema of the database holding tables named ``pgpool_*``: its name, its place on
+#: the session's effective ``search_path`` (1-based; NULL when not on it) and those tables.
+#: pgpool is installed where ``pgpool_schema_version`` is (`pgpool.schema.locate`).
+INSTALLATIONS: Final = r"""
+SELECT n.nspname::text, p.pos::int, array_agg(c.relname::text ORDER BY c.relname)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN unnest(current_schemas(false)) WITH ORDINALITY AS p(name, pos) ON p.name = n.nspname
+WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'pgpool\_%'
+GROUP BY n.nspname, p.pos
+ORDER BY p.pos NULLS LAST, n.nspname
+"""
+
+#: Where a new installation goes: the first existing schema on ``search_path``.
+CURRENT_SCHEMA: Final = "SELECT current_schema()"
+
+#: The migration transaction's session settings, to restore them at its end: SET LOCAL in a
+#: savepoint (`migrate` inside the caller's transaction) would outlive the savepoint.
+MIGRATE_SAVED: Final = "SELECT current_setting('search_path'), current_setting('lock_timeout')"
+#: For the migration's transaction only (``is_local``): run the DDL in the installation's
+#: schema, whatever schema the session's ``search_path`` would create tables in.
+MIGRATE_SEARCH_PATH: Final = "SELECT set_config('search_path', %(search_path)s, true)"
+#: One migration at a time per schema; installations in different schemas never wait on
+#: each other. Taken before `MIGRATE_LOCK_TIMEOUT`: waiting here blocks nobody else.
+MIGRATE_LOCK: Final = (
+    "SELECT pg_advisory_xact_lock(hashtext('pgpool.migrate:' || current_schema()))"
+)
+#: A DDL waiting for ACCESS EXCLUSIVE makes every later statement on that table (claims,
+#: heartbeats, acks) queue behind it: give up after this long, and retry later.
+MIGRATE_LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
+MIGRATE_RESTORE: Final = """
+SELECT set_config('search_path', %(search_path)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true)
+"""
+#: Record one applied migration.
+MIGRATE_RECORD: Final = (
+    "INSERT INTO pgpool_schema_version (version, description) VALUES (%s, %s)"
+)
+#: Sessions holding locks on pgpool's tables in schema ``schema``: named when `migrate`
+#: gives up, so the operator knows which to end.
+LOCK_HOLDERS: Final = r"""
+SELECT DISTINCT l.pid FROM pg_locks AS l
+JOIN pg_class AS c ON c.oid = l.relation
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE l.granted AND l.pid <> pg_backend_pid() AND n.nspname = %(schema)s
+  AND c.relname LIKE 'pgpool\_%%'
+ORDER BY 1
+"""
+
 SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_version"

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -34,7 +35,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import embedded
+from pgpool import embedded, sql
+from pgpool.listener import listen_statement
 
 TESTS = Path(__file__).parent
 BENCH = TESTS.parent / "bench"
@@ -71,15 +73,40 @@ def own_server() -> Iterator[Any]:
     pg.stop()
 
 
-@pytest.fixture
-def dsn(server_dsn: str) -> Iterator[str]:
-    """A DSN whose search_path is a new, empty schema."""
+@contextmanager
+def _new_schema(server_dsn: str) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")
     yield make_conninfo(server_dsn, options=f"-c search_path={name}")
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+@pytest.fixture
+def dsn(server_dsn: str) -> Iterator[str]:
+    """A DSN whose search_path is a new, empty schema."""
+    with _new_schema(server_dsn) as schema_dsn:
+        yield schema_dsn
+
+
+@pytest.fixture
+def other_dsn(server_dsn: str) -> Iterator[str]:
+    """Like `dsn`, another new schema of the same database: a second installation."""
+    with _new_schema(server_dsn) as schema_dsn:
+        yield schema_dsn
+
+
+@pytest.fixture
+def fresh_dsn(server_dsn: str) -> Iterator[str]:
+    """A DSN of a new, empty database with the server's default search_path
+    (``"$user", public``), for tests about where pgpool's tables are found."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield make_conninfo(server_dsn, dbname=name)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture
@@ -338,6 +365,18 @@ def in_registry(dsn: str, work: Callable[[AsyncConnectionPool], Awaitable[Any]])
             return await work(pool)
 
     return asyncio.run(main())
+
+
+def listen_sql(db: psycopg.Connection) -> str:
+    """The ``LISTEN`` statement of the installation ``db``'s search_path leads to, as a
+    dispatcher's listener sends it (and ``pg_stat_activity`` shows it)."""
+    return listen_statement(one(db, sql.CHANNEL)[0])
+
+
+def listeners(db: psycopg.Connection) -> list[int]:
+    """The pids of the sessions LISTENing on the channel of ``db``'s installation."""
+    return [pid for (pid,) in db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE query = %s ORDER BY pid", (listen_sql(db),))]
 
 
 # --- what the test handlers did, and waiting --------------------------------------------------

@@ -7,8 +7,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
+from conftest import listen_sql
+from psycopg import sql as pgsql
 
 import pgpool
+from pgpool import sql
 
 
 def count(db: psycopg.Connection, where: str = "true") -> int:
@@ -17,7 +21,7 @@ def count(db: psycopg.Connection, where: str = "true") -> int:
 
 def listener(dsn: str) -> psycopg.Connection:
     conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("LISTEN pgpool")
+    conn.execute(listen_sql(conn))
     return conn
 
 
@@ -35,7 +39,7 @@ def nothing_before_a_marker(ears: psycopg.Connection, db: psycopg.Connection) ->
     PostgreSQL delivers notifications in commit order, so one sent by anything committed
     earlier would arrive first."""
     marker = f"marker-{uuid.uuid4().hex}"
-    db.execute("SELECT pg_notify('pgpool', %s)", (marker,))
+    db.execute(sql.NOTIFY, {"queue": marker})
     return next_notification(ears) == marker
 
 
@@ -113,3 +117,53 @@ def test_async_twins(db, dsn):
     one, many = asyncio.run(main())
     assert isinstance(one, int) and many == 10
     assert count(db) == 11
+
+
+# --- each installation has a channel of its own ----------------------------------------------
+
+
+def test_installations_in_two_schemas_never_wake_each_other(db, dsn, other_dsn):
+    with psycopg.connect(other_dsn, autocommit=True) as other:
+        pgpool.migrate(other)
+        ears, other_ears = listener(dsn), listener(other_dsn)
+        # Each way a job is enqueued notifies: one row, and COPY.
+        pgpool.enqueue(other, "k", {}, queue="other-one")
+        pgpool.enqueue_many(other, "k", [{}], queue="other-many")
+        pgpool.enqueue(db, "k", {}, queue="mine")
+        # Notifications arrive in commit order: had the other schema's reached this
+        # listener, they would come before this one.
+        assert next_notification(ears) == "mine"
+        assert [n.payload for n in other_ears.notifies(timeout=30, stop_after=2)] == [
+            "other-one", "other-many"]
+
+
+@pytest.mark.parametrize("name", ["s" * 63, 'Odd "Schema" é'],
+                         ids=["longest-name", "quoted-name"])
+def test_any_schema_name_gives_a_channel_that_works(server_dsn, name):
+    # A channel name has at most 63 bytes and is an identifier: "pgpool." + 63 bytes is
+    # too long, and the quotes must survive LISTEN.
+    ident = pgsql.Identifier(name)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(ident))
+        try:
+            conn.execute(pgsql.SQL("SET search_path = {}").format(ident))
+            pgpool.migrate(conn)
+            with psycopg.connect(server_dsn, autocommit=True) as ears:
+                ears.execute(pgsql.SQL("SET search_path = {}").format(ident))
+                ears.execute(listen_sql(ears))
+                pgpool.enqueue(conn, "k", {}, queue="one")
+                assert next_notification(ears) == "one"
+                pgpool.enqueue_many(conn, "k", [{}], queue="many")
+                assert next_notification(ears) == "many"
+        finally:
+            conn.execute(pgsql.SQL("DROP SCHEMA {} CASCADE").format(ident))
+
+
+def test_an_installation_in_public_keeps_the_channel_older_dispatchers_listen_on(fresh_dsn):
+    # During a rolling upgrade, dispatchers of an older pgpool LISTEN on "pgpool".
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        pgpool.migrate(conn)
+        with psycopg.connect(fresh_dsn, autocommit=True) as old:
+            old.execute("LISTEN pgpool")
+            pgpool.enqueue(conn, "k", {}, queue="q")
+            assert next_notification(old) == "q"

@@ -22,6 +22,7 @@ from conftest import (
     RUN,
     Pgpool,
     alive,
+    listeners,
     one,
     only_event,
     pgpool_cmd,
@@ -124,8 +125,7 @@ def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
     # Both hosts are up and listening before the jobs arrive, so both take part.
     for h in hosts:
         h.event("started")
-    wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
-                               "WHERE query = 'LISTEN pgpool'")[0] == 2, "both LISTENs")
+    wait_until(lambda: len(listeners(db)) == 2, "both LISTENs")
     db.execute("SELECT pg_stat_clear_snapshot()")
     before = one(db, "SELECT xact_commit FROM pg_stat_database "
                      "WHERE datname = current_database()")[0]
@@ -397,8 +397,7 @@ def ended(record_dir: Path) -> list[tuple[int, int, int, str]]:
 def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, record_dir):
     with serving(dsn, record_dir, "--procs", "1", "--poll", "600"):
         # The claim loop may still be in its first empty claim: enqueue after LISTEN is up.
-        wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
-                                   "WHERE query = 'LISTEN pgpool'")[0], "LISTEN")
+        wait_until(lambda: listeners(db), "LISTEN")
         pgpool.enqueue(db, "record", {})
         # The poll interval is 10 minutes: only the notification can explain a pickup.
         wait_until(lambda: ended(record_dir), "the job to run", 20)
@@ -413,8 +412,7 @@ def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, recor
     # cause) makes every claim a full one, followed by more, whatever the wake-up policy.
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "2", "--poll", "600",
                         record_dir=record_dir)
-    wait_until(lambda: one(db, "SELECT count(*) FROM pg_stat_activity "
-                               "WHERE query = 'LISTEN pgpool'")[0], "LISTEN")
+    wait_until(lambda: listeners(db), "LISTEN")
     for n in range(1, 21):
         pgpool.enqueue(db, "record", {})
         wait_until(lambda n=n: len(ended(record_dir)) == n, f"job {n} to run", 20)
@@ -542,11 +540,9 @@ def workers(pid: int) -> list[int]:
 
 def test_listen_is_re_established_after_its_connection_is_killed(db, dsn, record_dir):
     with serving(dsn, record_dir, "--procs", "1", "--poll", "600"):
-        listening = ("SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN pgpool' "
-                     "AND datname = current_database()")
-        old = wait_until(lambda: one(db, listening), "LISTEN")[0]
+        old = wait_until(lambda: listeners(db), "LISTEN")[0]
         db.execute("SELECT pg_terminate_backend(%s)", (old,))
-        wait_until(lambda: (one(db, listening) or (old,))[0] != old, "a new LISTEN")
+        wait_until(lambda: (listeners(db) or [old])[0] != old, "a new LISTEN")
         pgpool.enqueue(db, "record", {})
         # Polling is 10 minutes away: only the re-established LISTEN can explain a pickup.
         wait_until(lambda: ended(record_dir), "the job to run", 20)

@@ -1,7 +1,7 @@
 """The SQL only `pgpool bench` sends, by name: its scratch schema's life (`scratch`), the
 table upkeep and checks between stages, and the server statistics it reads.
 
-The runtime statements it also uses (`pgpool.sql.CLAIM`, `pgpool.sql.LISTEN`,
+The runtime statements it also uses (`pgpool.sql.CLAIM`, `pgpool.sql.CHANNEL`,
 `pgpool.sql.COPY_JOBS`) stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
 """
 
