@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the real command line: hide a password before anything slow
+        from .cmdline import hide_passwords
+
+        hide_passwords()
     import psycopg
     import psycopg_pool
 

@@ -350,6 +350,16 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -
     return line
 
 
+def without_password_warning(result: subprocess.CompletedProcess[str]
+                             ) -> subprocess.CompletedProcess[str]:
+    """``result`` without the warning that a password was given on the command line, which
+    must be its first stderr line (then `assert_user_error` applies to the rest)."""
+    warning, _, rest = result.stderr.partition("\n")
+    assert warning.startswith("pgpool: warning: --dsn holds a password"), result.stderr
+    assert SECRET not in warning, result.stderr
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout, rest)
+
+
 def status_json(dsn: str) -> dict[str, Any]:
     """``pgpool status --json``, parsed."""
     done = run_pgpool(dsn, "status", "--json")

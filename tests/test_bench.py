@@ -10,7 +10,7 @@ import json
 
 import psycopg
 import pytest
-from conftest import UNREACHABLE, assert_user_error, run_pgpool
+from conftest import UNREACHABLE, assert_user_error, run_pgpool, without_password_warning
 
 import pgpool
 
@@ -102,5 +102,5 @@ def test_bench_invalid_option(dsn: str, option: tuple[str, str]) -> None:
 
 
 def test_bench_unreachable_database(dsn: str) -> None:
-    assert_user_error(run_pgpool(dsn, "bench", "--dsn", UNREACHABLE, "--jobs", "10"),
-                      "cannot connect")
+    done = run_pgpool(dsn, "bench", "--dsn", UNREACHABLE, "--jobs", "10")
+    assert_user_error(without_password_warning(done), "cannot connect")

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import psutil
 import psycopg
@@ -23,18 +24,21 @@ import pytest
 from conftest import (
     JSON_LOGS,
     RUN,
+    SECRET,
     TESTS,
     Pgpool,
     assert_user_error,
     clean_env,
     only_event,
     pgpool_cmd,
+    start_pgpool,
     wait_until,
 )
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
 from pgpool import embedded
+from pgpool.cmdline import mask_password, masked_args
 from pgpool.errors import ConfigError
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -259,3 +263,56 @@ def test_the_embedded_default_starts_with_a_minimal_path(home):
     done = cli("migrate", PGPOOL_HOME=str(home), PATH="/usr/bin:/bin")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "migrated to version" in done.stdout
+
+
+# --- a password on the command line -------------------------------------------------------------
+
+
+def with_password(dsn: str, form: str) -> str:
+    """``dsn`` (key/value, from the fixture) carrying the password `SECRET`, as a URI or
+    key/value. The test server trusts local connections: the password is carried, not
+    checked."""
+    if form == "key-value":
+        return make_conninfo(dsn, password=SECRET)
+    params = conninfo_to_dict(dsn)
+    user, dbname = params.pop("user"), params.pop("dbname")
+    return f"postgresql://{user}:{SECRET}@/{dbname}?{urlencode(params, quote_via=quote)}"
+
+
+@pytest.mark.parametrize("form", ["uri", "key-value"])
+def test_a_password_in_dsn_leaves_the_process_list_at_once_with_a_warning(dsn, db, form):
+    secret_dsn = with_password(dsn, form)
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--dsn", secret_dsn)
+    cmdline = Path(f"/proc/{host.pid}/cmdline")
+    # The warning is printed once the command line is rewritten, before the slow imports
+    # and the first connection.
+    first = host.wait_for_line(lambda line: True, "the first line of output")
+    assert first.startswith("pgpool: warning: --dsn holds a password"), first
+    assert "PGPOOL_DSN" in first and SECRET not in first
+    shown = cmdline.read_bytes()
+    assert SECRET.encode() not in shown
+    assert b"--dsn" in shown and b"***" in shown  # the rest stays readable in `ps`
+    host.event("started")  # connected with the password given
+    assert SECRET.encode() not in cmdline.read_bytes()
+    assert host.stop() == 0
+    assert SECRET not in host.stdout + host.stderr
+
+
+@pytest.mark.parametrize(("given", "shown"), [
+    (f"postgresql://u:{SECRET}@h/db", "postgresql://u:***@h/db"),
+    (f"postgres://u:{SECRET}@h1,h2:5/db?sslmode=require&password={SECRET}",
+     "postgres://u:***@h1,h2:5/db?sslmode=require&password=***"),
+    (f"host=h password={SECRET} user=u", "host=h password=*** user=u"),
+    (f"password = '{SECRET} \\' x' host=h", "password = *** host=h"),
+    ("postgresql://u@h/db?sslmode=require", "postgresql://u@h/db?sslmode=require"),
+    ("host=h user=u", "host=h user=u"),
+], ids=["uri", "uri-query-multihost", "key-value", "key-value-quoted", "uri-none", "kv-none"])
+def test_mask_password(given: str, shown: str) -> None:
+    assert mask_password(given) == shown
+
+
+def test_every_spelling_of_the_dsn_option_is_masked() -> None:
+    args = ["run", "--dsn", f"host=h password={SECRET}", f"--ds=postgresql://u:{SECRET}@h",
+            "--queue", f"password={SECRET}"]  # only --dsn values are DSNs
+    assert masked_args(args) == ["run", "--dsn", "host=h password=***",
+                                 "--ds=postgresql://u:***@h", "--queue", f"password={SECRET}"]

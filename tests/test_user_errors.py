@@ -24,6 +24,7 @@ from conftest import (
     make_version_1_schema,
     run_pgpool,
     start_pgpool,
+    without_password_warning,
 )
 from psycopg.conninfo import make_conninfo
 
@@ -61,8 +62,8 @@ def test_cli_unreachable_dsn(args: tuple[str, ...]) -> None:
 
 
 def test_cli_unreachable_dsn_from_option() -> None:
-    assert_user_error(run_pgpool(UNREACHABLE, "migrate", "--dsn", UNREACHABLE),
-                      "cannot connect")
+    done = run_pgpool(UNREACHABLE, "migrate", "--dsn", UNREACHABLE)
+    assert_user_error(without_password_warning(done), "cannot connect")
 
 
 @pytest.mark.parametrize(("command", "source"), [
