@@ -57,7 +57,8 @@ CHANNEL: Final = "SELECT " + _CHANNEL_OF.format(table="to_regclass('pgpool_jobs'
 #: ``conn.transaction()`` inside it is a savepoint, not a transaction of its own.
 OPEN_TRANSACTION: Final = "SELECT 1"
 
-#: One job. Notifies only when the job is due now; a delayed job is found by polling.
+#: One job. Notifies only when the job is due now; a delayed job is found by polling. The
+#: channel is that of the table the row went into (``tableoid``), at no extra round trip.
 #: With a unique key that is already ready or running, no row is inserted and no row returns.
 ENQUEUE: Final = """
 WITH job AS (
@@ -414,13 +415,14 @@ WHERE relid = to_regclass('pgpool_jobs')
 
 #: Every schema of the database holding tables named ``pgpool_*``: its name, its place on
 #: the session's effective ``search_path`` (1-based; NULL when not on it) and those tables.
-#: pgpool is installed where ``pgpool_schema_version`` is (`pgpool.schema.locate`).
+#: pgpool is installed where ``pgpool_schema_version`` is (`pgpool.schema.locate`). Views
+#: and foreign tables count: an unqualified name would resolve to them just the same.
 INSTALLATIONS: Final = r"""
 SELECT n.nspname::text, p.pos::int, array_agg(c.relname::text ORDER BY c.relname)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN unnest(current_schemas(false)) WITH ORDINALITY AS p(name, pos) ON p.name = n.nspname
-WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'pgpool\_%'
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND c.relname LIKE 'pgpool\_%'
 GROUP BY n.nspname, p.pos
 ORDER BY p.pos NULLS LAST, n.nspname
 """
@@ -442,6 +444,7 @@ MIGRATE_LOCK: Final = (
 #: A DDL waiting for ACCESS EXCLUSIVE makes every later statement on that table (claims,
 #: heartbeats, acks) queue behind it: give up after this long, and retry later.
 MIGRATE_LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
+#: Put back what `MIGRATE_SAVED` read, at the end of the migration's transaction.
 MIGRATE_RESTORE: Final = """
 SELECT set_config('search_path', %(search_path)s, true),
        set_config('lock_timeout', %(lock_timeout)s, true)
