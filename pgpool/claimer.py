@@ -27,9 +27,17 @@ class RawJsonLoader(Loader):
         return bytes(data)
 
 
-async def configure_connection(conn: psycopg.AsyncConnection) -> None:
-    """Set up a pooled connection for the claimer: payloads stay raw bytes."""
+async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None
+                               ) -> None:
+    """Set up a pooled connection for the claimer: payloads stay raw bytes. With ``lease``
+    (the dispatcher's pool), every statement on it runs with `Lease.lock_timeout` and
+    `Lease.statement_timeout`: set once per connection, not once per statement."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
+    if lease is not None:
+        await conn.execute(sql.SESSION_TIMEOUTS, {
+            "lock": f"{round(lease.lock_timeout * 1000)}ms",
+            "statement": f"{round(lease.statement_timeout * 1000)}ms",
+        })
 
 
 class Claimer:

@@ -12,15 +12,24 @@ attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never ac
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
 statement (deletes, retries, hand-backs, interruptions and dead letters, each guarded by
-ownership). Only
-one flush runs at a time; acks that arrive meanwhile wait for the next.
+ownership). Only one flush runs at a time; acks that arrive meanwhile wait for the next.
+
+Isolation: when the database refuses a flush because of some of its rows (an application's
+foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
+``lock_timeout``), `pgpool.isolate` bisects it: every other ack commits, and each refused
+one is parked with `sql.PARK`, its reason in ``last_error``: a job that succeeded but could
+not be deleted is kept as 'done', any other as 'parked'. Neither is claimed again. An ack
+refused on a lock is first tried `LOCK_RETRIES` more times, alone, at the next flushes
+(the lock may be a short application transaction's); if parking is refused too, the ack is
+dropped and the job comes back through its lease and the reaper.
 
 Backpressure: `has_room` turns False once ``high_water`` acks are waiting, and the claim
 scheduler stops claiming until flushes catch up, so a slow or unreachable database bounds
-memory instead of growing it. A flush that fails is retried with backoff and its acks are
-kept, in order: an ack is never dropped. (If the database stays away long enough for the
-leases to expire, the ownership guard turns those late acks into no-ops, and the reaper has
-already put the jobs back: at-least-once either way.)
+memory instead of growing it. A flush that fails for any reason but its rows is retried
+with backoff and its unwritten acks are kept, in order: such a failure never drops an ack.
+(If the database stays away long enough for the leases to expire, the ownership guard turns
+those late acks into no-ops, and the reaper has already put the jobs back: at-least-once
+either way.)
 """
 
 from __future__ import annotations
@@ -32,12 +41,13 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
+from .errors import first_line
+from .isolate import Interrupted, describe, isolate, lock_error
 from .job import Job, Outcome
 from .logs import event
 from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
@@ -45,6 +55,17 @@ from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
 log = logging.getLogger("pgpool.completer")
 
 AckKind = Literal["done", "retry", "release", "interrupted", "dead"]
+
+#: How many more times an ack refused on a row lock is tried, alone, before it is parked.
+LOCK_RETRIES: Final = 3
+#: What each refused ack says in ``last_error`` before the database's error.
+_REFUSED: dict[AckKind, str] = {
+    "done": "succeeded, but the database refused to delete it",
+    "retry": "failed, and the database refused to make it ready for its retry",
+    "release": "was handed back unstarted, and the database refused to make it ready",
+    "interrupted": "was cut off by the shutdown, and the database refused to make it ready",
+    "dead": "failed its last attempt, and the database refused to move it to pgpool_dead",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +134,10 @@ class FlushResult:
     dead: int = 0
     #: Acks the database refused because this host no longer owned the attempt.
     stale: int = 0
+    #: Acks refused because of their row, parked instead (`sql.PARK`).
+    parked: int = 0
+    #: Acks refused on a row lock, to be tried again, alone, at the next flush.
+    later: list[Ack] = field(default_factory=list)
     size: int = 0
     seconds: float = 0.0
 
@@ -132,7 +157,8 @@ class Completer:
     grouped transactions.
 
     ``counts`` tallies what was decided: "done", "retried", "dead", "released",
-    "interrupted", and "lost" (results dropped because the lease was lost).
+    "interrupted", and "lost" (results dropped because the lease was lost); and "parked",
+    acks the database refused for their row (`sql.PARK`), counted under their decision too.
     """
 
     def __init__(
@@ -162,6 +188,8 @@ class Completer:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stats = CompleterStats()
+        #: Lock timeouts so far of the acks refused on a row lock, by (id, attempt).
+        self._lock_misses: dict[tuple[int, int], int] = {}
 
     # --- outcomes in ---------------------------------------------------------------------------
 
@@ -241,11 +269,11 @@ class Completer:
             self._full.clear()
             try:
                 result = await self.flush(self._flushing)
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
+            except Interrupted as exc:
+                failures.failed(exc.error)
                 self.stats.failed_flushes += 1
                 delay = backoff(failures.count, 0.1, 5.0)
-                self._buffer[:0] = self._flushing  # kept, in order, for the next try
+                self._buffer[:0] = exc.left  # kept, in order, for the next try
                 self._flushing = []
                 self._first_at = 0.0
                 self._have.set()
@@ -253,15 +281,109 @@ class Completer:
                 continue
             failures.succeeded()
             self._flushing = []
+            if result.later:  # tried again, alone, at the next flush
+                self._buffer[:0] = result.later
+                self._first_at = 0.0
+                self._have.set()
             if not self._buffer:
                 self._idle.set()
             if self._on_flushed is not None:
                 self._on_flushed(result)
 
     async def flush(self, acks: list[Ack]) -> FlushResult:
-        """Write ``acks`` in one transaction (one statement, autocommit); errors propagate
-        (`run` keeps the acks and retries)."""
+        """Write ``acks``: one statement (autocommit) unless the database refuses some of
+        their rows, which are then isolated (`pgpool.isolate`) and parked, or returned in
+        ``later`` after a lock timeout. Any other failure raises `Interrupted` naming the
+        acks not written (`run` keeps them and retries)."""
         started = time.monotonic()
+        try:
+            written = await isolate(acks, self._write,
+                                    alone=self._missed_lock if self._lock_misses else None)
+        except Interrupted as exc:
+            # Refused ones are tried again with the rest: the failure may have hidden why.
+            raise Interrupted(exc.error, exc.left + [a for a, _ in exc.done.rejected],
+                              exc.done) from exc.error
+        result = FlushResult(size=len(acks))
+        for done, retried, released, interrupted, dead in written.results:
+            result.done += done
+            result.retried += retried
+            result.released += released
+            result.interrupted += interrupted
+            result.dead += dead
+        refused = []
+        for ack, exc in written.rejected:
+            key = (ack.job.id, ack.job.attempt)
+            misses = self._lock_misses.get(key, 0)
+            if lock_error(exc) and misses < LOCK_RETRIES:
+                self._lock_misses[key] = misses + 1
+                result.later.append(ack)
+            else:
+                refused.append((ack, exc))
+        if self._lock_misses:  # forget the acks written, parked or dropped
+            for ack in acks:
+                if ack not in result.later:
+                    self._lock_misses.pop((ack.job.id, ack.job.attempt), None)
+        if refused:
+            result.parked = await self._park(refused, result.later)
+        result.seconds = time.monotonic() - started
+        result.stale = (len(acks) - len(refused) - len(result.later)
+                        - (result.done + result.retried + result.released
+                           + result.interrupted + result.dead))
+        self.stats.flushes += 1
+        self.stats.acks += len(acks) - len(result.later)
+        self.stats.stale += result.stale
+        self.stats.flush_seconds.append(result.seconds)
+        if result.stale:
+            log.warning(
+                "%d of %d acks were not applied: this host no longer owned those attempts "
+                "(their lease expired and the jobs were returned to the queue)",
+                result.stale, len(acks),
+            )
+        return result
+
+    def _missed_lock(self, ack: Ack) -> bool:
+        return (ack.job.id, ack.job.attempt) in self._lock_misses
+
+    async def _park(self, refused: list[tuple[Ack, BaseException]], later: list[Ack]) -> int:
+        """Park the acks the database refused, each with its reason; returns how many were
+        parked. One it refuses to park too is dropped: the job comes back through its lease
+        and the reaper. ``later``: kept across an `Interrupted` (they are in no batch)."""
+        try:
+            parked = await isolate(refused, self._write_park)
+        except Interrupted as exc:
+            left = [ack for ack, _ in exc.left] + [ack for (ack, _), _ in exc.done.rejected]
+            raise Interrupted(exc.error, left + later, exc.done) from exc.error
+        for ack, exc in refused:
+            if all(ack is not a for (a, _), _ in parked.rejected):
+                self.counts["parked"] += 1
+                state = "done" if ack.kind == "done" else "parked"
+                event(log, logging.ERROR, "parked",
+                      "%s: the database refused its %s ack (%s); kept as %r, see last_error",
+                      ack.job, ack.kind, describe(exc), state, job=ack.job.id,
+                      kind=ack.job.kind, ack=ack.kind, state=state, error=describe(exc))
+        for (ack, _), exc in parked.rejected:
+            event(log, logging.ERROR, "park_refused",
+                  "%s: the database refused its %s ack and parking it (%s); it runs again "
+                  "once its lease expires", ack.job, ack.kind, describe(exc),
+                  job=ack.job.id, kind=ack.job.kind, ack=ack.kind, error=describe(exc))
+        return sum(parked.results)
+
+    async def _write_park(self, refused: list[tuple[Ack, BaseException]]) -> int:
+        """One `sql.PARK` statement for ``refused``; how many rows it parked."""
+        p = {
+            "owner": self._owner,
+            "ids": sql.int_array(a.job.id for a, _ in refused),
+            "attempts": sql.int_array(a.job.attempt for a, _ in refused),
+            "states": ["done" if a.kind == "done" else "parked" for a, _ in refused],
+            "reasons": [_reason(a, exc) for a, exc in refused],
+        }
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.PARK, p)
+            return len(await cur.fetchall())
+
+    async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int]:
+        """One `sql.ACK` statement for ``acks``: rows (done, retried, released, interrupted,
+        dead)."""
         arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
                                       "interrupted": [], "dead": []}
         for a in acks:
@@ -277,17 +399,11 @@ class Completer:
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.ACK, p)
             done, retried, released, interrupted, dead = await cur.fetchone()
-        result = FlushResult(done, retried, released, interrupted, dead, size=len(acks),
-                             seconds=time.monotonic() - started)
-        result.stale = len(acks) - (done + retried + released + interrupted + dead)
-        self.stats.flushes += 1
-        self.stats.acks += len(acks)
-        self.stats.stale += result.stale
-        self.stats.flush_seconds.append(result.seconds)
-        if result.stale:
-            log.warning(
-                "%d of %d acks were not applied: this host no longer owned those attempts "
-                "(their lease expired and the jobs were returned to the queue)",
-                result.stale, len(acks),
-            )
-        return result
+        return done, retried, released, interrupted, dead
+
+
+def _reason(ack: Ack, exc: BaseException) -> str:
+    """``last_error`` of a parked job: what pgpool could not write, the database's error,
+    and the attempt's own error, if it failed."""
+    reason = f"{_REFUSED[ack.kind]}: {describe(exc)}: {first_line(exc)}"
+    return reason if ack.error is None else f"{reason}\n{ack.error}"

@@ -178,7 +178,8 @@ class Dispatcher:
         await self._start_workers()
         self.db = AsyncConnectionPool(
             self.config.dsn, min_size=CONNECTIONS, max_size=CONNECTIONS, open=False,
-            name="pgpool", kwargs={"autocommit": True}, configure=configure_connection,
+            name="pgpool", kwargs={"autocommit": True},
+            configure=functools.partial(configure_connection, lease=self.lease),
         )
         tasks: list[asyncio.Task[None]] = []
         try:

@@ -10,6 +10,11 @@ lease's length, so it is all derived here, in one place:
 - held jobs are given up at 0.8 of a lease (`abandon_after`), before the server-side lease
   can expire and the reaper can hand them to another host;
 - the reaper runs every third of a lease too (at most once a second);
+- the dispatcher's statements wait at most `lock_timeout` for a row lock and run at most
+  `statement_timeout` (pgpool.claimer sets both on each pooled connection): a heartbeat
+  fails well before its beat interval is over, and an ack held up by another
+  transaction's lock on one row gives up and isolates that row (pgpool.isolate) instead
+  of waiting for as long as the lock is held;
 - a host row is stale, and pruned, after `STALE_AFTER_LEASES` of that host's own leases;
 - each worker is fenced: the kernel ends it at its running job's `deadline` (pgpool.fence),
   a `FENCE_MARGIN` share of a lease before the lease can run out on the server, unless an
@@ -41,6 +46,17 @@ FENCE_MARGIN: Final = 0.1
 #: worker: a claim that took longer than the rest of the lease (it waited behind a lock, or
 #: the dispatcher stalled) hands its jobs back instead of starting them.
 MIN_LEFT_TO_START: Final = 0.25
+#: Share of a lease the dispatcher's statements may wait for one row lock, and its bounds
+#: in seconds: long enough for a short application transaction that locks a job row (an
+#: INSERT of a row referencing it takes FOR KEY SHARE) to commit, far shorter than a beat.
+LOCK_TIMEOUT_SHARE: Final = 1 / 30
+LOCK_TIMEOUT_BOUNDS: Final = (0.1, 5.0)
+#: Share of a lease one statement may run, and its bounds in seconds: a heartbeat that
+#: cannot finish within half a beat interval fails on the server, and is retried, instead
+#: of running on behind a lock or a stalled server while the lease runs out. Acks and
+#: claims take milliseconds; the floor leaves a loaded server room with short leases.
+STATEMENT_TIMEOUT_SHARE: Final = 1 / 6
+STATEMENT_TIMEOUT_BOUNDS: Final = (0.5, 30.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +89,18 @@ class Lease:
     def reaper_interval(self) -> float:
         """Between reaper passes."""
         return max(1.0, self.seconds / 3)
+
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a statement of the dispatcher waits for a row lock before it fails."""
+        low, high = LOCK_TIMEOUT_BOUNDS
+        return min(high, max(low, LOCK_TIMEOUT_SHARE * self.seconds))
+
+    @property
+    def statement_timeout(self) -> float:
+        """Seconds a statement of the dispatcher may run before the server cancels it."""
+        low, high = STATEMENT_TIMEOUT_BOUNDS
+        return min(high, max(low, STATEMENT_TIMEOUT_SHARE * self.seconds))
 
     def deadline(self, sent_at: float) -> float:
         """The worker deadline of a lease granted (or extended) by a statement sent at

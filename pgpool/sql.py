@@ -91,6 +91,14 @@ NOTIFY: Final = (
 #: Format with the channel `CHANNEL` returned, quoted (`pgpool.listener.listen_statement`).
 LISTEN: Final = "LISTEN {}"
 
+#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): how
+#: long its statements may wait for a row lock and run (`Lease.lock_timeout`,
+#: `Lease.statement_timeout`). Session settings, so no statement pays a round trip for them.
+SESSION_TIMEOUTS: Final = """
+SELECT set_config('lock_timeout', %(lock)s, false),
+       set_config('statement_timeout', %(statement)s, false)
+"""
+
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,
 #: then oldest due. SKIP LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE
 #: does not block foreign keys that reference a job. A job's ``max_attempts`` is fixed at its
@@ -215,15 +223,35 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
        (SELECT count(*) FROM dead)
 """
 
+#: Park attempts whose ack the database refused even alone (`pgpool.isolate`): an
+#: application's foreign key or trigger, a lock held too long. ``state`` is 'done' for a
+#: job that succeeded but could not be deleted (kept; its unique key is freed, as deleting
+#: it would have), 'parked' for any other ack; ``reason`` goes to ``last_error``. The claim
+#: takes only 'ready' jobs, so neither runs again until someone changes it. An UPDATE of
+#: non-key columns: FOR KEY SHARE holders (foreign key checks) do not block it.
+PARK: Final = """
+UPDATE pgpool_jobs AS j
+SET state = a.state, locked_by = NULL, lease_until = NULL, last_error = a.reason,
+    unique_key = CASE WHEN a.state = 'done' THEN NULL ELSE j.unique_key END
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+            %(states)s::text[], %(reasons)s::text[])
+     AS a(id, attempt, owner, state, reason)
+WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+RETURNING j.id
+"""
+
 #: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
 #: or bury them when that attempt was their last. An attempt that never started in a worker
 #: (no heartbeat recorded it) does not count, up to ``max_interruptions`` per job; any other
 #: expired attempt counts. SKIP LOCKED lets every host run this concurrently without two of
-#: them handling one row.
+#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.reaper`
+#: isolating a job it cannot return).
 REAP: Final = """
 WITH expired AS (
     SELECT id FROM pgpool_jobs
     WHERE state = 'running' AND lease_until < now()
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -258,6 +286,27 @@ WITH expired AS (
     RETURNING id
 )
 SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
+"""
+
+#: The jobs `REAP` would take next, without locking them: the batch the reaper bisects
+#: (`pgpool.isolate`) when REAP fails on one of its rows.
+REAP_CANDIDATES: Final = """
+SELECT id FROM pgpool_jobs
+WHERE state = 'running' AND lease_until < now()
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+#: Park expired jobs the reaper could not return or bury, even alone; ``reason`` says why.
+#: Guarded like `REAP`, so a job another host returned meanwhile is left alone.
+PARK_EXPIRED: Final = """
+UPDATE pgpool_jobs AS j
+SET state = 'parked', lease_until = NULL, locked_by = NULL,
+    last_error = 'lease expired while running on ' || coalesce(j.locked_by, '?')
+                 || '; ' || a.reason
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
+WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
+RETURNING j.id
 """
 
 # --- host registry ----------------------------------------------------------------------
@@ -326,14 +375,16 @@ FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """
 
-#: Per queue: due now, due later, claimed, dead-lettered. Lists every queue that has jobs,
-#: dead letters or a registered host serving it.
+#: Per queue: due now, due later, claimed, dead-lettered, parked (see `PARK`) and kept
+#: done. Lists every queue that has jobs, dead letters or a registered host serving it.
 STATUS_QUEUES: Final = """
 WITH jobs AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
            count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
-           count(*) FILTER (WHERE state = 'running')                   AS running
+           count(*) FILTER (WHERE state = 'running')                   AS running,
+           count(*) FILTER (WHERE state = 'parked')                    AS parked,
+           count(*) FILTER (WHERE state = 'done')                      AS done
     FROM pgpool_jobs
     GROUP BY queue
 ), dead AS (
@@ -342,7 +393,7 @@ WITH jobs AS (
     SELECT DISTINCT unnest(queues) AS queue FROM pgpool_hosts
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
-       coalesce(dead, 0)
+       coalesce(dead, 0), coalesce(parked, 0), coalesce(done, 0)
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN served USING (queue)
 ORDER BY queue
 """

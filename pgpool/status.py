@@ -28,10 +28,12 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     means the hosts were started with different ``--max-claims-per-sec``).
 
     ``queues`` counts, per queue: ``ready`` (due now), ``scheduled`` (``run_at`` in the
-    future, including retries waiting out their backoff), ``running`` (claimed) and
-    ``dead``. ``unhandled`` lists (queue, kind) pairs with jobs due now that no live host
-    both serves and has a handler for. A host is live until it is `STALE_AFTER_LEASES`
-    leases past its last beat. ``conn`` must be in autocommit mode, outside a transaction.
+    future, including retries waiting out their backoff), ``running`` (claimed), ``dead``,
+    ``parked`` (the database refused their ack or reap: they wait for an operator) and
+    ``done`` (succeeded, kept because the database refused to delete them). ``unhandled``
+    lists (queue, kind) pairs with jobs due now that no live host both serves and has a
+    handler for. A host is live until it is `STALE_AFTER_LEASES` leases past its last beat.
+    ``conn`` must be in autocommit mode, outside a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES}
     with conn.transaction():
@@ -57,8 +59,8 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         "fleet": _fleet(host_list),
         "queues": [
             {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
-             "dead": dead}
-            for q, ready, scheduled, running, dead in queues
+             "dead": dead, "parked": parked, "done": done}
+            for q, ready, scheduled, running, dead, parked, done in queues
         ],
         "unhandled": [
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
@@ -95,10 +97,15 @@ def render(status: dict[str, Any]) -> str:
     out.append("")
     out.append("queues:")
     out += _table(
-        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD"),
-        [(q["queue"], q["ready"], q["scheduled"], q["running"], q["dead"])
-         for q in status["queues"]],
+        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "KEPT"),
+        [(q["queue"], q["ready"], q["scheduled"], q["running"], q["dead"], q["parked"],
+          q["done"]) for q in status["queues"]],
     )
+    parked = sum(q["parked"] + q["done"] for q in status["queues"])
+    if parked:
+        out.append(f"warning: the database refused to ack or reap {parked} jobs: PARKED "
+                   "wait for an operator, KEPT succeeded but could not be deleted; their "
+                   "last_error says why")
     out.append("")
     out.append("kinds waiting with no live handler:")
     out += _table(

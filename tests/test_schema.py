@@ -21,11 +21,14 @@ from psycopg.conninfo import make_conninfo
 import pgpool
 from pgpool import schema
 
+#: Every migration's version, in order.
+ALL = [m.version for m in schema.MIGRATIONS]
+
 
 def test_migrate_creates_schema_records_version_and_is_idempotent(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert schema.schema_version(conn) is None
-        assert pgpool.migrate(conn) == list(range(1, pgpool.SCHEMA_VERSION + 1))
+        assert pgpool.migrate(conn) == ALL
         assert pgpool.migrate(conn) == []
         assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
         options = conn.execute(
@@ -51,7 +54,7 @@ def test_concurrent_migrations_apply_once(dsn):
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results) == [[]] * 5 + [list(range(1, pgpool.SCHEMA_VERSION + 1))]
+    assert sorted(results) == [[], [], [], [], [], ALL]
 
 
 def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
@@ -59,7 +62,7 @@ def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
         make_version_1_schema(conn)
         job = pgpool.enqueue(conn, "record", {})
         assert schema.schema_version(conn) == 1
-        assert pgpool.migrate(conn) == list(range(2, pgpool.SCHEMA_VERSION + 1))
+        assert pgpool.migrate(conn) == ALL[1:]
         assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
         assert conn.execute("SELECT id FROM pgpool_jobs").fetchall() == [(job,)]
         assert conn.execute("SELECT count(*) FROM pgpool_hosts").fetchone() == (0,)
@@ -91,7 +94,7 @@ def test_migrate_upgrades_a_version_2_schema_in_place_keeping_hosts_and_jobs(dsn
         with pytest.raises(pgpool.SchemaError, match="run `pgpool migrate` to upgrade"):
             schema.check_version(schema.schema_version(conn))
 
-        assert pgpool.migrate(conn) == list(range(3, pgpool.SCHEMA_VERSION + 1))
+        assert pgpool.migrate(conn) == ALL[2:]
         schema.check_version(schema.schema_version(conn))
         assert conn.execute("SELECT id FROM pgpool_jobs").fetchall() == [(job,)]
         # The registered host keeps its row; what it never reported stays unknown (NULL).

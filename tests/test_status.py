@@ -210,6 +210,10 @@ def seed(db: psycopg.Connection) -> None:
     jobs(1, "default", "record", running_on="live:1:aa")
     jobs(2, "default", "orphan")
     jobs(1, "q2", "record")
+    # One parked job, one succeeded job kept (the database refused their ack).
+    db.execute("INSERT INTO pgpool_jobs (queue, kind, payload, state, last_error) VALUES "
+               "('q2', 'record', '{}', 'parked', 'refused'), "
+               "('default', 'record', '{}', 'done', 'refused')")
     db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
                "created_at) SELECT i, CASE WHEN i <= 4 THEN 'default' ELSE 'q3' END, "
                "'record', '{}', 0, 3, now() FROM generate_series(1, 5) AS i")
@@ -245,10 +249,11 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert hosts["gone"][-3:] == ["99", "999.0", "1000"]
     assert text.splitlines()[4] == "fleet: 123.5 claims/s of a 400 claims/s budget (31%)"
     assert section(text, "queues:") == [
-        ["default", "5", "2", "1", "4"],
-        ["q2", "1", "0", "0", "0"],
-        ["q3", "0", "0", "0", "1"],
+        ["default", "5", "2", "1", "4", "0", "1"],
+        ["q2", "1", "0", "0", "0", "1", "0"],
+        ["q3", "0", "0", "0", "1", "0", "0"],
     ]
+    assert "warning: the database refused to ack or reap 2 jobs" in text
     assert [r[:3] for r in section(text, "kinds waiting with no live handler:")] == [
         ["default", "orphan", "2"],
         ["q2", "record", "1"],
@@ -256,9 +261,12 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
 
     report = status_json(dsn)
     assert report["queues"] == [
-        {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4},
-        {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0},
-        {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1},
+        {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4,
+         "parked": 0, "done": 1},
+        {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0, "parked": 1,
+         "done": 0},
+        {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1, "parked": 0,
+         "done": 0},
     ]
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
         ("default", "orphan", 2), ("q2", "record", 1)]
