@@ -353,8 +353,9 @@ class Completer:
         except Interrupted as exc:
             left = [ack for ack, _ in exc.left] + [ack for (ack, _), _ in exc.done.rejected]
             raise Interrupted(exc.error, left + later, exc.done) from exc.error
+        ids = {job_id for written in parked.results for job_id in written}
         for ack, exc in refused:
-            if all(ack is not a for (a, _), _ in parked.rejected):
+            if ack.job.id in ids:  # not if another host took the job back meanwhile
                 self.counts["parked"] += 1
                 state = "done" if ack.kind == "done" else "parked"
                 event(log, logging.ERROR, "parked",
@@ -366,10 +367,10 @@ class Completer:
                   "%s: the database refused its %s ack and parking it (%s); it runs again "
                   "once its lease expires", ack.job, ack.kind, describe(exc),
                   job=ack.job.id, kind=ack.job.kind, ack=ack.kind, error=describe(exc))
-        return sum(parked.results)
+        return len(ids)
 
-    async def _write_park(self, refused: list[tuple[Ack, BaseException]]) -> int:
-        """One `sql.PARK` statement for ``refused``; how many rows it parked."""
+    async def _write_park(self, refused: list[tuple[Ack, BaseException]]) -> list[int]:
+        """One `sql.PARK` statement for ``refused``; the ids of the jobs it parked."""
         p = {
             "owner": self._owner,
             "ids": sql.int_array(a.job.id for a, _ in refused),
@@ -379,7 +380,7 @@ class Completer:
         }
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.PARK, p)
-            return len(await cur.fetchall())
+            return [job_id for job_id, in await cur.fetchall()]
 
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int]:
         """One `sql.ACK` statement for ``acks``: rows (done, retried, released, interrupted,
