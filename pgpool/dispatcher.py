@@ -483,7 +483,7 @@ class Dispatcher:
             interrupted=c["interrupted"],
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
-            batch_auto=auto, lost=c["lost"],
+            batch_auto=auto, lost=c["lost"], parked=c["parked"],
         )
 
 

@@ -19,6 +19,7 @@ from conftest import (
     RUN,
     in_registry,
     one,
+    only_event,
     read_records,
     run_pgpool,
     start_pgpool,
@@ -256,6 +257,7 @@ def test_a_job_an_application_row_references_is_kept_done_and_the_host_goes_on(
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs WHERE state <> 'done'") == (0,),
                "every job but the referenced one to be acked", 60)
     assert host.stop() == 0
+    assert only_event(host.stderr, "finished")["parked"] == 1
     assert runs(record_dir) == Counter(ids + later)  # each once
     assert db.execute("SELECT id, state, locked_by, last_error FROM pgpool_jobs").fetchall() == [
         (referenced, "done", None,
