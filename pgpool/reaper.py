@@ -52,14 +52,11 @@ class Reaper:
                 failures.succeeded()
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
-            except Interrupted as exc:
-                failures.failed(exc.error)
             await asyncio.sleep(self.interval)
 
     async def reap(self) -> tuple[int, int]:
-        """One pass, in batches; returns (returned to ready, moved to pgpool_dead).
-
-        Raises `Interrupted` if a failure that is not about a row stopped an isolation."""
+        """One pass, in batches; returns (returned to ready, moved to pgpool_dead). Database
+        errors propagate (the next pass starts over), but those about one row."""
         revived = buried = 0
         async with self._lock:
             while True:
@@ -69,7 +66,10 @@ class Reaper:
                 except psycopg.Error as exc:
                     if not row_error(exc):
                         raise
-                    r, d, handled = await self._isolate()
+                    try:
+                        r, d, handled = await self._isolate()
+                    except Interrupted as stopped:  # nothing to keep: the next pass re-reads
+                        raise stopped.error from None
                 revived += r
                 buried += d
                 if handled < BATCH:
@@ -95,6 +95,9 @@ class Reaper:
             cur = await conn.execute(sql.REAP_CANDIDATES, {"limit": BATCH})
             ids = [job_id for job_id, in await cur.fetchall()]
         written = await isolate(ids, self._reap)
+        # Forget jobs no longer expired here (returned by another host, or changed by hand).
+        candidates = set(ids)
+        self._lock_misses = {i: n for i, n in self._lock_misses.items() if i in candidates}
         revived = sum(r for r, _ in written.results)
         buried = sum(d for _, d in written.results)
         refused = []

@@ -33,6 +33,7 @@ from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import LOCK_RETRIES, Ack, Completer
 from pgpool.isolate import Interrupted, isolate, lock_error, row_error
 from pgpool.lease import Lease
+from pgpool.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
 from pgpool.reaper import Reaper
 from pgpool.registry import Handler
 
@@ -360,3 +361,33 @@ def test_the_reaper_parks_an_expired_job_it_cannot_return_and_returns_the_others
         "ForeignKeyViolation (23503)")
     assert "UniqueViolation (23505)" in errors[collides]
     assert [(q["parked"], q["dead"]) for q in status_json(dsn)["queues"]] == [(2, 5)]
+
+
+def test_the_reaper_leaves_a_job_refused_on_a_lock_for_a_few_passes_then_parks_it(db, dsn):
+    job = pgpool.enqueue(db, "record", {}, max_attempts=1)
+    lease = Lease(3)  # a 0.1 s lock_timeout
+
+    async def main() -> list[tuple[tuple[int, int], str]]:
+        async with AsyncConnectionPool(
+                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
+                configure=lambda conn: configure_connection(conn, lease)) as pool:
+            claimer = Claimer(pool, "gone:1:aa", queues=("default",),
+                              handlers={"record": Handler("record", print, None, None)},
+                              lease=lease, max_attempts=20, timeout=None)
+            assert len(await claimer.claim(1)) == 1
+            async with pool.connection() as conn:
+                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
+            # Its last attempt expired: burying it deletes the row, which this blocks.
+            holder = await psycopg.AsyncConnection.connect(dsn)
+            await holder.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE", (job,))
+            reaper = Reaper(pool, interval=1)
+            passes = []
+            for _ in range(REAPER_LOCK_RETRIES + 1):
+                reaped = await reaper.reap()
+                passes.append((reaped, one(db, "SELECT state FROM pgpool_jobs")[0]))
+            await holder.close()
+            return passes
+
+    assert asyncio.run(main()) == [((0, 0), "running")] * REAPER_LOCK_RETRIES + [
+        ((0, 0), "parked")]
+    assert "LockNotAvailable (55P03)" in one(db, "SELECT last_error FROM pgpool_jobs")[0]
