@@ -31,7 +31,8 @@ async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | Non
                                ) -> None:
     """Set up a pooled connection for the claimer: payloads stay raw bytes. With ``lease``
     (the dispatcher's pool), every statement on it runs with `Lease.lock_timeout` and
-    `Lease.statement_timeout`: set once per connection, not once per statement."""
+    `Lease.statement_timeout` (unless the DSN, role or database sets them): set once per
+    connection, not once per statement."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
     if lease is not None:
         await conn.execute(sql.SESSION_TIMEOUTS, {

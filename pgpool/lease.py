@@ -10,11 +10,11 @@ lease's length, so it is all derived here, in one place:
 - held jobs are given up at 0.8 of a lease (`abandon_after`), before the server-side lease
   can expire and the reaper can hand them to another host;
 - the reaper runs every third of a lease too (at most once a second);
-- the dispatcher's statements wait at most `lock_timeout` for a row lock and run at most
-  `statement_timeout` (pgpool.claimer sets both on each pooled connection): a heartbeat
-  fails well before its beat interval is over, and an ack held up by another
-  transaction's lock on one row gives up and isolates that row (pgpool.isolate) instead
-  of waiting for as long as the lock is held;
+- the dispatcher's statements wait at most `lock_timeout` for a lock and run at most
+  `statement_timeout` (pgpool.claimer sets both on each pooled connection, unless the
+  DSN, role or database sets them): a heartbeat fails well before its beat interval is
+  over, and an ack held up by another transaction's lock on one row gives up and
+  isolates that row (pgpool.isolate) instead of waiting for as long as the lock is held;
 - a host row is stale, and pruned, after `STALE_AFTER_LEASES` of that host's own leases;
 - each worker is fenced: the kernel ends it at its running job's `deadline` (pgpool.fence),
   a `FENCE_MARGIN` share of a lease before the lease can run out on the server, unless an

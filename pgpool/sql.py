@@ -92,11 +92,16 @@ NOTIFY: Final = (
 LISTEN: Final = "LISTEN {}"
 
 #: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): how
-#: long its statements may wait for a row lock and run (`Lease.lock_timeout`,
+#: long its statements may wait for a lock and run (`Lease.lock_timeout`,
 #: `Lease.statement_timeout`). Session settings, so no statement pays a round trip for them.
+#: A value set on purpose for the connection (the DSN's options or PGOPTIONS, the role, the
+#: database) is kept: the operator's choice wins.
 SESSION_TIMEOUTS: Final = """
-SELECT set_config('lock_timeout', %(lock)s, false),
-       set_config('statement_timeout', %(statement)s, false)
+SELECT set_config(name, CASE name WHEN 'lock_timeout' THEN %(lock)s ELSE %(statement)s END,
+                  false)
+FROM pg_settings
+WHERE name IN ('lock_timeout', 'statement_timeout')
+  AND source NOT IN ('client', 'user', 'database', 'database user')
 """
 
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,

@@ -31,7 +31,7 @@ from typing import IO, Any, NoReturn
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -81,6 +81,12 @@ def _new_schema(server_dsn: str) -> Iterator[str]:
     yield make_conninfo(server_dsn, options=f"-c search_path={name}")
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def with_options(dsn: str, *settings: str) -> str:
+    """``dsn`` with server settings (``"lock_timeout=0"``) added to its ``options``."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=" ".join([options, *(f"-c {s}" for s in settings)]))
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import BENCH, RUN, Pgpool, read_records, start_pgpool, wait_until
+from conftest import BENCH, RUN, Pgpool, read_records, start_pgpool, wait_until, with_options
 from testjobs import TICK
 
 import pgpool
@@ -199,7 +199,10 @@ def test_a_claim_that_took_most_of_the_lease_hands_its_jobs_back(db, dsn, record
     (job,) = [pgpool.enqueue(db, "record", {})]
     with psycopg.connect(dsn) as locker:
         locker.execute("LOCK TABLE pgpool_jobs IN ACCESS EXCLUSIVE MODE")
-        host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", str(LEASE),
+        # No lock or statement timeout (0 in the DSN overrides pgpool's lease/30 and
+        # lease/6, which would end the claim's wait long before it cost most of the lease).
+        unlimited = with_options(dsn, "lock_timeout=0", "statement_timeout=0")
+        host = start_pgpool(unlimited, *RUN, "--procs", "1", "--lease", str(LEASE),
                             record_dir=record_dir)
         host.event("started")
 

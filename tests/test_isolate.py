@@ -25,6 +25,7 @@ from conftest import (
     start_pgpool,
     status_json,
     wait_until,
+    with_options,
 )
 from psycopg_pool import AsyncConnectionPool
 
@@ -176,13 +177,15 @@ def test_dispatcher_connections_wait_for_a_row_lock_and_run_for_a_share_of_the_l
                                      "current_setting('statement_timeout')")
             return await cur.fetchone()
 
-    async def main() -> tuple[str, str]:
+    async def main(dsn: str) -> tuple[str, str]:
         async with AsyncConnectionPool(
                 dsn, min_size=1, max_size=1, kwargs={"autocommit": True},
                 configure=lambda conn: configure_connection(conn, lease)) as pool:
             return await settings(pool)
 
-    assert asyncio.run(main()) == ("1s", "5s")
+    assert asyncio.run(main(dsn)) == ("1s", "5s")
+    # A value the operator set for the connection wins (here the DSN's options).
+    assert asyncio.run(main(with_options(dsn, "lock_timeout=250ms"))) == ("250ms", "5s")
 
 
 def test_an_ack_refused_on_a_lock_is_tried_alone_again_then_parked(db, dsn):
