@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import (
+    JSON_LOGS,
     RUN,
     in_registry,
     one,
@@ -285,10 +286,13 @@ def test_a_job_row_held_for_key_share_is_retried_then_kept_done(db, dsn, record_
         holder.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE", (held,))
         # --lease 6: each delete of the held row gives up after 0.2 s (Lease.lock_timeout).
         done = run_pgpool(dsn, *RUN, "--procs", "2", "--lease", "6", "--burst",
-                          record_dir=record_dir, PGPOOL_LOG_FORMAT="json")
+                          record_dir=record_dir, **JSON_LOGS)
         holder.rollback()
     assert done.returncode == 0, done.stderr
     assert runs(record_dir) == Counter(ids)
+    parked = only_event(done.stderr, "parked")
+    assert (parked["job"], parked["state"], parked["error"]) == (
+        held, "done", "LockNotAvailable (55P03)")
     assert db.execute("SELECT id, state, last_error FROM pgpool_jobs").fetchall() == [
         (held, "done", "succeeded, but the database refused to delete it: "
                        "LockNotAvailable (55P03): canceling statement due to lock timeout")]
