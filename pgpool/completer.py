@@ -360,13 +360,13 @@ class Completer:
                 state = "done" if ack.kind == "done" else "parked"
                 event(log, logging.ERROR, "parked",
                       "%s: the database refused its %s ack (%s); kept as %r, see last_error",
-                      ack.job, ack.kind, describe(exc), state, job=ack.job.id,
+                      ack.job, ack.kind, describe(exc), state, job_id=ack.job.id,
                       kind=ack.job.kind, ack=ack.kind, state=state, error=describe(exc))
         for (ack, _), exc in parked.rejected:
             event(log, logging.ERROR, "park_refused",
                   "%s: the database refused its %s ack and parking it (%s); it runs again "
                   "once its lease expires", ack.job, ack.kind, describe(exc),
-                  job=ack.job.id, kind=ack.job.kind, ack=ack.kind, error=describe(exc))
+                  job_id=ack.job.id, kind=ack.job.kind, ack=ack.kind, error=describe(exc))
         return len(ids)
 
     async def _write_park(self, refused: list[tuple[Ack, BaseException]]) -> list[int]:

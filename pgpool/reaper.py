@@ -121,12 +121,12 @@ class Reaper:
             if job_id in done:
                 event(log, logging.ERROR, "parked",
                       "job %d: its lease expired and the database refused to return it (%s); "
-                      "parked, see last_error", job_id, describe(exc), job=job_id,
+                      "parked, see last_error", job_id, describe(exc), job_id=job_id,
                       state="parked", error=describe(exc))
         for (job_id, _), exc in parked.rejected:
             event(log, logging.ERROR, "park_refused",
                   "job %d: its lease expired and the database refused to return or park it "
-                  "(%s)", job_id, describe(exc), job=job_id, error=describe(exc))
+                  "(%s)", job_id, describe(exc), job_id=job_id, error=describe(exc))
 
     async def _write_park(self, refused: list[tuple[int, BaseException]]) -> list[int]:
         """One `sql.PARK_EXPIRED` statement for ``refused``; the ids it parked."""

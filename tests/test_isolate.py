@@ -255,7 +255,7 @@ def test_a_job_an_application_row_references_is_kept_done_and_the_host_goes_on(
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--batch", "50", record_dir=record_dir)
     # Generous: 50 no-op jobs take well under a second; this machine's cores are shared.
     parked = host.event("parked", 60)
-    assert (parked["job"], parked["ack"], parked["state"]) == (referenced, "done", "done")
+    assert (parked["job_id"], parked["ack"], parked["state"]) == (referenced, "done", "done")
     assert parked["error"] == "ForeignKeyViolation (23503)"
     # The host goes on claiming: 20 more jobs run to their end.
     later = enqueue_records(db, 20)
@@ -291,7 +291,7 @@ def test_a_job_row_held_for_key_share_is_retried_then_kept_done(db, dsn, record_
     assert done.returncode == 0, done.stderr
     assert runs(record_dir) == Counter(ids)
     parked = only_event(done.stderr, "parked")
-    assert (parked["job"], parked["state"], parked["error"]) == (
+    assert (parked["job_id"], parked["state"], parked["error"]) == (
         held, "done", "LockNotAvailable (55P03)")
     assert db.execute("SELECT id, state, last_error FROM pgpool_jobs").fetchall() == [
         (held, "done", "succeeded, but the database refused to delete it: "
@@ -351,9 +351,11 @@ def test_the_reaper_parks_an_expired_job_it_cannot_return_and_returns_the_others
                           handlers={"record": Handler("record", print, None, None)},
                           lease=Lease(30), max_attempts=20, timeout=None)
         assert len(await claimer.claim(10)) == 7
-        # Their host died: every lease ran out.
+        # Their host died while running them (a heartbeat recorded their start): every
+        # lease ran out, and each attempt counts.
         async with pool.connection() as conn:
-            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
+            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s', "
+                               "started = true")
         reaper = Reaper(pool, interval=1)
         return [await reaper.reap(), await reaper.reap()]
 
@@ -383,8 +385,9 @@ def test_the_reaper_leaves_a_job_refused_on_a_lock_for_a_few_passes_then_parks_i
                               lease=lease, max_attempts=20, timeout=None)
             assert len(await claimer.claim(1)) == 1
             async with pool.connection() as conn:
-                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s'")
-            # Its last attempt expired: burying it deletes the row, which this blocks.
+                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "
+                                   "'1s', started = true")
+            # Its last attempt ran and expired: burying it deletes the row, which this blocks.
             holder = await psycopg.AsyncConnection.connect(dsn)
             await holder.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE", (job,))
             reaper = Reaper(pool, interval=1)
