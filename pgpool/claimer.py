@@ -75,6 +75,7 @@ class Claimer:
             "lease": lease.seconds,
         }
         self._lease = lease
+        self._queues = list(queues)
         self.claims = 0
         self.claimed = 0
         #: The most recent round trips, seconds, for percentiles.
@@ -88,11 +89,15 @@ class Claimer:
         recent = sorted(itertools.islice(reversed(self.rtts), RECENT_RTTS))
         return recent[len(recent) // 2] if recent else 0.0
 
+    def pause(self, paused: frozenset[str]) -> None:
+        """Claim from none of the ``paused`` queues (`pgpool.control`), until the next call."""
+        self._params["queues"] = [q for q in self._queues if q not in paused]
+
     async def running(self) -> tuple[int, float]:
         """(jobs of this host's queues and kinds running anywhere, seconds until the last of
         their leases ends, 0 if none)."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.RUNNING, self._params)
+            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues})
             count, left = await cur.fetchone()
         return count, left.total_seconds() if left is not None else 0.0
 
@@ -105,6 +110,8 @@ class Claimer:
         """
         # A dict per claim: a claim waiting for a connection must not send another's limit.
         params = {**self._params, "limit": limit}
+        if not params["queues"]:
+            return []  # every queue it serves is paused
         started = time.monotonic()
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CLAIM, params)

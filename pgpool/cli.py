@@ -1,4 +1,5 @@
-"""The ``pgpool`` command: run, migrate, enqueue, status, health, dsn, bench.
+"""The ``pgpool`` command: run, migrate, enqueue, status, health, dsn, bench, and the
+operator commands of `pgpool.ops_cli` (jobs, dead, cancel, retry, pause, resume).
 
 Every error a user can cause ends as one line on stderr, ``pgpool: error: <what and how to
 fix it>``, with exit status 2 and no traceback.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, registry, schema, sql
+from . import logs, ops_cli, registry, schema, sql
 from .config import RunConfig, usable_cpus
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
@@ -154,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "PGPOOL_METRICS_PORT; default: not served)")
     run.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDRESS",
                      help="address to serve metrics on (default 0.0.0.0: every interface)")
+    run.add_argument("--dead-retention", type=_retention, default=RunConfig.dead_retention,
+                     metavar="DURATION",
+                     help="delete dead jobs older than this (90s, 15m, 2h, 7d; 0 or off "
+                          "keeps them forever; default 30d): one live host at a time does, "
+                          "in bounded batches")
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -222,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(to measure what the metrics cost)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
+    ops_cli.add_commands(sub, common, dsn_help)
     return parser
 
 
@@ -315,6 +322,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
         metrics_port=_from_env(args.metrics_port, "PGPOOL_METRICS_PORT", tcp_port),
         metrics_host=args.metrics_host,
+        dead_retention=args.dead_retention,
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
@@ -449,6 +457,13 @@ def _payload_text(arg: str) -> str:
     except UnicodeDecodeError:
         raise ConfigError(f"the payload from {where} is not UTF-8: save it as UTF-8 "
                           "JSON") from None
+
+
+def _retention(text: str) -> float | None:
+    """``--dead-retention``: a duration; 0 or off: None (kept forever)."""
+    if text.strip().lower() == "off":
+        return None
+    return ops_cli.duration(text) or None
 
 
 def _unique_key(text: str) -> str:

@@ -4,14 +4,34 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .errors import ConfigError
 from .retry import RetryPolicy
 
 #: Attempts a job gets when neither its producer nor its handler says otherwise.
 DEFAULT_MAX_ATTEMPTS = 20
+#: How long dead jobs are kept before a host prunes them (``--dead-retention``).
+DEFAULT_DEAD_RETENTION = 30 * 86_400.0
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration like ``90s``, ``15m``, ``2h``, ``7d``, ``1w``, ``1h30m`` or ``0``;
+    raise `ConfigError` naming the format otherwise."""
+    spec = text.strip().lower()
+    if spec == "0":
+        return 0.0
+    parts = _DURATION.findall(spec)
+    if not parts or "".join(n + u for n, u in parts) != spec:
+        raise ConfigError(f"{text!r} is not a duration: write a number and a unit, s, m, h, "
+                          "d or w (e.g. 90s, 15m, 2h, 7d, 1h30m)")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,8 @@ class RunConfig:
     #: Serve /metrics and /healthz on this TCP port (None: not at all; 0: any free port).
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    #: Seconds dead jobs are kept before one live host prunes them (None: kept forever).
+    dead_retention: float | None = DEFAULT_DEAD_RETENTION
 
 
 def usable_cpus() -> int:

@@ -65,6 +65,7 @@ from .budget import ClaimBudget
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
+from .control import Control
 from .heartbeat import Heartbeat
 from .hosts import HostRegistry
 from .job import Job, Outcome
@@ -75,6 +76,7 @@ from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
 from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
+from .retention import Retention
 from .retry import backoff
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 
@@ -82,8 +84,9 @@ log = logging.getLogger("pgpool.dispatcher")
 
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
-#: Pooled connections: one per claim loop, the completer, heartbeat, reaper and registry.
-CONNECTIONS: Final = CLAIM_LOOPS + 4
+#: Pooled connections: one per claim loop, the completer, heartbeat, reaper, registry,
+#: control poll and dead-letter retention.
+CONNECTIONS: Final = CLAIM_LOOPS + 6
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
 
@@ -268,7 +271,14 @@ class Dispatcher:
         )
         if self._stopping:
             self.scheduler.stop()
-        self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready)
+        self.control = Control(db, cfg.poll, on_paused=self._paused,
+                               on_cancelled=self.heartbeat.kick)
+        self.retention = (None if cfg.dead_retention is None
+                          else Retention(db, cfg.dead_retention))
+        self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
+                                 self.control.wake)
+        # Before the first claim, so a paused queue stays paused across a restart.
+        await _retrying("reading the paused queues", self.control.poll)
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
@@ -279,8 +289,11 @@ class Dispatcher:
             "reaper": self.reaper.run(),
             "listener": self.listener.run(),
             "host registry": self.hosts.run(),
+            "control poll": self.control.run(),
             WATCHDOG: self._watch(),
         }
+        if self.retention is not None:
+            parts["dead-letter retention"] = self.retention.run()
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
                        for name, run in parts.items()}
         if self.metrics_server is not None:
@@ -396,6 +409,10 @@ class Dispatcher:
         self.scheduler.acks_flushed()
         if self.metrics is not None:
             self.metrics.acks_flushed(result)
+
+    def _paused(self, queues: frozenset[str]) -> None:
+        self.claimer.pause(queues)
+        self.scheduler.work_ready()  # a resumed queue may have work waiting
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]

@@ -12,6 +12,7 @@ fence would otherwise end them at the old deadline: `pgpool.fence`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class Heartbeat:
         self._held = held
         self._on_lost = on_lost
         self._on_extended = on_extended
+        self._kicked = asyncio.Event()
         self.last_ok = time.monotonic()
         #: The last successful beat sent a statement (it holds jobs).
         self.reached = False
@@ -83,11 +85,19 @@ class Heartbeat:
             self.abandoned += len(lost)
             self._lose(lost)
 
+    def kick(self) -> None:
+        """Beat now rather than at the next interval: a job may have been cancelled, and
+        the beat that finds it gone stops its worker (`pgpool.control`)."""
+        self._kicked.set()
+
     async def run(self) -> None:
         pause = self.lease.beat_interval
         failures = Failures(log, "heartbeat")
         while True:
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._kicked.wait()
+            self._kicked.clear()
             try:
                 async with asyncio.timeout(self.lease.beat_interval):
                     await self.beat()

@@ -23,10 +23,14 @@ log = logging.getLogger("pgpool.listener")
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None]) -> None:
+    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None],
+                 on_control: Callable[[], None]) -> None:
+        """``wake`` on work in one of ``queues``; ``on_control`` on an operator's change
+        (`sql.CONTROL`), and after every (re)connect, since any sent meanwhile were lost."""
         self._dsn = dsn
         self._queues = frozenset(queues)
         self._wake = wake
+        self._on_control = on_control
 
     async def run(self) -> None:
         failures = Failures(log, "listener connection")
@@ -39,9 +43,12 @@ class Listener:
                     await conn.execute(listen_statement(row[0]))
                     failures.succeeded()
                     self._wake()
+                    self._on_control()
                     async for notify in conn.notifies():
                         if notify.payload in self._queues:
                             self._wake()
+                        elif notify.payload == sql.CONTROL:
+                            self._on_control()
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 await asyncio.sleep(backoff(failures.count, 0.2, 10.0))

@@ -29,11 +29,12 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
 
     ``queues`` counts, per queue: ``ready`` (due now), ``scheduled`` (``run_at`` in the
     future, including retries waiting out their backoff), ``running`` (claimed), ``dead``,
-    ``parked`` (the database refused their ack or reap: they wait for an operator) and
-    ``done`` (succeeded, kept because the database refused to delete them). ``unhandled``
-    lists (queue, kind) pairs with jobs due now that no live host both serves and has a
-    handler for. A host is live until it is `STALE_AFTER_LEASES` leases past its last beat.
-    ``conn`` must be in autocommit mode, outside a transaction.
+    ``parked`` (the database refused their ack or reap: they wait for an operator),
+    ``done`` (succeeded, kept because the database refused to delete them), and ``paused``
+    (``pgpool pause``; ``paused_at`` is when). ``unhandled`` lists (queue, kind) pairs with
+    jobs due now that no live host both serves and has a handler for. A host is live until
+    it is `STALE_AFTER_LEASES` leases past its last beat. ``conn`` must be in autocommit
+    mode, outside a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES}
     with conn.transaction():
@@ -41,6 +42,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         hosts = conn.execute(sql.STATUS_HOSTS, params).fetchall()
         queues = conn.execute(sql.STATUS_QUEUES).fetchall()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
+        paused = dict(conn.execute(sql.PAUSED).fetchall())
     host_list = [
         {
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
@@ -57,16 +59,25 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     return {
         "hosts": host_list,
         "fleet": _fleet(host_list),
-        "queues": [
-            {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
-             "dead": dead, "parked": parked, "done": done}
-            for q, ready, scheduled, running, dead, parked, done in queues
-        ],
+        "queues": _queues(queues, paused),
         "unhandled": [
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
             for q, kind, ready, ago in unhandled
         ],
     }
+
+
+def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[dict[str, Any]]:
+    """Per-queue counts, each with whether it is paused (and since when); a paused queue
+    with no jobs and no host is listed too."""
+    listed = {row[0] for row in rows}
+    rows = rows + [(q, 0, 0, 0, 0, 0, 0) for q in paused if q not in listed]
+    return [
+        {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
+         "dead": dead, "parked": parked, "done": done, "paused": q in paused,
+         "paused_at": paused[q].isoformat() if q in paused else None}
+        for q, ready, scheduled, running, dead, parked, done in rows
+    ]
 
 
 def _fleet(hosts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,8 +109,8 @@ def render(status: dict[str, Any]) -> str:
     out.append("queues:")
     out += _table(
         ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "KEPT"),
-        [(q["queue"], q["ready"], q["scheduled"], q["running"], q["dead"], q["parked"],
-          q["done"]) for q in status["queues"]],
+        [(q["queue"] + (" (paused)" if q["paused"] else ""), q["ready"], q["scheduled"],
+          q["running"], q["dead"], q["parked"], q["done"]) for q in status["queues"]],
     )
     parked = sum(q["parked"] + q["done"] for q in status["queues"])
     if parked:

@@ -260,13 +260,14 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     ]
 
     report = status_json(dsn)
+    not_paused = {"paused": False, "paused_at": None}
     assert report["queues"] == [
         {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4,
-         "parked": 0, "done": 1},
+         "parked": 0, "done": 1, **not_paused},
         {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0, "parked": 1,
-         "done": 0},
+         "done": 0, **not_paused},
         {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1, "parked": 0,
-         "done": 0},
+         "done": 0, **not_paused},
     ]
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
         ("default", "orphan", 2), ("q2", "record", 1)]

@@ -1,0 +1,80 @@
+"""Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
+
+One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
+hears `sql.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``): notifications
+make a change act within a round trip or two, the poll within a poll interval when one is
+lost. It reads two things:
+
+- the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
+  leaves those queues out of its claims; running jobs finish);
+- the time of the latest cancellation: when it changes, ``on_cancelled`` is called (the
+  heartbeat then beats at once: a cancelled running job is gone from ``pgpool_jobs``, so
+  the beat finds its lease lost and the pool kills its worker, the path a lost lease takes).
+
+The dispatcher reads the paused queues once before it claims anything (`poll`), so a pause
+holds across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import sql
+from .logs import event
+from .retry import Failures
+
+log = logging.getLogger("pgpool.control")
+
+
+class Control:
+    def __init__(self, pool: AsyncConnectionPool, interval: float, *,
+                 on_paused: Callable[[frozenset[str]], None],
+                 on_cancelled: Callable[[], None]) -> None:
+        self._pool = pool
+        self.interval = interval
+        self._on_paused = on_paused
+        self._on_cancelled = on_cancelled
+        self._woken = asyncio.Event()
+        self.paused: frozenset[str] = frozenset()
+        self._last_cancel: datetime | None = None
+        self._polled = False
+
+    def wake(self) -> None:
+        """A control notification arrived: poll now."""
+        self._woken.set()
+
+    async def run(self) -> None:
+        failures = Failures(log, "control poll")
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._woken.wait()
+            self._woken.clear()
+            try:
+                await self.poll()
+                failures.succeeded()
+            except (psycopg.Error, OSError) as exc:
+                failures.failed(exc)
+
+    async def poll(self) -> None:
+        """Read the paused queues and the latest cancellation; act on changes."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.CONTROL_POLL)
+            paused, last_cancel = await cur.fetchone()
+        paused = frozenset(paused)
+        if paused != self.paused:
+            event(log, logging.INFO, "queues_paused", "paused queues: %s",
+                  ", ".join(sorted(paused)) or "none", queues=sorted(paused))
+            self.paused = paused
+            self._on_paused(paused)
+        if self._polled and last_cancel != self._last_cancel:
+            self._on_cancelled()
+        self._last_cancel = last_cancel
+        self._polled = True

@@ -1,0 +1,760 @@
+"""Operating the queue: inspect, repair and steer it (the ``pgpool jobs``, ``dead``,
+``cancel``, ``retry``, ``pause`` and ``resume`` commands, as Python functions).
+
+Like `pgpool.enqueue`, each function takes a psycopg connection and runs in its current
+transaction (as a savepoint), so an operator's fix can commit together with the caller's
+own rows; on an autocommit connection it commits by itself. Each has an ``_async`` twin
+for an `AsyncConnection`. A function that changes jobs checks everything first and
+changes nothing when it raises (`JobNotFound`, `ConfigError`); with ``dry_run=True`` it
+reports what it would do and rolls that back.
+
+`replay_dead` and `purge_dead` work in batches. On an autocommit connection each batch is a
+transaction of its own, so a large replay or purge never holds many locks for long, and a
+replay with ``rate`` trickles: batches of about a tenth of a second's worth, each started no
+sooner than its share of the rate allows. Inside a transaction everything goes in it, and
+``rate`` is refused (nothing would trickle: the caller's commit publishes all at once).
+
+Each function is written once, as a plan: a generator that yields the statements to run
+(`_Query`) and the pauses of a trickle (`_Pause`), and gets each statement's rows back.
+`_run` and `_run_async` execute a plan on a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+
+from . import sql
+from .errors import ConfigError, PgpoolError, SchemaError
+from .registry import check_name
+
+if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
+    import psycopg
+
+JobState = Literal["ready", "scheduled", "running"]
+JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running")
+#: Rows a listing returns when the caller gives no limit.
+DEFAULT_LIMIT: Final = 100
+#: Dead jobs per replay or purge batch (a replay with ``rate`` uses smaller ones).
+BATCH: Final = 1000
+#: A trickled replay sends about this many batches a second.
+TRICKLE_BATCHES_PER_SEC: Final = 10
+
+
+class JobNotFound(PgpoolError, LookupError):
+    """An id names no job in the state the operation needs; nothing was changed."""
+
+
+# --- what the functions return ------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LiveJob:
+    """A job in ``pgpool_jobs``. ``state`` is ready (due now), scheduled (due later: delayed
+    or waiting out a retry's backoff) or running. ``lease_left`` (seconds) and ``owner``
+    (the host's dispatcher id) are set while it runs. ``error`` is the summary line of the
+    last failed attempt's error; ``last_error`` (the whole text) and ``payload`` are only
+    read when asked for."""
+
+    id: int
+    kind: str
+    queue: str
+    state: JobState
+    attempts: int
+    max_attempts: int | None
+    priority: int
+    run_at: datetime
+    lease_left: float | None
+    owner: str | None
+    error: str | None
+    created_at: datetime
+    last_error: str | None = None
+    payload: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = _jsonable(self)
+        if self.lease_left is not None:
+            d["lease_left"] = round(self.lease_left, 3)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    """A job in ``pgpool_dead``. ``reason`` is failed or cancelled; ``signature`` is its
+    error signature (`sql.SIGNATURE`), ``error`` the error's summary line."""
+
+    id: int
+    kind: str
+    queue: str
+    reason: str
+    attempts: int
+    max_attempts: int | None
+    priority: int
+    died_at: datetime
+    created_at: datetime
+    signature: str
+    error: str | None
+    last_error: str | None = None
+    payload: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadGroup:
+    """Dead jobs of one kind that share an error signature."""
+
+    kind: str
+    signature: str
+    count: int
+    first_died_at: datetime
+    last_died_at: datetime
+    example_id: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Listing(Generic[T]):
+    """A page of rows, and whether more matched than the limit let through."""
+
+    rows: list[T]
+    more: bool
+
+
+@dataclass(slots=True)
+class Replayed:
+    """What a replay did: ``moved`` back to ready, ``skipped`` (a live job of that kind
+    holds its unique key: it stays dead), ``seconds`` it took; a dry run moves nothing and
+    counts the matching jobs as ``would_move``."""
+
+    moved: int = 0
+    skipped: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    would_move: int = 0
+
+
+@dataclass(slots=True)
+class Purged:
+    deleted: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    would_delete: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A cancelled job: its id, what it was doing, and the host running it (if it was)."""
+
+    id: int
+    was: JobState
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """``now``: jobs made due now; ``already_due``: ready jobs that were due anyway."""
+
+    now: list[int]
+    already_due: list[int]
+
+
+# --- filters ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead jobs an operation takes; every field left None matches all. ``error`` is a
+    substring of the stored error, ``signature`` an exact error signature (as ``dead list
+    --group`` prints it), ``since``/``older_than`` seconds since the job died."""
+
+    ids: Sequence[int] | None = None
+    queue: str | None = None
+    kind: str | None = None
+    error: str | None = None
+    signature: str | None = None
+    reason: Literal["failed", "cancelled"] | None = None
+    since: float | None = None
+    older_than: float | None = None
+
+    def check(self) -> None:
+        """Raise `ConfigError` for filters that are malformed or cannot both hold."""
+        if self.ids is not None:
+            _check_ids(self.ids)
+        for what in ("queue", "kind"):
+            if getattr(self, what) is not None:
+                check_name(what, getattr(self, what))
+        if self.reason not in (None, "failed", "cancelled"):
+            raise ConfigError(f"reason must be failed or cancelled, got {self.reason!r}")
+        for what in ("since", "older_than"):
+            _check_seconds(what, getattr(self, what))
+        if (self.since is not None and self.older_than is not None
+                and self.older_than >= self.since):
+            raise ConfigError(
+                "conflicting filters: no job died both within the last "
+                f"{_span(self.since)} (since) and more than {_span(self.older_than)} ago "
+                "(older than): make older-than shorter than since"
+            )
+        if self.error == "" or self.signature == "":
+            raise ConfigError("an empty error or signature filter: leave it out to match all")
+
+    @property
+    def empty(self) -> bool:
+        """No field set: it matches every dead job."""
+        return all(getattr(self, f) is None for f in self.__dataclass_fields__)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ids": None if self.ids is None else sql.int_array(self.ids),
+            "queue": self.queue, "kind": self.kind, "error": self.error,
+            "signature": self.signature, "reason": self.reason, "since": self.since,
+            "older_than": self.older_than, "after_died": None, "after_id": None,
+        }
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which live jobs to list; None matches all. ``older_than``: enqueued more than that
+    many seconds ago."""
+
+    queue: str | None = None
+    kind: str | None = None
+    state: JobState | None = None
+    older_than: float | None = None
+
+    def check(self) -> None:
+        for what in ("queue", "kind"):
+            if getattr(self, what) is not None:
+                check_name(what, getattr(self, what))
+        if self.state is not None and self.state not in JOB_STATES:
+            raise ConfigError(f"state must be one of {', '.join(JOB_STATES)}, "
+                              f"got {self.state!r}")
+        _check_seconds("older_than", self.older_than)
+
+    def params(self) -> dict[str, Any]:
+        return {"queue": self.queue, "kind": self.kind, "state": self.state,
+                "older_than": self.older_than}
+
+
+# --- plans: what each function does, independent of sync or async -------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    statement: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pause:
+    seconds: float
+
+
+Rows = list[tuple[Any, ...]]
+R = TypeVar("R")
+Plan = Generator[_Query | _Pause, Rows, R]
+
+
+def _list_jobs(where: JobFilter, limit: int, payload: bool) -> Plan[Listing[LiveJob]]:
+    where.check()
+    _check_limit(limit)
+    rows = yield _Query(sql.JOBS_LIST, {**where.params(), "limit": limit, "full": False,
+                                        "payload": payload})
+    return Listing([LiveJob(*r) for r in rows[:limit]], len(rows) > limit)
+
+
+def _show_job(job_id: int, payload: bool) -> Plan[LiveJob]:
+    _check_ids([job_id])
+    rows = yield _Query(sql.JOBS_BY_ID, {"ids": sql.int_array([job_id]), "full": True,
+                                         "payload": payload})
+    if not rows:
+        yield from _not_found([job_id], "live")
+    return LiveJob(*rows[0])
+
+
+def _list_dead(where: DeadFilter, limit: int, payload: bool) -> Plan[Listing[DeadJob]]:
+    where.check()
+    _check_limit(limit)
+    rows = yield _Query(sql.DEAD_LIST, {**where.params(), "limit": limit, "full": False,
+                                        "payload": payload})
+    return Listing([DeadJob(*r) for r in rows[:limit]], len(rows) > limit)
+
+
+def _group_dead(where: DeadFilter, limit: int) -> Plan[Listing[DeadGroup]]:
+    where.check()
+    _check_limit(limit)
+    rows = yield _Query(sql.DEAD_GROUPS, {**where.params(), "limit": limit})
+    return Listing([DeadGroup(*r) for r in rows[:limit]], len(rows) > limit)
+
+
+def _show_dead(job_id: int, payload: bool) -> Plan[DeadJob]:
+    _check_ids([job_id])
+    rows = yield _Query(sql.DEAD_LIST, {**DeadFilter(ids=[job_id]).params(), "limit": 1,
+                                        "full": True, "payload": payload})
+    if not rows:
+        raise JobNotFound(f"no dead job has id {job_id}: `pgpool jobs show {job_id}` shows "
+                          "it if it is still live")
+    return DeadJob(*rows[0])
+
+
+def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
+                 dry_run: bool) -> Plan[Replayed]:
+    _check_batch_op(where, limit)
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"rate must be a positive number of jobs per second, got {rate!r}")
+    result = Replayed()
+    started = time.monotonic()
+    params = where.params()
+    if dry_run:
+        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
+        result.would_move = rows[0][0]
+        return result
+    size = BATCH if rate is None else max(1, min(BATCH, math.ceil(
+        rate / TRICKLE_BATCHES_PER_SEC)))
+    picked_total = 0
+    while limit is None or picked_total < limit:
+        if rate is not None and picked_total:
+            # The next batch starts once the rate allows what was picked so far.
+            wait = started + picked_total / rate - time.monotonic()
+            if wait > 0:
+                yield _Pause(wait)
+        want = size if limit is None else min(size, limit - picked_total)
+        rows = yield _Query(sql.REPLAY_DEAD, {**params, "limit": want})
+        picked, moved, after_died, after_id, _ = rows[0]
+        picked_total += picked
+        result.moved += moved
+        result.skipped += picked - moved
+        result.batches += 1
+        if picked < want:
+            break
+        params = {**params, "after_died": after_died, "after_id": after_id}
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool) -> Plan[Purged]:
+    _check_batch_op(where, limit)
+    result = Purged()
+    started = time.monotonic()
+    params = where.params()
+    if dry_run:
+        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
+        result.would_delete = rows[0][0]
+        return result
+    while limit is None or result.deleted < limit:
+        want = BATCH if limit is None else min(BATCH, limit - result.deleted)
+        rows = yield _Query(sql.PURGE_DEAD, {**params, "limit": want})
+        result.deleted += rows[0][0]
+        result.batches += 1
+        if rows[0][0] < want:
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
+    wanted = _check_ids(ids)
+    rows = yield _Query(sql.CANCEL, {"ids": sql.int_array(wanted)})
+    found = {r[0] for r in rows}
+    if len(found) < len(wanted):
+        yield from _not_found([i for i in wanted if i not in found], "live")
+    if any(state == "running" for _, state, _ in rows):
+        yield _Query(sql.NOTIFY_CONTROL, {})  # its host stops the worker now, not at a poll
+    return [Cancelled(*r) for r in rows]
+
+
+def _retry(ids: Iterable[int]) -> Plan[Retried]:
+    wanted = _check_ids(ids)
+    rows = yield _Query(sql.JOBS_LOCK, {"ids": sql.int_array(wanted)})
+    states = dict(rows)
+    if len(states) < len(wanted):
+        yield from _not_found([i for i in wanted if i not in states], "waiting")
+    running = [i for i, state in states.items() if state == "running"]
+    if running:
+        raise JobNotFound(f"job {_ids_text(running)} {_is(running)} running, not waiting "
+                          "to retry: nothing to do (`pgpool cancel` stops a running job)")
+    scheduled = [i for i, state in states.items() if state == "scheduled"]
+    if scheduled:
+        yield _Query(sql.RETRY_NOW, {"ids": sql.int_array(scheduled)})
+    return Retried(scheduled, [i for i, state in states.items() if state == "ready"])
+
+
+def _pause(queue: str, force: bool) -> Plan[bool]:
+    check_name("queue", queue)
+    if not force:
+        yield from _check_queue_known(queue)
+    rows = yield _Query(sql.PAUSE, {"queue": queue})
+    if rows:
+        yield _Query(sql.NOTIFY_CONTROL, {})
+    return bool(rows)
+
+
+def _resume(queue: str) -> Plan[bool]:
+    check_name("queue", queue)
+    yield from _check_queue_known(queue)
+    rows = yield _Query(sql.RESUME, {"queue": queue})
+    if rows:
+        yield _Query(sql.NOTIFY_CONTROL, {})
+    return bool(rows)
+
+
+def _queue_known(queue: str) -> Plan[bool]:
+    check_name("queue", queue)
+    rows = yield _Query(sql.QUEUE_KNOWN, {"queue": queue})
+    return bool(rows[0][0])
+
+
+def _paused() -> Plan[dict[str, datetime]]:
+    rows = yield _Query(sql.PAUSED, {})
+    return dict(rows)
+
+
+def _check_queue_known(queue: str) -> Plan[None]:
+    if not (yield from _queue_known(queue)):
+        raise ConfigError(f"unknown queue {queue!r}: no job, dead job, live host or pause "
+                          "names it; check the name (`pgpool status` lists the queues)")
+
+
+def _not_found(ids: list[int], what: str) -> Plan[None]:
+    """Raise `JobNotFound` for ``ids``, saying which are dead jobs."""
+    rows = yield _Query(sql.DEAD_IDS, {"ids": sql.int_array(ids)})
+    dead = [r[0] for r in rows]
+    missing = [i for i in ids if i not in set(dead)]
+    parts = []
+    if missing:
+        parts.append(f"no {what} job has id {_ids_text(missing)} (finished, purged, or "
+                     "never enqueued)")
+    if dead:
+        parts.append(f"job {_ids_text(dead)} {_is(dead)} dead (`pgpool dead show ID`; "
+                     "`pgpool dead replay --id ID` runs one again)")
+    raise JobNotFound("; ".join(parts) + "; nothing was changed")
+
+
+# --- running plans ------------------------------------------------------------------------
+
+def _outside_a_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """True when ``conn`` is in manual-commit mode with no transaction open yet."""
+    from psycopg import pq
+
+    return not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+@contextlib.contextmanager
+def _schema_required() -> Iterator[None]:
+    from psycopg.errors import UndefinedColumn, UndefinedTable
+
+    try:
+        yield
+    except (UndefinedTable, UndefinedColumn) as exc:
+        raise SchemaError(f"pgpool's tables are missing or older than this pgpool "
+                          f"({exc.__class__.__name__}): run `pgpool migrate` first") from None
+
+
+def _batched(conn: psycopg.Connection | psycopg.AsyncConnection, dry_run: bool) -> bool:
+    """Whether each statement of a plan commits on its own (see the module docstring)."""
+    return conn.autocommit and not dry_run
+
+
+def _run(conn: psycopg.Connection, plan: Plan[R], *, dry_run: bool = False,
+         batched: bool = False) -> R:
+    """Execute ``plan`` in ``conn``'s transaction (a savepoint; rolled back for a dry run),
+    or, ``batched`` on an autocommit connection, each statement in a transaction of its own."""
+    if _outside_a_transaction(conn):
+        conn.execute(sql.OPEN_TRANSACTION)  # the caller commits, as after enqueue
+    each = batched and _batched(conn, dry_run)
+    with _schema_required(), (contextlib.nullcontext() if each
+                              else conn.transaction(force_rollback=dry_run)):
+        try:
+            step = next(plan)
+            while True:
+                rows: Rows = []
+                if isinstance(step, _Pause):
+                    time.sleep(step.seconds)
+                else:
+                    with conn.transaction() if each else contextlib.nullcontext():
+                        cur = conn.execute(step.statement, step.params)
+                        rows = cur.fetchall() if cur.description else []
+                step = plan.send(rows)
+        except StopIteration as stop:
+            return stop.value
+
+
+async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: bool = False,
+                     batched: bool = False) -> R:
+    """Async twin of `_run`."""
+    if _outside_a_transaction(conn):
+        await conn.execute(sql.OPEN_TRANSACTION)
+    each = batched and _batched(conn, dry_run)
+    with _schema_required():
+        async with (contextlib.nullcontext() if each
+                    else conn.transaction(force_rollback=dry_run)):
+            try:
+                step = next(plan)
+                while True:
+                    rows: Rows = []
+                    if isinstance(step, _Pause):
+                        await asyncio.sleep(step.seconds)
+                    else:
+                        async with (conn.transaction() if each
+                                    else contextlib.nullcontext()):
+                            cur = await conn.execute(step.statement, step.params)
+                            rows = await cur.fetchall() if cur.description else []
+                    step = plan.send(rows)
+            except StopIteration as stop:
+                return stop.value
+
+
+def _check_rate(conn: psycopg.Connection | psycopg.AsyncConnection, rate: float | None,
+                dry_run: bool) -> None:
+    if rate is not None and not dry_run and not conn.autocommit:
+        raise ConfigError("a replay with a rate needs an autocommit connection: inside a "
+                          "transaction nothing trickles, the commit publishes every job at once")
+
+
+# --- the public functions -----------------------------------------------------------------
+
+def list_jobs(conn: psycopg.Connection, where: JobFilter = JobFilter(), *,
+              limit: int = DEFAULT_LIMIT, payload: bool = False) -> Listing[LiveJob]:
+    """Live jobs matching ``where``, oldest first (by due time), at most ``limit``.
+    Payloads are read only with ``payload=True``: they are user data."""
+    return _run(conn, _list_jobs(where, limit, payload))
+
+
+async def list_jobs_async(conn: psycopg.AsyncConnection, where: JobFilter = JobFilter(), *,
+                          limit: int = DEFAULT_LIMIT, payload: bool = False
+                          ) -> Listing[LiveJob]:
+    """Async twin of `list_jobs`."""
+    return await _run_async(conn, _list_jobs(where, limit, payload))
+
+
+def show_job(conn: psycopg.Connection, job_id: int, *, payload: bool = False) -> LiveJob:
+    """One live job, with its whole last error; `JobNotFound` if it is not live."""
+    return _run(conn, _show_job(job_id, payload))
+
+
+async def show_job_async(conn: psycopg.AsyncConnection, job_id: int, *,
+                         payload: bool = False) -> LiveJob:
+    """Async twin of `show_job`."""
+    return await _run_async(conn, _show_job(job_id, payload))
+
+
+def list_dead(conn: psycopg.Connection, where: DeadFilter = DeadFilter(), *,
+              limit: int = DEFAULT_LIMIT, payload: bool = False) -> Listing[DeadJob]:
+    """Dead jobs matching ``where``, newest first, at most ``limit``."""
+    return _run(conn, _list_dead(where, limit, payload))
+
+
+async def list_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter = DeadFilter(),
+                          *, limit: int = DEFAULT_LIMIT, payload: bool = False
+                          ) -> Listing[DeadJob]:
+    """Async twin of `list_dead`."""
+    return await _run_async(conn, _list_dead(where, limit, payload))
+
+
+def group_dead(conn: psycopg.Connection, where: DeadFilter = DeadFilter(), *,
+               limit: int = DEFAULT_LIMIT) -> Listing[DeadGroup]:
+    """Dead jobs matching ``where`` counted by (kind, error signature), largest first."""
+    return _run(conn, _group_dead(where, limit))
+
+
+async def group_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter = DeadFilter(),
+                           *, limit: int = DEFAULT_LIMIT) -> Listing[DeadGroup]:
+    """Async twin of `group_dead`."""
+    return await _run_async(conn, _group_dead(where, limit))
+
+
+def show_dead(conn: psycopg.Connection, job_id: int, *, payload: bool = False) -> DeadJob:
+    """One dead job, with its whole last error; `JobNotFound` if there is none."""
+    return _run(conn, _show_dead(job_id, payload))
+
+
+async def show_dead_async(conn: psycopg.AsyncConnection, job_id: int, *,
+                          payload: bool = False) -> DeadJob:
+    """Async twin of `show_dead`."""
+    return await _run_async(conn, _show_dead(job_id, payload))
+
+
+def replay_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | None = None,
+                rate: float | None = None, dry_run: bool = False) -> Replayed:
+    """Move dead jobs matching ``where`` (at most ``limit``, oldest death first) back to
+    ready: same id, attempts from 0, due now. ``rate`` (jobs per second, autocommit
+    connections only) trickles them. A job whose unique key a live job holds stays dead
+    (counted as skipped). ``DeadFilter()`` matches every dead job."""
+    _check_rate(conn, rate, dry_run)
+    return _run(conn, _replay_dead(where, limit, rate, dry_run), dry_run=dry_run,
+                batched=True)
+
+
+async def replay_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
+                            limit: int | None = None, rate: float | None = None,
+                            dry_run: bool = False) -> Replayed:
+    """Async twin of `replay_dead`."""
+    _check_rate(conn, rate, dry_run)
+    return await _run_async(conn, _replay_dead(where, limit, rate, dry_run),
+                            dry_run=dry_run, batched=True)
+
+
+def purge_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | None = None,
+               dry_run: bool = False) -> Purged:
+    """Delete dead jobs matching ``where`` (``DeadFilter()``: all of them), oldest death
+    first, in batches of `BATCH` (each its own transaction on an autocommit connection)."""
+    return _run(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run, batched=True)
+
+
+async def purge_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
+                           limit: int | None = None, dry_run: bool = False) -> Purged:
+    """Async twin of `purge_dead`."""
+    return await _run_async(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run,
+                            batched=True)
+
+
+def cancel(conn: psycopg.Connection, ids: Iterable[int], *,
+           dry_run: bool = False) -> list[Cancelled]:
+    """Cancel live jobs: each moves to ``pgpool_dead`` with reason ``cancelled`` and an
+    error saying when and what it was doing, so a ready or scheduled one never runs. A
+    running one's host kills its worker within about a second (a notification, then the
+    host's poll as a backstop) and the attempt is never retried. All or nothing: an id that
+    is not a live job raises `JobNotFound` and nothing is cancelled."""
+    return _run(conn, _cancel(ids), dry_run=dry_run)
+
+
+async def cancel_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
+                       dry_run: bool = False) -> list[Cancelled]:
+    """Async twin of `cancel`."""
+    return await _run_async(conn, _cancel(ids), dry_run=dry_run)
+
+
+def retry(conn: psycopg.Connection, ids: Iterable[int], *, dry_run: bool = False) -> Retried:
+    """Make scheduled jobs (waiting out a retry's backoff, or delayed) due now. All or
+    nothing: an id that is not a waiting job (missing, dead, running) raises `JobNotFound`."""
+    return _run(conn, _retry(ids), dry_run=dry_run)
+
+
+async def retry_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
+                      dry_run: bool = False) -> Retried:
+    """Async twin of `retry`."""
+    return await _run_async(conn, _retry(ids), dry_run=dry_run)
+
+
+def pause(conn: psycopg.Connection, queue: str, *, force: bool = False,
+          dry_run: bool = False) -> bool:
+    """Pause ``queue`` fleet-wide: every host stops claiming from it within about a second
+    (running jobs finish), and it stays paused across restarts until `resume`. False if it
+    was paused already. An unknown queue (no job, dead job or host names it) raises
+    `ConfigError` unless ``force`` (to pause a queue before it is used)."""
+    return _run(conn, _pause(queue, force), dry_run=dry_run)
+
+
+async def pause_async(conn: psycopg.AsyncConnection, queue: str, *, force: bool = False,
+                      dry_run: bool = False) -> bool:
+    """Async twin of `pause`."""
+    return await _run_async(conn, _pause(queue, force), dry_run=dry_run)
+
+
+def resume(conn: psycopg.Connection, queue: str, *, dry_run: bool = False) -> bool:
+    """Resume a paused ``queue``; False if it was not paused."""
+    return _run(conn, _resume(queue), dry_run=dry_run)
+
+
+async def resume_async(conn: psycopg.AsyncConnection, queue: str, *,
+                       dry_run: bool = False) -> bool:
+    """Async twin of `resume`."""
+    return await _run_async(conn, _resume(queue), dry_run=dry_run)
+
+
+def paused(conn: psycopg.Connection) -> dict[str, datetime]:
+    """The paused queues, and when each was paused."""
+    return _run(conn, _paused())
+
+
+async def paused_async(conn: psycopg.AsyncConnection) -> dict[str, datetime]:
+    """Async twin of `paused`."""
+    return await _run_async(conn, _paused())
+
+
+def queue_known(conn: psycopg.Connection, queue: str) -> bool:
+    """Whether any job, dead job, live host or pause names ``queue``."""
+    return _run(conn, _queue_known(queue))
+
+
+async def queue_known_async(conn: psycopg.AsyncConnection, queue: str) -> bool:
+    """Async twin of `queue_known`."""
+    return await _run_async(conn, _queue_known(queue))
+
+
+# --- checks and formatting ----------------------------------------------------------------
+
+_BIGINT_MAX: Final = 2**63 - 1
+
+
+def _check_ids(ids: Iterable[int]) -> list[int]:
+    """The distinct ids, in order; `ConfigError` for none or a non-id."""
+    out = list(dict.fromkeys(ids))
+    if not out:
+        raise ConfigError("no job ids given: pass at least one")
+    bad = [i for i in out if not isinstance(i, int) or isinstance(i, bool)
+           or not 0 < i <= _BIGINT_MAX]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a job id (a positive integer)")
+    return out
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or not 0 < limit <= _BIGINT_MAX):
+        raise ConfigError(f"limit must be a positive integer, got {limit!r}")
+
+
+def _check_seconds(what: str, value: float | None) -> None:
+    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
+                              or not math.isfinite(value) or value < 0):
+        raise ConfigError(f"{what} must be a non-negative number of seconds, got {value!r}")
+
+
+def _check_batch_op(where: DeadFilter, limit: int | None) -> None:
+    where.check()
+    _check_limit(limit)
+
+
+def _ids_text(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:10]))
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def _is(ids: list[int]) -> str:
+    return "is" if len(ids) == 1 else "are"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _jsonable(row: Any) -> dict[str, Any]:
+    out = {}
+    for name in row.__dataclass_fields__:
+        value = getattr(row, name)
+        out[name] = value.isoformat() if isinstance(value, datetime) else value
+    return out
+
+
+__all__ = [
+    "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "JobFilter", "JobNotFound",
+    "Listing", "LiveJob", "Purged", "Replayed", "Retried", "cancel", "cancel_async",
+    "group_dead", "group_dead_async", "list_dead", "list_dead_async", "list_jobs",
+    "list_jobs_async", "pause", "pause_async", "paused", "paused_async", "purge_dead",
+    "purge_dead_async", "queue_known", "queue_known_async", "replay_dead",
+    "replay_dead_async", "resume", "resume_async", "retry", "retry_async", "show_dead",
+    "show_dead_async", "show_job", "show_job_async",
+]

@@ -1,0 +1,76 @@
+"""Dead-letter retention: dead jobs older than ``--dead-retention`` are deleted.
+
+Every host runs this part, and one at a time prunes: each batch's transaction first takes
+a per-schema advisory lock with ``pg_try_advisory_xact_lock`` (`sql.RETENTION_LOCK`), and a
+host that does not get it leaves this pass to the one that did. Deletes go in batches of
+`BATCH` rows, oldest first, each its own short transaction with a pause between them, so a
+large backlog (the first pass after retention was shortened, say) holds no lock for long
+and leaves autovacuum a steady trickle of dead tuples, not a storm.
+
+A pass runs when the host starts and then every `interval`: a minute, or more often for
+retentions under 60 hours (a 3600th of the retention, at least a second), so a short
+retention is kept to closely too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import sql
+from .logs import event
+from .ops import DeadFilter
+from .retry import Failures
+
+log = logging.getLogger("pgpool.retention")
+
+#: Rows per delete transaction.
+BATCH: Final = 1000
+#: Between batches: other sessions and autovacuum get the table in between.
+BATCH_PAUSE: Final = 0.05
+
+
+def interval(retention: float) -> float:
+    """Seconds between passes for a retention of ``retention`` seconds."""
+    return min(60.0, max(1.0, retention / 3600))
+
+
+class Retention:
+    def __init__(self, pool: AsyncConnectionPool, retention: float) -> None:
+        self._pool = pool
+        self.retention = retention
+        self.interval = interval(retention)
+        self._params = {**DeadFilter(older_than=retention).params(), "limit": BATCH}
+
+    async def run(self) -> None:
+        failures = Failures(log, "dead-letter retention")
+        while True:
+            try:
+                await self.prune()
+                failures.succeeded()
+            except (psycopg.Error, OSError) as exc:
+                failures.failed(exc)
+            await asyncio.sleep(self.interval)
+
+    async def prune(self) -> int | None:
+        """One pass; how many dead jobs it deleted, or None if another host holds the lock."""
+        deleted = 0
+        while True:
+            async with self._pool.connection() as conn, conn.transaction():
+                got = (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]
+                if not got:
+                    return None if deleted == 0 else deleted
+                n = (await (await conn.execute(sql.PURGE_DEAD, self._params)).fetchone())[0]
+            deleted += n
+            if n < BATCH:
+                break
+            await asyncio.sleep(BATCH_PAUSE)
+        if deleted:
+            event(log, logging.INFO, "dead_pruned",
+                  "dead-letter retention: deleted %d dead jobs older than %gs", deleted,
+                  self.retention, deleted=deleted, retention=self.retention)
+        return deleted
