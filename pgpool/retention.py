@@ -58,19 +58,23 @@ class Retention:
 
     async def prune(self) -> int | None:
         """One pass; how many dead jobs it deleted, or None if another host holds the lock."""
-        deleted = 0
+        deleted = batches = 0
         while True:
             async with self._pool.connection() as conn, conn.transaction():
                 got = (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]
-                if not got:
-                    return None if deleted == 0 else deleted
-                n = (await (await conn.execute(sql.PURGE_DEAD, self._params)).fetchone())[0]
+                if got:
+                    cur = await conn.execute(sql.PURGE_DEAD, self._params)
+                    n = (await cur.fetchone())[0]
+            if not got:
+                break  # another host prunes (or took over between two batches)
             deleted += n
+            batches += 1
             if n < BATCH:
                 break
             await asyncio.sleep(BATCH_PAUSE)
         if deleted:
             event(log, logging.INFO, "dead_pruned",
-                  "dead-letter retention: deleted %d dead jobs older than %gs", deleted,
-                  self.retention, deleted=deleted, retention=self.retention)
-        return deleted
+                  "dead-letter retention: deleted %d dead jobs older than %gs in %d batches",
+                  deleted, self.retention, batches, deleted=deleted, batches=batches,
+                  retention=self.retention)
+        return deleted if batches else None
