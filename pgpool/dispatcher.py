@@ -26,8 +26,11 @@ is a small module of its own)::
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
 
 `hosts` (the ``pgpool_hosts`` row and the fleet's live-host count) and `scheduler.budget`
-(this host's share of the fleet's claims per second) sit beside that path. The scheduler
-owns the room formulas and the two claim loops; the completer owns what an outcome becomes.
+(this host's share of the fleet's claims per second) sit beside that path, as do `control`
+(an operator's paused queues, taken out of the claimer's queues, and cancellations, which
+make the heartbeat beat at once: ``pgpool.control``) and `retention` (dead-letter pruning).
+The scheduler owns the room formulas and the two claim loops; the completer owns what an
+outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts, serves (the claim loops) until stopped or

@@ -434,8 +434,9 @@ def _not_found(ids: list[int], what: str) -> Plan[None]:
         parts.append(f"no {what} job has id {_ids_text(missing)} (finished, purged, or "
                      "never enqueued)")
     if dead:
-        parts.append(f"job {_ids_text(dead)} {_is(dead)} dead (`pgpool dead show ID`; "
-                     "`pgpool dead replay --id ID` runs one again)")
+        ref = str(dead[0]) if len(dead) == 1 else "ID"
+        parts.append(f"job {_ids_text(dead)} {_is(dead)} dead (`pgpool dead show {ref}`; "
+                     f"`pgpool dead replay --id {ref}` runs it again)")
     raise JobNotFound("; ".join(parts) + "; nothing was changed")
 
 

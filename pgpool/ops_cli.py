@@ -87,7 +87,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
 
     jobs = sub.add_parser("jobs", parents=[common],
                           help="list live jobs (ready, scheduled, running); `jobs show ID`")
-    jobs_sub = jobs.add_subparsers(dest="jobs_command", parser_class=type(jobs))
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", parser_class=type(jobs),
+                                   help="without one: list jobs")
     jobs.add_argument("--dsn", help=dsn_help)
     jobs.add_argument("--queue", type=_name("queue"), help="only this queue")
     jobs.add_argument("--kind", type=_name("kind"), help="only this kind")
@@ -110,8 +111,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
 
     dead = sub.add_parser("dead", parents=[common],
                           help="dead jobs: list (--group), show, replay, purge")
-    dead_sub = dead.add_subparsers(dest="dead_command", required=True,
-                                   parser_class=type(dead))
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND",
+                                   parser_class=type(dead),
+                                   help="what to do (`pgpool dead COMMAND --help`)")
     listing = command("list", "list dead jobs, newest first, or --group them", cmd_dead_list,
                       dead_sub)
     _dead_filters(listing)
@@ -309,11 +311,12 @@ def cmd_dead_replay(args: argparse.Namespace) -> int:
         done = ops.replay_dead(conn, where, limit=args.limit, rate=args.rate,
                                dry_run=args.dry_run)
     if args.dry_run:
-        print(f"pgpool: dry run: would replay {done.would_move} dead jobs; nothing changed")
+        print(f"pgpool: dry run: would replay {_n(done.would_move, 'dead job')}; "
+              "nothing changed")
         return 0
     rate = f" at up to {args.rate:g} jobs/s" if args.rate else ""
-    print(f"pgpool: replayed {done.moved} dead jobs back to ready in {done.seconds:.2f}s "
-          f"({done.batches} batches{rate})")
+    print(f"pgpool: replayed {_n(done.moved, 'dead job')} back to ready in "
+          f"{done.seconds:.2f}s ({_n(done.batches, 'batch')}{rate})")
     if done.skipped:
         print(f"pgpool: {done.skipped} stayed dead: a live job of the same kind holds its "
               "unique key", file=sys.stderr)
@@ -326,10 +329,11 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
         _check_queue(conn, args.queue)
         done = ops.purge_dead(conn, where, limit=args.limit, dry_run=args.dry_run)
     if args.dry_run:
-        print(f"pgpool: dry run: would delete {done.would_delete} dead jobs; nothing changed")
+        print(f"pgpool: dry run: would delete {_n(done.would_delete, 'dead job')}; "
+              "nothing changed")
     else:
-        print(f"pgpool: deleted {done.deleted} dead jobs in {done.seconds:.2f}s "
-              f"({done.batches} batches)")
+        print(f"pgpool: deleted {_n(done.deleted, 'dead job')} in {done.seconds:.2f}s "
+              f"({_n(done.batches, 'batch')})")
     return 0
 
 
@@ -460,6 +464,10 @@ def _span(seconds: float) -> str:
         if s >= 2 * size:
             return f"{round(s / size)}{unit}"
     return f"{s}s"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("ch") else "s")
 
 
 def _clip(text: str | None, width: int = 60) -> str:

@@ -159,7 +159,7 @@ def test_replay_moves_matching_dead_jobs_back_with_their_ids_and_attempts_reset(
 
     done = run_pgpool(dsn, "dead", "replay", "--signature", "ValueError: order # declined")
     assert re.fullmatch(r"pgpool: replayed 3 dead jobs back to ready in \d+\.\d\ds "
-                        r"\(1 batches\)\n", done.stdout), done.stdout
+                        r"\(1 batch\)\n", done.stdout), done.stdout
     assert dlq.execute("SELECT id, state, attempts, max_attempts, payload->>'secret', "
                        "run_at <= now() FROM pgpool_jobs ORDER BY id").fetchall() == [
         (i, "ready", 0, 3, MARKER, True) for i in (1000, 1001, 1002)]
@@ -268,7 +268,7 @@ def test_bad_ids_unknown_queues_and_conflicting_filters_are_one_line_errors(dlq,
     assert_user_error(run_pgpool(dsn, "cancel", str(live), "999999"),
                       "no live job has id 999999", "nothing was changed")
     assert_user_error(run_pgpool(dsn, "cancel", "1000"), "job 1000 is dead",
-                      "pgpool dead replay --id ID")
+                      "pgpool dead replay --id 1000")
     assert_user_error(run_pgpool(dsn, "retry", str(live), "abc"), "'abc' is not a job id")
     assert_user_error(run_pgpool(dsn, "retry", "0"), "'0' is not a job id")
     assert_user_error(run_pgpool(dsn, "jobs", "show", "424242"), "no live job has id 424242")
