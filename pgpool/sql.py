@@ -726,12 +726,14 @@ SELECT id, (SELECT count(pg_notify('{CHANNEL}', queue)) FROM (SELECT DISTINCT qu
 FROM due ORDER BY id
 """
 
-#: Whether any job, dead job, live host or pause names this queue.
+#: Whether any job, dead job, registered host or pause names this queue. The cheap tests
+#: first (the ready index, the small tables): only a name none of them knows scans the rest.
 QUEUE_KNOWN: Final = """
-SELECT EXISTS (SELECT FROM pgpool_jobs WHERE queue = %(queue)s)
-    OR EXISTS (SELECT FROM pgpool_dead WHERE queue = %(queue)s)
+SELECT EXISTS (SELECT FROM pgpool_jobs WHERE queue = %(queue)s AND state = 'ready')
     OR EXISTS (SELECT FROM pgpool_hosts WHERE %(queue)s = ANY(queues))
     OR EXISTS (SELECT FROM pgpool_paused WHERE queue = %(queue)s)
+    OR EXISTS (SELECT FROM pgpool_jobs WHERE queue = %(queue)s)
+    OR EXISTS (SELECT FROM pgpool_dead WHERE queue = %(queue)s)
 """
 
 #: Pause a queue; returns a row only if it was not paused already.
