@@ -37,7 +37,7 @@ from conftest import (
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
-from pgpool import embedded
+from pgpool import embedded, schema
 from pgpool.cmdline import mask_password, masked_args
 from pgpool.errors import ConfigError
 
@@ -88,10 +88,10 @@ def home(scratch: Path) -> Path:
     return scratch / "h"
 
 
-def tables(dsn: str) -> int:
+def schema_version(dsn: str) -> int | None:
+    """The pgpool schema version recorded at ``dsn`` (None: no schema there)."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = "
-                            "current_schema() AND tablename LIKE 'pgpool%%'").fetchone()[0]
+        return schema.schema_version(conn)
 
 
 def test_dsn_option_beats_pgpool_dsn_which_beats_the_pg_environment(dsn, tmp_path):
@@ -114,7 +114,7 @@ def test_the_pg_environment_is_used_when_no_dsn_is_configured(dsn, tmp_path):
         env["PGPORT"] = p["port"]
     done = cli("migrate", **env)
     assert done.returncode == 0, done.stderr
-    assert tables(dsn) == 4
+    assert schema_version(dsn) == pgpool.SCHEMA_VERSION
     assert not (tmp_path / "never-used").exists()
 
 
