@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, ops_cli, registry, schema, sql
-from .config import RunConfig, usable_cpus
+from . import logs, registry, schema, sql
+from .config import RunConfig, parse_duration, usable_cpus
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
 from .lease import STALE_AFTER_LEASES
@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(to measure what the metrics cost)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
+    # Imported here, not at the top: worker processes import this module and never parse.
+    from . import ops_cli
+
     ops_cli.add_commands(sub, common, dsn_help)
     return parser
 
@@ -463,7 +466,10 @@ def _retention(text: str) -> float | None:
     """``--dead-retention``: a duration; 0 or off: None (kept forever)."""
     if text.strip().lower() == "off":
         return None
-    return ops_cli.duration(text) or None
+    try:
+        return parse_duration(text) or None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _unique_key(text: str) -> str:

@@ -21,7 +21,6 @@ Each function is written once, as a plan: a generator that yields the statements
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
@@ -492,6 +491,8 @@ def _run(conn: psycopg.Connection, plan: Plan[R], *, dry_run: bool = False,
 async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: bool = False,
                      batched: bool = False) -> R:
     """Async twin of `_run`."""
+    import asyncio  # here: worker processes import pgpool.cli, and so this module
+
     if _outside_a_transaction(conn):
         await conn.execute(sql.OPEN_TRANSACTION)
     each = batched and _batched(conn, dry_run)

@@ -445,7 +445,7 @@ def _due(job: ops.LiveJob, now: datetime) -> str:
         if job.lease_left is None:
             return "running"
         left = job.lease_left
-        return f"lease {left:.0f}s left" if left >= 0 else f"lease expired {-left:.0f}s ago"
+        return f"lease {_span(left)} left" if left >= 0 else f"lease expired {_span(-left)} ago"
     seconds = (job.run_at - now).total_seconds()
     return f"in {_span(seconds)}" if seconds > 0 else f"due {_span(-seconds)} ago"
 
