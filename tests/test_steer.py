@@ -166,3 +166,25 @@ def test_only_the_host_holding_the_retention_lock_prunes(db, dsn):
 
     assert in_registry(dsn, prune_twice) == (None, 10)
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
+
+
+def test_retry_and_replay_wake_the_hosts_and_the_jobs_run(db, dsn, record_dir):
+    # A 30 s poll: a start within the bound below comes from the commands' notifications.
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "30", record_dir=record_dir)
+    host.event("started")
+    waiting = pgpool.enqueue(db, "record", {}, delay=3600)  # as if waiting out a backoff
+    db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
+               "max_attempts, last_error, created_at) VALUES (%s, 'default', 'record', '{}', "
+               "0, 3, 3, 'ValueError: upstream down', now())", (waiting + 1000,))
+
+    asked = time.monotonic()
+    assert run_pgpool(dsn, "retry", str(waiting)).returncode == 0
+    wait_until(lambda: waiting in attempts(record_dir, "end"), "the retried job to run")
+    assert run_pgpool(dsn, "dead", "replay", "--id", str(waiting + 1000)).returncode == 0
+    wait_until(lambda: waiting + 1000 in attempts(record_dir, "end"), "the replayed job to run")
+    # Two commands (each a Python start, about a second on a loaded machine) and two jobs:
+    # far from the 30 s poll.
+    assert time.monotonic() - asked < 8
+    wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs") == (0,), "the acks")
+    assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
+    assert host.stop() == 0
