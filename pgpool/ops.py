@@ -36,8 +36,8 @@ from .registry import check_name
 if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
     import psycopg
 
-JobState = Literal["ready", "scheduled", "running"]
-JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running")
+JobState = Literal["ready", "scheduled", "running", "parked", "done"]
+JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running", "parked", "done")
 #: Rows a listing returns when the caller gives no limit.
 DEFAULT_LIMIT: Final = 100
 #: Dead jobs per replay or purge batch (a replay with ``rate`` uses smaller ones).
@@ -381,7 +381,12 @@ def _retry(ids: Iterable[int]) -> Plan[Retried]:
     if running:
         raise JobNotFound(f"job {_ids_text(running)} {_is(running)} running, not waiting "
                           "to retry: nothing to do (`pgpool cancel` stops a running job)")
-    scheduled = [i for i, state in states.items() if state == "scheduled"]
+    kept = [i for i, state in states.items() if state == "done"]
+    if kept:
+        raise JobNotFound(f"job {_ids_text(kept)} succeeded (kept as done because the "
+                          "database refused to delete it; see its last_error): nothing to "
+                          "retry; delete it once nothing references it")
+    scheduled = [i for i, state in states.items() if state in ("scheduled", "parked")]
     if scheduled:
         yield _Query(sql.RETRY_NOW, {"ids": sql.int_array(scheduled)})
     return Retried(scheduled, [i for i, state in states.items() if state == "ready"])
@@ -636,8 +641,9 @@ async def cancel_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
 
 
 def retry(conn: psycopg.Connection, ids: Iterable[int], *, dry_run: bool = False) -> Retried:
-    """Make scheduled jobs (waiting out a retry's backoff, or delayed) due now. All or
-    nothing: an id that is not a waiting job (missing, dead, running) raises `JobNotFound`."""
+    """Make scheduled jobs (waiting out a retry's backoff, or delayed) and parked jobs
+    ready and due now. All or nothing: an id that is not a waiting job (missing, dead,
+    running, kept as done) raises `JobNotFound`."""
     return _run(conn, _retry(ids), dry_run=dry_run)
 
 

@@ -48,8 +48,10 @@ _CHANNEL_OF: Final = """(
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
     WHERE c.oid = {table})"""
 
-#: The channel of the installation ``search_path`` resolves to, for `LISTEN`.
-CHANNEL: Final = "SELECT " + _CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
+#: The channel of the installation ``search_path`` resolves to: an expression, for the
+#: statements that notify it; `CHANNEL` selects it, for `LISTEN`.
+_OUR_CHANNEL: Final = _CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
+CHANNEL: Final = "SELECT " + _OUR_CHANNEL
 
 # --- enqueue ------------------------------------------------------------------------------
 
@@ -81,10 +83,7 @@ COPY_JOBS_AT: Final = (
 )
 
 #: After a COPY: wake the dispatchers of the installation the rows went to.
-NOTIFY: Final = (
-    "SELECT pg_notify(" + _CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
-    + ", %(queue)s)"
-)
+NOTIFY: Final = "SELECT pg_notify(" + _OUR_CHANNEL + ", %(queue)s)"
 
 # --- dispatcher: claim, heartbeat, ack, reap -----------------------------------------------
 
@@ -527,7 +526,7 @@ SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_ver
 #: The payload of the notification that tells every host to re-read `CONTROL_POLL` now (a
 #: queue was paused or resumed, a job cancelled). No queue name starts with "!".
 CONTROL: Final = "!control"
-NOTIFY_CONTROL: Final = f"SELECT pg_notify('{CHANNEL}', '{CONTROL}')"
+NOTIFY_CONTROL: Final = f"SELECT pg_notify({_OUR_CHANNEL}, '{CONTROL}')"
 
 #: What a host polls (and re-reads on a `CONTROL` notification): the paused queues, and the
 #: time of the latest cancellation, whose change makes the host check its jobs at once.
@@ -551,8 +550,9 @@ SIGNATURE: Final = (
 )
 
 # A job's state as operators see it: ready (due), scheduled (due later: delayed or waiting
-# out a retry's backoff) or running.
-_JOB_STATE = ("CASE WHEN state = 'running' THEN 'running' "
+# out a retry's backoff), running, or parked / done (its ack or reap was refused: see
+# `PARK`).
+_JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done') THEN state "
               "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END")
 
 # The columns `pgpool.ops` reads of a live job, in `ops.Job` order.
@@ -656,7 +656,7 @@ WITH picked AS (
 )
 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
        (SELECT died_at FROM last), (SELECT id FROM last),
-       (SELECT count(pg_notify('{CHANNEL}', queue))
+       (SELECT count(pg_notify({_OUR_CHANNEL}, queue))
         FROM (SELECT DISTINCT queue FROM revived) AS q)
 """
 
@@ -713,16 +713,17 @@ ORDER BY id
 FOR NO KEY UPDATE
 """
 
-#: Make scheduled jobs (delayed, or waiting out a retry's backoff) due now, and wake their
-#: queues' hosts. Returns the ids changed.
+#: Make scheduled jobs (delayed, or waiting out a retry's backoff) and parked jobs ready and
+#: due now, and wake their queues' hosts. Returns the ids changed.
 RETRY_NOW: Final = f"""
 WITH due AS (
-    UPDATE pgpool_jobs SET run_at = now()
-    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'ready' AND run_at > now()
+    UPDATE pgpool_jobs SET state = 'ready', run_at = now()
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND (state = 'parked' OR (state = 'ready' AND run_at > now()))
     RETURNING id, queue
 )
-SELECT id, (SELECT count(pg_notify('{CHANNEL}', queue)) FROM (SELECT DISTINCT queue FROM due)
-            AS q)
+SELECT id, (SELECT count(pg_notify({_OUR_CHANNEL}, queue))
+            FROM (SELECT DISTINCT queue FROM due) AS q)
 FROM due ORDER BY id
 """
 
@@ -744,7 +745,7 @@ INSERT INTO pgpool_paused (queue) VALUES (%(queue)s) ON CONFLICT DO NOTHING RETU
 #: Resume a queue; returns a row only if it was paused. Wakes its hosts.
 RESUME: Final = f"""
 WITH gone AS (DELETE FROM pgpool_paused WHERE queue = %(queue)s RETURNING queue)
-SELECT queue, pg_notify('{CHANNEL}', queue) FROM gone
+SELECT queue, pg_notify({_OUR_CHANNEL}, queue) FROM gone
 """
 
 #: The paused queues and since when.

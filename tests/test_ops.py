@@ -251,7 +251,7 @@ def test_pause_and_resume_record_the_pause_and_status_shows_it(db, dsn):
     queues = {q["queue"]: q for q in status_json(dsn)["queues"]}
     assert queues["q2"]["paused"] is True and queues["q2"]["paused_at"]
     text = run_pgpool(dsn, "status").stdout
-    assert re.search(r"^  q2 \(paused\)\s+1\s+0\s+0\s+0$", text, re.M), text
+    assert re.search(r"^  q2 \(paused\)\s+1\s+0\s+0\s+0\s+0\s+0$", text, re.M), text
     # A queue nothing uses yet can be paused on purpose, before its first job.
     assert "paused queue fresh" in run_pgpool(dsn, "pause", "fresh", "--force").stdout
     assert lines(run_pgpool(dsn, "resume", "q2")) == ["pgpool: resumed queue q2"]
@@ -307,6 +307,24 @@ def test_retry_of_a_running_job_changes_nothing(db):
     with pytest.raises(ops.JobNotFound, match=f"job {running} is running, not waiting"):
         ops.retry(db, [waiting, running])
     assert one(db, "SELECT run_at > now() FROM pgpool_jobs WHERE id = %s", waiting) == (True,)
+
+
+def test_retry_runs_a_parked_job_again_and_refuses_a_kept_one(db, dsn):
+    # What pgpool.isolate leaves when the database refuses an ack (tests/test_isolate.py).
+    parked = pgpool.enqueue(db, "record", {})
+    kept = pgpool.enqueue(db, "record", {})
+    db.execute("UPDATE pgpool_jobs SET state = 'parked', attempts = 1, last_error = 'x' "
+               "WHERE id = %s", (parked,))
+    db.execute("UPDATE pgpool_jobs SET state = 'done', attempts = 1 WHERE id = %s", (kept,))
+    listed = {json.loads(line)["id"]: json.loads(line)["state"]
+              for line in lines(run_pgpool(dsn, "jobs", "--json"))}
+    assert listed == {parked: "parked", kept: "done"}
+    assert_user_error(run_pgpool(dsn, "retry", str(parked), str(kept)),
+                      f"job {kept} succeeded (kept as done")
+    assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", parked) == ("parked",)
+    assert lines(run_pgpool(dsn, "retry", str(parked))) == [f"pgpool: job {parked} runs now"]
+    assert one(db, "SELECT state, run_at <= now() FROM pgpool_jobs WHERE id = %s",
+               parked) == ("ready", True)
 
 
 # --- the Python twins run in the caller's transaction ---------------------------------------
