@@ -95,8 +95,11 @@ WATCHDOG: Final = "watchdog"
 
 
 def make_owner() -> str:
-    """A dispatcher id, unique per run: host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    """A dispatcher id, unique per run: host and pid to read, and 128 random bits to be
+    unique. Containers share hostnames and all run as pid 1, so host and pid alone (or
+    with a few random bits) could give two live dispatchers one id, and each could then
+    ack and extend the other's jobs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(16)}"
 
 
 class DispatcherObserver:

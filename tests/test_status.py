@@ -7,6 +7,7 @@ expected count is known exactly.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 
@@ -27,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool import registry
+from pgpool.dispatcher import make_owner
 from pgpool.hosts import HostRegistry
 from pgpool.lease import STALE_AFTER_LEASES, Lease
 
@@ -54,7 +56,8 @@ def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, 
     assert (hostname, pid, procs, queues, lease) == (
         socket.gethostname(), host.pid, 2, ["default", "q2"], 1.0)
     assert kinds == handler_kinds()
-    assert owner.startswith(f"{hostname}:{host.pid}:")
+    # Readable host and pid, then 128 random bits: containers share hostnames and pids.
+    assert re.fullmatch(rf"{re.escape(hostname)}:{host.pid}:[0-9a-f]{{32}}", owner), owner
     # The row is the one its log announces.
     started = host.event("started")
     assert (started["owner"], started["procs"], started["queues"], started["kinds"]) == (
@@ -82,6 +85,15 @@ def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, 
 
     assert host.stop() == 0, host.stderr
     assert host_rows(db) == []
+
+
+def test_owner_ids_differ_between_containers_of_one_hostname_all_running_as_pid_1(
+        monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "worker")
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    owners = {make_owner() for _ in range(1000)}
+    assert len(owners) == 1000
+    assert all(re.fullmatch(r"worker:1:[0-9a-f]{32}", o) for o in owners), owners
 
 
 def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_it(db, dsn):
