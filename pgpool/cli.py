@@ -19,6 +19,7 @@ from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
 from . import logs, registry, schema, sql
+from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, parse_duration, usable_cpus
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
@@ -144,10 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-memory", type=memory_mib, metavar="MIB",
                      help="cap each worker's memory at MIB mebibytes: a job that needs more "
                           "fails with MemoryError, alone")
-    run.add_argument("--max-claims-per-sec", type=claims_rate,
-                     default=RunConfig.max_claims_per_sec, metavar="N",
-                     help="claims per second for the whole fleet, shared by the live hosts "
-                          f"(default {RunConfig.max_claims_per_sec:g})")
+    run.add_argument("--max-claims-per-sec", type=claims_rate, metavar="N",
+                     help="claims per second for the whole fleet, shared by demand, when "
+                          "`pgpool budget set` set none (default "
+                          f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
     run.add_argument("--burst", action="store_true",
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
@@ -199,6 +200,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to wait for the answer (default 5)")
     health.set_defaults(func=cmd_health)
 
+    budget = sub.add_parser("budget", parents=[common],
+                            help="show or set the claims per second the whole fleet shares")
+    budget.add_argument("--dsn", help=dsn_help)
+    budget.set_defaults(func=cmd_budget, action="show")
+    # --dsn after the action too; SUPPRESSed when absent, as for the logging options.
+    budget_dsn = argparse.ArgumentParser(add_help=False)
+    budget_dsn.add_argument("--dsn", default=argparse.SUPPRESS, help=dsn_help)
+    actions = budget.add_subparsers(dest="action", parser_class=_Parser,
+                                    help="what to do (default: show)")
+    actions.add_parser("show", parents=[common, budget_dsn],
+                       help="print the fleet's budget (the default)")
+    set_budget = actions.add_parser("set", parents=[common, budget_dsn],
+                                    help="set the fleet's budget; hosts take it at their "
+                                         "next beat")
+    set_budget.add_argument("rate", type=claims_rate, metavar="N",
+                            help="claims per second for the whole fleet")
+    actions.add_parser("unset", parents=[common, budget_dsn],
+                       help="clear it: each host uses its --max-claims-per-sec again")
+
+    grant = sub.add_parser("grants", parents=[common],
+                           help="print (or apply) least-privilege grants for an application "
+                                "role and a worker role")
+    grant.add_argument("--app", metavar="ROLE",
+                       help="the role applications enqueue and read status as")
+    grant.add_argument("--worker", metavar="ROLE", help="the role `pgpool run` connects as")
+    grant.add_argument("--schema", metavar="NAME",
+                       help="the schema holding pgpool's tables (default: where they are "
+                            "found through the DSN's search_path)")
+    grant.add_argument("--apply", action="store_true",
+                       help="run the statements (as the tables' owner) instead of printing "
+                            "them")
+    grant.add_argument("--dsn", help=dsn_help)
+    grant.set_defaults(func=cmd_grants)
+
     where = sub.add_parser("dsn", parents=[common],
                            help="print the DSN an application should use to reach pgpool's "
                                 "database (starts the embedded server if that is the default)")
@@ -222,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-claims-per-sec", type=claims_rate, metavar="N",
                        help="apply this fleet claim budget, as for run (default: none, so "
                             "the drive measures the engine; its claims/s are compared with "
-                            f"run's default budget, {RunConfig.max_claims_per_sec:g})")
+                            f"run's default budget, {DEFAULT_MAX_CLAIMS_PER_SEC:g})")
     bench.add_argument("--metrics", action="store_true",
                        help="serve /metrics during the drive, as run --metrics-port does "
                             "(to measure what the metrics cost)")
@@ -488,6 +523,71 @@ def cmd_status(args: argparse.Namespace) -> int:
         schema.check(conn)
         report = status.collect(conn)
     print(json.dumps(report) if args.json else status.render(report))
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """Show, set or clear the fleet's claims/s budget (the one pgpool_fleet row)."""
+    import psycopg
+
+    from . import dsn as dsnlib
+
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        schema.check_version(schema.schema_version(conn))
+        if args.action in ("set", "unset"):
+            try:
+                conn.execute(sql.FLEET_SET, {
+                    "max_claims_per_sec": args.rate if args.action == "set" else None})
+            except psycopg.errors.InsufficientPrivilege:
+                raise ConfigError("this role may not change the fleet's budget: run `pgpool "
+                                  "budget` as the owner of pgpool's tables") from None
+        row = conn.execute(sql.FLEET_SHOW).fetchone()
+    rate, since = row if row else (None, None)
+    if rate is None:
+        print("fleet budget: not set; each host uses its --max-claims-per-sec (default "
+              f"{DEFAULT_MAX_CLAIMS_PER_SEC:g} claims/s)")
+    else:
+        print(f"fleet budget: {rate:g} claims/s, shared by demand (set "
+              f"{since:%Y-%m-%d %H:%M:%S%z}); hosts take a change at their next beat")
+    return 0
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    """Print, or with --apply run, the least-privilege grants (pgpool.grants)."""
+    import psycopg
+
+    from . import dsn as dsnlib
+    from . import grants
+
+    if not (args.app or args.worker):
+        raise ConfigError("give --app ROLE, --worker ROLE or both: the roles to grant to")
+    if args.schema and not args.apply:
+        for statement in grants.statements(args.schema, app=args.app, worker=args.worker):
+            print(statement.as_string(None) + ";")
+        return 0
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        schema.check_version(schema.schema_version(conn))
+        where = args.schema or conn.execute(sql.INSTALLED_SCHEMA).fetchone()[0]
+        statements = grants.statements(where, app=args.app, worker=args.worker)
+        if not args.apply:
+            for statement in statements:
+                print(statement.as_string(conn) + ";")
+            return 0
+        try:
+            with conn.transaction():
+                for statement in statements:
+                    conn.execute(statement)
+        except psycopg.errors.UndefinedObject as exc:
+            raise ConfigError(f"{first_line(exc)}: create the role first "
+                              "(CREATE ROLE ... LOGIN)") from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigError(f"the database refused: {first_line(exc)}: apply the grants "
+                              "as the owner of pgpool's tables") from None
+    roles = " and ".join(f"{what} role {role}" for what, role in
+                         (("application", args.app), ("worker", args.worker)) if role)
+    print(f"pgpool: granted the {roles} their privileges on pgpool's tables in schema {where}")
     return 0
 
 

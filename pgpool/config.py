@@ -53,8 +53,9 @@ class RunConfig:
     max_tasks_per_child: int | None = None
     #: Cap each worker's private writable memory at this many bytes (None: no cap).
     max_memory: int | None = None
-    #: Claims per second for the whole fleet; each live host takes an equal share.
-    max_claims_per_sec: float = 10_000.0
+    #: Claims per second for the whole fleet when ``pgpool budget set`` set none (None:
+    #: pgpool.budget.DEFAULT_MAX_CLAIMS_PER_SEC); the hosts share it by demand.
+    max_claims_per_sec: float | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: Serve /metrics and /healthz on this TCP port (None: not at all; 0: any free port).

@@ -25,11 +25,11 @@ is a small module of its own)::
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
 
-`hosts` (the ``pgpool_hosts`` row and the fleet's live-host count) and `scheduler.budget`
-(this host's share of the fleet's claims per second) sit beside that path, as do `control`
-(an operator's paused queues, taken out of the claimer's queues, and cancellations, which
-make the heartbeat beat at once: ``pgpool.control``) and `retention` (dead-letter pruning).
-The scheduler owns the room formulas and the two claim loops; the completer owns what an
+`hosts` (the ``pgpool_hosts`` row, and this host's share of the fleet's claims per second,
+`hosts.budget`, which the scheduler spends) sits beside that path, as do `control` (an
+operator's paused queues, taken out of the claimer's queues, and cancellations, which make
+the heartbeat beat at once: ``pgpool.control``) and `retention` (dead-letter pruning). The
+scheduler owns the room formulas and the two claim loops; the completer owns what an
 outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
@@ -64,7 +64,6 @@ from setproctitle import setproctitle
 
 from . import dsn as dsnlib
 from . import schema
-from .budget import ClaimBudget
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
@@ -272,7 +271,7 @@ class Dispatcher:
         self.scheduler = ClaimScheduler(
             procs=cfg.procs, batch=cfg.batch, claimer=self.claimer, workers=self.pool,
             acks=self.completer, lease=self.heartbeat,
-            budget=ClaimBudget(cfg.max_claims_per_sec, lambda: self.hosts.live_hosts),
+            budget=self.hosts.budget,
             reaper=self.reaper, burst=cfg.burst, poll=cfg.poll,
         )
         if self._stopping:

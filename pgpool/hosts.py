@@ -1,13 +1,18 @@
-"""The host registry: one ``pgpool_hosts`` row per running dispatcher.
+"""The host registry: one ``pgpool_hosts`` row per running dispatcher, and its share of the
+fleet's claim budget.
 
 A dispatcher registers when it starts, beats every `Lease.beat_interval` (``last_seen``, its job
-counters and its claims per second since the previous beat), and deletes its row on a clean
-exit. A dispatcher that died, or that has been cut off from the database, stops beating;
-once its row is `STALE_AFTER_LEASES` of its own leases old, any host prunes it. The row is
-for observability (``pgpool status``) and for sharing the fleet's claim budget
-(`pgpool.budget`): nothing about a job depends on it. The jobs such a host held come back
-through their leases and the reaper, about one lease after its last heartbeat and so well
-before the row is pruned.
+counters, its claims per second since the previous beat, and its budget share and demand),
+and deletes its row on a clean exit. A dispatcher that died, or that has been cut off from
+the database, stops beating: the others stop leaving it a budget share after
+`budget.COUNTED_BEATS` of its beat intervals, and once its row is `STALE_AFTER_LEASES` of its
+own leases old, any host prunes it. Nothing about a job depends on the row: the jobs such a
+host held come back through their leases and the reaper, about one lease after its last
+heartbeat and so well before the row is pruned.
+
+Each beat is one transaction under `sql.BUDGET_LOCK`: it reads the fleet's budget and the
+other counted hosts' demands and shares, works out this host's share (`budget.share`), and
+writes the row. The share is applied (`ClaimBudget.grant`) once that has committed.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from typing import Final
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from . import budget as budgets
 from . import sql
+from .budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
 from .lease import STALE_AFTER_LEASES, Lease
+from .logs import event
 from .retry import Failures
 
 log = logging.getLogger("pgpool.hosts")
@@ -35,14 +43,14 @@ DEREGISTER_TIMEOUT: Final = 5.0
 
 
 class HostRegistry:
-    """This dispatcher's row in ``pgpool_hosts``.
+    """This dispatcher's row in ``pgpool_hosts``, and its claim `budget`.
 
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
     started; each beat records them, and the jobs claimed per second since the previous
-    beat. ``max_claims_per_sec`` is the fleet budget this host runs with, recorded so
-    ``pgpool status`` can compare the fleet's claims with it. `beat` and `deregister` are
-    serialised, and once deregistered the registry never writes the row again, so a beat in
-    flight cannot resurrect it.
+    beat. ``max_claims_per_sec`` is this host's ``--max-claims-per-sec``: the fleet budget
+    it shares when ``pgpool_fleet`` sets none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat`
+    and `deregister` are serialised, and once deregistered the registry never writes the
+    row again, so a beat in flight cannot resurrect it.
     """
 
     def __init__(
@@ -54,7 +62,7 @@ class HostRegistry:
         queues: Sequence[str],
         kinds: Sequence[str],
         lease: Lease,
-        max_claims_per_sec: float,
+        max_claims_per_sec: float | None,
         counters: Callable[[], tuple[int, int, int]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -69,17 +77,22 @@ class HostRegistry:
             "queues": list(queues),
             "kinds": sorted(kinds),
             "lease": lease.seconds,
-            "max_claims_per_sec": max_claims_per_sec,
         }
+        self._given = max_claims_per_sec
         self._counters = counters
         self._clock = clock
-        #: (jobs claimed, clock) at the last beat written: the next beat's rate starts there.
-        self._last_claimed: tuple[int, float] | None = None
+        #: The fleet budget in force (the fleet's, else this host's), as of the last beat.
+        self.fleet_budget = max_claims_per_sec or DEFAULT_MAX_CLAIMS_PER_SEC
+        #: This host's share of it; the floor of a lone host until the first beat.
+        self.budget = ClaimBudget(budgets.floor(self.fleet_budget, 1), clock=clock)
+        #: (jobs claimed, throttles, clock) at the last beat written: the next beat's rate
+        #: and demand start there.
+        self._last: tuple[int, int, float] | None = None
+        self._held_back = False  # `ClaimBudget.held_back` at the last beat written
         self._started_at: datetime | None = None
         self._closed = False
         self._lock = asyncio.Lock()
-        #: Live hosts in the fleet, this one included, as of the last beat.
-        self.live_hosts = 1
+        self._overridden: float | None = None  # the fleet budget last warned about
         #: When a beat last reached the database (``clock()``; the dispatcher checked the
         #: database just before building the registry).
         self.last_ok = clock()
@@ -90,10 +103,16 @@ class HostRegistry:
         await self.beat()
 
     async def run(self) -> None:
-        """Beat and prune every beat interval until cancelled; failures are logged and retried."""
+        """Beat and prune every beat interval until cancelled; failures are logged and retried.
+
+        The interval runs from one beat's start to the next (not from its end), so the
+        share a beat grants (`GRANT_BEATS` long) is renewed in time.
+        """
         failures = Failures(log, "host registry update")
+        started = self._clock()
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(max(0.0, started + self.interval - self._clock()))
+            started = self._clock()
             try:
                 await self.beat()
                 await self.prune()
@@ -102,8 +121,9 @@ class HostRegistry:
                 failures.failed(exc)
 
     async def beat(self) -> None:
-        """Upsert this host's row: ``last_seen = now()``, the current counters, and the jobs
-        claimed per second since the last beat written (NULL at the first).
+        """Upsert this host's row (``last_seen = now()``, the current counters, the jobs
+        claimed per second since the last beat written, NULL at the first), work out its
+        share of the budget, and apply it.
 
         Re-creates the row (same ``started_at``) if it was pruned meanwhile; does nothing
         after `deregister`.
@@ -112,21 +132,54 @@ class HostRegistry:
             if self._closed:
                 return
             done, failed, claimed = self._counters()
-            now = self._clock()
+            throttles = self.budget.throttles
+            now = self._clock()  # no later than the server's now() in last_seen
             rate = None
-            if self._last_claimed is not None and now > self._last_claimed[1]:
-                rate = (claimed - self._last_claimed[0]) / (now - self._last_claimed[1])
-            params = {**self._row, "started_at": self._started_at, "jobs_done": done,
-                      "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate}
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql.HOST_UPSERT, params)
+            if self._last is not None and now > self._last[2]:
+                rate = (claimed - self._last[0]) / (now - self._last[2])
+            # Held back at any time since the last beat: a claim refused since, or a loop
+            # that was (at the last beat) or is (now) waiting for tokens; such a wait can
+            # span a whole interval, refusing nothing.
+            held_back = self.budget.held_back
+            throttled = (throttles > (self._last[1] if self._last else 0) or held_back
+                         or self._held_back)
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(sql.BUDGET_LOCK)
+                fleet = await (await conn.execute(sql.FLEET_BUDGET)).fetchone()
+                cur = await conn.execute(sql.BUDGET_PEERS, {"owner": self.owner,
+                                                            "counted_leases": COUNTED_LEASES})
+                rows = await cur.fetchall()
+                total = self._fleet_budget(fleet[0] if fleet else None)
+                floor_share = budgets.floor(total, 1 + len(rows))
+                peers = [Peer(floor_share if d is None else d, s or 0.0) for d, s in rows]
+                demand = budgets.demand(rate, throttled, floor_share)
+                share, own_floor = budgets.share(total, demand, peers)
+                cur = await conn.execute(sql.HOST_UPSERT, {
+                    **self._row, "started_at": self._started_at, "jobs_done": done,
+                    "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate,
+                    "max_claims_per_sec": total, "claims_share": share,
+                    "claims_demand": demand})  # unbounded: float8 Infinity
                 (self._started_at,) = await cur.fetchone()
-                # After a failed beat the next rate spans both intervals, so no claim is missed.
-                self._last_claimed = (claimed, now)
-                cur = await conn.execute(sql.HOST_LIVE_COUNT,
-                                         {"stale_leases": STALE_AFTER_LEASES})
-                self.live_hosts = max(1, (await cur.fetchone())[0])
+            # Applied once committed: the others see this share from now on. It lapses to
+            # the floor unless the next beats renew it (see pgpool.budget).
+            self.budget.grant(share, floor_rate=own_floor, until=now + GRANT_BEATS * self.interval)
+            self.fleet_budget = total
+            # After a failed beat the next rate spans both intervals, so no claim is missed.
+            self._last = (claimed, throttles, now)
+            self._held_back = held_back
             self.last_ok = self._clock()
+
+    def _fleet_budget(self, fleet: float | None) -> float:
+        """The budget in force: the fleet's if set, else this host's; warns (once per fleet
+        value) when the fleet's overrides a different ``--max-claims-per-sec``."""
+        if fleet is None:
+            return self._given or DEFAULT_MAX_CLAIMS_PER_SEC
+        if self._given is not None and self._given != fleet and self._overridden != fleet:
+            event(log, logging.WARNING, "budget_overridden",
+                  "--max-claims-per-sec %g is overridden by the fleet budget, %g claims/s "
+                  "(`pgpool budget`)", self._given, fleet, given=self._given, fleet=fleet)
+            self._overridden = fleet
+        return fleet
 
     async def prune(self) -> list[str]:
         """Delete every stale host's row (safe from many hosts at once); return their owners."""

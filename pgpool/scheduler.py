@@ -276,9 +276,8 @@ class ClaimScheduler:
         # Under the claim budget, wait for a whole batch (or a bucketful) rather than
         # claiming whatever trickled in: many small claims cost more than a few full ones.
         want = min(self.want(), int(self.budget.burst))
-        if self.budget.available() < want:
+        if not self.budget.take(want):
             return Step.THROTTLED
-        self.budget.spend(want)
         self._claiming += want
         try:
             jobs = await self.claimer.claim(want)

@@ -317,27 +317,58 @@ RETURNING j.id
 
 #: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
 #: pruned while it was cut off from the database reappears at its next beat; ``started_at``
-#: is the first registration's time, kept across both.
+#: is the first registration's time, kept across both. Runs in the budget transaction
+#: (`BUDGET_LOCK`), with the share and demand that beat worked out.
 HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
-                               claims_per_sec, max_claims_per_sec)
+                               claims_per_sec, max_claims_per_sec, claims_share,
+                               claims_demand)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
-        %(claims_per_sec)s, %(max_claims_per_sec)s)
+        %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
-    jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec
+    jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
+    max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
+    claims_demand = excluded.claims_demand
 RETURNING h.started_at
 """
 
-#: Hosts not yet stale, this one included once it has beaten: the fleet's claim budget is
-#: shared among them.
-HOST_LIVE_COUNT: Final = """
-SELECT count(*) FROM pgpool_hosts
-WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+# --- the fleet's claim budget (pgpool.budget) ------------------------------------------------
+
+#: Serialises the hosts' budget beats, so that no two hosts grow into the same free share.
+#: Keyed on the installation's pgpool_fleet table: installations in other schemas of the
+#: database never wait on each other. An advisory lock, so it needs no write privilege.
+BUDGET_LOCK: Final = """
+SELECT pg_advisory_xact_lock(hashtextextended('pgpool.budget:' || 'pgpool_fleet'::regclass::oid,
+                                              0))
 """
+
+#: The fleet's budget, NULL when `FLEET_SET` set none (each host then uses its own).
+FLEET_BUDGET: Final = "SELECT max_claims_per_sec FROM pgpool_fleet"
+
+#: The other hosts the budget is shared with: those beaten within ``counted_leases`` of
+#: their own lease (about two beats; a crashed host stops counting after that, long
+#: before it is pruned). NULLs come from rows of a pgpool older than schema version 4.
+BUDGET_PEERS: Final = """
+SELECT claims_demand, claims_share FROM pgpool_hosts
+WHERE owner <> %(owner)s
+  AND last_seen >= now() - make_interval(secs => %(counted_leases)s * lease)
+"""
+
+#: Set the fleet's budget (``pgpool budget set``), or clear it with NULL. An upsert, so a
+#: deleted row comes back. The hosts read it at their next beat.
+FLEET_SET: Final = """
+INSERT INTO pgpool_fleet AS f (singleton, max_claims_per_sec, updated_at)
+VALUES (true, %(max_claims_per_sec)s, now())
+ON CONFLICT (singleton) DO UPDATE
+SET max_claims_per_sec = excluded.max_claims_per_sec, updated_at = now()
+"""
+
+#: The fleet's budget and when it was last set (no row: never set).
+FLEET_SHOW: Final = "SELECT max_claims_per_sec, updated_at FROM pgpool_fleet"
 
 #: A clean exit: remove this dispatcher's own row.
 HOST_DELETE: Final = "DELETE FROM pgpool_hosts WHERE owner = %(owner)s"
@@ -369,12 +400,15 @@ SELECT EXISTS (
 #: First statement of the status transaction: one consistent, read-only snapshot.
 STATUS_SNAPSHOT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
-#: Every registered host; ``live`` is false once it is stale (pruned at the next pass).
+#: Every registered host; ``live`` is false once it is stale (pruned at the next pass);
+#: ``counted`` as in `BUDGET_PEERS`: whether the others still leave it its share.
 STATUS_HOSTS: Final = """
 SELECT owner, hostname, pid, procs, queues, kinds, lease, started_at, last_seen,
        extract(epoch FROM now() - last_seen)::float8 AS seen_ago,
        last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live,
-       jobs_done, jobs_failed, jobs_claimed, claims_per_sec, max_claims_per_sec
+       last_seen >= now() - make_interval(secs => %(counted_leases)s * lease) AS counted,
+       jobs_done, jobs_failed, jobs_claimed, claims_per_sec, max_claims_per_sec,
+       claims_share, claims_demand
 FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """
@@ -464,6 +498,20 @@ SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),
        coalesce(extract(epoch FROM now() - last_autovacuum)::float8, 'NaN')
 FROM pg_stat_user_tables
 WHERE relid = to_regclass('pgpool_jobs')
+"""
+
+# --- grants (pgpool.grants) -----------------------------------------------------------------
+
+#: Templates for psycopg.sql: ``{tables}`` are schema-qualified, ``{role}`` an identifier,
+#: ``{privileges}`` one of pgpool.grants' fixed lists.
+REVOKE_TABLES: Final = "REVOKE ALL ON {tables} FROM {role}"
+GRANT_SCHEMA: Final = "GRANT USAGE ON SCHEMA {schema} TO {role}"
+GRANT_TABLES: Final = "GRANT {privileges} ON {tables} TO {role}"
+
+#: The schema pgpool_jobs resolves to through the connection's search_path (NULL: none).
+INSTALLED_SCHEMA: Final = """
+SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('pgpool_jobs')
 """
 
 # --- schema bookkeeping ---------------------------------------------------------------------

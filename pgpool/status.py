@@ -8,12 +8,14 @@ the same dictionary, printed as JSON, is ``pgpool status --json``.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from . import sql
+from .budget import COUNTED_LEASES
 from .lease import STALE_AFTER_LEASES
 
 
@@ -21,11 +23,16 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     """Status as a JSON-ready dict with keys ``hosts``, ``fleet``, ``queues`` and ``unhandled``.
 
     Each host reports ``jobs_claimed`` (since it started), ``claims_per_sec`` (between its
-    last two beats; None before its second) and ``max_claims_per_sec`` (the fleet budget it
-    runs with; None from a pgpool older than schema version 3). ``fleet`` sums the live
-    hosts' claims per second against their budget: ``max_claims_per_sec`` is the smallest
-    budget a live host reports, and ``budgets`` lists every distinct one (more than one
-    means the hosts were started with different ``--max-claims-per-sec``).
+    last two beats; None before its second), ``max_claims_per_sec`` (the fleet budget it
+    runs with; None from a pgpool older than schema version 3), ``claims_share`` (its share
+    of that budget), ``claims_demand`` (what it asked for; None when ``wants_more``: its
+    share held it back) and ``counted`` (whether the others still leave it its share; a
+    crashed host stops counting about two beats after its last). ``fleet`` sums the live
+    hosts' claims per second against the budget: ``fleet_budget`` is the one set with
+    ``pgpool budget set`` (None if none), ``max_claims_per_sec`` the budget in force (the
+    fleet's, else the smallest a live host runs with), ``budgets`` every distinct one live
+    hosts run with, ``claims_share`` the counted hosts' shares added up, and ``warnings``
+    says when live hosts disagree on the budget.
 
     ``queues`` counts, per queue: ``ready`` (due now), ``scheduled`` (``run_at`` in the
     future, including retries waiting out their backoff), ``running`` (claimed), ``dead``,
@@ -36,9 +43,10 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     it is `STALE_AFTER_LEASES` leases past its last beat. ``conn`` must be in autocommit
     mode, outside a transaction.
     """
-    params = {"stale_leases": STALE_AFTER_LEASES}
+    params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
         conn.execute(sql.STATUS_SNAPSHOT)
+        fleet = conn.execute(sql.FLEET_BUDGET).fetchone()
         hosts = conn.execute(sql.STATUS_HOSTS, params).fetchall()
         queues = conn.execute(sql.STATUS_QUEUES).fetchall()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
@@ -48,17 +56,19 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
             "queues": host_queues, "kinds": kinds, "lease": lease,
             "started_at": started.isoformat(), "last_seen": seen.isoformat(),
-            "last_seen_ago": round(ago, 3), "live": live,
+            "last_seen_ago": round(ago, 3), "live": live, "counted": counted,
             "jobs_done": done, "jobs_failed": failed, "jobs_claimed": claimed,
-            "claims_per_sec": None if rate is None else round(rate, 3),
-            "max_claims_per_sec": budget,
+            "claims_per_sec": _round(rate), "max_claims_per_sec": budget,
+            "claims_share": _round(share),
+            "claims_demand": None if demand == math.inf else _round(demand),
+            "wants_more": demand == math.inf,
         }
         for (owner, hostname, pid, procs, host_queues, kinds, lease, started, seen, ago,
-             live, done, failed, claimed, rate, budget) in hosts
+             live, counted, done, failed, claimed, rate, budget, share, demand) in hosts
     ]
     return {
         "hosts": host_list,
-        "fleet": _fleet(host_list),
+        "fleet": _fleet(host_list, fleet[0] if fleet else None),
         "queues": _queues(queues, paused),
         "unhandled": [
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
@@ -80,14 +90,32 @@ def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[di
     ]
 
 
-def _fleet(hosts: list[dict[str, Any]]) -> dict[str, Any]:
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _fleet(hosts: list[dict[str, Any]], fleet_budget: float | None) -> dict[str, Any]:
     live = [h for h in hosts if h["live"]]  # a stale host claims nothing any more
     budgets = sorted({h["max_claims_per_sec"] for h in live} - {None})
+    warnings = []
+    if fleet_budget is not None and set(budgets) - {fleet_budget}:
+        warnings.append(
+            f"live hosts run with {_budgets(budgets)} claims/s, but the fleet budget is "
+            f"{_budget(fleet_budget)}: a host takes it at its next beat (one that does not "
+            "runs a pgpool older than this one)")
+    elif fleet_budget is None and len(budgets) > 1:
+        warnings.append(
+            f"live hosts run with different budgets ({_budgets(budgets)} claims/s, from "
+            "their --max-claims-per-sec): set one for the fleet with `pgpool budget set N`")
     return {
         "live_hosts": len(live),
+        "counted_hosts": sum(h["counted"] for h in hosts),
         "claims_per_sec": round(sum(h["claims_per_sec"] or 0.0 for h in live), 3),
-        "max_claims_per_sec": budgets[0] if budgets else None,
+        "fleet_budget": fleet_budget,
+        "max_claims_per_sec": fleet_budget or (budgets[0] if budgets else None),
         "budgets": budgets,
+        "claims_share": round(sum(h["claims_share"] or 0.0 for h in hosts if h["counted"]), 3),
+        "warnings": warnings,
     }
 
 
@@ -98,13 +126,15 @@ def render(status: dict[str, Any]) -> str:
     out = [f"hosts: {live} live" + (f", {len(hosts) - live} stale" if live < len(hosts) else "")]
     out += _table(
         ("HOST", "PID", "PROCS", "QUEUES", "LAST SEEN", "STARTED", "DONE", "FAILED",
-         "CLAIMED", "CLAIMS/S", "BUDGET"),
+         "CLAIMED", "CLAIMS/S", "SHARE", "BUDGET"),
         [(h["hostname"], h["pid"], h["procs"], ",".join(h["queues"]),
           _ago(h["last_seen_ago"]) + ("" if h["live"] else " (stale)"),
           _utc(h["started_at"]), h["jobs_done"], h["jobs_failed"], h["jobs_claimed"],
-          _rate(h["claims_per_sec"]), _budget(h["max_claims_per_sec"])) for h in hosts],
+          _rate(h["claims_per_sec"]), _share(h), _budget(h["max_claims_per_sec"]))
+         for h in hosts],
     )
     out.append(_fleet_line(status["fleet"]))
+    out += [f"warning: {w}" for w in status["fleet"]["warnings"]]
     out.append("")
     out.append("queues:")
     out += _table(
@@ -135,10 +165,20 @@ def _fleet_line(fleet: dict[str, Any]) -> str:
                        " (no live hosts)")
     line += (f" of a {_budget(budget)} claims/s budget "
              f"({100 * fleet['claims_per_sec'] / budget:.0f}%)")
-    if len(fleet["budgets"]) > 1:
-        line += ("; the smallest: live hosts run with different budgets, "
-                 + ", ".join(map(_budget, fleet["budgets"])))
+    if fleet["fleet_budget"] is None:
+        line += ", the hosts' own (none set with `pgpool budget set`)"
     return line
+
+
+def _share(host: dict[str, Any]) -> str:
+    """A host's share; ``+``: it wants more; ``lapsed``: the others no longer count it."""
+    if not host["counted"]:
+        return "lapsed"
+    return _rate(host["claims_share"]) + ("+" if host["wants_more"] else "")
+
+
+def _budgets(values: list[float]) -> str:
+    return ", ".join(map(_budget, values))
 
 
 def _rate(per_sec: float | None) -> str:

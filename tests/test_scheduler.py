@@ -114,7 +114,7 @@ class Host:
         self.scheduler = ClaimScheduler(
             procs=procs, batch=batch, claimer=self.claimer,  # type: ignore[arg-type]
             workers=self.workers, acks=self.acks, lease=self.lease,
-            budget=budget or ClaimBudget(1e9, lambda: 1), reaper=self.reaper,
+            budget=budget or ClaimBudget(1e9), reaper=self.reaper,
             burst=burst, poll=HOUR,
         )
         self.task: asyncio.Task[None] | None = None
@@ -289,15 +289,18 @@ def test_no_claim_while_heartbeats_are_failing() -> None:
 def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
     async def test() -> None:
         now = [0.0]
-        budget = ClaimBudget(20, lambda: 1, clock=lambda: now[0])  # a bucket of 20 jobs
+        budget = ClaimBudget(20, clock=lambda: now[0])  # a bucket of 20 jobs
         host = Host(procs=2, batch=10, ready=100, budget=budget)
         assert await host.scheduler.claim_step() is Step.AGAIN
         assert await host.scheduler.claim_step() is Step.AGAIN
         assert await host.scheduler.claim_step() is Step.THROTTLED  # 20 jobs spent
         assert host.claimer.limits == [10, 10]
+        # The registry's next beat asks for more: a claim was refused, and the loop waits.
+        assert (budget.throttles, budget.held_back) == (1, True)
         now[0] += 0.5  # half a second later: 10 more jobs' worth, a batch
         assert await host.scheduler.claim_step() is Step.AGAIN
         assert host.claimer.limits == [10, 10, 10]
+        assert (budget.throttles, budget.held_back) == (1, False)
 
     run(test)
 

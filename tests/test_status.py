@@ -73,15 +73,19 @@ def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, 
             seen["max_claims_per_sec"]) == (owner, host.pid, True, 1, 1, 10_000)
     # Measured between its last two beats: it has beaten since the job finished.
     assert seen["claims_per_sec"] >= 0
-    assert report["fleet"] == {"live_hosts": 1, "claims_per_sec": seen["claims_per_sec"],
-                               "max_claims_per_sec": 10_000, "budgets": [10_000]}
+    # Alone, it has the whole budget.
+    assert (seen["counted"], seen["claims_share"]) == (True, 10_000)
+    assert report["fleet"] == {"live_hosts": 1, "counted_hosts": 1,
+                               "claims_per_sec": seen["claims_per_sec"], "fleet_budget": None,
+                               "max_claims_per_sec": 10_000, "budgets": [10_000],
+                               "claims_share": 10_000, "warnings": []}
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    ((*_, claimed, per_sec, budget),) = section(done.stdout, lines[0])
-    assert (claimed, budget) == ("1", "10000") and float(per_sec) >= 0
-    assert re.fullmatch(r"fleet: [0-9.]+ claims/s of a 10000 claims/s budget \(\d+%\)",
-                        lines[3]), lines[3]
+    ((*_, claimed, per_sec, share, budget),) = section(done.stdout, lines[0])
+    assert (claimed, share, budget) == ("1", "10000.0", "10000") and float(per_sec) >= 0
+    assert re.fullmatch(r"fleet: [0-9.]+ claims/s of a 10000 claims/s budget \(\d+%\), the "
+                        r"hosts' own \(none set with `pgpool budget set`\)", lines[3]), lines[3]
 
     assert host.stop() == 0, host.stderr
     assert host_rows(db) == []
@@ -257,9 +261,11 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert text.splitlines()[0] == "hosts: 1 live, 1 stale"
     hosts = {row[0]: row for row in section(text, "hosts: 1 live, 1 stale")}
     assert "(stale)" in hosts["gone"] and "(stale)" not in hosts["live"]
-    assert hosts["live"][-3:] == ["1234", "123.5", "400"]  # CLAIMED CLAIMS/S BUDGET
-    assert hosts["gone"][-3:] == ["99", "999.0", "1000"]
-    assert text.splitlines()[4] == "fleet: 123.5 claims/s of a 400 claims/s budget (31%)"
+    # CLAIMED CLAIMS/S SHARE BUDGET: the stale host's share lapsed long ago.
+    assert hosts["live"][-4:] == ["1234", "123.5", "-", "400"]
+    assert hosts["gone"][-4:] == ["99", "999.0", "lapsed", "1000"]
+    assert text.splitlines()[4] == ("fleet: 123.5 claims/s of a 400 claims/s budget (31%), "
+                                    "the hosts' own (none set with `pgpool budget set`)")
     assert section(text, "queues:") == [
         ["default", "5", "2", "1", "4", "0", "1"],
         ["q2", "1", "0", "0", "0", "1", "0"],
@@ -289,8 +295,9 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
         ("gone:2:bb", False, 4, ["default", "q2"], ["orphan", "record"], 99, 999, 1000),
         ("live:1:aa", True, 4, ["default"], ["fail", "record"], 1234, 123.45, 400),
     ]
-    assert report["fleet"] == {"live_hosts": 1, "claims_per_sec": 123.45,
-                               "max_claims_per_sec": 400, "budgets": [400]}
+    assert report["fleet"] == {"live_hosts": 1, "counted_hosts": 1, "claims_per_sec": 123.45,
+                               "fleet_budget": None, "max_claims_per_sec": 400,
+                               "budgets": [400], "claims_share": 0, "warnings": []}
 
 
 def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_differ(db, dsn):
@@ -300,16 +307,21 @@ def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_dif
     insert_host(db, "c:3:cc", lease=30, seen_ago=1)
     insert_host(db, "d:4:dd", lease=1, seen_ago=60, claimed=5, rate=5000, budget=10)  # stale
     report = status_json(dsn)
-    assert report["fleet"] == {"live_hosts": 3, "claims_per_sec": 150.5,
-                               "max_claims_per_sec": 400, "budgets": [400, 1000]}
+    warning = ("live hosts run with different budgets (400, 1000 claims/s, from their "
+               "--max-claims-per-sec): set one for the fleet with `pgpool budget set N`")
+    assert report["fleet"] == {"live_hosts": 3, "counted_hosts": 3, "claims_per_sec": 150.5,
+                               "fleet_budget": None, "max_claims_per_sec": 400,
+                               "budgets": [400, 1000], "claims_share": 0,
+                               "warnings": [warning]}
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr
     rows = section(done.stdout, "hosts: 3 live, 1 stale")
     assert [row[-3:] for row in rows] == [
-        ["10", "100.0", "1000"], ["20", "50.5", "400"], ["0", "-", "-"], ["5", "5000.0", "10"]]
-    assert done.stdout.splitlines()[6] == (
-        "fleet: 150.5 claims/s of a 400 claims/s budget (38%); the smallest: live hosts run "
-        "with different budgets, 400, 1000")
+        ["100.0", "-", "1000"], ["50.5", "-", "400"], ["-", "-", "-"],
+        ["5000.0", "lapsed", "10"]]
+    assert done.stdout.splitlines()[6:8] == [
+        "fleet: 150.5 claims/s of a 400 claims/s budget (38%), the hosts' own (none set with "
+        "`pgpool budget set`)", f"warning: {warning}"]
 
     db.execute("DELETE FROM pgpool_hosts WHERE owner IN ('a:1:aa', 'b:2:bb')")
     done = run_pgpool(dsn, "status")
@@ -325,8 +337,9 @@ def test_status_of_an_empty_queue(db, dsn):
                            "  (none)\n")
     assert status_json(dsn) == {
         "hosts": [], "queues": [], "unhandled": [],
-        "fleet": {"live_hosts": 0, "claims_per_sec": 0.0, "max_claims_per_sec": None,
-                  "budgets": []}}
+        "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
+                  "fleet_budget": None, "max_claims_per_sec": None, "budgets": [],
+                  "claims_share": 0, "warnings": []}}
 
 
 # --- pgpool status: user errors ---------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any, Final
 import psycopg
 
 from .. import registry
+from ..budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from ..config import RunConfig
 from ..dispatcher import Dispatcher, DispatcherObserver
 from ..enqueue import enqueue_many
@@ -162,7 +163,7 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         "claim_rtt_recent_ms": 1000 * dispatcher.claimer.rtt,
         "claims_per_s": (dispatcher.claimer.claimed - observer.claimed_at_first_done) / steady,
         "claim_budget_per_s": (dispatcher.scheduler.budget.rate if opts.max_claims_per_sec
-                               else RunConfig.max_claims_per_sec),
+                               else DEFAULT_MAX_CLAIMS_PER_SEC),
         "claim_budget_applied": opts.max_claims_per_sec is not None,
         "ack_flushes": stats.flushes,
         "mean_flush_size": stats.acks / max(1, stats.flushes),

@@ -1,0 +1,64 @@
+"""``pgpool grants``: least-privilege GRANT statements for an application role and a worker role.
+
+- The **application** role enqueues and reads: INSERT on ``pgpool_jobs`` (``enqueue``,
+  ``enqueue_many``: COPY and ``ON CONFLICT DO NOTHING`` need nothing more; the identity
+  column takes its ids without a sequence grant; NOTIFY needs no privilege) and SELECT on
+  every pgpool table (``RETURNING`` the id, ``pgpool status``, ``pgpool enqueue``'s check
+  that a host serves the kind). It cannot change a job once enqueued, nor write the host
+  registry (a fake fresh row there would take budget shares) or the fleet's budget.
+- The **worker** role runs ``pgpool run``: it claims, extends, acks and reaps jobs
+  (SELECT, UPDATE, DELETE and INSERT on ``pgpool_jobs``), writes dead letters (INSERT on
+  ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its ``pgpool_hosts`` row, and
+  reads the budget. It cannot set the budget.
+
+Neither may change the schema (``pgpool migrate`` needs the schema's owner), nor set the
+budget: that is ``pgpool budget set``, run as the owner. Each role's statements start by
+revoking what it held on pgpool's tables, so applying them twice, or to a role set up
+with broader grants, leaves exactly these.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from psycopg import sql as pgsql
+
+from . import sql
+
+#: Every pgpool table, in the order the statements name them.
+TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
+                 "pgpool_schema_version")
+
+#: (privileges, tables) per role.
+APP: Final = (
+    ("SELECT", TABLES),
+    ("INSERT", ("pgpool_jobs",)),
+)
+WORKER: Final = (
+    ("SELECT", ("pgpool_fleet", "pgpool_schema_version")),
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_jobs", "pgpool_hosts")),
+    ("SELECT, INSERT", ("pgpool_dead",)),
+)
+
+
+def statements(schema: str, *, app: str | None = None,
+               worker: str | None = None) -> list[pgsql.Composed]:
+    """The statements that give ``app`` and ``worker`` (either may be None) exactly their
+    privileges on the pgpool tables in ``schema``."""
+    out: list[pgsql.Composed] = []
+    for role, grants in ((app, APP), (worker, WORKER)):
+        if role is None:
+            continue
+        who = pgsql.Identifier(role)
+        out.append(pgsql.SQL(sql.REVOKE_TABLES).format(tables=_tables(schema, TABLES),
+                                                       role=who))
+        out.append(pgsql.SQL(sql.GRANT_SCHEMA).format(schema=pgsql.Identifier(schema),
+                                                      role=who))
+        for privileges, tables in grants:
+            out.append(pgsql.SQL(sql.GRANT_TABLES).format(
+                privileges=pgsql.SQL(privileges), tables=_tables(schema, tables), role=who))
+    return out
+
+
+def _tables(schema: str, tables: tuple[str, ...]) -> pgsql.Composed:
+    return pgsql.SQL(", ").join(pgsql.Identifier(schema, t) for t in tables)
