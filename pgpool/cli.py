@@ -569,12 +569,16 @@ def cmd_grants(args: argparse.Namespace) -> int:
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         schema.check_version(schema.schema_version(conn))
-        where = args.schema or conn.execute(sql.INSTALLED_SCHEMA).fetchone()[0]
+        found, owner = conn.execute(sql.INSTALLED_SCHEMA).fetchone()
+        where = args.schema or found
         statements = grants.statements(where, app=args.app, worker=args.worker)
         if not args.apply:
             for statement in statements:
                 print(statement.as_string(conn) + ";")
             return 0
+        if not owner:
+            raise ConfigError("the database refused: this role does not own pgpool's tables: "
+                              "apply the grants as the owner of pgpool's tables")
         try:
             with conn.transaction():
                 for statement in statements:
@@ -585,7 +589,7 @@ def cmd_grants(args: argparse.Namespace) -> int:
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(f"the database refused: {first_line(exc)}: apply the grants "
                               "as the owner of pgpool's tables") from None
-    roles = " and ".join(f"{what} role {role}" for what, role in
+    roles = " and the ".join(f"{what} role {role}" for what, role in
                          (("application", args.app), ("worker", args.worker)) if role)
     print(f"pgpool: granted the {roles} their privileges on pgpool's tables in schema {where}")
     return 0

@@ -7,9 +7,9 @@
   that a host serves the kind). It cannot change a job once enqueued, nor write the host
   registry (a fake fresh row there would take budget shares) or the fleet's budget.
 - The **worker** role runs ``pgpool run``: it claims, extends, acks and reaps jobs
-  (SELECT, UPDATE, DELETE and INSERT on ``pgpool_jobs``), writes dead letters (INSERT on
-  ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its ``pgpool_hosts`` row, and
-  reads the budget. It cannot set the budget.
+  (SELECT, UPDATE and DELETE on ``pgpool_jobs``; it enqueues nothing), writes dead
+  letters (INSERT on ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its
+  ``pgpool_hosts`` row, and reads the budget. It cannot set the budget.
 
 Neither may change the schema (``pgpool migrate`` needs the schema's owner), nor set the
 budget: that is ``pgpool budget set``, run as the owner. Each role's statements start by
@@ -36,7 +36,8 @@ APP: Final = (
 )
 WORKER: Final = (
     ("SELECT", ("pgpool_fleet", "pgpool_schema_version")),
-    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_jobs", "pgpool_hosts")),
+    ("SELECT, UPDATE, DELETE", ("pgpool_jobs",)),
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
     ("SELECT, INSERT", ("pgpool_dead",)),
 )
 

@@ -508,9 +508,12 @@ REVOKE_TABLES: Final = "REVOKE ALL ON {tables} FROM {role}"
 GRANT_SCHEMA: Final = "GRANT USAGE ON SCHEMA {schema} TO {role}"
 GRANT_TABLES: Final = "GRANT {privileges} ON {tables} TO {role}"
 
-#: The schema pgpool_jobs resolves to through the connection's search_path (NULL: none).
+#: The schema pgpool_jobs resolves to through the connection's search_path (NULL: none),
+#: and whether this role may grant on it: its owner, a member of the owner's role or a
+#: superuser. (GRANT and REVOKE from anyone else only warn that nothing was granted.)
 INSTALLED_SCHEMA: Final = """
-SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+SELECT n.nspname, pg_has_role(c.relowner, 'USAGE')
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass('pgpool_jobs')
 """
 

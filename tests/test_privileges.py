@@ -1,63 +1,135 @@
-"""Running under a least-privilege role: the table owner migrates, a role that can only
-read and write pgpool's tables enqueues and runs jobs."""
+"""Least-privilege roles: the tables' owner migrates and applies `pgpool grants`; the
+application role enqueues and reads; the worker role runs dispatchers."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_pgpool
+from conftest import assert_user_error, one, run_pgpool, status_json
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
 
-# The grants the README documents for a dispatcher or producer role.
-GRANTS = """
-GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT ON pgpool_schema_version TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {role};
-"""
+README = Path(__file__).parent.parent / "README.md"
+
+#: What neither role may do: change the schema, or write the fleet's budget.
+FORBIDDEN_TO_BOTH = (
+    "CREATE TABLE pgpool_intruder (x int)",
+    "UPDATE pgpool_fleet SET max_claims_per_sec = 1",
+)
+#: What the application role may not do on top: write the host registry (a fake fresh
+#: row there takes budget shares), or change jobs once enqueued.
+FORBIDDEN_TO_APP = (
+    "INSERT INTO pgpool_hosts (owner, hostname, pid, procs, queues, kinds, lease) "
+    "VALUES ('fake:1:aa', 'fake', 1, 1, '{default}', '{record}', 30)",
+    "UPDATE pgpool_hosts SET last_seen = now()",
+    "DELETE FROM pgpool_hosts",
+    "UPDATE pgpool_jobs SET priority = 1",
+    "DELETE FROM pgpool_jobs",
+    "DELETE FROM pgpool_dead",
+)
 
 
-def test_dispatcher_and_producer_need_only_table_privileges(db, dsn, record_dir):
-    role = f"pgpool_app_{uuid.uuid4().hex[:8]}"
-    schema = db.execute("SELECT current_schema()").fetchone()[0]
-    tables = [r[0] for r in db.execute(
-        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-        "AND tablename LIKE 'pgpool%%' AND tablename <> 'pgpool_schema_version'")]
-    db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+@pytest.fixture
+def roles(db: psycopg.Connection) -> Iterator[tuple[str, str]]:
+    """An application role and a worker role, with LOGIN and nothing else."""
+    names = (f"pgpool_app_{uuid.uuid4().hex[:8]}", f"pgpool_worker_{uuid.uuid4().hex[:8]}")
+    for name in names:
+        db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    yield names
+    for name in names:
+        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def as_role(dsn: str, role: str) -> str:
+    limited = make_conninfo(dsn, user=role)
+    assert conninfo_to_dict(limited)["user"] == role
+    return limited
+
+
+def refused(conn: psycopg.Connection, statements: tuple[str, ...]) -> list[str]:
+    """The statements the database refused for lack of privilege (each rolled back)."""
+    out = []
+    for statement in statements:
+        try:
+            with conn.transaction():
+                conn.execute(statement)
+        except psycopg.errors.InsufficientPrivilege:
+            out.append(statement)
+    return out
+
+
+def test_the_readme_quotes_the_grants_pgpool_prints(dsn):
+    done = run_pgpool(dsn, "grants", "--app", "pgpool_app", "--worker", "pgpool_worker",
+                      "--schema", "app")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('REVOKE ALL ON "app"."pgpool_jobs"'), done.stdout
+    assert done.stdout in README.read_text()
+
+
+def test_the_app_role_enqueues_and_reads_and_the_worker_role_runs(db, dsn, roles,
+                                                                   record_dir):
+    app, worker = roles
+    applied = run_pgpool(dsn, "grants", "--app", app, "--worker", worker, "--apply")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.startswith(f"pgpool: granted the application role {app} and the "
+                                     f"worker role {worker}"), applied.stdout
+    # Applying again (or over broader grants) leaves exactly the same.
+    assert run_pgpool(dsn, "grants", "--app", app, "--worker", worker,
+                      "--apply").returncode == 0
+    app_dsn, worker_dsn = as_role(dsn, app), as_role(dsn, worker)
+
+    with psycopg.connect(app_dsn, autocommit=True) as conn:
+        pgpool.enqueue_many(conn, "record", [{"n": i} for i in range(20)])
+        pgpool.enqueue(conn, "record", {"n": 20}, unique_key="k")
+        assert pgpool.enqueue(conn, "record", {"n": 21}, unique_key="k") is None
+        pgpool.enqueue(conn, "fail", {}, max_attempts=1)
+        assert refused(conn, FORBIDDEN_TO_BOTH + FORBIDDEN_TO_APP) == list(
+            FORBIDDEN_TO_BOTH + FORBIDDEN_TO_APP)
+    enqueued = run_pgpool(app_dsn, "enqueue", "record", "{}")
+    assert enqueued.returncode == 0, enqueued.stderr
+    assert [q["ready"] for q in status_json(app_dsn)["queues"]] == [23]
+    assert_user_error(run_pgpool(app_dsn, "budget", "set", "5"),
+                      "may not change the fleet's budget")
+
+    with psycopg.connect(worker_dsn, autocommit=True) as conn:
+        forbidden = (*FORBIDDEN_TO_BOTH, "INSERT INTO pgpool_jobs (kind, payload) "
+                     "VALUES ('record', '{}')")
+        assert refused(conn, forbidden) == list(forbidden)
+    current = run_pgpool(worker_dsn, "migrate")
+    assert current.returncode == 0, current.stderr
+    assert "already at version" in current.stdout
+    done = run_pgpool(worker_dsn, "run", "--handlers", "testjobs", "--burst",
+                      record_dir=record_dir)
+    assert done.returncode == 0, done.stderr
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT kind FROM pgpool_dead") == ("fail",)  # dead letters written
+    assert_user_error(run_pgpool(worker_dsn, "budget", "set", "5"),
+                      "may not change the fleet's budget")
+
+    # Neither can apply grants; and in an empty schema the worker cannot create pgpool's
+    # tables: clear refusals.
+    assert_user_error(run_pgpool(app_dsn, "grants", "--app", app, "--apply"),
+                      "the database refused", "as the owner of pgpool's tables")
+    empty = f"t_empty_{uuid.uuid4().hex[:8]}"
+    db.execute(sql.SQL("CREATE SCHEMA {s}; GRANT USAGE ON SCHEMA {s} TO {r}").format(
+        s=sql.Identifier(empty), r=sql.Identifier(worker)))
     try:
-        db.execute(sql.SQL(GRANTS).format(
-            schema=sql.Identifier(schema), role=sql.Identifier(role),
-            tables=sql.SQL(", ").join(map(sql.Identifier, tables))))
-        limited = make_conninfo(dsn, user=role)
-        assert conninfo_to_dict(limited)["user"] == role
-
-        with psycopg.connect(limited, autocommit=True) as conn:
-            pgpool.enqueue_many(conn, "record", [{"n": i} for i in range(20)])
-            pgpool.enqueue(conn, "record", {"n": 20}, unique_key="k")
-            # No DDL for this role: it cannot create tables in pgpool's schema.
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("CREATE TABLE pgpool_intruder (x int)")
-
-        current = run_pgpool(limited, "migrate")
-        assert current.returncode == 0, current.stderr
-        assert "already at version" in current.stdout
-        done = run_pgpool(limited, "run", "--handlers", "testjobs", "--burst",
-                          record_dir=record_dir)
-        assert done.returncode == 0, done.stderr
-        assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
-        # In an empty schema the same role cannot create pgpool's tables: a clear refusal.
-        empty = f"t_empty_{uuid.uuid4().hex[:8]}"
-        db.execute(sql.SQL("CREATE SCHEMA {s}; GRANT USAGE ON SCHEMA {s} TO {r}").format(
-            s=sql.Identifier(empty), r=sql.Identifier(role)))
-        refused = run_pgpool(make_conninfo(limited, options=f"-c search_path={empty}"),
+        refusal = run_pgpool(make_conninfo(worker_dsn, options=f"-c search_path={empty}"),
                              "migrate")
-        assert refused.returncode == 2
-        assert refused.stderr.startswith("pgpool: error: the database refused: permission")
-        db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(empty)))
+        assert refusal.returncode == 2
+        assert refusal.stderr.startswith("pgpool: error: the database refused: permission")
     finally:
-        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(empty)))
+
+
+def test_grants_user_errors(db, dsn):
+    assert_user_error(run_pgpool(dsn, "grants"), "--app ROLE, --worker ROLE or both")
+    assert_user_error(run_pgpool(dsn, "grants", "--worker", "no_such_role_x", "--apply"),
+                      "no_such_role_x", "does not exist", "create the role first")
