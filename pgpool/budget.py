@@ -152,12 +152,17 @@ class ClaimBudget:
         self._refill()
         return int(self._tokens + 1e-9)  # 0.05 s x 1000/s must make 50, not 49.999...
 
-    def take(self, jobs: int) -> bool:
-        """Spend ``jobs`` tokens if there are that many; else count a throttle (`throttles`)
-        and spend nothing."""
-        self.held_back = self.available() < jobs
-        if self.held_back:
-            self.throttles += 1
+    def take(self, jobs: int, *, backlog: bool) -> bool:
+        """Spend ``jobs`` tokens if there are that many, else nothing.
+
+        ``backlog``: whether jobs are known to wait (the last claim came back full). Only
+        then does a refusal count as the budget holding this host back (`throttles`,
+        `held_back`): an idle host polling an empty queue wants nothing more.
+        """
+        refused = self.available() < jobs
+        self.held_back = refused and backlog
+        self.throttles += self.held_back
+        if refused:
             return False
         self._tokens -= jobs
         return True

@@ -157,6 +157,8 @@ class ClaimScheduler:
         #: Jobs asked for by claims in flight: room the pool will need when they return.
         self._claiming = 0
         self._reaped_for_burst = False
+        #: The last claim came back full: more jobs are likely waiting.
+        self._backlog = False
         #: A burst host found nothing to claim while other hosts ran jobs it could run.
         self._waiting_for_others = False
         self._stopping = False
@@ -276,7 +278,7 @@ class ClaimScheduler:
         # Under the claim budget, wait for a whole batch (or a bucketful) rather than
         # claiming whatever trickled in: many small claims cost more than a few full ones.
         want = min(self.want(), int(self.budget.burst))
-        if not self.budget.take(want):
+        if not self.budget.take(want, backlog=self._backlog):
             return Step.THROTTLED
         self._claiming += want
         try:
@@ -290,6 +292,7 @@ class ClaimScheduler:
         if jobs:
             self.workers.submit(jobs)
             self._reaped_for_burst = self._waiting_for_others = False
+        self._backlog = len(jobs) == want
         if len(jobs) == want:
             return Step.AGAIN
         if self.burst and not jobs and self._nothing_in_flight():

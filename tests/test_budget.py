@@ -48,8 +48,13 @@ def test_the_bucket_refills_at_the_granted_share_and_caps_bursts_at_one_second()
     budget.grant(1000, floor_rate=10, until=clock.now + 100)
     clock.now += 1
     assert budget.available() == 1000  # a full second's worth, no more
-    assert budget.take(1000) and budget.available() == 0
-    assert not budget.take(1) and budget.throttles == 1  # held back: counted, nothing spent
+    assert budget.take(1000, backlog=False) and budget.available() == 0
+    # Refused while jobs wait: the budget holds this host back (counted); nothing spent.
+    assert not budget.take(1, backlog=True)
+    assert (budget.throttles, budget.held_back) == (1, True)
+    # Refused while polling an empty queue: this host wants nothing more.
+    assert not budget.take(1, backlog=False)
+    assert (budget.throttles, budget.held_back) == (1, False)
     assert budget.wait_for(50) == 0.05
     clock.now += 0.05
     assert budget.available() == 50

@@ -305,6 +305,19 @@ def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
     run(test)
 
 
+def test_a_loop_polling_an_empty_queue_is_not_held_back_by_the_budget() -> None:
+    async def test() -> None:
+        budget = ClaimBudget(20, clock=lambda: 0.0)
+        host = Host(procs=2, batch=10, ready=0, budget=budget)
+        assert await host.scheduler.claim_step() is Wait.WORK  # came back empty
+        budget.spend(20)  # the other loop's claim in flight
+        assert await host.scheduler.claim_step() is Step.THROTTLED
+        # Refused, but nothing is known to wait: this host asks for no more budget.
+        assert (budget.throttles, budget.held_back) == (0, False)
+
+    run(test)
+
+
 # --- stopping and draining -------------------------------------------------------------------
 
 def test_stop_ends_the_loops() -> None:
