@@ -27,7 +27,7 @@ from . import sql
 
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
-                 "pgpool_schema_version")
+                 "pgpool_paused", "pgpool_schema_version")
 
 #: (privileges, tables) per role.
 APP: Final = (
@@ -35,10 +35,11 @@ APP: Final = (
     ("INSERT", ("pgpool_jobs",)),
 )
 WORKER: Final = (
-    ("SELECT", ("pgpool_fleet", "pgpool_schema_version")),
+    ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version")),
     ("SELECT, UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
-    ("SELECT, INSERT", ("pgpool_dead",)),
+    # DELETE: dead-letter retention (`pgpool.retention`) runs on the hosts.
+    ("SELECT, INSERT, DELETE", ("pgpool_dead",)),
 )
 
 

@@ -37,7 +37,7 @@ from conftest import (
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
-from pgpool import embedded, schema
+from pgpool import embedded, grants, schema
 from pgpool.cmdline import mask_password, masked_args
 from pgpool.errors import ConfigError
 
@@ -88,6 +88,12 @@ def home(scratch: Path) -> Path:
     return scratch / "h"
 
 
+def tables(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = "
+                            "current_schema() AND tablename LIKE 'pgpool%%'").fetchone()[0]
+
+
 def schema_version(dsn: str) -> int | None:
     """The pgpool schema version recorded at ``dsn`` (None: no schema there)."""
     with psycopg.connect(dsn) as conn:
@@ -115,6 +121,8 @@ def test_the_pg_environment_is_used_when_no_dsn_is_configured(dsn, tmp_path):
     done = cli("migrate", **env)
     assert done.returncode == 0, done.stderr
     assert schema_version(dsn) == pgpool.SCHEMA_VERSION
+    # Every table pgpool.grants knows of (so a new table without grants fails here too).
+    assert tables(dsn) == len(grants.TABLES)
     assert not (tmp_path / "never-used").exists()
 
 
