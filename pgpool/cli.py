@@ -300,8 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except psycopg.errors.InsufficientPrivilege as exc:
         print(f"pgpool: error: the database refused: {first_line(exc)}: grant this role "
-              "the privileges pgpool needs (migrations need CREATE on the schema; running "
-              "needs SELECT, INSERT, UPDATE, DELETE on pgpool's tables)", file=sys.stderr)
+              "the privileges pgpool needs (migrations need CREATE on the schema; `pgpool "
+              "grants` prints an application's and a worker's)", file=sys.stderr)
         return 2
     except psycopg_pool.PoolTimeout as exc:
         print(f"pgpool: error: could not open database connections ({first_line(exc)}): "
