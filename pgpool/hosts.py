@@ -40,6 +40,8 @@ log = logging.getLogger("pgpool.hosts")
 
 #: How long a clean exit waits to delete its row before leaving it to be pruned.
 DEREGISTER_TIMEOUT: Final = 5.0
+#: The longest a beat waits for the others' (`HostRegistry._take_turn`), in beat intervals.
+LOCK_WAIT: Final = 0.25
 
 
 class HostRegistry:
@@ -144,7 +146,7 @@ class HostRegistry:
             throttled = (throttles > (self._last[1] if self._last else 0) or held_back
                          or self._held_back)
             async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(sql.BUDGET_LOCK)
+                await self._take_turn(conn)
                 fleet = await (await conn.execute(sql.FLEET_BUDGET)).fetchone()
                 cur = await conn.execute(sql.BUDGET_PEERS, {"owner": self.owner,
                                                             "counted_leases": COUNTED_LEASES})
@@ -168,6 +170,21 @@ class HostRegistry:
             self._last = (claimed, throttles, now)
             self._held_back = held_back
             self.last_ok = self._clock()
+
+    async def _take_turn(self, conn: psycopg.AsyncConnection) -> None:
+        """Wait for the other hosts' beats (`sql.BUDGET_LOCK`), at most `LOCK_WAIT` of a
+        beat interval. A beat holds the lock for a few milliseconds; one holding it longer
+        (its connection stalled) must not stop every other host's beat, so past the wait
+        this beat goes on unserialised: a host growing at the same moment could then take
+        the same free share, until the next beats."""
+        try:
+            async with conn.transaction():  # a savepoint: a timeout undoes only this
+                await conn.execute(sql.LOCK_TIMEOUT,
+                                   {"ms": f"{LOCK_WAIT * self.interval * 1000:.0f}"})
+                await conn.execute(sql.BUDGET_LOCK)
+        except psycopg.errors.LockNotAvailable:
+            log.warning("another host's budget beat holds its lock for over %.1fs; this "
+                        "beat goes on without it", LOCK_WAIT * self.interval)
 
     def _fleet_budget(self, fleet: float | None) -> float:
         """The budget in force: the fleet's if set, else this host's; warns (once per fleet

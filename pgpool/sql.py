@@ -346,6 +346,10 @@ SELECT pg_advisory_xact_lock(hashtextextended('pgpool.budget:' || 'pgpool_fleet'
                                               0))
 """
 
+#: How long the rest of this transaction waits for a lock (``ms``: milliseconds, as text).
+#: A set_config, not SET LOCAL: SET takes no parameters.
+LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
 #: The fleet's budget, NULL when `FLEET_SET` set none (each host then uses its own).
 FLEET_BUDGET: Final = "SELECT max_claims_per_sec FROM pgpool_fleet"
 

@@ -3,6 +3,7 @@ bucket per host."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections import Counter
@@ -25,6 +26,7 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
+from pgpool import sql
 from pgpool.budget import COUNTED_BEATS, ClaimBudget, Peer, demand, fair_shares, floor, share
 from pgpool.hosts import HostRegistry
 from pgpool.lease import Lease
@@ -191,6 +193,28 @@ def test_a_host_that_stopped_beating_stops_counting_after_two_beats(db, dsn):
         return [*seen, b.budget.rate]
 
     assert in_registry(dsn, work) == [5000, 5000, 10_000, 100]
+
+
+def test_a_beat_stuck_holding_the_lock_does_not_stop_the_others(db, dsn, caplog):
+    # Another host's beat that stalls while holding the budget lock: a transaction of its
+    # own holding that lock until the test ends.
+    with psycopg.connect(dsn) as stalled:
+        stalled.execute(sql.BUDGET_LOCK)
+
+        async def work(pool: AsyncConnectionPool) -> float:
+            host = HostRegistry(pool, "a", procs=1, queues=["default"], kinds=["k"],
+                                lease=Lease(3), max_claims_per_sec=400,
+                                counters=lambda: (0, 0, 0))
+            # The beat waits a quarter of its 1 s interval for the lock; 10 s is ample on
+            # a loaded machine, and turns a beat that waits for good into a failure.
+            async with asyncio.timeout(10):
+                await host.register()
+            return host.budget.rate
+
+        with caplog.at_level(logging.WARNING, "pgpool.hosts"):
+            assert in_registry(dsn, work) == 400  # beaten, without the lock
+        assert one(db, "SELECT claims_share FROM pgpool_hosts") == (400,)
+        assert "holds its lock" in caplog.text
 
 
 def test_the_fleet_budget_overrides_a_hosts_own_with_a_warning(db, dsn, caplog):
