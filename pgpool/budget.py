@@ -7,8 +7,9 @@ the limit), so the whole fleet shares one budget of claims per second: the one s
 (default 10,000). The hosts share it by demand, at every registry beat (`pgpool.hosts`):
 
 - A host's **demand** is what it asks for: unbounded if its budget held it back (it was
-  throttled) at any time since its last beat, else `DEMAND_HEADROOM` times the claims per second it
-  made, and never less than the floor. A host that has just started asks for the floor.
+  throttled while jobs were known to wait) at any time since its last beat, else
+  `DEMAND_HEADROOM` times the claims per second it made, and never less than the floor. A
+  host that has just started asks for the floor.
 - The **fair shares** (`fair_shares`) give every counted host its demand, scaled up in
   proportion when the demands add up to less than the budget (so each has room to grow),
   else max-min fair: the hosts that want more split equally what the others leave. The
