@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from .registry import Handler
 
 RTT_SAMPLES = 10_000
 RECENT_RTTS = 15
+#: Claims the p99 published for `pgpool status` covers: the recent ones.
+P99_SAMPLES = 1000
 
 
 class RawJsonLoader(Loader):
@@ -92,6 +95,14 @@ class Claimer:
     def pause(self, paused: frozenset[str]) -> None:
         """Claim from none of the ``paused`` queues (`pgpool.control`), until the next call."""
         self._params["queues"] = [q for q in self._queues if q not in paused]
+
+    def p99_ms(self, last: int = P99_SAMPLES) -> float | None:
+        """The 99th percentile of the last ``last`` claim round trips, in ms (None before
+        the first claim): what `pgpool status` shows per queue."""
+        recent = sorted(itertools.islice(reversed(self.rtts), last))
+        if not recent:
+            return None
+        return 1000 * recent[max(0, math.ceil(0.99 * len(recent)) - 1)]
 
     async def running(self) -> tuple[int, float]:
         """(jobs of this host's queues and kinds running anywhere, seconds until the last of

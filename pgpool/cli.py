@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="show hosts, per-queue counts and kinds no live host handles")
     status.add_argument("--dsn", help=dsn_help)
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
+    status.add_argument("--watch", nargs="?", const=2.0, type=poll_seconds, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until interrupted: in place "
+                             "on a terminal; with --json, one object per line")
     status.set_defaults(func=cmd_status)
 
     health = sub.add_parser("health", parents=[common],
@@ -521,9 +525,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         schema.check(conn)
-        report = status.collect(conn)
-    print(json.dumps(report) if args.json else status.render(report))
-    return 0
+        if args.watch is None:
+            report = status.collect(conn)
+            print(json.dumps(report) if args.json else status.render(report))
+            return 0
+        clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and not args.json else ""
+        try:
+            while True:
+                report = status.collect(conn)
+                if args.json:
+                    print(json.dumps(report), flush=True)
+                else:
+                    print(f"{clear}every {args.watch:g}s (Ctrl-C to stop)\n"
+                          f"{status.render(report)}\n", flush=True)
+                time.sleep(args.watch)
+        except KeyboardInterrupt:  # the way out of a watch, not an error
+            return 0
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

@@ -305,31 +305,36 @@ class _QueueCollector(Collector):
         if not self.reporter:
             return []
         jobs = GaugeMetricFamily("pgpool_queue_jobs", "Jobs by queue and state "
-                                 "(ready: due now; scheduled: due later)",
+                                 "(ready: due now; scheduled: due later; parked and done: "
+                                 "their ack or reap was refused)",
                                  labels=["queue", "state"])
+        paused = GaugeMetricFamily("pgpool_queue_paused", "1 if the queue is paused",
+                                   labels=["queue"])
         lag = GaugeMetricFamily("pgpool_queue_oldest_ready_age_seconds",
                                 "Age of the oldest job due now, by queue (the queue lag)",
                                 labels=["queue"])
         dead = GaugeMetricFamily("pgpool_queue_dead_jobs", "Dead-lettered jobs, by queue",
                                  labels=["queue"])
-        for queue, ready, scheduled, running, oldest, dead_count in conn.execute(
-                sql.METRICS_QUEUES).fetchall():
-            jobs.add_metric([queue, "ready"], ready)
-            jobs.add_metric([queue, "scheduled"], scheduled)
-            jobs.add_metric([queue, "running"], running)
+        for (queue, ready, scheduled, running, parked, done, oldest, dead_count,
+             is_paused) in conn.execute(sql.METRICS_QUEUES).fetchall():
+            for state, count in (("ready", ready), ("scheduled", scheduled),
+                                 ("running", running), ("parked", parked), ("done", done)):
+                jobs.add_metric([queue, state], count)
             lag.add_metric([queue], oldest or 0.0)
             dead.add_metric([queue], dead_count)
+            paused.add_metric([queue], 1 if is_paused else 0)
         hosts, claims_per_sec, budget = conn.execute(
             sql.METRICS_FLEET, {"stale_leases": STALE_AFTER_LEASES}).fetchone()
         dead_tuples, live_tuples, vacuum_ago = conn.execute(sql.METRICS_VACUUM).fetchone()
         return [
-            jobs, lag, dead,
+            jobs, lag, dead, paused,
             GaugeMetricFamily("pgpool_fleet_hosts", "Live dispatchers", value=hosts),
             GaugeMetricFamily("pgpool_fleet_claims_per_second",
                               "Jobs claimed per second by all live hosts",
                               value=claims_per_sec),
             GaugeMetricFamily("pgpool_fleet_claim_budget_per_second",
-                              "The fleet's claim budget (the largest any live host runs with)",
+                              "The fleet's claim budget: set with pgpool budget set, else the "
+                              "largest any live host runs with",
                               value=budget),
             GaugeMetricFamily("pgpool_jobs_table_dead_tuples",
                               "Dead tuples in pgpool_jobs (autovacuum debt)",

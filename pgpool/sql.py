@@ -323,16 +323,17 @@ HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
                                claims_per_sec, max_claims_per_sec, claims_share,
-                               claims_demand)
+                               claims_demand, claim_p99_ms)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
-        %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s)
+        %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
+        %(claim_p99_ms)s)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
     jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
     max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
-    claims_demand = excluded.claims_demand
+    claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms
 RETURNING h.started_at
 """
 
@@ -412,13 +413,16 @@ SELECT owner, hostname, pid, procs, queues, kinds, lease, started_at, last_seen,
        last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live,
        last_seen >= now() - make_interval(secs => %(counted_leases)s * lease) AS counted,
        jobs_done, jobs_failed, jobs_claimed, claims_per_sec, max_claims_per_sec,
-       claims_share, claims_demand
+       claims_share, claims_demand, claim_p99_ms
 FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """
 
 #: Per queue: due now, due later, claimed, dead-lettered, parked (see `PARK`) and kept
-#: done. Lists every queue that has jobs, dead letters or a registered host serving it.
+#: done; the age of the oldest job due now (the lag, seconds; NULL when none is); dead
+#: letters added in the last 24 hours; and, from the live hosts serving it, their claims per
+#: second together and the worst of their claim p99s (ms). Lists every queue that has jobs,
+#: dead letters or a registered host serving it.
 STATUS_QUEUES: Final = """
 WITH jobs AS (
     SELECT queue,
@@ -426,18 +430,41 @@ WITH jobs AS (
            count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
            count(*) FILTER (WHERE state = 'running')                   AS running,
            count(*) FILTER (WHERE state = 'parked')                    AS parked,
-           count(*) FILTER (WHERE state = 'done')                      AS done
+           count(*) FILTER (WHERE state = 'done')                      AS done,
+           extract(epoch FROM now() - min(run_at) FILTER (
+               WHERE state = 'ready' AND run_at <= now()))::float8     AS lag
     FROM pgpool_jobs
     GROUP BY queue
 ), dead AS (
-    SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+    SELECT queue, count(*) AS dead,
+           count(*) FILTER (WHERE died_at >= now() - interval '24 hours') AS dead_24h
+    FROM pgpool_dead GROUP BY queue
 ), served AS (
-    SELECT DISTINCT unnest(queues) AS queue FROM pgpool_hosts
+    SELECT q.queue,
+           sum(h.claims_per_sec) FILTER (WHERE h.live)::float8 AS claims_per_sec,
+           max(h.claim_p99_ms) FILTER (WHERE h.live) AS claim_p99_ms
+    FROM (SELECT queues, claims_per_sec, claim_p99_ms,
+                 last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live
+          FROM pgpool_hosts) AS h
+    CROSS JOIN LATERAL unnest(h.queues) AS q(queue)
+    GROUP BY q.queue
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
-       coalesce(dead, 0), coalesce(parked, 0), coalesce(done, 0)
+       coalesce(dead, 0), coalesce(parked, 0), coalesce(done, 0), lag,
+       coalesce(dead_24h, 0), claims_per_sec, claim_p99_ms
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN served USING (queue)
 ORDER BY queue
+"""
+
+#: Autovacuum debt on pgpool_jobs: dead and live tuples, seconds since autovacuum last
+#: finished on it (NULL: never), and whether the per-table autovacuum settings the schema
+#: sets are still there (a migration or a hand-made ALTER may have reset them).
+STATUS_VACUUM: Final = """
+SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+       extract(epoch FROM now() - s.last_autovacuum)::float8,
+       coalesce('autovacuum_vacuum_scale_factor=0.02' = ANY(c.reloptions), false)
+FROM pg_class AS c LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass('pgpool_jobs')
 """
 
 #: (queue, kind) pairs with jobs due now that no live host both serves and handles.
@@ -466,31 +493,38 @@ METRICS_TAKE_REPORTER: Final = """
 SELECT pg_try_advisory_lock(hashtext('pgpool.queue-metrics:' || current_schema()))
 """
 
-#: Per queue: due now, due later, claimed, the age of the oldest job due now (seconds; NULL
-#: when none is), dead-lettered.
+#: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
+#: due now (seconds; NULL when none is), dead-lettered, and whether it is paused.
 METRICS_QUEUES: Final = """
 WITH jobs AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
            count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
            count(*) FILTER (WHERE state = 'running')                   AS running,
+           count(*) FILTER (WHERE state = 'parked')                    AS parked,
+           count(*) FILTER (WHERE state = 'done')                      AS done,
            extract(epoch FROM now() - min(run_at) FILTER (
                WHERE state = 'ready' AND run_at <= now()))::float8     AS oldest
     FROM pgpool_jobs
     GROUP BY queue
 ), dead AS (
     SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+), paused AS (
+    SELECT queue, true AS paused FROM pgpool_paused
 )
-SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0), oldest,
-       coalesce(dead, 0)
-FROM jobs FULL JOIN dead USING (queue)
+SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
+       coalesce(parked, 0), coalesce(done, 0), oldest, coalesce(dead, 0),
+       coalesce(paused, false)
+FROM jobs FULL JOIN dead USING (queue) FULL JOIN paused USING (queue)
 ORDER BY queue
 """
 
-#: Live hosts, their claims per second together, and the largest budget any runs with.
+#: Live hosts, their claims per second together, and the budget in force: the fleet's
+#: (`pgpool budget set`), else the largest any live host runs with.
 METRICS_FLEET: Final = """
 SELECT count(*), coalesce(sum(claims_per_sec), 0)::float8,
-       coalesce(max(max_claims_per_sec), 'NaN')::float8
+       coalesce((SELECT max_claims_per_sec FROM pgpool_fleet), max(max_claims_per_sec),
+                'NaN')::float8
 FROM pgpool_hosts
 WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
 """

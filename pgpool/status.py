@@ -1,5 +1,6 @@
 """``pgpool status``: registered hosts, the fleet's claims per second against its budget,
-per-queue counts, and work no live host can take.
+per-queue counts and the panels of the runbook (lag, claims/s and claim p99, DLQ growth,
+autovacuum debt on the jobs table), and work no live host can take.
 
 `collect` reads everything in one read-only REPEATABLE READ transaction, so every number
 comes from the same snapshot and the same ``now()``. `render` formats the result as text;
@@ -38,17 +39,24 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     future, including retries waiting out their backoff), ``running`` (claimed), ``dead``,
     ``parked`` (the database refused their ack or reap: they wait for an operator),
     ``done`` (succeeded, kept because the database refused to delete them), and ``paused``
-    (``pgpool pause``; ``paused_at`` is when). ``unhandled`` lists (queue, kind) pairs with
-    jobs due now that no live host both serves and has a handler for. A host is live until
-    it is `STALE_AFTER_LEASES` leases past its last beat. ``conn`` must be in autocommit
-    mode, outside a transaction.
+    (``pgpool pause``; ``paused_at`` is when); ``lag`` (seconds since the oldest job due now
+    was due; None when none is), ``dead_24h`` (dead letters added in the last 24 hours),
+    ``claims_per_sec`` and ``claim_p99_ms`` (from the live hosts serving it: their rates
+    added up, the worst of their recent claim p99s). ``vacuum`` is the autovacuum debt of
+    ``pgpool_jobs``: ``dead_tuples``, ``live_tuples``, ``last_autovacuum_ago`` (seconds;
+    None: never), ``settings_kept`` (the schema's per-table autovacuum settings are still
+    set) and ``warning`` (the runbook's condition: `VACUUM_DEBT_FACTOR`). ``unhandled``
+    lists (queue, kind) pairs with jobs due now that no live host both serves and has a
+    handler for. A host is live until it is `STALE_AFTER_LEASES` leases past its last beat.
+    ``conn`` must be in autocommit mode, outside a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
         conn.execute(sql.STATUS_SNAPSHOT)
         fleet = conn.execute(sql.FLEET_BUDGET).fetchone()
         hosts = conn.execute(sql.STATUS_HOSTS, params).fetchall()
-        queues = conn.execute(sql.STATUS_QUEUES).fetchall()
+        queues = conn.execute(sql.STATUS_QUEUES, params).fetchall()
+        vacuum = conn.execute(sql.STATUS_VACUUM).fetchone()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
         paused = dict(conn.execute(sql.PAUSED).fetchall())
     host_list = [
@@ -61,15 +69,16 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             "claims_per_sec": _round(rate), "max_claims_per_sec": budget,
             "claims_share": _round(share),
             "claims_demand": None if demand == math.inf else _round(demand),
-            "wants_more": demand == math.inf,
+            "wants_more": demand == math.inf, "claim_p99_ms": _round(p99),
         }
         for (owner, hostname, pid, procs, host_queues, kinds, lease, started, seen, ago,
-             live, counted, done, failed, claimed, rate, budget, share, demand) in hosts
+             live, counted, done, failed, claimed, rate, budget, share, demand, p99) in hosts
     ]
     return {
         "hosts": host_list,
         "fleet": _fleet(host_list, fleet[0] if fleet else None),
         "queues": _queues(queues, paused),
+        "vacuum": _vacuum(vacuum),
         "unhandled": [
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
             for q, kind, ready, ago in unhandled
@@ -81,13 +90,46 @@ def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[di
     """Per-queue counts, each with whether it is paused (and since when); a paused queue
     with no jobs and no host is listed too."""
     listed = {row[0] for row in rows}
-    rows = rows + [(q, 0, 0, 0, 0, 0, 0) for q in paused if q not in listed]
+    rows = rows + [(q, 0, 0, 0, 0, 0, 0, None, 0, None, None)
+                   for q in paused if q not in listed]
     return [
         {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
          "dead": dead, "parked": parked, "done": done, "paused": q in paused,
-         "paused_at": paused[q].isoformat() if q in paused else None}
-        for q, ready, scheduled, running, dead, parked, done in rows
+         "paused_at": paused[q].isoformat() if q in paused else None,
+         "lag": _round(lag), "dead_24h": dead_24h, "claims_per_sec": _round(rate),
+         "claim_p99_ms": _round(p99)}
+        for (q, ready, scheduled, running, dead, parked, done, lag, dead_24h, rate,
+             p99) in rows
     ]
+
+
+#: The runbook's vacuum-debt condition (seed 004: "dead tuples climbing and autovacuum
+#: lagging"): dead tuples past ten times the table's own autovacuum trigger (50 + 2% of the
+#: live ones, as the schema sets it) while autovacuum has not finished on it for
+#: `VACUUM_LAGGING` seconds, or the per-table settings are gone.
+VACUUM_DEBT_FACTOR = 10
+VACUUM_LAGGING = 600.0
+
+
+def _vacuum(row: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    dead, live, ago, kept = row
+    trigger = 50 + 0.02 * live
+    lagging = ago is None or ago > VACUUM_LAGGING
+    warning = None
+    if dead > VACUUM_DEBT_FACTOR * trigger and lagging:
+        warning = (f"vacuum debt: {dead} dead tuples in pgpool_jobs (autovacuum triggers at "
+                   f"{trigger:.0f}) and no autovacuum for "
+                   f"{'ever' if ago is None else _ago(ago).removesuffix(' ago')}: run "
+                   "VACUUM (VERBOSE) pgpool_jobs, then see why autovacuum falls behind "
+                   "(long transactions, cost limits); do not scale the host or add an index")
+    elif not kept:
+        warning = ("pgpool_jobs lost its autovacuum settings (autovacuum_vacuum_scale_factor "
+                   "= 0.02 and others, see the README's Tables section): a migration or an "
+                   "ALTER TABLE reset them; set them again")
+    return {"dead_tuples": dead, "live_tuples": live,
+            "last_autovacuum_ago": _round(ago), "settings_kept": kept, "warning": warning}
 
 
 def _round(value: float | None) -> float | None:
@@ -138,15 +180,29 @@ def render(status: dict[str, Any]) -> str:
     out.append("")
     out.append("queues:")
     out += _table(
-        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "KEPT"),
+        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "KEPT", "LAG",
+         "DEAD 24H", "CLAIMS/S", "CLAIM P99"),
         [(q["queue"] + (" (paused)" if q["paused"] else ""), q["ready"], q["scheduled"],
-          q["running"], q["dead"], q["parked"], q["done"]) for q in status["queues"]],
+          q["running"], q["dead"], q["parked"], q["done"],
+          "-" if q["lag"] is None else _ago(q["lag"]).removesuffix(" ago"),
+          f"+{q['dead_24h']}", _rate(q["claims_per_sec"]),
+          "-" if q["claim_p99_ms"] is None else f"{q['claim_p99_ms']:.1f}ms")
+         for q in status["queues"]],
     )
     parked = sum(q["parked"] + q["done"] for q in status["queues"])
     if parked:
         out.append(f"warning: the database refused to ack or reap {parked} jobs: PARKED "
                    "wait for an operator, KEPT succeeded but could not be deleted; their "
                    "last_error says why")
+    vacuum = status["vacuum"]
+    if vacuum is not None:
+        ago = vacuum["last_autovacuum_ago"]
+        out.append("")
+        out.append(f"jobs table: {vacuum['dead_tuples']} dead tuples, "
+                   f"{vacuum['live_tuples']} live; last autovacuum "
+                   f"{'never' if ago is None else _ago(ago)}")
+        if vacuum["warning"]:
+            out.append(f"warning: {vacuum['warning']}")
     out.append("")
     out.append("kinds waiting with no live handler:")
     out += _table(

@@ -20,6 +20,7 @@ from conftest import (
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgpool
+from pgpool import ops
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -60,6 +61,9 @@ def test_metrics_count_what_the_database_shows(db, dsn):
     scheduled = 7
     for _ in range(scheduled):
         pgpool.enqueue(db, "record", {}, delay=3600)
+    parked = pgpool.enqueue(db, "record", {})  # as pgpool.isolate leaves a refused ack
+    db.execute("UPDATE pgpool_jobs SET state = 'parked' WHERE id = %s", (parked,))
+    ops.pause(db, "other", force=True)
     m = scrape(port)
     # Outcomes by kind, against what the database kept: every dead letter, every success.
     dead = dict(db.execute("SELECT kind, count(*) FROM pgpool_dead GROUP BY kind").fetchall())
@@ -80,6 +84,9 @@ def test_metrics_count_what_the_database_shows(db, dsn):
     assert value(m, "pgpool_queue_dead_jobs", queue="default") == 7
     assert value(m, "pgpool_queue_jobs", queue="default", state="scheduled") == scheduled
     assert value(m, "pgpool_queue_jobs", queue="default", state="ready") == 0
+    assert value(m, "pgpool_queue_jobs", queue="default", state="parked") == 1
+    assert value(m, "pgpool_queue_paused", queue="other") == 1
+    assert value(m, "pgpool_queue_paused", queue="default") == 0
     assert value(m, "pgpool_fleet_hosts") == 1
     # A second host: still exactly one reports the queue, so a fleet sum counts each job once.
     other, other_port = with_metrics(dsn, "--procs", "1")

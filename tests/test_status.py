@@ -7,18 +7,24 @@ expected count is known exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import signal
 import socket
+import subprocess
 
 import psycopg
 from conftest import (
     RUN,
+    TESTS,
     UNREACHABLE,
     assert_user_error,
     in_registry,
     make_version_1_schema,
     one,
+    pgpool_cmd,
+    pgpool_env,
     run_pgpool,
     start_pgpool,
     status_json,
@@ -126,19 +132,21 @@ def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_i
 
 def insert_host(db: psycopg.Connection, owner: str, *, lease: float, seen_ago: float,
                 queues: tuple[str, ...] = ("default",), kinds: tuple[str, ...] = ("record",),
-                claimed: int = 0, rate: float | None = None, budget: float | None = None
-                ) -> None:
+                claimed: int = 0, rate: float | None = None, budget: float | None = None,
+                p99: float | None = None) -> None:
     db.execute(
         "INSERT INTO pgpool_hosts (owner, hostname, pid, procs, queues, kinds, lease, "
-        "started_at, last_seen, jobs_claimed, claims_per_sec, max_claims_per_sec) "
+        "started_at, last_seen, jobs_claimed, claims_per_sec, max_claims_per_sec, "
+        "claim_p99_ms) "
         "VALUES (%s, split_part(%s, ':', 1), 1, 4, %s, %s, %s, now() - interval '1 day', "
-        "now() - make_interval(secs => %s), %s, %s, %s)",
-        (owner, owner, list(queues), list(kinds), lease, seen_ago, claimed, rate, budget))
+        "now() - make_interval(secs => %s), %s, %s, %s, %s)",
+        (owner, owner, list(queues), list(kinds), lease, seen_ago, claimed, rate, budget,
+         p99))
 
 
 def registry_for(pool: AsyncConnectionPool, owner: str) -> HostRegistry:
     return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=Lease(10),
-                        max_claims_per_sec=400, counters=lambda: (7, 2, 9))
+                        max_claims_per_sec=400, counters=lambda: (7, 2, 9, 1.5))
 
 
 def test_prune_uses_each_hosts_own_lease_and_is_safe_to_run_concurrently(db, dsn):
@@ -181,7 +189,7 @@ def test_each_beat_records_the_claims_per_second_since_the_last_beat_written(db,
 
     async def beats(pool: AsyncConnectionPool) -> list[object]:
         hosts = HostRegistry(pool, "me:9:z", procs=1, queues=["q"], kinds=["a"], lease=Lease(10),
-                             max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0]),
+                             max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0], None),
                              clock=lambda: clock[0])
         await hosts.register()
         seen = [one(db, claims)]  # no interval yet
@@ -231,14 +239,16 @@ def seed(db: psycopg.Connection) -> None:
                "('q2', 'record', '{}', 'parked', 'refused'), "
                "('default', 'record', '{}', 'done', 'refused')")
     db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
-               "created_at) SELECT i, CASE WHEN i <= 4 THEN 'default' ELSE 'q3' END, "
-               "'record', '{}', 0, 3, now() FROM generate_series(1, 5) AS i")
+               "created_at, died_at) SELECT i, CASE WHEN i <= 4 THEN 'default' ELSE 'q3' END, "
+               "'record', '{}', 0, 3, now(), "
+               "now() - CASE WHEN i = 1 THEN interval '2 days' ELSE interval '0' END "
+               "FROM generate_series(1, 5) AS i")  # one died before the last 24 hours
     insert_host(db, "live:1:aa", lease=30, seen_ago=1, queues=("default",),
-                kinds=("fail", "record"), claimed=1234, rate=123.45, budget=400)
+                kinds=("fail", "record"), claimed=1234, rate=123.45, budget=400, p99=4.5)
     # Stale (3600 s > 3 x 1 s): its handlers for orphan and for q2, its claims per second
     # and its budget do not count.
     insert_host(db, "gone:2:bb", lease=1, seen_ago=3600, queues=("default", "q2"),
-                kinds=("orphan", "record"), claimed=99, rate=999, budget=1000)
+                kinds=("orphan", "record"), claimed=99, rate=999, budget=1000, p99=99)
 
 
 def section(text: str, title: str) -> list[list[str]]:
@@ -266,11 +276,16 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert hosts["gone"][-4:] == ["99", "999.0", "lapsed", "1000"]
     assert text.splitlines()[4] == ("fleet: 123.5 claims/s of a 400 claims/s budget (31%), "
                                     "the hosts' own (none set with `pgpool budget set`)")
-    assert section(text, "queues:") == [
-        ["default", "5", "2", "1", "4", "0", "1"],
-        ["q2", "1", "0", "0", "0", "1", "0"],
-        ["q3", "0", "0", "0", "1", "0", "0"],
+    # LAG is how long the oldest due job has waited (due 60 s before the seed, so a little
+    # more by now); CLAIMS/S and CLAIM P99 come from the live hosts serving the queue only.
+    queues = section(text, "queues:")
+    assert [row[:7] + row[8:] for row in queues] == [
+        ["default", "5", "2", "1", "4", "0", "1", "+3", "123.5", "4.5ms"],
+        ["q2", "1", "0", "0", "0", "1", "0", "+0", "-", "-"],
+        ["q3", "0", "0", "0", "1", "0", "0", "+1", "-", "-"],
     ]
+    assert [re.fullmatch(r"\d+s|\d+m|-", row[7]) is not None for row in queues] == [True] * 3
+    assert queues[2][7] == "-"  # nothing due in q3
     assert "warning: the database refused to ack or reap 2 jobs" in text
     assert [r[:3] for r in section(text, "kinds waiting with no live handler:")] == [
         ["default", "orphan", "2"],
@@ -279,13 +294,18 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
 
     report = status_json(dsn)
     not_paused = {"paused": False, "paused_at": None}
+    lags = [q.pop("lag") for q in report["queues"]]
+    assert lags[0] >= 59 and lags[1] >= 59 and lags[2] is None
     assert report["queues"] == [
         {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4,
-         "parked": 0, "done": 1, **not_paused},
+         "parked": 0, "done": 1, **not_paused, "dead_24h": 3, "claims_per_sec": 123.45,
+         "claim_p99_ms": 4.5},
         {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0, "parked": 1,
-         "done": 0, **not_paused},
+         "done": 0, **not_paused, "dead_24h": 0, "claims_per_sec": None,
+         "claim_p99_ms": None},
         {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1, "parked": 0,
-         "done": 0, **not_paused},
+         "done": 0, **not_paused, "dead_24h": 1, "claims_per_sec": None,
+         "claim_p99_ms": None},
     ]
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
         ("default", "orphan", 2), ("q2", "record", 1)]
@@ -332,14 +352,59 @@ def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_dif
 def test_status_of_an_empty_queue(db, dsn):
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr
+    vacuum = status_json(dsn)["vacuum"]
     assert done.stdout == ("hosts: 0 live\n  (none)\nfleet: 0.0 claims/s (no live hosts)\n\n"
-                           "queues:\n  (none)\n\nkinds waiting with no live handler:\n"
-                           "  (none)\n")
+                           "queues:\n  (none)\n\n"
+                           f"jobs table: {vacuum['dead_tuples']} dead tuples, "
+                           f"{vacuum['live_tuples']} live; last autovacuum never\n\n"
+                           "kinds waiting with no live handler:\n  (none)\n")
     assert status_json(dsn) == {
         "hosts": [], "queues": [], "unhandled": [],
+        "vacuum": {"dead_tuples": vacuum["dead_tuples"], "live_tuples": 0,
+                   "last_autovacuum_ago": None, "settings_kept": True, "warning": None},
         "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
                   "fleet_budget": None, "max_claims_per_sec": None, "budgets": [],
                   "claims_share": 0, "warnings": []}}
+
+
+def test_status_warns_of_vacuum_debt_and_of_lost_autovacuum_settings(db, dsn):
+    # The runbook's condition: dead tuples far past the table's autovacuum trigger, and no
+    # autovacuum for a while. Autovacuum is held off here so it cannot clear the debt first.
+    db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
+    pgpool.enqueue_many(db, "record", [{}] * 2000)
+    db.execute("DELETE FROM pgpool_jobs")
+    # Table statistics reach pg_stat_user_tables a moment after the transaction ends.
+    vacuum = wait_until(lambda: (v := status_json(dsn)["vacuum"])["dead_tuples"] >= 2000 and v,
+                        "the dead tuples to be counted", 30)
+    assert vacuum["live_tuples"] == 0 and vacuum["last_autovacuum_ago"] is None
+    assert vacuum["warning"].startswith("vacuum debt: ")
+    assert "VACUUM (VERBOSE) pgpool_jobs" in vacuum["warning"]
+    text = run_pgpool(dsn, "status").stdout
+    assert f"\nwarning: {vacuum['warning']}\n" in text
+
+    db.execute("VACUUM pgpool_jobs")  # the debt paid; then a migration resets a setting
+    db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_vacuum_scale_factor)")
+    vacuum = wait_until(lambda: (v := status_json(dsn)["vacuum"])["dead_tuples"] < 2000 and v,
+                        "the vacuum to be counted", 30)
+    assert vacuum["settings_kept"] is False
+    assert vacuum["warning"].startswith("pgpool_jobs lost its autovacuum settings")
+
+
+def test_status_watch_refreshes_until_interrupted(db, dsn):
+    watch = subprocess.Popen(pgpool_cmd("status", "--watch", "0.2", "--json"), cwd=TESTS,
+                             env=pgpool_env(dsn), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(watch.stdout.readline())
+        assert first["queues"] == []
+        pgpool.enqueue(db, "record", {})
+        # Every refresh is a complete report, one per line; one comes after the enqueue.
+        while not (report := json.loads(watch.stdout.readline()))["queues"]:
+            pass
+        assert report["queues"][0]["ready"] == 1
+    finally:
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(30) == 0, watch.stderr.read()
 
 
 # --- pgpool status: user errors ---------------------------------------------------------------
