@@ -11,8 +11,9 @@ lost. It reads two things:
   heartbeat then beats at once: a cancelled running job is gone from ``pgpool_jobs``, so
   the beat finds its lease lost and the pool kills its worker, the path a lost lease takes).
 
-The dispatcher reads the paused queues once before it claims anything (`poll`), so a pause
-holds across restarts.
+The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
+holds across restarts; until then the part polls like at any other time, so a database
+that is away at start-up delays the first claim instead of failing the start.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Control:
         self.paused: frozenset[str] = frozenset()
         self._last_cancel: datetime | None = None
         self._polled = False
+        #: Set once a poll has read the paused queues.
+        self.loaded = asyncio.Event()
 
     def wake(self) -> None:
         """A control notification arrived: poll now."""
@@ -53,15 +56,17 @@ class Control:
     async def run(self) -> None:
         failures = Failures(log, "control poll")
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval):
-                    await self._woken.wait()
-            self._woken.clear()
             try:
                 await self.poll()
                 failures.succeeded()
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
+            # Until the first poll worked, retry soon: the claim loops wait for it.
+            wait = self.interval if self.loaded.is_set() else min(self.interval, 0.5)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._woken.wait()
+            self._woken.clear()
 
     async def poll(self) -> None:
         """Read the paused queues and the latest cancellation; act on changes."""
@@ -78,3 +83,4 @@ class Control:
             self._on_cancelled()
         self._last_cancel = last_cancel
         self._polled = True
+        self.loaded.set()

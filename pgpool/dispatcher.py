@@ -138,6 +138,7 @@ class Dispatcher:
         self.fatal: str | None = None
         self._early_signals = early_signals if early_signals is not None else []
         self._stopping = False
+        self._stop_requested = asyncio.Event()
         self._signal: int | None = None
         self._started = 0.0
         #: Built once the database is open; a signal may arrive before that.
@@ -282,8 +283,6 @@ class Dispatcher:
                           else Retention(db, cfg.dead_retention))
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
                                  self.control.wake)
-        # Before the first claim, so a paused queue stays paused across a restart.
-        await _retrying("reading the paused queues", self.control.poll)
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
@@ -336,7 +335,16 @@ class Dispatcher:
     # --- serving ----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        """The claim loops, until stopped or drained; a failure of theirs stops the host."""
+        """The claim loops, until stopped or drained; a failure of theirs stops the host.
+
+        They start once the control part has read the paused queues, so a pause holds across
+        a restart, or when a stop comes first.
+        """
+        loaded = asyncio.ensure_future(self.control.loaded.wait())
+        stopped = asyncio.ensure_future(self._stop_requested.wait())
+        await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        loaded.cancel()
+        stopped.cancel()
         try:
             await self.scheduler.run()
         except Exception as exc:
@@ -448,6 +456,7 @@ class Dispatcher:
 
     def _stop_claiming(self) -> None:
         self._stopping = True
+        self._stop_requested.set()
         if self.scheduler is not None:
             self.scheduler.stop()
 

@@ -96,6 +96,8 @@ _STOPPING = "pool stopping"
 _HARD_STOP = "hard stop"
 #: The kill reason of a worker that said it cannot load its handler modules (`ipc.Broken`).
 _BROKEN = "broken"
+#: How a worker's death by a signal begins (`_describe_exit`).
+_SIGNALLED = "worker died: signal"
 #: Kill reasons (the cause recorded with the attempt), and the start of a hard timeout's.
 LEASE_LOST = "lease lost"
 TIMEOUT = "timeout"
@@ -581,6 +583,13 @@ class WorkerPool:
         if w.ready or w.kill_reason in (_STOPPING, _HARD_STOP):
             return True
         if self._starting:
+            # Killed from outside (an operator, the OOM killer) is not a module that cannot
+            # load: start another, a few times.
+            if cause.startswith(_SIGNALLED) and self._start_failures + 1 < MAX_START_FAILURES:
+                self._start_failures += 1
+                log.warning("worker %d (pid %s) %s while starting; starting another",
+                            w.index, w.process.pid, cause)
+                return True
             module = self._modules[0] if self._modules else "..."
             self._fail_start(HandlerError(
                 f"worker {w.index} exited while starting ({cause}): run "
@@ -651,7 +660,7 @@ def _describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = "unknown"
-        return f"worker died: signal {-code} ({name})"
+        return f"{_SIGNALLED} {-code} ({name})"
     return f"worker died: exit code {code}"
 
 

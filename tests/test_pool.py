@@ -458,6 +458,72 @@ def test_a_worker_that_exits_while_starting_fails_the_start_and_is_not_replaced(
     assert pool.replaced == 0
 
 
+@pytest.fixture
+def slow_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A handler module ``slowstart`` whose import records its worker's pid in a directory,
+    then waits while a "hold" file exists: a test can kill a worker that is starting."""
+    (tmp_path / "slowstart.py").write_text(textwrap.dedent('''
+        import os, time
+        from pathlib import Path
+        import pgpool
+
+        (Path(os.environ["SLOWSTART_PIDS"]) / str(os.getpid())).touch()
+        while Path(os.environ["SLOWSTART_HOLD"]).exists():
+            time.sleep(0.01)
+
+        @pgpool.handler("slow")
+        def slow(payload):
+            pass
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers get this sys.path
+    pids, hold = tmp_path / "pids", tmp_path / "hold"
+    pids.mkdir()
+    hold.touch()
+    monkeypatch.setenv("SLOWSTART_PIDS", str(pids))
+    monkeypatch.setenv("SLOWSTART_HOLD", str(hold))
+    return pids, hold
+
+
+@pytest.mark.parametrize("kills", [1, MAX_START_FAILURES])
+def test_a_worker_killed_while_starting_is_started_again_a_few_times(
+        slow_start: tuple[Path, Path], kills: int) -> None:
+    # A worker killed from outside while it imports (an operator, the OOM killer, the chaos
+    # soak) is not a module that cannot load: the start goes on with another, up to a bound.
+    pids, hold = slow_start
+
+    async def main() -> WorkerPool:
+        pool = new_pool(Callbacks(), ["slowstart"])
+        start = asyncio.ensure_future(pool.start())
+
+        async def importing(n: int) -> int:
+            """The pid of the n-th worker to start importing; the start's error if it ended."""
+            deadline = time.monotonic() + 30
+            while len(started := sorted(pids.iterdir(), key=os.path.getmtime)) < n:
+                if start.done():
+                    await start  # raises what ended the start
+                if time.monotonic() > deadline:
+                    pytest.fail(f"worker {n} never started importing")
+                await asyncio.sleep(0.01)
+            return int(started[n - 1].name)
+
+        for n in range(1, kills + 1):
+            os.kill(await importing(n), 9)
+        if kills == MAX_START_FAILURES:
+            with pytest.raises(HandlerError, match=r"exited while starting \(worker died: "
+                                                   r"signal 9 \(SIGKILL\)\)"):
+                await start
+            return pool
+        await importing(kills + 1)  # its replacement
+        hold.unlink()
+        await start
+        await pool.stop(grace=10)
+        return pool
+
+    pool = asyncio.run(main())
+    assert pool.replaced == kills - (kills == MAX_START_FAILURES)
+    assert dict(pool.restarts) == ({"crash": pool.replaced} if pool.replaced else {})
+
+
 def test_a_worker_that_cannot_import_its_handlers_fails_the_start() -> None:
     async def main() -> None:
         await new_pool(Callbacks(), ["no_such_module_here"]).start()
