@@ -94,6 +94,42 @@ def _name(what: str) -> Callable[[str], str]:
     return parse
 
 
+def _queue_list(text: str) -> list[str]:
+    return [_name("queue")(name.strip()) for name in text.split(",")]
+
+
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use 1 or 0")
+
+
+#: `pgpool run`'s options an environment variable can set: the option's dest, the variable,
+#: its parser (the flag's, so a bad value gets the flag's message) and the default when
+#: neither is given. A flag given on the command line wins and the variable is not read.
+#: PGPOOL_HANDLERS (`registry.resolve_modules`) and PGPOOL_DSN (`dsn.locate`) are read there.
+RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
+    ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
+    ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
+    ("queue", "PGPOOL_QUEUES", _queue_list, ["default"]),
+    ("lease", "PGPOOL_LEASE", lease_seconds, RunConfig.lease),
+    ("timeout", "PGPOOL_TIMEOUT", positive_seconds, None),
+    ("grace", "PGPOOL_GRACE", seconds, RunConfig.grace),
+    ("poll", "PGPOOL_POLL", poll_seconds, RunConfig.poll),
+    ("max_tasks_per_child", "PGPOOL_MAX_TASKS_PER_CHILD", positive_int, None),
+    ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
+    ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate,
+     RunConfig.max_claims_per_sec),
+    ("burst", "PGPOOL_BURST", _boolean, False),
+    ("metrics_port", "PGPOOL_METRICS_PORT", tcp_port, None),
+    ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
+)
+_RUN_VARIABLES = {dest: variable for dest, variable, _, _ in RUN_ENVIRONMENT}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pgpool",
@@ -114,10 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                              help="log lines as text, or one JSON object each with the "
                                   "events' fields (env PGPOOL_LOG_FORMAT; default text)")
     sizing = argparse.ArgumentParser(add_help=False)
-    sizing.add_argument("--procs", type=_or_auto(procs_count), default="auto",
+    # No argparse defaults here (nor for run's other RUN_ENVIRONMENT options): None means
+    # "not given", so `_apply_environment` can tell a flag from a default.
+    sizing.add_argument("--procs", type=_or_auto(procs_count),
                         help="worker processes, or auto: the usable CPUs, respecting "
-                             "affinity and cgroup quota (default auto)")
-    sizing.add_argument("--batch", type=_or_auto(batch_size), default="auto",
+                             "affinity and the cgroup CPU quota, and no more than the cgroup "
+                             "memory limit holds at --max-memory each (default auto)")
+    sizing.add_argument("--batch", type=_or_auto(batch_size),
                         help="jobs claimed per statement, or auto: sized from the measured "
                              "claim round trip and job time (default auto)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
@@ -133,13 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
     run.add_argument("--queue", action="append", type=_name("queue"), metavar="NAME",
                      help="queue to serve (repeatable; default: default)")
-    run.add_argument("--lease", type=lease_seconds, default=30.0,
+    run.add_argument("--lease", type=lease_seconds,
                      help="lease length in seconds, extended every lease/3 (default 30)")
     run.add_argument("--timeout", type=positive_seconds,
                      help="hard per-attempt time limit for handlers that set none")
-    run.add_argument("--grace", type=seconds, default=30.0,
+    run.add_argument("--grace", type=seconds,
                      help="on SIGTERM, how long running jobs may take to finish (default 30)")
-    run.add_argument("--poll", type=poll_seconds, default=1.0,
+    run.add_argument("--poll", type=poll_seconds,
                      help="backstop poll interval when no notification arrives (default 1)")
     run.add_argument("--max-tasks-per-child", type=positive_int, metavar="N",
                      help="replace each worker after N jobs (bounds slow leaks)")
@@ -150,18 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="claims per second for the whole fleet, shared by demand, when "
                           "`pgpool budget set` set none (default "
                           f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
-    run.add_argument("--burst", action="store_true",
+    run.add_argument("--burst", action="store_true", default=None,
                      help="exit 0 once no runnable job is ready and nothing is in flight")
     run.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
-                     help="serve Prometheus /metrics and /healthz on this port (env "
-                          "PGPOOL_METRICS_PORT; default: not served)")
-    run.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDRESS",
+                     help="serve Prometheus /metrics and /healthz on this port (default: "
+                          "not served)")
+    run.add_argument("--metrics-host", metavar="ADDRESS",
                      help="address to serve metrics on (default 0.0.0.0: every interface)")
     run.add_argument("--dead-retention", type=_retention, default=RunConfig.dead_retention,
                      metavar="DURATION",
                      help="delete dead jobs older than this (90s, 15m, 2h, 7d; 0 or off "
                           "keeps them forever; default 30d): one live host at a time does, "
                           "in bounded batches")
+    for action in run._actions:
+        if action.dest in _RUN_VARIABLES:
+            action.help = f"{action.help} (env {_RUN_VARIABLES[action.dest]})"
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -332,7 +374,18 @@ def _record_signal(signum: int, frame: object) -> None:
     _early_signals.append(signum)
 
 
+def apply_environment(args: argparse.Namespace, dests: Sequence[str] = tuple(_RUN_VARIABLES)
+                      ) -> None:
+    """Fill each `RUN_ENVIRONMENT` option in ``dests`` not given as a flag from its variable,
+    else its default; `ConfigError` naming the variable if its value is bad."""
+    for dest, variable, parse, default in RUN_ENVIRONMENT:
+        if dest in dests and getattr(args, dest) is None:
+            value = _from_env(None, variable, parse)
+            setattr(args, dest, default if value is None else value)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    apply_environment(args)
     # A SIGTERM while handler modules import or the database is checked must still mean
     # "stop gracefully", not instant death: catch it from here on.
     from . import init
@@ -352,7 +405,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dsn=dsnlib.resolve(args.dsn),
         modules=tuple(modules),
         procs=procs,
-        queues=tuple(dict.fromkeys(args.queue or ["default"])),
+        queues=tuple(dict.fromkeys(args.queue)),
         batch=args.batch,
         lease=args.lease,
         timeout=args.timeout,
@@ -362,7 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_tasks_per_child=args.max_tasks_per_child,
         max_claims_per_sec=args.max_claims_per_sec,
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
-        metrics_port=_from_env(args.metrics_port, "PGPOOL_METRICS_PORT", tcp_port),
+        metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         dead_retention=args.dead_retention,
     )
@@ -638,6 +691,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.log_level is None and "PGPOOL_LOG_LEVEL" not in os.environ:
         logging.getLogger("pgpool").setLevel(logging.WARNING)  # the report is the output
+    apply_environment(args, ("procs", "batch"))  # the sizing options it shares with run
     opts = BenchOptions(dsn=dsnlib.resolve(args.dsn), jobs=args.jobs,
                         procs=_resolve_procs(args.procs),
                         batch=args.batch, profile=args.profile, backlog=args.backlog,
