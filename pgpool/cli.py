@@ -21,7 +21,7 @@ from typing import Any, Literal, NoReturn
 
 from . import logs, registry, schema, sql
 from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
-from .config import RunConfig, parse_duration, usable_cpus
+from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
 from .lease import STALE_AFTER_LEASES
@@ -399,7 +399,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .dispatcher import Dispatcher
 
     modules = registry.resolve_modules(args.handlers)
-    procs = _resolve_procs(args.procs)
+    procs = _resolve_procs(args.procs, args.max_memory)
     handlers = registry.load(modules)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
@@ -455,14 +455,28 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 1
 
 
-def _resolve_procs(value: int | Literal["auto"]) -> int:
-    """``--procs``: auto is the usable CPUs; more than 4x those is allowed, with a warning."""
+def _resolve_procs(value: int | Literal["auto"], max_memory_mib: int | None = None) -> int:
+    """``--procs``: auto is `config.auto_procs` (CPUs, and the memory limit at
+    --max-memory); more than 4x the CPUs, or more than the memory limit holds, is allowed
+    with a warning."""
     cpus = usable_cpus()
-    procs = cpus if value == "auto" else value
-    if procs > 4 * cpus:
+    max_memory = max_memory_mib * 2**20 if max_memory_mib else None
+    if value == "auto":
+        procs = auto_procs(max_memory)
+        if procs < cpus:
+            log.info("--procs auto: %d workers, not %d (one per usable CPU): the memory "
+                     "limit holds no more at --max-memory %d MiB each", procs, cpus,
+                     max_memory_mib)
+        return procs
+    if value > 4 * cpus:
         log.warning("--procs %d is more than 4x the %d usable CPUs: CPU-bound handlers will "
-                    "only take turns; use fewer processes", procs, cpus)
-    return procs
+                    "only take turns; use fewer processes", value, cpus)
+    fit = workers_that_fit(max_memory)
+    if fit is not None and value > fit:
+        log.warning("--procs %d at --max-memory %d MiB each is more than the memory limit "
+                    "holds: the kernel may kill workers; use fewer processes or less memory",
+                    value, max_memory_mib)
+    return value
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

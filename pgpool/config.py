@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from .errors import ConfigError
 from .retry import RetryPolicy
@@ -65,38 +65,91 @@ class RunConfig:
     dead_retention: float | None = DEFAULT_DEAD_RETENTION
 
 
-def usable_cpus() -> int:
+#: Where cgroup controllers are mounted, and this process's cgroup membership (parameters of
+#: the functions below so that tests can give a fake tree).
+CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+SELF_CGROUP: Final = Path("/proc/self/cgroup")
+#: What `auto_procs` keeps out of a memory limit for the dispatcher, its small init and the
+#: interpreter overhead of each worker beyond --max-memory (the dispatcher's RSS is well under).
+DISPATCHER_RESERVE: Final = 128 * 2**20
+#: cgroup v1 reports "no limit" as a huge number (the page-rounded int64 maximum).
+_V1_UNLIMITED: Final = 2**60
+
+
+def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         count = os.cpu_count() or 1
-    quota = _cgroup_quota()
+    quota = _cgroup_quota(root, self_cgroup)
     if quota is not None:
         count = min(count, max(1, math.ceil(quota)))
     return max(1, count)
 
 
-def _cgroup_quota() -> float | None:
-    """The tightest CPU quota on this process's cgroup path, in CPUs; None if unlimited."""
-    root = Path("/sys/fs/cgroup")
-    try:  # cgroup v2: "0::/path"; each level may set "<quota> <period>" or "max ..."
-        own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
+def memory_limit(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int | None:
+    """The tightest cgroup memory limit on this process's cgroup path, in bytes; None if
+    there is none."""
+    limits = []
+    for level in _own_levels(root, self_cgroup):  # cgroup v2: "max" or bytes
+        try:
+            value = (level / "memory.max").read_text().strip()
+            if value != "max":
+                limits.append(int(value))
+        except (OSError, ValueError):
+            pass
+    if limits:
+        return min(limits)
+    try:  # cgroup v1
+        value = int((root / "memory" / "memory.limit_in_bytes").read_text())
+        return None if value <= 0 or value >= _V1_UNLIMITED else value
+    except (OSError, ValueError):
+        return None
+
+
+def workers_that_fit(max_memory: int | None, root: Path = CGROUP_ROOT,
+                     self_cgroup: Path = SELF_CGROUP) -> int | None:
+    """How many workers capped at ``max_memory`` bytes each fit in the cgroup memory limit
+    after `DISPATCHER_RESERVE` (at least 1); None without a cap or a limit."""
+    limit = memory_limit(root, self_cgroup)
+    if not max_memory or limit is None:
+        return None
+    return max(1, (limit - DISPATCHER_RESERVE) // max_memory)
+
+
+def auto_procs(max_memory: int | None, root: Path = CGROUP_ROOT,
+               self_cgroup: Path = SELF_CGROUP) -> int:
+    """``--procs auto``: the usable CPUs, but no more workers than `workers_that_fit`."""
+    cpus = usable_cpus(root, self_cgroup)
+    return min(cpus, workers_that_fit(max_memory, root, self_cgroup) or cpus)
+
+
+def _own_levels(root: Path, self_cgroup: Path) -> list[Path]:
+    """The cgroup v2 directories from this process's own up to ``root``."""
+    try:  # cgroup v2: "0::/path"
+        own = next(line[3:] for line in self_cgroup.read_text().splitlines()
                    if line.startswith("0::"))
     except (OSError, StopIteration):
         own = "/"
-    quotas = []
     level = root / own.strip("/")
-    while True:
+    levels = [level]
+    while level != root and root in level.parents:
+        level = level.parent
+        levels.append(level)
+    return levels
+
+
+def _cgroup_quota(root: Path, self_cgroup: Path) -> float | None:
+    """The tightest CPU quota on this process's cgroup path, in CPUs; None if unlimited."""
+    quotas = []
+    for level in _own_levels(root, self_cgroup):  # each may set "<quota> <period>" or "max ..."
         try:
             quota, period = (level / "cpu.max").read_text().split()[:2]
             if quota != "max":
                 quotas.append(int(quota) / int(period))
         except (OSError, ValueError):
             pass
-        if level == root or root not in level.parents:
-            break
-        level = level.parent
     if quotas:
         return min(quotas)
     try:  # cgroup v1

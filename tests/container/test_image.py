@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TESTS, log_records, read_records, wait_until
+from conftest import TESTS, log_records, only_event, read_records, wait_until
 
 import pgpool
 
@@ -196,3 +196,26 @@ def test_a_missing_dsn_is_one_line_and_a_non_zero_exit(command: list[str]) -> No
         "pgpool: error: no database configured, and PGPOOL_EMBEDDED=0 refuses the embedded "
         "server: set PGPOOL_DSN to a PostgreSQL URI, e.g. "
         "postgresql://user:password@host:5432/dbname\n")
+
+
+@pytest.mark.parametrize(("limits", "env"), [
+    (["--cpus", "1"], {}),
+    # 2 CPUs, but 256 MiB holds the 128 MiB reserve and one 100 MiB worker only.
+    (["--memory", "256m"], {"PGPOOL_MAX_MEMORY": "100"}),
+], ids=["cpu-quota", "memory-limit"])
+def test_procs_auto_follows_the_containers_limits(pg: Any, limits: list[str],
+                                                  env: dict[str, str]) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs 2 CPUs to tell a limit from the machine's size")
+    with psycopg.connect(pg.dsn, autocommit=True) as db:
+        pgpool.migrate(db)
+    # Burst with an empty queue: starts, reports its workers, exits 0.
+    done = subprocess.run(
+        [*RUN, "--rm", "--no-healthcheck", *limits, "-v", f"{TESTS}:/app:ro",
+         *(f"--env={k}={v}" for k, v in {
+             "PGPOOL_DSN": pg.tcp_dsn, "PGPOOL_HANDLERS": "testjobs", "PGPOOL_BURST": "1",
+             "PGPOOL_LOG_FORMAT": "json", "PGPOOL_METRICS_PORT": str(free_port()),
+             **env}.items()),
+         IMAGE, "run"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert only_event(done.stderr, "started")["procs"] == 1
