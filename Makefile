@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint clean chaos wheels base-image image container-test
+.PHONY: test demo lint clean chaos wheels base-image image container-test deploy-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
@@ -68,3 +68,13 @@ container-test: image
 ## are killed and restarted at random; checks nothing was lost and no attempts overlapped
 chaos: $(STAMP)
 	$(BIN)/python bench/chaos.py --jobs 20000 --seconds 300
+
+## make deploy-check: deploy/ against the Kubernetes (1.37) and Compose schemas, offline
+build/validate/.installed:
+	$(PYTHON) -m venv build/validate
+	build/validate/bin/pip install --quiet kubernetes-validate==1.37.0 check-jsonschema==0.39.0
+	touch $@
+
+deploy-check: build/validate/.installed
+	build/validate/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+	build/validate/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
