@@ -48,7 +48,7 @@ wheels: $(STAMP)
 ## make base-image: a minimal Debian with python3 as $(BASE_IMAGE), unless it exists
 base-image:
 	$(PODMAN) image exists $(BASE_IMAGE) || { \
-	  mmdebstrap --quiet --variant=apt --include=python3,python3-venv,passwd \
+	  mmdebstrap --quiet --variant=apt --include=python3,python3-venv,passwd,tzdata \
 	    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
 	    --dpkgopt='path-exclude=/usr/share/doc/*' \
 	    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
