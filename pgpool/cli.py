@@ -114,7 +114,7 @@ def _boolean(text: str) -> bool:
 RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
     ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
-    ("queue", "PGPOOL_QUEUES", _queue_list, ["default"]),
+    ("queue", "PGPOOL_QUEUES", _queue_list, ("default",)),
     ("lease", "PGPOOL_LEASE", lease_seconds, RunConfig.lease),
     ("timeout", "PGPOOL_TIMEOUT", positive_seconds, None),
     ("grace", "PGPOOL_GRACE", seconds, RunConfig.grace),
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "events' fields (env PGPOOL_LOG_FORMAT; default text)")
     sizing = argparse.ArgumentParser(add_help=False)
     # No argparse defaults here (nor for run's other RUN_ENVIRONMENT options): None means
-    # "not given", so `_apply_environment` can tell a flag from a default.
+    # "not given", so `apply_environment` can tell a flag from a default.
     sizing.add_argument("--procs", type=_or_auto(procs_count),
                         help="worker processes, or auto: the usable CPUs, respecting "
                              "affinity and the cgroup CPU quota, and no more than the cgroup "

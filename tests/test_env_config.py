@@ -60,7 +60,7 @@ def test_without_flags_or_variables_the_defaults_apply(monkeypatch: pytest.Monke
     args = parse_run(monkeypatch, {})
     assert {dest: getattr(args, dest) for dest, _ in TABLE.values()} == {
         dest: default for dest, default in TABLE.values()}
-    assert (args.procs, args.lease, args.queue, args.burst) == ("auto", 30.0, ["default"], False)
+    assert (args.procs, args.lease, args.queue, args.burst) == ("auto", 30.0, ("default",), False)
 
 
 @pytest.mark.parametrize("variable", sorted(GOOD))
