@@ -111,6 +111,17 @@ def _boolean(text: str) -> bool:
 #: its parser (the flag's, so a bad value gets the flag's message) and the default when
 #: neither is given. A flag given on the command line wins and the variable is not read.
 #: PGPOOL_HANDLERS (`registry.resolve_modules`) and PGPOOL_DSN (`dsn.locate`) are read there.
+def _retention(text: str) -> float:
+    """``--dead-retention``: a duration in seconds; 0 or off: 0 (kept forever; not None,
+    which means "not given")."""
+    if text.strip().lower() == "off":
+        return 0.0
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
     ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
@@ -121,13 +132,20 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("poll", "PGPOOL_POLL", poll_seconds, RunConfig.poll),
     ("max_tasks_per_child", "PGPOOL_MAX_TASKS_PER_CHILD", positive_int, None),
     ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
-    ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate,
-     RunConfig.max_claims_per_sec),
+    ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate, None),
     ("burst", "PGPOOL_BURST", _boolean, False),
     ("metrics_port", "PGPOOL_METRICS_PORT", tcp_port, None),
     ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
+    ("dead_retention", "PGPOOL_DEAD_RETENTION", _retention, RunConfig.dead_retention),
 )
 _RUN_VARIABLES = {dest: variable for dest, variable, _, _ in RUN_ENVIRONMENT}
+
+
+def _add_run_option(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
+    """``parser.add_argument``, whose help names the option's `RUN_ENVIRONMENT` variable."""
+    action = parser.add_argument(*flags, **kwargs)
+    if action.dest in _RUN_VARIABLES:
+        action.help = f"{action.help} (env {_RUN_VARIABLES[action.dest]})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     sizing = argparse.ArgumentParser(add_help=False)
     # No argparse defaults here (nor for run's other RUN_ENVIRONMENT options): None means
     # "not given", so `apply_environment` can tell a flag from a default.
-    sizing.add_argument("--procs", type=_or_auto(procs_count),
-                        help="worker processes, or auto: the usable CPUs, respecting "
-                             "affinity and the cgroup CPU quota, and no more than the cgroup "
-                             "memory limit holds at --max-memory each (default auto)")
-    sizing.add_argument("--batch", type=_or_auto(batch_size),
-                        help="jobs claimed per statement, or auto: sized from the measured "
-                             "claim round trip and job time (default auto)")
+    _add_run_option(sizing, "--procs", type=_or_auto(procs_count),
+                    help="worker processes, or auto: the usable CPUs, respecting "
+                         "affinity and the cgroup CPU quota, and no more than the cgroup "
+                         "memory limit holds at --max-memory each (default auto)")
+    _add_run_option(sizing, "--batch", type=_or_auto(batch_size),
+                    help="jobs claimed per statement, or auto: sized from the measured "
+                         "claim round trip and job time (default auto)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 help="what to do (`pgpool COMMAND --help` for its options)")
     dsn_help = ("PostgreSQL DSN (default: $PGPOOL_DSN, then the PG* environment, then the "
@@ -170,40 +188,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dsn", help=dsn_help)
     run.add_argument("--handlers", action="append", metavar="MODULE",
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
-    run.add_argument("--queue", action="append", type=_name("queue"), metavar="NAME",
-                     help="queue to serve (repeatable; default: default)")
-    run.add_argument("--lease", type=lease_seconds,
-                     help="lease length in seconds, extended every lease/3 (default 30)")
-    run.add_argument("--timeout", type=positive_seconds,
-                     help="hard per-attempt time limit for handlers that set none")
-    run.add_argument("--grace", type=seconds,
-                     help="on SIGTERM, how long running jobs may take to finish (default 30)")
-    run.add_argument("--poll", type=poll_seconds,
-                     help="backstop poll interval when no notification arrives (default 1)")
-    run.add_argument("--max-tasks-per-child", type=positive_int, metavar="N",
-                     help="replace each worker after N jobs (bounds slow leaks)")
-    run.add_argument("--max-memory", type=memory_mib, metavar="MIB",
-                     help="cap each worker's memory at MIB mebibytes: a job that needs more "
-                          "fails with MemoryError, alone")
-    run.add_argument("--max-claims-per-sec", type=claims_rate, metavar="N",
-                     help="claims per second for the whole fleet, shared by demand, when "
-                          "`pgpool budget set` set none (default "
-                          f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
-    run.add_argument("--burst", action="store_true", default=None,
-                     help="exit 0 once no runnable job is ready and nothing is in flight")
-    run.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
-                     help="serve Prometheus /metrics and /healthz on this port (default: "
-                          "not served)")
-    run.add_argument("--metrics-host", metavar="ADDRESS",
-                     help="address to serve metrics on (default 0.0.0.0: every interface)")
-    run.add_argument("--dead-retention", type=_retention, default=RunConfig.dead_retention,
-                     metavar="DURATION",
-                     help="delete dead jobs older than this (90s, 15m, 2h, 7d; 0 or off "
-                          "keeps them forever; default 30d): one live host at a time does, "
-                          "in bounded batches")
-    for action in run._actions:
-        if action.dest in _RUN_VARIABLES:
-            action.help = f"{action.help} (env {_RUN_VARIABLES[action.dest]})"
+    _add_run_option(run, "--queue", action="append", type=_name("queue"), metavar="NAME",
+                    help="queue to serve (repeatable; default: default)")
+    _add_run_option(run, "--lease", type=lease_seconds,
+                    help="lease length in seconds, extended every lease/3 (default 30)")
+    _add_run_option(run, "--timeout", type=positive_seconds,
+                    help="hard per-attempt time limit for handlers that set none")
+    _add_run_option(run, "--grace", type=seconds,
+                    help="on SIGTERM, how long running jobs may take to finish (default 30)")
+    _add_run_option(run, "--poll", type=poll_seconds,
+                    help="backstop poll interval when no notification arrives (default 1)")
+    _add_run_option(run, "--max-tasks-per-child", type=positive_int, metavar="N",
+                    help="replace each worker after N jobs (bounds slow leaks)")
+    _add_run_option(run, "--max-memory", type=memory_mib, metavar="MIB",
+                    help="cap each worker's memory at MIB mebibytes: a job that needs more "
+                         "fails with MemoryError, alone")
+    _add_run_option(run, "--max-claims-per-sec", type=claims_rate, metavar="N",
+                    help="claims per second for the whole fleet, shared by demand, when "
+                         "`pgpool budget set` set none (default "
+                         f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
+    _add_run_option(run, "--burst", action="store_true", default=None,
+                    help="exit 0 once no runnable job is ready and nothing is in flight")
+    _add_run_option(run, "--metrics-port", type=tcp_port, metavar="PORT",
+                    help="serve Prometheus /metrics and /healthz on this port (default: "
+                         "not served)")
+    _add_run_option(run, "--metrics-host", metavar="ADDRESS",
+                    help="address to serve metrics on (default 0.0.0.0: every interface)")
+    _add_run_option(run, "--dead-retention", type=_retention, metavar="DURATION",
+                    help="delete dead jobs older than this (90s, 15m, 2h, 7d; 0 or off keeps "
+                         "them forever; default 30d): one live host at a time does, in "
+                         "bounded batches")
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -417,7 +431,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-        dead_retention=args.dead_retention,
+        dead_retention=args.dead_retention or None,
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
@@ -566,16 +580,6 @@ def _payload_text(arg: str) -> str:
     except UnicodeDecodeError:
         raise ConfigError(f"the payload from {where} is not UTF-8: save it as UTF-8 "
                           "JSON") from None
-
-
-def _retention(text: str) -> float | None:
-    """``--dead-retention``: a duration; 0 or off: None (kept forever)."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        return parse_duration(text) or None
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _unique_key(text: str) -> str:
