@@ -107,10 +107,6 @@ def _boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use 1 or 0")
 
 
-#: `pgpool run`'s options an environment variable can set: the option's dest, the variable,
-#: its parser (the flag's, so a bad value gets the flag's message) and the default when
-#: neither is given. A flag given on the command line wins and the variable is not read.
-#: PGPOOL_HANDLERS (`registry.resolve_modules`) and PGPOOL_DSN (`dsn.locate`) are read there.
 def _retention(text: str) -> float:
     """``--dead-retention``: a duration in seconds; 0 or off: 0 (kept forever; not None,
     which means "not given")."""
@@ -122,6 +118,10 @@ def _retention(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: `pgpool run`'s options an environment variable can set: the option's dest, the variable,
+#: its parser (the flag's, so a bad value gets the flag's message) and the default when
+#: neither is given. A flag given on the command line wins and the variable is not read.
+#: PGPOOL_HANDLERS (`registry.resolve_modules`) and PGPOOL_DSN (`dsn.locate`) are read there.
 RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
     ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
