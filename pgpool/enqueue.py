@@ -184,21 +184,23 @@ def _jsonb(data: bytes) -> object:
     return Jsonb(data, dumps=_identity)
 
 
-def _outside_a_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
-    """True when ``conn`` is in manual-commit mode with no transaction open yet."""
+def outside_a_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """True when ``conn`` is in manual-commit mode with no transaction open yet (the
+    operator commands of `pgpool.ops` use it too)."""
     from psycopg import pq
 
     return not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
 
 
 @contextlib.contextmanager
-def _schema_required() -> Iterator[None]:
-    """Turn "no such table" into a `SchemaError` telling the caller to migrate."""
-    from psycopg.errors import UndefinedTable
+def schema_required() -> Iterator[None]:
+    """Turn "no such table" (or a column an older schema lacks) into a `SchemaError` telling
+    the caller to migrate."""
+    from psycopg.errors import UndefinedColumn, UndefinedTable
 
     try:
         yield
-    except UndefinedTable as exc:
+    except (UndefinedTable, UndefinedColumn) as exc:
         raise _missing_schema(exc) from None
 
 
@@ -285,8 +287,8 @@ def _encode_rows(
 
 def _missing_schema(exc: Exception) -> SchemaError:
     return SchemaError(
-        f"pgpool's tables are not in this database ({exc.__class__.__name__}): "
-        "run `pgpool migrate` (or pgpool.migrate(conn)) first"
+        f"pgpool's tables are missing from this database or older than this pgpool "
+        f"({exc.__class__.__name__}): run `pgpool migrate` (or pgpool.migrate(conn)) first"
     )
 
 
@@ -312,7 +314,7 @@ def enqueue(
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts)
-    with _schema_required():
+    with schema_required():
         row = conn.execute(sql.ENQUEUE, params).fetchone()
     return None if row is None else row[0]
 
@@ -336,11 +338,11 @@ def enqueue_many(
                      max_attempts=max_attempts)
     count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
-    if _outside_a_transaction(conn):
+    if outside_a_transaction(conn):
         conn.execute(sql.OPEN_TRANSACTION)
     # A bad payload found mid-COPY rolls back to the savepoint: the caller's transaction
     # stays usable, with none of these rows in it.
-    with _schema_required(), conn.transaction(), conn.cursor() as cur:
+    with schema_required(), conn.transaction(), conn.cursor() as cur:
         with cur.copy(stmt) as copy:
             for piece, n in rows:
                 copy.write(piece)
@@ -365,7 +367,7 @@ async def enqueue_async(
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts)
-    with _schema_required():
+    with schema_required():
         row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
     return None if row is None else row[0]
 
@@ -385,9 +387,9 @@ async def enqueue_many_async(
                      max_attempts=max_attempts)
     count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
-    if _outside_a_transaction(conn):
+    if outside_a_transaction(conn):
         await conn.execute(sql.OPEN_TRANSACTION)
-    with _schema_required():
+    with schema_required():
         async with conn.transaction(), conn.cursor() as cur:
             async with cur.copy(stmt) as copy:
                 for piece, n in rows:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from . import sql
-from .errors import ConfigError, PgpoolError, SchemaError
+from .enqueue import outside_a_transaction, schema_required
+from .errors import ConfigError, PgpoolError
 from .registry import check_name
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
@@ -446,24 +447,6 @@ def _not_found(ids: list[int], what: str) -> Plan[None]:
 
 # --- running plans ------------------------------------------------------------------------
 
-def _outside_a_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
-    """True when ``conn`` is in manual-commit mode with no transaction open yet."""
-    from psycopg import pq
-
-    return not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
-
-
-@contextlib.contextmanager
-def _schema_required() -> Iterator[None]:
-    from psycopg.errors import UndefinedColumn, UndefinedTable
-
-    try:
-        yield
-    except (UndefinedTable, UndefinedColumn) as exc:
-        raise SchemaError(f"pgpool's tables are missing or older than this pgpool "
-                          f"({exc.__class__.__name__}): run `pgpool migrate` first") from None
-
-
 def _batched(conn: psycopg.Connection | psycopg.AsyncConnection, dry_run: bool) -> bool:
     """Whether each statement of a plan commits on its own (see the module docstring)."""
     return conn.autocommit and not dry_run
@@ -473,10 +456,10 @@ def _run(conn: psycopg.Connection, plan: Plan[R], *, dry_run: bool = False,
          batched: bool = False) -> R:
     """Execute ``plan`` in ``conn``'s transaction (a savepoint; rolled back for a dry run),
     or, ``batched`` on an autocommit connection, each statement in a transaction of its own."""
-    if _outside_a_transaction(conn):
+    if outside_a_transaction(conn):
         conn.execute(sql.OPEN_TRANSACTION)  # the caller commits, as after enqueue
     each = batched and _batched(conn, dry_run)
-    with _schema_required(), (contextlib.nullcontext() if each
+    with schema_required(), (contextlib.nullcontext() if each
                               else conn.transaction(force_rollback=dry_run)):
         try:
             step = next(plan)
@@ -498,10 +481,10 @@ async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: b
     """Async twin of `_run`."""
     import asyncio  # here: worker processes import pgpool.cli, and so this module
 
-    if _outside_a_transaction(conn):
+    if outside_a_transaction(conn):
         await conn.execute(sql.OPEN_TRANSACTION)
     each = batched and _batched(conn, dry_run)
-    with _schema_required():
+    with schema_required():
         async with (contextlib.nullcontext() if each
                     else conn.transaction(force_rollback=dry_run)):
             try:

@@ -418,13 +418,9 @@ FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """
 
-#: Per queue: due now, due later, claimed, dead-lettered, parked (see `PARK`) and kept
-#: done; the age of the oldest job due now (the lag, seconds; NULL when none is); dead
-#: letters added in the last 24 hours; and, from the live hosts serving it, their claims per
-#: second together and the worst of their claim p99s (ms). Lists every queue that has jobs,
-#: dead letters or a registered host serving it.
-STATUS_QUEUES: Final = """
-WITH jobs AS (
+#: Per queue: jobs by state, and the age of the oldest job due now (the lag, seconds;
+#: NULL when none is). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`.
+_JOBS_PER_QUEUE: Final = """
     SELECT queue,
            count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
            count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
@@ -435,7 +431,15 @@ WITH jobs AS (
                WHERE state = 'ready' AND run_at <= now()))::float8     AS lag
     FROM pgpool_jobs
     GROUP BY queue
-), dead AS (
+"""
+
+#: Per queue: due now, due later, claimed, dead-lettered, parked (see `PARK`) and kept
+#: done; the age of the oldest job due now (the lag, seconds; NULL when none is); dead
+#: letters added in the last 24 hours; and, from the live hosts serving it, their claims per
+#: second together and the worst of their claim p99s (ms). Lists every queue that has jobs,
+#: dead letters or a registered host serving it.
+STATUS_QUEUES: Final = """
+WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
     SELECT queue, count(*) AS dead,
            count(*) FILTER (WHERE died_at >= now() - interval '24 hours') AS dead_24h
     FROM pgpool_dead GROUP BY queue
@@ -496,24 +500,13 @@ SELECT pg_try_advisory_lock(hashtext('pgpool.queue-metrics:' || current_schema()
 #: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
 #: due now (seconds; NULL when none is), dead-lettered, and whether it is paused.
 METRICS_QUEUES: Final = """
-WITH jobs AS (
-    SELECT queue,
-           count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
-           count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
-           count(*) FILTER (WHERE state = 'running')                   AS running,
-           count(*) FILTER (WHERE state = 'parked')                    AS parked,
-           count(*) FILTER (WHERE state = 'done')                      AS done,
-           extract(epoch FROM now() - min(run_at) FILTER (
-               WHERE state = 'ready' AND run_at <= now()))::float8     AS oldest
-    FROM pgpool_jobs
-    GROUP BY queue
-), dead AS (
+WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
     SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
 ), paused AS (
     SELECT queue, true AS paused FROM pgpool_paused
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
-       coalesce(parked, 0), coalesce(done, 0), oldest, coalesce(dead, 0),
+       coalesce(parked, 0), coalesce(done, 0), lag, coalesce(dead, 0),
        coalesce(paused, false)
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN paused USING (queue)
 ORDER BY queue
