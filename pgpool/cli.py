@@ -84,18 +84,8 @@ def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | Literal["auto
     return parse_or_auto
 
 
-def _name(what: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        try:
-            return registry.check_name(what, text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
 def _queue_list(text: str) -> list[str]:
-    return [_name("queue")(name.strip()) for name in text.split(",")]
+    return [registry.name_arg("queue")(name.strip()) for name in text.split(",")]
 
 
 def _boolean(text: str) -> bool:
@@ -188,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dsn", help=dsn_help)
     run.add_argument("--handlers", action="append", metavar="MODULE",
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
-    _add_run_option(run, "--queue", action="append", type=_name("queue"), metavar="NAME",
-                    help="queue to serve (repeatable; default: default)")
+    _add_run_option(run, "--queue", action="append", type=registry.name_arg("queue"),
+                    metavar="NAME", help="queue to serve (repeatable; default: default)")
     _add_run_option(run, "--lease", type=lease_seconds,
                     help="lease length in seconds, extended every lease/3 (default 30)")
     _add_run_option(run, "--timeout", type=positive_seconds,
@@ -225,10 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
-    enq.add_argument("kind", type=_name("kind"), help="the job's kind (its handler's name)")
+    enq.add_argument("kind", type=registry.name_arg("kind"),
+                     help="the job's kind (its handler's name)")
     enq.add_argument("payload", metavar="JSON",
                      help="the payload, a JSON object; - reads it from stdin, @FILE from FILE")
-    enq.add_argument("--queue", type=_name("queue"), default="default",
+    enq.add_argument("--queue", type=registry.name_arg("queue"), default="default",
                      help="queue to put the job in (default: default)")
     enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     enq.add_argument("--delay", type=seconds, help="run no sooner than this many seconds")

@@ -62,16 +62,6 @@ def _rate(text: str) -> float:
     return value
 
 
-def _name(what: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        try:
-            return registry.check_name(what, text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
 def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> None:
     """Add the operator commands to the ``pgpool`` parser's subcommands ``sub``."""
     def command(name: str, help: str, func: Callable[[argparse.Namespace], int],
@@ -90,8 +80,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
     jobs_sub = jobs.add_subparsers(dest="jobs_command", parser_class=type(jobs),
                                    help="without one: list jobs")
     jobs.add_argument("--dsn", help=dsn_help)
-    jobs.add_argument("--queue", type=_name("queue"), help="only this queue")
-    jobs.add_argument("--kind", type=_name("kind"), help="only this kind")
+    jobs.add_argument("--queue", type=registry.name_arg("queue"), help="only this queue")
+    jobs.add_argument("--kind", type=registry.name_arg("kind"), help="only this kind")
     jobs.add_argument("--state", choices=ops.JOB_STATES,
                       help="only jobs that are ready (due), scheduled (due later) or running")
     jobs.add_argument("--older-than", type=duration, metavar="DURATION",
@@ -154,20 +144,20 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
     dry_run(retry)
     pause = command("pause", "stop claiming from a queue on every host (running jobs "
                     "finish) until `pgpool resume`", cmd_pause)
-    pause.add_argument("queue", type=_name("queue"), help="the queue")
+    pause.add_argument("queue", type=registry.name_arg("queue"), help="the queue")
     pause.add_argument("--force", action="store_true",
                        help="pause a queue no job, dead job or host names yet")
     dry_run(pause)
     resume = command("resume", "claim from a paused queue again", cmd_resume)
-    resume.add_argument("queue", type=_name("queue"), help="the queue")
+    resume.add_argument("queue", type=registry.name_arg("queue"), help="the queue")
     dry_run(resume)
 
 
 def _dead_filters(p: argparse.ArgumentParser, *, older_than_required: bool = False) -> None:
     p.add_argument("--id", type=_job_id, action="append", dest="ids", metavar="ID",
                    help="only this dead job (repeatable)")
-    p.add_argument("--queue", type=_name("queue"), help="only this queue")
-    p.add_argument("--kind", type=_name("kind"), help="only this kind")
+    p.add_argument("--queue", type=registry.name_arg("queue"), help="only this queue")
+    p.add_argument("--kind", type=registry.name_arg("kind"), help="only this kind")
     p.add_argument("--error", metavar="TEXT", help="only jobs whose last error contains TEXT")
     p.add_argument("--signature", metavar="SIG",
                    help="only jobs with this error signature (as `dead list --group` shows)")

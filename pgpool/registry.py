@@ -10,6 +10,7 @@ packages' ``pgpool.handlers`` entry points.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib
 import inspect
@@ -63,6 +64,17 @@ def check_name(what: str, value: object) -> str:
             ", starting with a letter, digit or _"
         )
     return value
+
+
+def name_arg(what: str) -> Callable[[str], str]:
+    """`check_name` as an argparse ``type``: a bad name is the parser's one-line error."""
+    def parse(text: str) -> str:
+        try:
+            return check_name(what, text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def handler(
