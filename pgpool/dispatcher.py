@@ -137,8 +137,8 @@ class Dispatcher:
         self.observer = observer or DispatcherObserver()
         self.fatal: str | None = None
         self._early_signals = early_signals if early_signals is not None else []
-        self._stopping = False
-        self._stop_requested = asyncio.Event()
+        #: A signal or a failure asked the host to stop claiming.
+        self._stopping = asyncio.Event()
         self._signal: int | None = None
         self._started = 0.0
         #: Built once the database is open; a signal may arrive before that.
@@ -275,7 +275,7 @@ class Dispatcher:
             budget=self.hosts.budget,
             reaper=self.reaper, burst=cfg.burst, poll=cfg.poll,
         )
-        if self._stopping:
+        if self._stopping.is_set():
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
                                on_cancelled=self.heartbeat.kick)
@@ -341,7 +341,7 @@ class Dispatcher:
         a restart, or when a stop comes first.
         """
         loaded = asyncio.ensure_future(self.control.loaded.wait())
-        stopped = asyncio.ensure_future(self._stop_requested.wait())
+        stopped = asyncio.ensure_future(self._stopping.wait())
         await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
         loaded.cancel()
         stopped.cancel()
@@ -401,7 +401,7 @@ class Dispatcher:
         return HostState(
             procs=self.config.procs, batch=self.scheduler.batch,
             in_flight=self.pool.held + self.completer.backlog,
-            budget_share=self.scheduler.budget.rate,
+            budget_share=self.hosts.budget.rate,
             restarts=dict(self.pool.restarts),
             leases_lost=self.heartbeat.lost, lease_abandonments=self.heartbeat.abandoned,
             ack_flush_failures=self.completer.stats.failed_flushes,
@@ -438,7 +438,7 @@ class Dispatcher:
     # --- stopping ---------------------------------------------------------------------------
 
     def _on_signal(self, sig: int) -> None:
-        if self._stopping:
+        if self._stopping.is_set():
             self._signal = sig
             self._hard_stop.set()
             return
@@ -455,8 +455,7 @@ class Dispatcher:
         self._stop_claiming()
 
     def _stop_claiming(self) -> None:
-        self._stopping = True
-        self._stop_requested.set()
+        self._stopping.set()
         if self.scheduler is not None:
             self.scheduler.stop()
 

@@ -393,20 +393,13 @@ def _retry(ids: Iterable[int]) -> Plan[Retried]:
     return Retried(scheduled, [i for i, state in states.items() if state == "ready"])
 
 
-def _pause(queue: str, force: bool) -> Plan[bool]:
+def _set_paused(queue: str, paused: bool, force: bool = False) -> Plan[bool]:
+    """Pause or resume ``queue``; True if that changed it. Every host hears of a change at
+    once (`sql.NOTIFY_CONTROL`). ``force`` pauses a queue nothing uses yet."""
     check_name("queue", queue)
     if not force:
         yield from _check_queue_known(queue)
-    rows = yield _Query(sql.PAUSE, {"queue": queue})
-    if rows:
-        yield _Query(sql.NOTIFY_CONTROL, {})
-    return bool(rows)
-
-
-def _resume(queue: str) -> Plan[bool]:
-    check_name("queue", queue)
-    yield from _check_queue_known(queue)
-    rows = yield _Query(sql.RESUME, {"queue": queue})
+    rows = yield _Query(sql.PAUSE if paused else sql.RESUME, {"queue": queue})
     if rows:
         yield _Query(sql.NOTIFY_CONTROL, {})
     return bool(rows)
@@ -642,24 +635,24 @@ def pause(conn: psycopg.Connection, queue: str, *, force: bool = False,
     (running jobs finish), and it stays paused across restarts until `resume`. False if it
     was paused already. An unknown queue (no job, dead job or host names it) raises
     `ConfigError` unless ``force`` (to pause a queue before it is used)."""
-    return _run(conn, _pause(queue, force), dry_run=dry_run)
+    return _run(conn, _set_paused(queue, True, force), dry_run=dry_run)
 
 
 async def pause_async(conn: psycopg.AsyncConnection, queue: str, *, force: bool = False,
                       dry_run: bool = False) -> bool:
     """Async twin of `pause`."""
-    return await _run_async(conn, _pause(queue, force), dry_run=dry_run)
+    return await _run_async(conn, _set_paused(queue, True, force), dry_run=dry_run)
 
 
 def resume(conn: psycopg.Connection, queue: str, *, dry_run: bool = False) -> bool:
     """Resume a paused ``queue``; False if it was not paused."""
-    return _run(conn, _resume(queue), dry_run=dry_run)
+    return _run(conn, _set_paused(queue, False), dry_run=dry_run)
 
 
 async def resume_async(conn: psycopg.AsyncConnection, queue: str, *,
                        dry_run: bool = False) -> bool:
     """Async twin of `resume`."""
-    return await _run_async(conn, _resume(queue), dry_run=dry_run)
+    return await _run_async(conn, _set_paused(queue, False), dry_run=dry_run)
 
 
 def paused(conn: psycopg.Connection) -> dict[str, datetime]:

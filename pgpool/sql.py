@@ -492,9 +492,12 @@ ORDER BY w.queue, w.kind
 # --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ------------
 
 #: Become the host that serves the queue metrics, if none is: a session-level lock, held
-#: for as long as the scrape connection lives. One key per schema (one per installation).
+#: for as long as the scrape connection lives. Keyed like `BUDGET_LOCK`, on the
+#: installation's own table (found through search_path, wherever it is on it), so
+#: installations in other schemas have reporters of their own.
 METRICS_TAKE_REPORTER: Final = """
-SELECT pg_try_advisory_lock(hashtext('pgpool.queue-metrics:' || current_schema()))
+SELECT pg_try_advisory_lock(hashtextextended('pgpool.queue-metrics:'
+                                             || 'pgpool_jobs'::regclass::oid, 0))
 """
 
 #: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
