@@ -36,10 +36,11 @@ def main() -> int:
             with psycopg.connect(make_conninfo(base, options=f"-c search_path={schema}"),
                                  autocommit=True) as conn:
                 pgpool.migrate(conn)
-                due = "now()" if args.backlog == "due" else "now() + interval '1 day'"
-                conn.execute("INSERT INTO pgpool_jobs (kind, payload, run_at) "
-                             f"SELECT 'k', '{{}}', {due} FROM generate_series(1, %s)",
-                             (args.rows,))
+                due, state = (("now()", "ready") if args.backlog == "due"
+                              else ("now() + interval '1 day'", "scheduled"))
+                conn.execute("INSERT INTO pgpool_jobs (kind, payload, run_at, state) "
+                             f"SELECT 'k', '{{}}', {due}, '{state}' "
+                             "FROM generate_series(1, %s)", (args.rows,))
                 if args.backlog == "future":
                     conn.execute("INSERT INTO pgpool_jobs (kind, payload) "
                                  "SELECT 'k', '{}' FROM generate_series(1, 10000)")

@@ -88,6 +88,10 @@ def _queue_list(text: str) -> list[str]:
     return [registry.name_arg("queue")(name.strip()) for name in text.split(",")]
 
 
+def _kind_list(text: str) -> list[str]:
+    return [registry.name_arg("kind")(name.strip()) for name in text.split(",")]
+
+
 def _boolean(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -116,6 +120,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
     ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
     ("queue", "PGPOOL_QUEUES", _queue_list, ("default",)),
+    ("kinds", "PGPOOL_KINDS", _kind_list, None),
     ("lease", "PGPOOL_LEASE", lease_seconds, RunConfig.lease),
     ("timeout", "PGPOOL_TIMEOUT", positive_seconds, None),
     ("grace", "PGPOOL_GRACE", seconds, RunConfig.grace),
@@ -180,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
     _add_run_option(run, "--queue", action="append", type=registry.name_arg("queue"),
                     metavar="NAME", help="queue to serve (repeatable; default: default)")
+    _add_run_option(run, "--kinds", type=_kind_list, metavar="KIND,...",
+                    help="serve only these of the kinds the handler modules register "
+                         "(comma-separated; default: all of them)")
     _add_run_option(run, "--lease", type=lease_seconds,
                     help="lease length in seconds, extended every lease/3 (default 30)")
     _add_run_option(run, "--timeout", type=positive_seconds,
@@ -405,7 +413,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     modules = registry.resolve_modules(args.handlers)
     procs = _resolve_procs(args.procs, args.max_memory)
-    handlers = registry.load(modules)
+    handlers = registry.select(registry.load(modules), args.kinds)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
         modules=tuple(modules),

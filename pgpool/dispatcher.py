@@ -81,14 +81,15 @@ from .registry import Handler
 from .retention import Retention
 from .retry import backoff
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
+from .stager import Stager
 
 log = logging.getLogger("pgpool.dispatcher")
 
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
-#: Pooled connections: one per claim loop, the completer, heartbeat, reaper, registry,
-#: control poll and dead-letter retention.
-CONNECTIONS: Final = CLAIM_LOOPS + 6
+#: Pooled connections: one per claim loop, the completer, heartbeat, reaper, stager,
+#: registry, control poll and dead-letter retention.
+CONNECTIONS: Final = CLAIM_LOOPS + 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
 
@@ -269,6 +270,7 @@ class Dispatcher:
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
                                    on_lost=self.pool.drop_lost, on_extended=self.pool.extend)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
+        self.stager = Stager(db, interval=cfg.poll)
         self.scheduler = ClaimScheduler(
             procs=cfg.procs, batch=cfg.batch, claimer=self.claimer, workers=self.pool,
             acks=self.completer, lease=self.heartbeat,
@@ -282,7 +284,7 @@ class Dispatcher:
         self.retention = (None if cfg.dead_retention is None
                           else Retention(db, cfg.dead_retention))
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
-                                 self.control.wake)
+                                 self.control.wake, self.stager.wake)
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
@@ -291,6 +293,7 @@ class Dispatcher:
             "completer": self.completer.run(),
             "heartbeat": self.heartbeat.run(),
             "reaper": self.reaper.run(),
+            "stager": self.stager.run(),
             "listener": self.listener.run(),
             "host registry": self.hosts.run(),
             "control poll": self.control.run(),
@@ -420,6 +423,8 @@ class Dispatcher:
 
     def _acks_flushed(self, result: FlushResult) -> None:
         self.scheduler.acks_flushed()
+        if result.retried:
+            self.stager.wake()  # their backoff may end before the stager's next pass
         if self.metrics is not None:
             self.metrics.acks_flushed(result)
 

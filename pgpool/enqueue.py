@@ -264,8 +264,8 @@ def _encode_rows(
 ) -> Iterator[tuple[bytes, int]]:
     limit = max_payload_bytes()
     tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
-    if run_at is not None:
-        tail += b"\t" + run_at.isoformat().encode()
+    if run_at is not None:  # scheduled: see sql.COPY_JOBS_AT
+        tail += b"\t" + run_at.isoformat().encode() + b"\tscheduled"
     head = f"{queue}\t{kind}\t".encode()
     buf = bytearray()
     rows = 0  # in buf
@@ -348,7 +348,7 @@ def enqueue_many(
                 copy.write(piece)
                 count += n
         if count:
-            cur.execute(sql.NOTIFY, {"queue": queue})
+            cur.execute(sql.NOTIFY if run_at is None else sql.NOTIFY_STAGE, {"queue": queue})
     return count
 
 
@@ -396,5 +396,6 @@ async def enqueue_many_async(
                     await copy.write(piece)
                     count += n
             if count:
-                await cur.execute(sql.NOTIFY, {"queue": queue})
+                await cur.execute(sql.NOTIFY if run_at is None else sql.NOTIFY_STAGE,
+                                  {"queue": queue})
     return count

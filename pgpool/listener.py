@@ -24,13 +24,15 @@ log = logging.getLogger("pgpool.listener")
 
 class Listener:
     def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None],
-                 on_control: Callable[[], None]) -> None:
+                 on_control: Callable[[], None], on_stage: Callable[[], None]) -> None:
         """``wake`` on work in one of ``queues``; ``on_control`` on an operator's change
-        (`sql.CONTROL`), and after every (re)connect, since any sent meanwhile were lost."""
+        (`sql.CONTROL`); ``on_stage`` on a newly scheduled job (`sql.STAGE`); all three
+        after every (re)connect, since any sent meanwhile were lost."""
         self._dsn = dsn
         self._queues = frozenset(queues)
         self._wake = wake
         self._on_control = on_control
+        self._on_stage = on_stage
 
     async def run(self) -> None:
         failures = Failures(log, "listener connection")
@@ -44,11 +46,14 @@ class Listener:
                     failures.succeeded()
                     self._wake()
                     self._on_control()
+                    self._on_stage()
                     async for notify in conn.notifies():
                         if notify.payload in self._queues:
                             self._wake()
                         elif notify.payload == sql.CONTROL:
                             self._on_control()
+                        elif notify.payload == sql.STAGE:
+                            self._on_stage()
             except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 await asyncio.sleep(backoff(failures.count, 0.2, 10.0))

@@ -215,6 +215,22 @@ def load(modules: Iterable[str]) -> dict[str, Handler]:
     return registered()
 
 
+def select(handlers: dict[str, Handler], kinds: Iterable[str] | None) -> dict[str, Handler]:
+    """The handlers of ``kinds`` only (``pgpool run --kinds``: a pool serving some of the
+    kinds its modules register); all of them when ``kinds`` is None. Raises `ConfigError`
+    naming the registered kinds when one of ``kinds`` is not among them."""
+    if kinds is None:
+        return handlers
+    wanted = list(dict.fromkeys(kinds))
+    unknown = [k for k in wanted if k not in handlers]
+    if unknown:
+        raise ConfigError(
+            f"--kinds names {', '.join(map(repr, unknown))}, which no handler module "
+            f"registers: the registered kinds are {', '.join(sorted(handlers))}"
+        )
+    return {k: handlers[k] for k in wanted}
+
+
 def _import(module: str, what: str) -> None:
     try:
         importlib.import_module(module)

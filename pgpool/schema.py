@@ -228,6 +228,30 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             '(NULL before its first claim)';
         """,
     ),
+    Migration(
+        9,
+        "scheduled jobs out of the ready index, which is per (queue, kind)",
+        """
+        -- NOT VALID, as in migration 5: the new check only widens the old one.
+        ALTER TABLE pgpool_jobs
+            DROP CONSTRAINT pgpool_jobs_state_check,
+            ADD CONSTRAINT pgpool_jobs_state_check
+                CHECK (state IN ('ready', 'scheduled', 'running', 'done', 'parked')) NOT VALID;
+        -- The old index goes first, so the conversion does not maintain it.
+        DROP INDEX pgpool_jobs_ready;
+        UPDATE pgpool_jobs SET state = 'scheduled' WHERE state = 'ready' AND run_at > now();
+        -- Per (queue, kind): a claim reads only the kinds it serves, in claim order.
+        CREATE INDEX pgpool_jobs_ready ON pgpool_jobs (queue, kind, priority DESC, run_at, id)
+            WHERE state = 'ready';
+        -- The stager reads the jobs that fall due in order; nothing a heartbeat changes.
+        CREATE INDEX pgpool_jobs_scheduled ON pgpool_jobs (run_at) WHERE state = 'scheduled';
+        COMMENT ON COLUMN pgpool_jobs.state IS
+            'ready (due), scheduled (run_at in the future: delayed, or waiting out a retry''s '
+            'backoff; the stager makes it ready when due), running, done (succeeded, could '
+            'not be deleted), parked (its ack or reap was refused; set it to ready to run it '
+            'again)';
+        """,
+    ),
 )
 
 #: The schema version this code expects.

@@ -59,31 +59,48 @@ CHANNEL: Final = "SELECT " + _OUR_CHANNEL
 #: ``conn.transaction()`` inside it is a savepoint, not a transaction of its own.
 OPEN_TRANSACTION: Final = "SELECT 1"
 
-#: One job. Notifies only when the job is due now; a delayed job is found by polling. The
-#: channel is that of the table the row went into (``tableoid``), at no extra round trip.
-#: With a unique key that is already ready or running, no row is inserted and no row returns.
+#: The notification payload that tells every host's stager (`pgpool.stager`) to read the
+#: next due time now: a job was scheduled that may be due before the time it knew. No queue
+#: name starts with "!".
+STAGE: Final = "!stage"
+
+#: One job: ``ready`` when due now, else ``scheduled`` (the stager makes it ready when it is
+#: due), so the claim's index holds only due jobs. Notifies the job's queue when it is ready,
+#: the stagers (`STAGE`) when it is scheduled. The channel is that of the table the row went
+#: into (``tableoid``), at no extra round trip. With a unique key that a live job already
+#: holds, no row is inserted and no row returns.
 ENQUEUE: Final = """
-WITH job AS (
-    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key)
-    VALUES (%(queue)s, %(kind)s, %(payload)s, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
-            %(max_attempts)s, %(unique_key)s)
+WITH due AS (
+    SELECT coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
+           AS run_at
+), job AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             unique_key)
+    SELECT %(queue)s, %(kind)s, %(payload)s, %(priority)s, run_at,
+           CASE WHEN run_at <= now() THEN 'ready' ELSE 'scheduled' END,
+           %(max_attempts)s, %(unique_key)s
+    FROM due
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-    RETURNING id, run_at, tableoid
+    RETURNING id, state, tableoid
 )
-SELECT id, CASE WHEN run_at <= now() THEN pg_notify(
-    """ + _CHANNEL_OF.format(table="job.tableoid") + """, %(queue)s) END
+SELECT id, pg_notify(""" + _CHANNEL_OF.format(table="job.tableoid") + """,
+                     CASE WHEN state = 'ready' THEN %(queue)s ELSE '""" + STAGE + """' END)
 FROM job
 """
 
-#: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`.
+#: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`. With a given
+#: ``run_at`` the rows go in as scheduled, whether that time has passed or not (COPY cannot
+#: compare it with the server's clock): the stager makes the due ones ready at once, woken
+#: by `NOTIFY_STAGE`.
 COPY_JOBS: Final = "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts) FROM STDIN"
 COPY_JOBS_AT: Final = (
-    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at) FROM STDIN"
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at, state) FROM STDIN"
 )
 
 #: After a COPY: wake the dispatchers of the installation the rows went to.
 NOTIFY: Final = "SELECT pg_notify(" + _OUR_CHANNEL + ", %(queue)s)"
+#: After a COPY of scheduled rows: wake the installation's stagers.
+NOTIFY_STAGE: Final = "SELECT pg_notify(" + _OUR_CHANNEL + ", '" + STAGE + "')"
 
 # --- dispatcher: claim, heartbeat, ack, reap -----------------------------------------------
 
@@ -109,18 +126,23 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
 #: first claim from the handler's setting when the producer left it open, so the reaper
 #: (which has no handler registry) can decide retry-or-dead on its own.
 #:
-#: One LATERAL scan per queue: with ``queue = <one value>`` the ready index returns rows
-#: already in claim order and the scan stops after ``limit`` rows, however deep the backlog.
-#: (``queue = ANY(...)`` would make PostgreSQL sort every due row first: 350 ms instead of
-#: 1.4 ms per claim with a million jobs due.) Serving several queues locks up to ``limit``
-#: rows in each for the length of this statement; the ones not taken stay ready.
+#: One LATERAL scan per (queue, kind) pair: with ``queue`` and ``kind`` each equal to one
+#: value, the ready index (queue, kind, priority DESC, run_at, id) returns rows already in
+#: claim order and the scan stops after ``limit`` rows, however deep the backlog, and it
+#: never reads a row of another kind: a flood of a kind this host does not serve costs its
+#: claim nothing. (``queue = ANY(...)`` would make PostgreSQL sort every due row first: 350
+#: ms instead of 1.4 ms per claim with a million jobs due.) Jobs not yet due are
+#: ``scheduled``, outside this index, so they cost nothing either; ``run_at <= now()`` only
+#: guards against a ready row written with a future time by a pgpool older than the
+#: scheduled state. The pairs' rows are merged in priority order; each pair locks up to
+#: ``limit`` rows for the length of this statement, and the ones not taken stay ready.
 CLAIM: Final = """
 WITH picked AS (
     SELECT c.id FROM unnest(%(queues)s::text[]) AS q(queue)
+    CROSS JOIN unnest(%(kinds)s::text[]) AS p(kind)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM pgpool_jobs
-        WHERE state = 'ready' AND queue = q.queue
-          AND kind = ANY(%(kinds)s::text[]) AND run_at <= now()
+        WHERE state = 'ready' AND queue = q.queue AND kind = p.kind AND run_at <= now()
         ORDER BY priority DESC, run_at, id
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -165,7 +187,8 @@ WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
 RETURNING j.id, j.attempts
 """
 
-#: One grouped ack: delete succeeded jobs, reschedule failures, hand back unstarted jobs
+#: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
+#: their delay is 0), hand back unstarted jobs
 #: (their claim did not count as an attempt), return attempts cut off by this host's
 #: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
 #: pgpool_dead. Each arm is guarded by ownership. Returns how many rows each arm changed.
@@ -179,7 +202,8 @@ WITH done AS (
     RETURNING j.id
 ), retried AS (
     UPDATE pgpool_jobs AS j
-    SET state = 'ready', locked_by = NULL, lease_until = NULL, last_error = a.error,
+    SET state = CASE WHEN a.delay > 0 THEN 'scheduled' ELSE 'ready' END,
+        locked_by = NULL, lease_until = NULL, last_error = a.error,
         run_at = now() + make_interval(secs => a.delay)
     FROM unnest(%(retry_ids)s::bigint[], %(retry_attempts)s::int[],
                 array_fill(%(owner)s::text, ARRAY[cardinality(%(retry_ids)s::bigint[])]),
@@ -313,6 +337,33 @@ WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
 RETURNING j.id
 """
 
+# --- stager (pgpool.stager): scheduled jobs become ready when due ---------------------------
+
+#: Make up to ``limit`` scheduled jobs that are due ready, oldest due first, and wake the
+#: hosts of their queues. Reads the scheduled index (run_at) WHERE state = 'scheduled' in
+#: order and stops at the batch: its cost follows the jobs due, not the jobs waiting. SKIP
+#: LOCKED: every host stages, and two never move one row. Returns how many it made ready,
+#: and the seconds until the next scheduled job is due (NULL: none is scheduled), so the
+#: stager can sleep until then.
+STAGE_DUE: Final = f"""
+WITH due AS (
+    SELECT id FROM pgpool_jobs
+    WHERE state = 'scheduled' AND run_at <= now()
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), staged AS (
+    UPDATE pgpool_jobs AS j SET state = 'ready'
+    FROM due WHERE j.id = due.id
+    RETURNING j.queue
+)
+SELECT (SELECT count(*) FROM staged),
+       (SELECT count(pg_notify({_OUR_CHANNEL}, queue))
+        FROM (SELECT DISTINCT queue FROM staged) AS q),
+       (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM pgpool_jobs
+        WHERE state = 'scheduled' AND run_at > now())
+"""
+
 # --- host registry ----------------------------------------------------------------------
 
 #: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
@@ -419,16 +470,19 @@ ORDER BY hostname, started_at, owner
 """
 
 #: Per queue: jobs by state, and the age of the oldest job due now (the lag, seconds;
-#: NULL when none is). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`.
+#: NULL when none is). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`. Due is by
+#: ``run_at``, not by state: a scheduled job the stager has not made ready yet is due, and
+#: lags.
 _JOBS_PER_QUEUE: Final = """
     SELECT queue,
-           count(*) FILTER (WHERE state = 'ready' AND run_at <= now()) AS ready,
-           count(*) FILTER (WHERE state = 'ready' AND run_at > now())  AS scheduled,
+           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at <= now()) AS ready,
+           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at > now())
+               AS scheduled,
            count(*) FILTER (WHERE state = 'running')                   AS running,
            count(*) FILTER (WHERE state = 'parked')                    AS parked,
            count(*) FILTER (WHERE state = 'done')                      AS done,
            extract(epoch FROM now() - min(run_at) FILTER (
-               WHERE state = 'ready' AND run_at <= now()))::float8     AS lag
+               WHERE state IN ('ready', 'scheduled') AND run_at <= now()))::float8 AS lag
     FROM pgpool_jobs
     GROUP BY queue
 """
@@ -476,7 +530,7 @@ STATUS_UNHANDLED: Final = """
 WITH waiting AS (
     SELECT queue, kind, count(*) AS ready, min(run_at) AS oldest
     FROM pgpool_jobs
-    WHERE state = 'ready' AND run_at <= now()
+    WHERE state IN ('ready', 'scheduled') AND run_at <= now()
     GROUP BY queue, kind
 )
 SELECT w.queue, w.kind, w.ready, extract(epoch FROM now() - w.oldest)::float8
@@ -636,7 +690,8 @@ SIGNATURE: Final = (
 
 # A job's state as operators see it: ready (due), scheduled (due later: delayed or waiting
 # out a retry's backoff), running, or parked / done (its ack or reap was refused: see
-# `PARK`).
+# `PARK`). Due is by ``run_at``: a scheduled job the stager has not staged yet is ready, a
+# ready row an older pgpool wrote with a future time is scheduled.
 _JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done') THEN state "
               "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END")
 
@@ -804,7 +859,7 @@ RETRY_NOW: Final = f"""
 WITH due AS (
     UPDATE pgpool_jobs SET state = 'ready', run_at = now()
     WHERE id = ANY(%(ids)s::bigint[])
-      AND (state = 'parked' OR (state = 'ready' AND run_at > now()))
+      AND (state IN ('parked', 'scheduled') OR (state = 'ready' AND run_at > now()))
     RETURNING id, queue
 )
 SELECT id, (SELECT count(pg_notify({_OUR_CHANNEL}, queue))

@@ -69,13 +69,17 @@ def test_committed_enqueue_commits_with_business_rows_and_notifies_at_commit(db,
     assert count(db, "queue = 'images' AND state = 'ready'") == 1
 
 
-def test_delayed_job_is_scheduled_and_does_not_notify(db, dsn):
+def test_delayed_job_is_scheduled_and_wakes_only_the_stagers(db, dsn):
     ears = listener(dsn)
-    pgpool.enqueue(db, "k", {}, delay=60)
-    pgpool.enqueue(db, "k", {}, run_at=datetime.now(UTC) + timedelta(hours=2))
-    pgpool.enqueue(db, "k", {}, delay=timedelta(minutes=3))
+    with db.transaction():
+        pgpool.enqueue(db, "k", {}, delay=60)
+        pgpool.enqueue(db, "k", {}, run_at=datetime.now(UTC) + timedelta(hours=2))
+        pgpool.enqueue(db, "k", {}, delay=timedelta(minutes=3))
+    # Not its queue's claimers: the stagers, which learn of a job due sooner than they knew
+    # (once: PostgreSQL folds a transaction's identical notifications into one).
+    assert next_notification(ears) == sql.STAGE
     assert nothing_before_a_marker(ears, db)
-    assert count(db, "run_at > now() + interval '50 seconds'") == 3
+    assert count(db, "run_at > now() + interval '50 seconds' AND state = 'scheduled'") == 3
 
 
 def test_unique_key_dedupes_while_ready_or_running_per_kind(db):

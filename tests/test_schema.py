@@ -320,3 +320,29 @@ def test_a_migration_gives_up_with_one_clear_error_while_the_lock_stays_taken(
     assert not has_test_column(db)
     assert db.execute("SELECT max(version) FROM pgpool_schema_version"
                       ).fetchone() == (schema.MIGRATIONS[-2].version,)
+
+
+# --- the scheduled state ----------------------------------------------------------------------
+
+
+def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch):
+    # Before it, a delayed job was ready with a future run_at, in the one ready index.
+    index = next(i for i, m in enumerate(schema.MIGRATIONS)
+                 if m.description.startswith("scheduled jobs"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with monkeypatch.context() as before:
+            before.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:index])
+            before.setattr(schema, "SCHEMA_VERSION", schema.MIGRATIONS[index - 1].version)
+            pgpool.migrate(conn)
+        later, due = (conn.execute(
+            "INSERT INTO pgpool_jobs (kind, payload, run_at) VALUES ('k', '{}', now() + %s) "
+            "RETURNING id", (f"{sign}1 hour",)).fetchone()[0] for sign in "+-")
+        assert pgpool.migrate(conn) == after(schema.MIGRATIONS[index - 1].version)
+        assert dict(conn.execute("SELECT id, state FROM pgpool_jobs")) == {
+            later: "scheduled", due: "ready"}
+        indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes "
+                                    "WHERE tablename = 'pgpool_jobs' "
+                                    "AND schemaname = current_schema()"))
+        assert "(queue, kind, priority DESC, run_at, id) WHERE (state = 'ready'" in indexes[
+            "pgpool_jobs_ready"]
+        assert "(run_at) WHERE (state = 'scheduled'" in indexes["pgpool_jobs_scheduled"]

@@ -23,14 +23,15 @@ SELECT current_setting('server_version'), current_setting('fsync'),
 
 #: ``--backlog``: N no-op jobs due in a day, the deep table a claim must skip.
 BACKLOG: Final = """
-INSERT INTO pgpool_jobs (kind, payload, run_at)
-SELECT %(kind)s, '{"do": "noop"}', now() + interval '1 day' FROM generate_series(1, %(n)s)
+INSERT INTO pgpool_jobs (kind, payload, run_at, state)
+SELECT %(kind)s, '{"do": "noop"}', now() + interval '1 day', 'scheduled'
+FROM generate_series(1, %(n)s)
 """
 
 #: After a stage: (jobs due or running, jobs not yet due, dead-lettered jobs).
 LEFTOVERS: Final = """
 SELECT count(*) FILTER (WHERE state = 'running' OR run_at <= now()),
-       count(*) FILTER (WHERE state = 'ready' AND run_at > now()),
+       count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at > now()),
        (SELECT count(*) FROM pgpool_dead)
 FROM pgpool_jobs
 """

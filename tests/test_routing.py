@@ -1,0 +1,103 @@
+"""Per-kind routing: a host claims the kinds it serves at a cost that other kinds' backlog
+and jobs not yet due do not change, in priority order, and ``pgpool run --kinds`` picks
+which of its modules' kinds a host serves."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from conftest import JSON_LOGS, RUN, assert_user_error, only_event, run_pgpool
+
+import pgpool
+from pgpool import sql
+
+#: What every claim below sends but its kinds and limit: one queue.
+CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30}
+
+
+def buffers(node: dict[str, Any]) -> int:
+    """Shared buffers (hit or read) an EXPLAIN (ANALYZE, BUFFERS) plan node touched, its
+    children included."""
+    return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+
+def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10
+                  ) -> tuple[tuple[int, int], set[int]]:
+    """Shared buffers the real CLAIM statement touches when it runs, in all and to pick
+    the jobs (its ``picked`` CTE: reading the ready index and locking rows), and the ids
+    it claimed; rolled back, so the jobs stay ready. Buffers, not time: the same rows and
+    plan touch the same pages on every run, on any machine."""
+    params = {**CLAIM_PARAMS, "kinds": list(kinds), "kind_max_attempts": [20] * len(kinds),
+              "limit": limit}
+    with db.transaction(force_rollback=True):
+        (plan,) = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM,
+                             params).fetchone()[0]
+        claimed = {r[0] for r in db.execute("SELECT id FROM pgpool_jobs WHERE state = 'running'")}
+    top = plan["Plan"]
+    (picked,) = [p for p in top["Plans"] if p.get("Subplan Name") == "CTE picked"]
+    return (buffers(top), buffers(picked)), claimed
+
+
+def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg.Connection
+                                                                    ) -> None:
+    # Its own backlog: 2,000 due jobs (enough for the planner to read the index, as it
+    # does under the flood: the same plan on both sides).
+    pgpool.enqueue_many(db, "fast", ({"n": i} for i in range(2000)))
+    mine = [i for (i,) in db.execute("SELECT id FROM pgpool_jobs ORDER BY id LIMIT 10")]
+    db.execute("VACUUM ANALYZE pgpool_jobs")
+    baseline, claimed = claim_buffers(db, "fast")
+    assert claimed == set(mine)
+    # The flood: 20,000 due jobs of a kind this host does not serve, all due before its
+    # own (same priority, earlier run_at: ahead of them in one per-queue index), and 20,000
+    # of its own kind at a higher priority that are not due for an hour.
+    flood_at = datetime.now(UTC) - timedelta(minutes=5)
+    pgpool.enqueue_many(db, "bulk", ({"n": i} for i in range(20_000)))
+    db.execute("UPDATE pgpool_jobs SET run_at = %s WHERE kind = 'bulk'", (flood_at,))
+    pgpool.enqueue_many(db, "fast", ({"n": i} for i in range(20_000)), priority=10,
+                        run_at=datetime.now(UTC) + timedelta(hours=1))
+    db.execute("VACUUM ANALYZE pgpool_jobs")
+    flooded, claimed = claim_buffers(db, "fast")
+    assert claimed == set(mine)  # the flood changed nothing it claims...
+    # ...nor what that costs: picking reads the same pages (an index a level deeper would
+    # add one), and the claim as a whole touches no more than one extra page per claimed
+    # job (each job's index entries written one level deeper). Reading past the flood's
+    # rows costs hundreds of pages instead: about 1,400 with the claim of before the
+    # per-kind index and the scheduled state.
+    assert flooded[1] <= baseline[1] + 2, (baseline, flooded)
+    assert flooded[0] <= baseline[0] + 10, (baseline, flooded)
+
+
+def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection) -> None:
+    ids = {(kind, prio): pgpool.enqueue(db, kind, {}, priority=prio)
+           for kind, prio in (("a", 1), ("b", 5), ("a", 3), ("b", 0), ("c", 9))}
+    # Highest priority first across the kinds served; c is not served, whatever its priority.
+    for limit, taken in ((1, [("b", 5)]), (3, [("b", 5), ("a", 3), ("a", 1)]),
+                         (9, [("b", 5), ("a", 3), ("a", 1), ("b", 0)])):
+        assert claim_buffers(db, "a", "b", limit=limit)[1] == {ids[k] for k in taken}
+
+
+def started_kinds(result: Any) -> list[str]:
+    assert result.returncode == 0, result.stderr
+    return only_event(result.stderr, "started")["kinds"]
+
+
+def test_run_kinds_serves_only_those_kinds(dsn: str, db: psycopg.Connection) -> None:
+    served = [pgpool.enqueue(db, "noop", {"n": i}) for i in range(5)]
+    left = [pgpool.enqueue(db, "record", {"n": i}) for i in range(5)]
+    # Burst: runs what it serves until none is left, then exits.
+    done = run_pgpool(dsn, *RUN, "--kinds", "noop,whoami", **JSON_LOGS, PGPOOL_BURST="1")
+    assert started_kinds(done) == ["noop", "whoami"]
+    waiting = db.execute("SELECT id, state, attempts FROM pgpool_jobs ORDER BY id").fetchall()
+    assert waiting == [(i, "ready", 0) for i in left]
+    assert not set(served) & {i for i, _, _ in waiting}
+    # The same from the environment, and the other kinds run once a host serves them.
+    done = run_pgpool(dsn, *RUN, **JSON_LOGS, PGPOOL_BURST="1", PGPOOL_KINDS="record")
+    assert started_kinds(done) == ["record"]
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+
+
+def test_run_kinds_refuses_a_kind_no_module_registers_in_one_line(dsn: str) -> None:
+    line = assert_user_error(run_pgpool(dsn, *RUN, "--kinds", "noop,nope"), "'nope'")
+    assert "registered kinds are " in line and "noop" in line and "record" in line

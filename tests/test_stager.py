@@ -1,0 +1,83 @@
+"""The stager: jobs not yet due wait as scheduled, out of the claim's index, and become ready
+when due, promptly: woken at the time they are due, not at a poll."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import in_registry, listen_sql, read_records, start_pgpool, wait_until
+from psycopg_pool import AsyncConnectionPool
+
+import pgpool
+from pgpool import stager
+from pgpool.stager import Stager
+
+
+def states(db: psycopg.Connection) -> dict[int, str]:
+    return dict(db.execute("SELECT id, state FROM pgpool_jobs"))
+
+
+def test_a_pass_makes_due_jobs_ready_in_batches_and_says_when_the_next_is_due(
+    db: psycopg.Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    due = [pgpool.enqueue(db, "k", {}, queue=q, delay=3600) for q in ("a", "b", "a")]
+    later = pgpool.enqueue(db, "k", {}, delay=3600)
+    db.execute("UPDATE pgpool_jobs SET run_at = now() - interval '1 second' "
+               "WHERE id = ANY(%s)", (due,))
+    assert set(states(db).values()) == {"scheduled"}
+    ears = psycopg.connect(dsn, autocommit=True)
+    ears.execute(listen_sql(ears))
+    monkeypatch.setattr(stager, "BATCH", 2)  # one pass goes on until a batch is not full
+
+    async def stage(pool: AsyncConnectionPool) -> tuple[float | None, int]:
+        s = Stager(pool, interval=1.0)
+        return await s.stage(), s.staged
+
+    next_due, staged = in_registry(dsn, stage)
+    assert staged == 3
+    assert states(db) == {**dict.fromkeys(due, "ready"), later: "scheduled"}
+    assert next_due is not None and 3500 < next_due <= 3600
+    # Each batch woke the claimers of its queues.
+    woken = {n.payload for n in ears.notifies(timeout=5, stop_after=3)}
+    assert woken == {"a", "b"}
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (later,))
+    assert in_registry(dsn, stage) == (None, 0)  # nothing scheduled: nothing to wait for
+
+
+#: The poll interval of the dispatchers below: far longer than the bounds the tests allow,
+#: so only the stager waking at the due time can make a job start within them.
+POLL = "30"
+#: How long after its due time a job may take to start: on an idle machine, tens of
+#: milliseconds (the stager wakes, makes it ready, its notification wakes a claim); this
+#: leaves room for a loaded 2-core test machine, and is still far below POLL.
+PROMPT = 10.0
+
+
+def test_a_delayed_job_starts_promptly_when_due(dsn: str, db: psycopg.Connection,
+                                                record_dir: Path) -> None:
+    host = start_pgpool(dsn, "run", "--handlers", "testjobs", "--procs", "1",
+                        "--poll", POLL, record_dir=record_dir)
+    host.event("started")
+    enqueued = time.monotonic()
+    job = pgpool.enqueue(db, "record", {}, delay=1)
+    assert states(db) == {job: "scheduled"}
+    wait_until(lambda: read_records(record_dir), "the delayed job to start", timeout=PROMPT)
+    assert time.monotonic() - enqueued >= 1.0  # not before it was due
+    assert host.stop() == 0
+
+
+def test_a_retry_runs_promptly_when_its_backoff_ends(dsn: str, db: psycopg.Connection,
+                                                     record_dir: Path) -> None:
+    host = start_pgpool(dsn, "run", "--handlers", "testjobs", "--procs", "1",
+                        "--poll", POLL, record_dir=record_dir)
+    host.event("started")
+    pgpool.enqueue(db, "flaky", {"succeed_on": 2})
+    # The first attempt fails and waits out a backoff of 0.5 to 1 s, as scheduled.
+    wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
+               "the retry to succeed", timeout=PROMPT)
+    runs = [(claim, event) for _, claim, _, event in read_records(record_dir)]
+    assert sorted(runs) == [(1, "start"), (2, "end"), (2, "start")]
+    assert host.stop() == 0
