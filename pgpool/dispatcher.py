@@ -25,12 +25,14 @@ is a small module of its own)::
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
 
-`hosts` (the ``pgpool_hosts`` row, and this host's share of the fleet's claims per second,
-`hosts.budget`, which the scheduler spends) sits beside that path, as do `control` (an
-operator's paused queues, taken out of the claimer's queues, and cancellations, which make
-the heartbeat beat at once: ``pgpool.control``) and `retention` (dead-letter pruning). The
-scheduler owns the room formulas and the two claim loops; the completer owns what an
-outcome becomes.
+`stager` makes scheduled jobs (delayed, or waiting out a retry backoff) ready when they fall
+due and notifies their queues: the listener wakes it on `sql.STAGE`, `_acks_flushed` after
+this host's own retries. `hosts` (the ``pgpool_hosts`` row, and this host's share of the
+fleet's claims per second, `hosts.budget`, which the scheduler spends) sits beside that
+path, as do `control` (an operator's paused queues, taken out of the claimer's queues, and
+cancellations, which make the heartbeat beat at once: ``pgpool.control``) and `retention`
+(dead-letter pruning). The scheduler owns the room formulas and the two claim loops; the
+completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts, serves (the claim loops) until stopped or

@@ -158,8 +158,8 @@ SET state = 'running',
     claimed_at = now(),
     lease_until = now() + make_interval(secs => %(lease)s),
     started = false
-FROM picked, unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
-WHERE j.id = picked.id AND k.kind = j.kind
+FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8
 """

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from typing import IO, Any, NoReturn
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
@@ -440,3 +442,26 @@ def make_version_1_schema(conn: psycopg.Connection) -> None:
     conn.execute(schema.MIGRATIONS[0].ddl)
     conn.execute("INSERT INTO pgpool_schema_version (version, description) VALUES (1, %s)",
                  (schema.MIGRATIONS[0].description,))
+
+
+def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
+                     mode: str, options: str = "ANALYZE, FORMAT JSON") -> dict[str, Any]:
+    """EXPLAIN (``options``, which must include FORMAT JSON) of ``query`` run as a prepared
+    statement under ``plan_cache_mode`` ``mode``: the generic plan is the one a long-running
+    dispatcher ends up using. Returns the top plan node."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", query)
+    db.execute(f"SET plan_cache_mode = {mode}")
+    db.execute(f"PREPARE pgpool_q AS {numbered}")
+    try:
+        # Literal arguments: EXECUTE cannot infer the types of bound parameters.
+        args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
+                                                              pgsql.SQL(casts.get(n, "")))
+                                    for n in names)
+        (plan,) = db.execute(pgsql.SQL("EXPLAIN ({}) EXECUTE pgpool_q({})")
+                             .format(pgsql.SQL(options), args)).fetchone()[0]
+    finally:
+        db.execute("DEALLOCATE pgpool_q")
+        db.execute("RESET plan_cache_mode")
+    return plan["Plan"]

@@ -7,13 +7,23 @@ that the throwaway schema is gone while the user's own queue is untouched.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import UNREACHABLE, assert_user_error, run_pgpool, without_password_warning
+from conftest import (
+    UNREACHABLE,
+    assert_user_error,
+    pgpool_env,
+    run_pgpool,
+    without_password_warning,
+)
 
 import pgpool
 
+BENCH = Path(__file__).parent.parent / "bench"
 BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_bench_%'"
 
 
@@ -104,3 +114,20 @@ def test_bench_invalid_option(dsn: str, option: tuple[str, str]) -> None:
 def test_bench_unreachable_database(dsn: str) -> None:
     done = run_pgpool(dsn, "bench", "--dsn", UNREACHABLE, "--jobs", "10")
     assert_user_error(without_password_warning(done), "cannot connect")
+
+
+def test_flood_bench_prints_its_table_at_a_small_size(dsn: str, db: psycopg.Connection
+                                                      ) -> None:
+    # bench/flood.py --quick: depths 0, 2,000 and 20,000, 20 pickups each, fewer enqueues.
+    done = subprocess.run([sys.executable, str(BENCH / "flood.py"), "--quick"],
+                          env=pgpool_env(dsn), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = [line.split() for line in lines[2:5]]
+    assert [row[0] for row in table] == ["0", "2,000", "20,000"]
+    for _, p50, p99, ratio in table:
+        assert 0 < float(p50) <= float(p99)
+        assert float(ratio.rstrip("x")) > 0
+    assert table[0][3] == "1.00x"  # the unflooded p99, every ratio's reference
+    assert lines[5].startswith("enqueue cost per job: enqueue (due now) ")
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []  # its scratch schema is gone

@@ -7,7 +7,6 @@ real connection pool, without worker processes, so each property is checked dire
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -15,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
+from conftest import explain_prepared
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -401,24 +400,6 @@ def _join_filter_removals(node: dict[str, Any]) -> int:
         _join_filter_removals(child) for child in node.get("Plans", []))
 
 
-def _explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
-                      mode: str) -> dict[str, Any]:
-    """EXPLAIN ANALYZE of ``query`` run as a prepared statement under ``plan_cache_mode``
-    ``mode``: the generic plan is the one a long-running dispatcher ends up using."""
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
-    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", query)
-    db.execute(f"SET plan_cache_mode = {mode}")
-    db.execute(f"PREPARE pgpool_q AS {numbered}")
-    # Literal arguments: EXECUTE cannot infer the types of bound parameters.
-    args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
-                                                          pgsql.SQL(casts.get(n, "")))
-                                for n in names)
-    (plan,) = db.execute(pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE pgpool_q({})")
-                         .format(args)).fetchone()[0]
-    return plan["Plan"]
-
-
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 @pytest.mark.parametrize("statement", ["ack", "heartbeat"])
 def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement, mode):
@@ -446,7 +427,7 @@ def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement
         params = {"owner": "h", "ids": ids, "attempts": attempts, "lease": 30,
                   "started": "{" + ",".join("t" * len(rows)) + "}"}
 
-    plan = _explain_prepared(db, query, params, mode)
+    plan = explain_prepared(db, query, params, mode)
     assert _join_filter_removals(plan) <= len(rows)
     remaining = db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0]
     assert remaining == (2000 if statement == "ack" else 3000)
