@@ -11,10 +11,13 @@ run --procs 1`` that serves it, jobs enqueued one at a time on an otherwise idle
 from the enqueue's commit to the handler starting in the worker. It prints p50 and p99 per
 depth, and p99 against the unflooded p99 (the goal: under 2x at every depth).
 
-It also times enqueueing, per job: one ``pgpool.enqueue`` per transaction (due now, and
-delayed), and ``pgpool.enqueue_many`` (COPY). Only pgpool's public API and bench package
-are used, so ``PYTHONPATH=<an older checkout> python bench/flood.py`` measures that
-pgpool's claim and enqueue side by side with this one's.
+It also times enqueueing, per job: ``pgpool.enqueue`` (due now, and delayed), many in one
+transaction so the commit's flush does not drown the statement's own cost, and
+``pgpool.enqueue_many`` (COPY); ``--enqueue-only`` does only that. Only pgpool's public API
+and bench package are used, so ``PYTHONPATH=<an older checkout> python bench/flood.py``
+measures that pgpool's claim and enqueue side by side with this one's (with an editable
+install of this one, also put first on PYTHONPATH a ``sitecustomize.py`` that drops its
+finder from ``sys.meta_path``, and run from outside the checkout).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ INSERT INTO pgpool_jobs (kind, payload, run_at)
 SELECT 'flood', '{}', now() - interval '1 hour'
 FROM generate_series(1, %(total)s - (SELECT count(*) FROM pgpool_jobs WHERE kind = 'flood'))
 """
+#: After seeding: the flood's pages vacuumed and written out now, so that their write-back
+#: does not land in the pickups' commits (CHECKPOINT needs a superuser or pg_checkpoint:
+#: without, the pickups run beside it).
+SETTLE: Final = ("VACUUM ANALYZE pgpool_jobs", "CHECKPOINT")
 #: The enqueue timing's jobs go; the flood stays.
 CLEAR: Final = "DELETE FROM pgpool_jobs WHERE kind <> 'flood'"
 
@@ -60,6 +67,8 @@ def main() -> int:
                         help="sensitive jobs per depth (default 200)")
     parser.add_argument("--quick", action="store_true",
                         help="a small run (depths 0,2000,20000, 20 samples, fewer enqueues)")
+    parser.add_argument("--enqueue-only", action="store_true",
+                        help="time enqueueing only, not pickups")
     parser.add_argument("--dsn")
     args = parser.parse_args()
     try:
@@ -82,20 +91,26 @@ def main() -> int:
             tempfile.TemporaryDirectory() as tmp:
         pgpool.migrate(conn)
         enqueue_costs = time_enqueues(conn, SINGLE_ENQUEUES // scale, BULK_ENQUEUE // scale)
-        for depth in depths:
+        for depth in [] if args.enqueue_only else depths:
             progress.step(f"flood of {depth:,}: seeding")
             conn.execute(FLOOD, {"total": depth})
+            for statement in SETTLE:
+                try:
+                    conn.execute(statement)
+                except psycopg.errors.InsufficientPrivilege:
+                    progress.step(f"{statement}: not allowed to this role; going on without")
             run = Path(tmp) / f"depth-{depth}"
             run.mkdir()
             pickup = measure_pickup(opts, scratch.dsn, conn, run, progress)
             rows.append((depth, pickup["p50_ms"], pickup["p99_ms"]))
-    print(f"pickup of the sensitive kind, enqueue commit -> handler start, {args.samples} "
-          f"jobs per depth; pgpool {pgpool.__version__}, schema {pgpool.SCHEMA_VERSION}")
-    print(f"{'flood due ahead (no host serves it)':>36}  {'p50 ms':>8}  {'p99 ms':>8}  "
-          f"{'p99 / unflooded':>15}")
-    unflooded = rows[0][2]
-    for depth, p50, p99 in rows:
-        print(f"{depth:>36,}  {p50:>8.2f}  {p99:>8.2f}  {p99 / unflooded:>14.2f}x")
+    if rows:
+        print(f"pickup of the sensitive kind, enqueue commit -> handler start, {args.samples} "
+              f"jobs per depth; pgpool {pgpool.__version__}, schema {pgpool.SCHEMA_VERSION}")
+        print(f"{'flood due ahead (no host serves it)':>36}  {'p50 ms':>8}  {'p99 ms':>8}  "
+              f"{'p99 / unflooded':>15}")
+        unflooded = rows[0][2]
+        for depth, p50, p99 in rows:
+            print(f"{depth:>36,}  {p50:>8.2f}  {p99:>8.2f}  {p99 / unflooded:>14.2f}x")
     print("enqueue cost per job: " + ", ".join(
         f"{what} {us:.0f} µs" for what, us in enqueue_costs))
     return 0
@@ -103,13 +118,14 @@ def main() -> int:
 
 def time_enqueues(conn: psycopg.Connection, singles: int, bulk: int
                   ) -> list[tuple[str, float]]:
-    """Microseconds per job: ``singles`` enqueues each committed alone, due now and then
+    """Microseconds per job: ``singles`` enqueues in one transaction, due now and then
     delayed, and one COPY of ``bulk`` jobs; the jobs are deleted after each."""
     costs = []
     for what, delay in (("enqueue (due now)", None), ("enqueue (delayed)", timedelta(hours=1))):
         started = time.perf_counter()
-        for i in range(singles):
-            pgpool.enqueue(conn, KIND, {"n": i}, delay=delay)
+        with conn.transaction():
+            for i in range(singles):
+                pgpool.enqueue(conn, KIND, {"n": i}, delay=delay)
         costs.append((what, (time.perf_counter() - started) / singles * 1e6))
         conn.execute(CLEAR)
     started = time.perf_counter()

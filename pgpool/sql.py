@@ -136,6 +136,11 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
 #: guards against a ready row written with a future time by a pgpool older than the
 #: scheduled state. The pairs' rows are merged in priority order; each pair locks up to
 #: ``limit`` rows for the length of this statement, and the ones not taken stay ready.
+#:
+#: The picked rows are updated by ``id = ANY(ARRAY(...))``, not joined: the generic plan a
+#: long-running dispatcher's prepared claim switches to cannot know ``limit``, and joined it
+#: would hash the whole table (2 s a claim with a million jobs queued); an id array is
+#: looked up in the primary key in every plan.
 CLAIM: Final = """
 WITH picked AS (
     SELECT c.id FROM unnest(%(queues)s::text[]) AS q(queue)
@@ -354,7 +359,7 @@ WITH due AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), staged AS (
     UPDATE pgpool_jobs AS j SET state = 'ready'
-    FROM due WHERE j.id = due.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))  -- a key lookup in any plan: see CLAIM
     RETURNING j.queue
 )
 SELECT (SELECT count(*) FROM staged),
