@@ -140,7 +140,7 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
 #: The picked rows are updated by ``id = ANY(ARRAY(...))``, not joined: the generic plan a
 #: long-running dispatcher's prepared claim switches to cannot know ``limit``, and joined it
 #: would hash the whole table (2 s a claim with a million jobs queued); an id array is
-#: looked up in the primary key in every plan.
+#: looked up in the primary key in every plan, and its rows sorted back into claim order.
 CLAIM: Final = """
 WITH picked AS (
     SELECT c.id FROM unnest(%(queues)s::text[]) AS q(queue)
@@ -154,19 +154,23 @@ WITH picked AS (
     ) AS c
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
+), claimed AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        max_attempts = coalesce(j.max_attempts, k.max_attempts),
+        locked_by = %(owner)s,
+        claimed_at = now(),
+        lease_until = now() + make_interval(secs => %(lease)s),
+        started = false
+    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
+    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.priority, j.run_at
 )
-UPDATE pgpool_jobs AS j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, k.max_attempts),
-    locked_by = %(owner)s,
-    claimed_at = now(),
-    lease_until = now() + make_interval(secs => %(lease)s),
-    started = false
-FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
-RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-          extract(epoch FROM now() - j.run_at)::float8
+SELECT id, kind, queue, attempts, interruptions, max_attempts, payload, waited
+FROM claimed
+ORDER BY priority DESC, run_at, id  -- claim order: the workers take them in this order
 """
 
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
