@@ -172,12 +172,16 @@ def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
 
 # --- the lease fence: a worker ends itself at its deadline (pgpool.fence) ---------------------
 
-def run_fenced(jobs: list[Job], *, extend_every: float | None = None,
-               min_left_to_start: float = 0.0, until: Callable[[WorkerPool], bool],
+def run_fenced(jobs: list[Job], *, deadline_in: dict[int, float] | None = None,
+               extend_every: float | None = None, min_left_to_start: float = 0.0,
+               until: Callable[[WorkerPool], bool],
                ) -> tuple[list[Outcome], list[Job], WorkerPool]:
-    """Run ``jobs`` on one worker until ``until(pool)`` holds; with ``extend_every``, move
-    every job's deadline to a second from now that often and tell the workers, as the
-    heartbeat does. Returns the outcomes, the jobs handed back and the pool."""
+    """Run ``jobs`` on one worker until ``until(pool)`` holds. ``deadline_in`` gives job ids
+    a deadline that many seconds after the pool has started (a start takes a second or more
+    on a loaded machine, so a deadline taken before it could pass before the job is
+    submitted). With ``extend_every``, move every job's deadline to a second from now that
+    often and tell the workers, as the heartbeat does. Returns the outcomes, the jobs handed
+    back and the pool."""
     async def main() -> tuple[list[Outcome], list[Job], WorkerPool]:
         outcomes: list[Outcome] = []
         returned: list[Job] = []
@@ -185,6 +189,9 @@ def run_fenced(jobs: list[Job], *, extend_every: float | None = None,
                           on_returned=returned.extend, on_fatal=print, depth=4,
                           min_left_to_start=min_left_to_start)
         await pool.start()
+        for job in jobs:
+            if job.id in (deadline_in or {}):
+                job.deadline = time.monotonic() + deadline_in[job.id]
         pool.submit(jobs)
         async with asyncio.timeout(30):  # every case here is over within about 5 s
             while not until(pool):
@@ -204,9 +211,8 @@ def run_fenced(jobs: list[Job], *, extend_every: float | None = None,
 def test_a_worker_past_its_deadline_is_ended_by_the_kernel_and_its_job_not_acked(
         record_dir: Path, monkeypatch, how: str):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
-    deadline = time.monotonic() + 1.0
     stuck = Job(1, "stuck", "default", 1, 0, 1,
-                json.dumps({"how": how, "seconds": 20}).encode(), None, deadline=deadline)
+                json.dumps({"how": how, "seconds": 20}).encode(), None)
     after = Job(2, "whoami", "default", 1, 0, 1, b"{}", None)  # queued behind it, no deadline
     replaced_at = []
 
@@ -215,7 +221,9 @@ def test_a_worker_past_its_deadline_is_ended_by_the_kernel_and_its_job_not_acked
             replaced_at.append(time.monotonic())
         return p.held == 0
 
-    outcomes, returned, pool = run_fenced([stuck, after], until=done)
+    outcomes, returned, pool = run_fenced([stuck, after], deadline_in={1: 1.0}, until=done)
+    deadline = stuck.deadline
+    assert deadline is not None
     # Ended by the timer, not the dispatcher (which never killed it): not acked, not
     # reported. The job queued behind it went back to the backlog and ran on the new worker.
     assert pool.replaced == 1
@@ -232,9 +240,9 @@ def test_an_extension_keeps_a_worker_alive_past_its_first_deadline(record_dir: P
                                                                    monkeypatch):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
     # Stuck 3 s in time.sleep, with a 1 s deadline moved on every 0.35 s.
-    long = Job(1, "stuck", "default", 1, 0, 1, b'{"how": "sleep", "seconds": 3}', None,
-               deadline=time.monotonic() + 1)
-    outcomes, _, pool = run_fenced([long], extend_every=0.3, until=lambda p: p.held == 0)
+    long = Job(1, "stuck", "default", 1, 0, 1, b'{"how": "sleep", "seconds": 3}', None)
+    outcomes, _, pool = run_fenced([long], deadline_in={1: 1.0}, extend_every=0.3,
+                                   until=lambda p: p.held == 0)
     assert [(o.job.id, o.error) for o in outcomes] == [(1, None)]
     assert pool.replaced == 0
 
@@ -242,10 +250,10 @@ def test_an_extension_keeps_a_worker_alive_past_its_first_deadline(record_dir: P
 def test_a_job_with_too_little_lease_left_is_handed_back_and_never_started(
         record_dir: Path, monkeypatch):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
-    late = Job(1, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 0.5)
-    fine = Job(2, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 60)
-    outcomes, returned, pool = run_fenced([late, fine], min_left_to_start=5,
-                                          until=lambda p: p.held == 0)
+    late = Job(1, "whoami", "default", 1, 0, 1, b"{}", None)
+    fine = Job(2, "whoami", "default", 1, 0, 1, b"{}", None)
+    outcomes, returned, pool = run_fenced([late, fine], deadline_in={1: 0.5, 2: 60},
+                                          min_left_to_start=5, until=lambda p: p.held == 0)
     assert returned == [late]
     assert pool.replaced == 0
     assert [o.job.id for o in outcomes] == [2]
@@ -258,9 +266,9 @@ def test_a_job_whose_deadline_passes_while_queued_in_a_worker_never_starts(
     # ``queued`` waits in the worker's pipe behind a 1 s job, and its deadline passes
     # meanwhile (0.3 s: the hand-off takes milliseconds, the first job a full second).
     first = Job(1, "stuck", "default", 1, 0, 1, b'{"how": "sleep", "seconds": 1}', None)
-    queued = Job(2, "whoami", "default", 1, 0, 1, b"{}", None, deadline=time.monotonic() + 0.3)
+    queued = Job(2, "whoami", "default", 1, 0, 1, b"{}", None)
     after = Job(3, "whoami", "default", 1, 0, 1, b"{}", None)
-    outcomes, returned, pool = run_fenced([first, queued, after],
+    outcomes, returned, pool = run_fenced([first, queued, after], deadline_in={2: 0.3},
                                           until=lambda p: p.held == 0)
     assert pool.replaced == 1
     assert returned == []
