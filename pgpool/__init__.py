@@ -3,6 +3,7 @@
 The public API::
 
     @pgpool.handler(kind, *, timeout=None, max_attempts=None)   register fn(payload) -> None
+    pgpool.periodic(name, cron, *, kind, payload=None, ...)     a schedule: jobs at its ticks
     pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
     pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
     await pgpool.enqueue_async(aconn, ...), enqueue_many_async  the same on AsyncConnection
@@ -25,6 +26,7 @@ from .errors import (
     SchemaError,
 )
 from .registry import handler
+from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
 from .worker import JobInfo, current_job
 
@@ -47,4 +49,5 @@ __all__ = [
     "enqueue_many_async",
     "handler",
     "migrate",
+    "periodic",
 ]

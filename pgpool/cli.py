@@ -409,6 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # forward signals, and the dispatcher goes on in a child.
     init.split_if_pid1(_early_signals)
     from . import dsn as dsnlib
+    from . import schedules
     from .dispatcher import Dispatcher
 
     modules = registry.resolve_modules(args.handlers)
@@ -434,7 +435,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
-    return Dispatcher(config, handlers, early_signals=_early_signals).run_sync()
+    return Dispatcher(config, handlers, early_signals=_early_signals,
+                      schedules=schedules.declared()).run_sync()
 
 
 def _from_env(value: Any, variable: str, parse: Callable[[str], Any]) -> Any:

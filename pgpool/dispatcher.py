@@ -73,7 +73,7 @@ from .control import Control
 from .heartbeat import Heartbeat
 from .hosts import HostRegistry
 from .job import Job, Outcome
-from .lease import Lease
+from .lease import STALE_AFTER_LEASES, Lease
 from .listener import Listener
 from .logs import event
 from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
@@ -83,6 +83,7 @@ from .registry import Handler
 from .retention import Retention
 from .retry import backoff
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
+from .schedules import Periodic, Schedule
 from .stager import Stager
 
 log = logging.getLogger("pgpool.dispatcher")
@@ -90,7 +91,8 @@ log = logging.getLogger("pgpool.dispatcher")
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
 #: Pooled connections: one per claim loop, the completer, heartbeat, reaper, stager,
-#: registry, control poll and dead-letter retention.
+#: registry, control poll and dead-letter retention (and one more for periodic schedules,
+#: added by the host that declares any).
 CONNECTIONS: Final = CLAIM_LOOPS + 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
@@ -130,11 +132,15 @@ class Dispatcher:
 
     def __init__(self, config: RunConfig, handlers: dict[str, Handler], *,
                  early_signals: list[int] | None = None,
-                 observer: DispatcherObserver | None = None) -> None:
+                 observer: DispatcherObserver | None = None,
+                 schedules: dict[str, Schedule] | None = None) -> None:
         """``early_signals``: signals received before `run` could install its handlers
-        (the CLI records them); any there, or arriving later, stop the run gracefully."""
+        (the CLI records them); any there, or arriving later, stop the run gracefully.
+        ``schedules``: the periodic schedules this host runs (`pgpool.schedules`), those the
+        handler modules declared."""
         self.config = config
         self.handlers = handlers
+        self.schedules = schedules or {}
         self.owner = make_owner()
         self.lease = Lease(config.lease)
         self.observer = observer or DispatcherObserver()
@@ -285,6 +291,11 @@ class Dispatcher:
                                on_cancelled=self.heartbeat.kick)
         self.retention = (None if cfg.dead_retention is None
                           else Retention(db, cfg.dead_retention))
+        # Declared like a host row: refreshed every beat, stale after as many leases.
+        self.periodic = (Periodic(db, self.owner, self.schedules,
+                                  refresh=self.lease.beat_interval,
+                                  declared_for=STALE_AFTER_LEASES * self.lease.seconds)
+                         if self.schedules else None)
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
                                  self.control.wake, self.stager.wake)
         await self._register()
@@ -303,6 +314,8 @@ class Dispatcher:
         }
         if self.retention is not None:
             parts["dead-letter retention"] = self.retention.run()
+        if self.periodic is not None:
+            parts["periodic schedules"] = self.periodic.run()
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
                        for name, run in parts.items()}
         if self.metrics_server is not None:

@@ -7,7 +7,9 @@
   that a host serves the kind). It cannot change a job once enqueued, nor write the host
   registry (a fake fresh row there would take budget shares) or the fleet's budget.
 - The **worker** role runs ``pgpool run``: it claims, extends, acks and reaps jobs
-  (SELECT, UPDATE and DELETE on ``pgpool_jobs``; it enqueues nothing), writes dead
+  (SELECT, UPDATE and DELETE on ``pgpool_jobs``), enqueues the ticks of periodic
+  schedules (INSERT on ``pgpool_jobs``; SELECT, INSERT and UPDATE on
+  ``pgpool_schedules``, whose rows it declares and advances), writes dead
   letters (INSERT on ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its
   ``pgpool_hosts`` row, and reads the budget. It cannot set the budget.
 
@@ -27,7 +29,7 @@ from . import sql
 
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
-                 "pgpool_paused", "pgpool_schema_version")
+                 "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
 
 #: (privileges, tables) per role.
 APP: Final = (
@@ -36,7 +38,9 @@ APP: Final = (
 )
 WORKER: Final = (
     ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version")),
-    ("SELECT, UPDATE, DELETE", ("pgpool_jobs",)),
+    # INSERT: the ticks of periodic schedules (`pgpool.schedules`).
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_jobs",)),
+    ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
     # DELETE: dead-letter retention (`pgpool.retention`) runs on the hosts.
     ("SELECT, INSERT, DELETE", ("pgpool_dead",)),

@@ -460,6 +460,46 @@ SELECT EXISTS (
 )
 """
 
+# --- periodic jobs (pgpool.schedules) ----------------------------------------------------------
+
+#: A dispatcher's schedules, declared (or declared again) every beat interval: the definition
+#: for `pgpool status`, and who declared it until when. A new row starts at ``now()``: its
+#: first tick is the first after it was first declared. ``last_tick`` is never touched here.
+PERIODIC_DECLARE: Final = """
+INSERT INTO pgpool_schedules AS s (name, cron, timezone, kind, queue, catch_up, last_tick,
+                                   declared_by, declared_until)
+SELECT d.name, d.cron, d.timezone, d.kind, d.queue, d.catch_up, now(), %(owner)s,
+       now() + make_interval(secs => %(seconds)s)
+FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[], %(kinds)s::text[],
+            %(queues)s::text[], %(catch_ups)s::int[])
+     AS d(name, cron, timezone, kind, queue, catch_up)
+ORDER BY d.name
+ON CONFLICT (name) DO UPDATE
+SET cron = excluded.cron, timezone = excluded.timezone, kind = excluded.kind,
+    queue = excluded.queue, catch_up = excluded.catch_up,
+    declared_by = excluded.declared_by, declared_until = excluded.declared_until
+"""
+
+#: The schedules' last handled tick and the database's clock (every host computes ticks from
+#: this one clock); ``other`` is the owner of another live host when it declared the row
+#: last, with its definition, to spot hosts running different code.
+PERIODIC_STATE: Final = """
+SELECT name, last_tick,
+       CASE WHEN declared_by <> %(owner)s AND declared_until > now() THEN declared_by END,
+       ARRAY[cron, timezone, kind, queue], now()
+FROM pgpool_schedules WHERE name = ANY(%(names)s::text[]) ORDER BY name
+"""
+
+#: The exactly-once guarantee: compare-and-set ``last_tick`` from the value this host read to
+#: the latest due tick, in the transaction that enqueues the ticks. A host racing for the same
+#: ticks waits on the row lock, then finds ``last_tick`` changed: no row, so no enqueue.
+PERIODIC_ADVANCE: Final = """
+UPDATE pgpool_schedules
+SET last_tick = %(tick)s, last_run = %(tick)s, last_run_at = now()
+WHERE name = %(name)s AND last_tick = %(seen)s AND %(tick)s > last_tick
+RETURNING name
+"""
+
 # --- status ---------------------------------------------------------------------------------
 
 #: First statement of the status transaction: one consistent, read-only snapshot.
@@ -550,6 +590,15 @@ WHERE NOT EXISTS (
       AND h.last_seen >= now() - make_interval(secs => %(stale_leases)s * h.lease)
 )
 ORDER BY w.queue, w.kind
+"""
+
+#: Every schedule row: ``declared`` while a host's declaration holds (a schedule removed
+#: from every host's code stops being declared within `pgpool.schedules` ``declared_for``).
+STATUS_SCHEDULES: Final = """
+SELECT s.name, s.cron, s.timezone, s.kind, s.queue, s.catch_up, s.last_tick, s.last_run,
+       s.last_run_at, s.declared_until > now(), s.declared_until, h.hostname, now()
+FROM pgpool_schedules AS s LEFT JOIN pgpool_hosts AS h ON h.owner = s.declared_by
+ORDER BY s.name
 """
 
 # --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from . import sql
+from . import schedules, sql
 from .budget import COUNTED_LEASES
 from .lease import STALE_AFTER_LEASES
 
@@ -48,7 +48,12 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     set) and ``warning`` (the runbook's condition: `VACUUM_DEBT_FACTOR`). ``unhandled``
     lists (queue, kind) pairs with jobs due now that no live host both serves and has a
     handler for. A host is live until it is `STALE_AFTER_LEASES` leases past its last beat.
-    ``conn`` must be in autocommit mode, outside a transaction.
+    ``schedules`` lists the periodic schedules (`pgpool.schedules`): ``declared`` (a live
+    host's code declares it; ``declared_by`` names the host that last did, and
+    ``declared_until`` how long that holds), ``last_run`` (the latest tick enqueued, and
+    ``last_run_at`` when; None before the first), ``last_tick`` (every tick up to it is
+    handled) and ``next_run`` (its next tick; None when not declared, since then nothing
+    enqueues it). ``conn`` must be in autocommit mode, outside a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
@@ -59,6 +64,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         vacuum = conn.execute(sql.STATUS_VACUUM).fetchone()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
         paused = dict(conn.execute(sql.PAUSED).fetchall())
+        schedules = conn.execute(sql.STATUS_SCHEDULES).fetchall()
     host_list = [
         {
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
@@ -83,7 +89,31 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
             for q, kind, ready, ago in unhandled
         ],
+        "schedules": [_schedule(row) for row in schedules],
     }
+
+
+def _schedule(row: tuple[Any, ...]) -> dict[str, Any]:
+    (name, cron, timezone, kind, queue, catch_up, last_tick, last_run, last_run_at, declared,
+     declared_until, declared_by, now) = row
+    next_run = None
+    if declared:
+        try:
+            next_run = schedules.next_tick(cron, schedules.zone(timezone), last_tick)
+        except (ValueError, KeyError):  # declared by a pgpool whose croniter reads it
+            next_run = None
+    return {
+        "name": name, "cron": cron, "timezone": timezone, "kind": kind, "queue": queue,
+        "catch_up": catch_up, "declared": declared, "declared_by": declared_by,
+        "declared_until": declared_until.isoformat(),
+        "last_tick": last_tick.isoformat(), "last_run": _iso(last_run),
+        "last_run_at": _iso(last_run_at), "next_run": _iso(next_run),
+        "next_run_in": None if next_run is None else round((next_run - now).total_seconds(), 3),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[dict[str, Any]]:
@@ -209,6 +239,15 @@ def render(status: dict[str, Any]) -> str:
         ("QUEUE", "KIND", "READY", "OLDEST DUE"),
         [(u["queue"], u["kind"], u["ready"], _ago(u["oldest_ago"]))
          for u in status["unhandled"]],
+    )
+    out.append("")
+    out.append("periodic schedules:")
+    out += _table(
+        ("SCHEDULE", "CRON", "TIMEZONE", "KIND", "QUEUE", "LAST RUN", "NEXT RUN"),
+        [(s["name"], s["cron"], s["timezone"], s["kind"], s["queue"],
+          "-" if s["last_run"] is None else _utc(s["last_run"]),
+          _utc(s["next_run"]) if s["next_run"] else "not declared by any live host")
+         for s in status["schedules"]],
     )
     return "\n".join(out)
 

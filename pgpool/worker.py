@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 import orjson
 from setproctitle import setproctitle
 
-from . import fence, ipc, output, registry
+from . import fence, ipc, output, registry, schedules
 from .errors import PgpoolError
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
@@ -90,6 +90,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     prefix = f"pgpool worker {index}"
     setproctitle(f"{prefix}: starting")
     rfd, wfd = tasks.fileno(), results.fileno()
+    schedules.skip_time_checks()
     try:
         handlers = registry.load(modules)
     except PgpoolError as exc:

@@ -1,0 +1,147 @@
+"""Periodic jobs (`pgpool.periodic`): real dispatchers on real PostgreSQL, running the
+schedules of tests/testperiodic.py, whose jobs stay in ``pgpool_jobs`` as the record of
+every tick enqueued (their queue is not served)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from itertools import pairwise
+
+import psycopg
+from conftest import (
+    assert_user_error,
+    one,
+    run_pgpool,
+    start_pgpool,
+    status_json,
+    wait_until,
+)
+from testperiodic import CATCH_UP
+
+#: Short leases: declarations refresh every 2/3 s and lapse 6 s after the last one.
+HOST = ("run", "--handlers", "testperiodic", "--procs", "1", "--lease", "2")
+SECOND = timedelta(seconds=1)
+#: Seconds every host stays down: more ticks than the bounded catch-up enqueues.
+DOWNTIME = CATCH_UP + 3
+
+
+def ticks(db: psycopg.Connection, schedule: str) -> list[tuple[datetime, datetime]]:
+    """(tick, the enqueueing transaction's time) of every job ``schedule`` enqueued."""
+    return db.execute(
+        "SELECT (payload->>'tick')::timestamptz, created_at FROM pgpool_jobs "
+        "WHERE payload->>'schedule' = %s ORDER BY 1, 2", (schedule,)).fetchall()
+
+
+def db_now(db: psycopg.Connection) -> datetime:
+    return one(db, "SELECT now()")[0]
+
+
+def ticks_after(db: psycopg.Connection, schedule: str, after: datetime, n: int) -> bool:
+    return len([t for t, _ in ticks(db, schedule) if t > after]) >= n
+
+
+def start_host(dsn: str, **env: str):
+    host = start_pgpool(dsn, *HOST, **env)
+    host.event("started")
+    return host
+
+
+def consecutive(times: list[datetime]) -> bool:
+    return all(b - a == SECOND for a, b in pairwise(times))
+
+
+def test_three_hosts_enqueue_each_tick_once_and_a_gap_collapses(db, dsn):
+    hosts = [start_host(dsn) for _ in range(3)]
+    # Timeouts here are generous (a tick a second, 20 s to see a few): the machine is shared.
+    start = db_now(db)
+    wait_until(lambda: ticks_after(db, "every-second", start, 3), "three ticks", timeout=20)
+
+    # One host restarts mid-way; the other two keep ticking meanwhile.
+    assert hosts[0].stop() == 0
+    hosts[0] = start_host(dsn)
+    restarted = db_now(db)
+    wait_until(lambda: ticks_after(db, "every-second", restarted, 3),
+               "three ticks after the restart", timeout=20)
+
+    # Every host down for DOWNTIME seconds, then one comes back.
+    for host in hosts:
+        assert host.stop() == 0
+    last = {name: ticks(db, name)[-1][0] for name in ("every-second", "every-second-latest")}
+    # Waiting out the downtime is the point of the test: the condition is the database's
+    # clock passing it (a bound of DOWNTIME plus a generous margin).
+    wait_until(lambda: db_now(db) > max(last.values()) + DOWNTIME * SECOND,
+               "the downtime to pass", timeout=DOWNTIME + 20, interval=0.2)
+    back = start_host(dsn)
+    for name, before in last.items():
+        wait_until(lambda n=name, b=before: ticks_after(db, n, b, CATCH_UP + 3),
+                   f"{name} to tick again", timeout=30)
+    assert back.stop() == 0
+
+    for name, before in last.items():
+        rows = ticks(db, name)
+        times = [t for t, _ in rows]
+        assert len(set(times)) == len(times), f"{name}: a tick enqueued twice: {times}"
+        live, resumed = [t for t in times if t <= before], [t for t in times if t > before]
+        # The first catch-up transaction after the downtime, then one tick at a time.
+        catch_up_at = min(at for t, at in rows if t > before)
+        caught_up = [t for t, at in rows if at == catch_up_at]
+        expected = CATCH_UP if name == "every-second" else 1
+        assert len(caught_up) == expected, (name, caught_up)
+        assert caught_up[0] - before > SECOND, f"{name}: the missed ticks were not skipped"
+        assert consecutive(caught_up) and consecutive(resumed), (name, resumed)
+        if name == "every-second":
+            # Bounded catch-up: no tick lost while any host was up, restart included.
+            assert consecutive(live), f"ticks lost while hosts were up: {live}"
+
+
+def test_status_lists_schedules_and_a_schedule_removed_from_the_code_stops(db, dsn):
+    host = start_host(dsn)
+    start = db_now(db)
+    wait_until(lambda: ticks_after(db, "every-second-latest", start, 1), "a tick",
+               timeout=20)
+    listed = {s["name"]: s for s in status_json(dsn)["schedules"]}
+    assert set(listed) == {"every-second", "every-second-latest"}
+    latest = listed["every-second-latest"]
+    assert latest["declared"] is True
+    assert (latest["cron"], latest["timezone"], latest["kind"], latest["queue"],
+            latest["catch_up"]) == ("* * * * * *", "Europe/Paris", "tick", "ticks", 1)
+    assert latest["last_run"] is not None
+    assert datetime.fromisoformat(latest["next_run"]) - datetime.fromisoformat(
+        latest["last_tick"]) == SECOND
+    assert listed["every-second"]["catch_up"] == CATCH_UP
+    text = run_pgpool(dsn, "status")
+    assert text.returncode == 0, text.stderr
+    assert "periodic schedules:" in text.stdout and "every-second-latest" in text.stdout
+
+    # The same code without the schedules: nothing enqueues them any more.
+    assert host.stop() == 0
+    stopped = db_now(db)
+    other = start_host(dsn, TESTPERIODIC_SCHEDULES="0")
+
+    def undeclared() -> bool:
+        return not any(s["declared"] for s in status_json(dsn)["schedules"])
+
+    # Declarations lapse 3 leases (6 s) after the last refresh; 30 s is the generous bound.
+    wait_until(undeclared, "the schedules to be shown as not declared", timeout=30,
+               interval=0.5)
+    assert other.poll() is None
+    for name in ("every-second", "every-second-latest"):
+        assert ticks(db, name)[-1][0] <= stopped, f"{name} ticked after its removal"
+    listed = {s["name"]: s for s in status_json(dsn)["schedules"]}
+    assert listed["every-second"]["next_run"] is None
+    text = run_pgpool(dsn, "status")
+    assert "not declared by any live host" in text.stdout, text.stdout
+    assert other.stop() == 0
+
+
+def test_bad_cron_expressions_and_time_zones_are_one_line_errors(dsn):
+    for cron, zone, needles in (
+        ("61 * * * *", "UTC", ("schedule 'custom'", "bad cron expression '61 * * * *'",
+                               "use 5 fields")),
+        ("* * *", "UTC", ("schedule 'custom'", "bad cron expression '* * *'")),
+        ("0 0 31 2 *", "UTC", ("schedule 'custom'", "never fires")),
+        ("* * * * *", "Mars/Olympus", ("schedule 'custom'", "unknown time zone 'Mars/Olympus'",
+                                      "IANA name")),
+    ):
+        done = run_pgpool(dsn, *HOST, TESTPERIODIC_CRON=cron, TESTPERIODIC_TZ=zone)
+        assert_user_error(done, *needles)
