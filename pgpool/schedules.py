@@ -6,9 +6,10 @@ tick, enqueues the due ticks and sleeps again. Whichever hosts are up, each tick
 exactly once, by the database, not by timing: a schedule's ``pgpool_schedules`` row holds
 ``last_tick`` (every tick up to it is handled), and a host enqueues ticks only in the
 transaction in which its compare-and-set moves ``last_tick`` from the value it read to the
-latest due tick (`sql.PERIODIC_ADVANCE`). Two hosts racing for one tick both send that
-UPDATE; the second waits on the row lock, finds ``last_tick`` changed and updates nothing,
-so enqueues nothing. The jobs table cannot remember past ticks itself: done jobs are deleted.
+latest due tick (`sql.PERIODIC_ADVANCE`), holding the row's lock. Of two hosts racing for
+one tick, the second finds the row locked (`sql.PERIODIC_LOCK` skips it rather than wait)
+and looks again shortly, or finds ``last_tick`` moved and enqueues nothing. The jobs table
+cannot remember past ticks itself: done jobs are deleted.
 
 After downtime (every host down, or the schedule's part failing), the missed ticks collapse:
 by default only the latest due tick is enqueued (``catch_up="latest"``); ``catch_up=N``
@@ -33,11 +34,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from . import sql
+from .enqueue import encode_payload, enqueue_async
 from .errors import HandlerError, PgpoolError
 from .logs import event
+from .registry import check_name
+from .retry import Failures
 
-# zoneinfo, croniter and psycopg are imported where used: handler modules import this
-# module in every worker process, which never computes a tick (see pgpool.enqueue).
+# zoneinfo, croniter, asyncio and psycopg are imported where used: handler modules import
+# this module in every worker process, which never computes a tick (see pgpool.enqueue).
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
@@ -55,6 +60,8 @@ _FIXED_HOUR_ALIASES: Final = frozenset(
     {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight"})
 #: After a wake-up the database's clock may lag the host's by this much: wake this late.
 _WAKE_SLACK: Final = 0.005
+#: Seconds before looking again at a schedule whose row another transaction held.
+_BUSY_RETRY: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,6 @@ def periodic(
     rename it to start afresh. Raises `HandlerError` naming the schedule and what to fix
     when an argument is invalid, or when ``name`` is declared twice differently.
     """
-    from .enqueue import encode_payload
-    from .registry import check_name
-
     what = f"schedule {name!r}"
     try:
         check_name("schedule name", name)
@@ -303,28 +307,23 @@ class Periodic:
         self._warned: set[tuple[str, tuple[str, ...]]] = set()
 
     async def run(self) -> None:
+        """`step` until cancelled; database failures are logged and retried."""
         import asyncio
 
-        from .retry import Failures
+        import psycopg
 
         failures = Failures(log, "periodic schedules")
         while True:
             try:
                 wait = await self.step()
                 failures.succeeded()
-            except Exception as exc:
-                import psycopg
-
-                if not isinstance(exc, psycopg.Error | OSError):
-                    raise
+            except (psycopg.Error, OSError) as exc:
                 failures.failed(exc)
                 wait = min(self.refresh, 1.0)
             await asyncio.sleep(wait)
 
     async def step(self) -> float:
         """Declare if due, enqueue every due tick; the seconds until the next thing to do."""
-        from . import sql
-
         async with self._pool.connection() as conn:
             if self._clock() - self._declared_at >= self.refresh:
                 await self._declare(conn)
@@ -337,16 +336,14 @@ class Periodic:
                 schedule = self.schedules[name]
                 self._check_version(schedule, other, tuple(definition))
                 due = schedule.due(last, now)
-                if due:
-                    await self._enqueue(conn, schedule, last, due)
-                    last = due[-1]
-                until = (schedule.next_after(last) - now).total_seconds()
+                if due and not await self._enqueue(conn, schedule, last, due):
+                    wake = min(wake, _BUSY_RETRY)
+                    continue
+                until = (schedule.next_after(due[-1] if due else last) - now).total_seconds()
                 wake = min(wake, until - (self._clock() - read_at))
         return max(0.0, wake) + _WAKE_SLACK
 
     async def _declare(self, conn: psycopg.AsyncConnection) -> None:
-        from . import sql
-
         s = list(self.schedules.values())
         await conn.execute(sql.PERIODIC_DECLARE, {
             "names": [x.name for x in s], "crons": [x.cron for x in s],
@@ -373,18 +370,20 @@ class Periodic:
               schedule=schedule.name, other=other)
 
     async def _enqueue(self, conn: psycopg.AsyncConnection, schedule: Schedule,
-                       last: datetime, due: list[datetime]) -> None:
+                       last: datetime, due: list[datetime]) -> bool:
         """Move ``last_tick`` from ``last`` to ``due[-1]`` and enqueue ``due``, in one
-        transaction; nothing if another host moved it first."""
-        from . import sql
-        from .enqueue import enqueue_async
-
+        transaction; nothing if another host moved it first. False when the row was
+        locked: whether these ticks get enqueued is not settled yet."""
         ids: list[int | None] = []
         async with conn.transaction():
+            cur = await conn.execute(sql.PERIODIC_LOCK, {"name": schedule.name})
+            row = await cur.fetchone()
+            if row is None:
+                return False  # another transaction holds the row: look again shortly
             cur = await conn.execute(sql.PERIODIC_ADVANCE, {
                 "name": schedule.name, "seen": last, "tick": due[-1]})
             if await cur.fetchone() is None:
-                return  # another host enqueued these ticks
+                return True  # another host enqueued these ticks since they were read
             for tick in due:
                 ids.append(await enqueue_async(
                     conn, schedule.kind, schedule.payload_for(tick), queue=schedule.queue,
@@ -396,4 +395,5 @@ class Periodic:
               schedule.kind, " after missed ticks (catch-up)" if missed else "",
               schedule=schedule.name, kind=schedule.kind,
               ticks=[t.isoformat() for t in due], jobs=ids, missed=missed)
+        return True
 

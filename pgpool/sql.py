@@ -490,9 +490,16 @@ SELECT name, last_tick,
 FROM pgpool_schedules WHERE name = ANY(%(names)s::text[]) ORDER BY name
 """
 
-#: The exactly-once guarantee: compare-and-set ``last_tick`` from the value this host read to
-#: the latest due tick, in the transaction that enqueues the ticks. A host racing for the same
-#: ticks waits on the row lock, then finds ``last_tick`` changed: no row, so no enqueue.
+#: First statement of a host's transaction that enqueues a schedule's ticks: lock its row, or
+#: get nothing while another host's transaction holds it (enqueueing the same ticks, or
+#: declaring), instead of waiting on the lock; it looks again shortly.
+PERIODIC_LOCK: Final = """
+SELECT last_tick FROM pgpool_schedules WHERE name = %(name)s FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+#: The exactly-once guarantee: in the transaction that enqueues the ticks, compare-and-set
+#: ``last_tick`` from the value this host read to the latest due tick. Ticks move it only
+#: forward, and each tick is enqueued only by the transaction that moved it past that tick.
 PERIODIC_ADVANCE: Final = """
 UPDATE pgpool_schedules
 SET last_tick = %(tick)s, last_run = %(tick)s, last_run_at = now()

@@ -240,6 +240,8 @@ def render(status: dict[str, Any]) -> str:
         [(u["queue"], u["kind"], u["ready"], _ago(u["oldest_ago"]))
          for u in status["unhandled"]],
     )
+    if not status["schedules"]:  # the section is for installations that use them
+        return "\n".join(out)
     out.append("")
     out.append("periodic schedules:")
     out += _table(

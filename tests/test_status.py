@@ -359,7 +359,7 @@ def test_status_of_an_empty_queue(db, dsn):
                            f"{vacuum['live_tuples']} live; last autovacuum never\n\n"
                            "kinds waiting with no live handler:\n  (none)\n")
     assert status_json(dsn) == {
-        "hosts": [], "queues": [], "unhandled": [],
+        "hosts": [], "queues": [], "unhandled": [], "schedules": [],
         "vacuum": {"dead_tuples": vacuum["dead_tuples"], "live_tuples": 0,
                    "last_autovacuum_ago": None, "settings_kept": True, "warning": None},
         "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
