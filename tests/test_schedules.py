@@ -4,10 +4,11 @@ every tick enqueued (their queue is not served)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import psycopg
+import pytest
 from conftest import (
     assert_user_error,
     one,
@@ -17,6 +18,9 @@ from conftest import (
     wait_until,
 )
 from testperiodic import CATCH_UP
+
+import pgpool
+from pgpool import schedules
 
 #: Short leases: declarations refresh every 2/3 s and lapse 6 s after the last one.
 HOST = ("run", "--handlers", "testperiodic", "--procs", "1", "--lease", "2")
@@ -145,3 +149,72 @@ def test_bad_cron_expressions_and_time_zones_are_one_line_errors(dsn):
     ):
         done = run_pgpool(dsn, *HOST, TESTPERIODIC_CRON=cron, TESTPERIODIC_TZ=zone)
         assert_user_error(done, *needles)
+
+
+# --- tick arithmetic and declarations, in this process ------------------------------------
+
+PARIS = schedules.zone("Europe/Paris")
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def test_a_long_gap_yields_only_the_latest_ticks():
+    now = utc(2026, 1, 1, 12, 0, 0) + timedelta(microseconds=300_000)
+    month_ago = now - timedelta(days=30)
+    assert schedules.due_ticks("*/5 * * * *", schedules.zone("UTC"), month_ago, now, 1) == [
+        utc(2026, 1, 1, 12, 0)]
+    assert schedules.due_ticks("* * * * * *", schedules.zone("UTC"), month_ago, now, 3) == [
+        utc(2026, 1, 1, 11, 59, 58), utc(2026, 1, 1, 11, 59, 59), utc(2026, 1, 1, 12, 0)]
+    # Nothing due between two ticks; a tick exactly at ``now`` is due.
+    assert schedules.due_ticks("* * * * * *", schedules.zone("UTC"),
+                               now - timedelta(seconds=0.2), now, 3) == []
+    assert schedules.due_ticks("0 12 * * *", schedules.zone("UTC"), month_ago,
+                               utc(2026, 1, 1, 12, 0), 1) == [utc(2026, 1, 1, 12, 0)]
+
+
+def test_ticks_follow_the_time_zone_across_dst_changes():
+    # Spring forward in Paris (2026-03-29, 02:00 -> 03:00): 02:30 does not exist that day;
+    # it fires once, when the clock jumps (01:00 UTC), and at 02:30 CEST the day after.
+    assert schedules.due_ticks("30 2 * * *", PARIS, utc(2026, 3, 28, 12), utc(2026, 3, 30, 12),
+                               10) == [utc(2026, 3, 29, 1, 0), utc(2026, 3, 30, 0, 30)]
+    # Fall back (2026-10-25, 03:00 -> 02:00): a fixed 02:30 fires once, at its first
+    # occurrence; an hourly schedule fires in both 02:00 hours.
+    assert schedules.due_ticks("30 2 * * *", PARIS, utc(2026, 10, 24, 12),
+                               utc(2026, 10, 26, 12), 10) == [utc(2026, 10, 25, 0, 30),
+                                                              utc(2026, 10, 26, 1, 30)]
+    assert schedules.next_tick("30 2 * * *", PARIS, utc(2026, 10, 25, 0, 30)) == utc(
+        2026, 10, 26, 1, 30)
+    assert schedules.due_ticks("0 * * * *", PARIS, utc(2026, 10, 24, 23, 30),
+                               utc(2026, 10, 25, 3), 10) == [
+        utc(2026, 10, 25, 0), utc(2026, 10, 25, 1), utc(2026, 10, 25, 2), utc(2026, 10, 25, 3)]
+    # Winter and summer: the same wall-clock time is a different UTC time.
+    assert schedules.next_tick("0 9 * * *", PARIS, utc(2026, 1, 10)) == utc(2026, 1, 10, 8)
+    assert schedules.next_tick("0 9 * * *", PARIS, utc(2026, 7, 10)) == utc(2026, 7, 10, 7)
+
+
+def test_declarations_are_checked_and_the_tick_goes_in_the_payload():
+    s = pgpool.periodic("t-ok", "0 3 * * *", kind="tick", payload={"a": 1},
+                        timezone="Europe/Paris", catch_up=4)
+    assert (s.catch_up, s.payload_for(utc(2026, 1, 1, 2))) == (
+        4, {"a": 1, "tick": "2026-01-01T02:00:00+00:00"})
+    assert pgpool.periodic("t-ok", "0 3 * * *", kind="tick", payload={"a": 1},
+                           timezone="Europe/Paris", catch_up=4) == s  # the same again: fine
+    for kwargs, needle in (
+        ({"cron": "0 4 * * *"}, "schedule 't-ok' is declared twice, differently"),
+        ({"name": "t-2", "catch_up": 0}, "catch_up must be \"latest\" or a number"),
+        ({"name": "t-3", "catch_up": "all"}, "catch_up must be"),
+        ({"name": "t-4", "payload": {"tick": 1}}, "tick_key 'tick' must be"),
+        ({"name": "t-5", "payload": {"x": float("nan")}}, "NaN"),
+        ({"name": "t-6", "kind": "bad kind"}, "invalid kind"),
+        ({"name": "t 7"}, "invalid schedule name"),
+        ({"name": "t-8", "timezone": "Europe/Nowhere"}, "unknown time zone"),
+        ({"name": "t-9", "cron": "* * * * * * *"}, "bad cron expression"),
+    ):
+        args = {"name": "t-ok", "cron": "0 3 * * *", "kind": "tick", "payload": {"a": 1},
+                "timezone": "Europe/Paris", "catch_up": 4, **kwargs}
+        with pytest.raises(pgpool.HandlerError) as raised:
+            pgpool.periodic(args.pop("name"), args.pop("cron"), **args)
+        message = str(raised.value)
+        assert needle in message and "\n" not in message, message
