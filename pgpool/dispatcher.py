@@ -30,9 +30,10 @@ due and notifies their queues: the listener wakes it on `sql.STAGE`, `_acks_flus
 this host's own retries. `hosts` (the ``pgpool_hosts`` row, and this host's share of the
 fleet's claims per second, `hosts.budget`, which the scheduler spends) sits beside that
 path, as do `control` (an operator's paused queues, taken out of the claimer's queues, and
-cancellations, which make the heartbeat beat at once: ``pgpool.control``) and `retention`
-(dead-letter pruning). The scheduler owns the room formulas and the two claim loops; the
-completer owns what an outcome becomes.
+cancellations, which make the heartbeat beat at once: ``pgpool.control``), `retention`
+(dead-letter pruning) and, when the handler modules declare schedules, `periodic` (their
+ticks: ``pgpool.schedules``). The scheduler owns the room formulas and the two claim loops;
+the completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts, serves (the claim loops) until stopped or
@@ -91,8 +92,7 @@ log = logging.getLogger("pgpool.dispatcher")
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
 #: Pooled connections: one per claim loop, the completer, heartbeat, reaper, stager,
-#: registry, control poll and dead-letter retention (and one more for periodic schedules,
-#: added by the host that declares any).
+#: registry, control poll and dead-letter retention; one more with periodic schedules.
 CONNECTIONS: Final = CLAIM_LOOPS + 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
@@ -194,8 +194,9 @@ class Dispatcher:
     async def _start_and_serve(self) -> int:
         await self._check_database()
         await self._start_workers()
+        connections = CONNECTIONS + (1 if self.schedules else 0)
         self.db = AsyncConnectionPool(
-            self.config.dsn, min_size=CONNECTIONS, max_size=CONNECTIONS, open=False,
+            self.config.dsn, min_size=connections, max_size=connections, open=False,
             name="pgpool", kwargs={"autocommit": True},
             configure=functools.partial(configure_connection, lease=self.lease),
         )

@@ -218,3 +218,14 @@ def test_declarations_are_checked_and_the_tick_goes_in_the_payload():
             pgpool.periodic(args.pop("name"), args.pop("cron"), **args)
         message = str(raised.value)
         assert needle in message and "\n" not in message, message
+
+
+def test_hosts_declaring_a_schedule_differently_say_so(db, dsn):
+    # Two code versions of the schedule "custom" (its jobs go to the served default queue).
+    first = start_host(dsn, TESTPERIODIC_SCHEDULES="0", TESTPERIODIC_CRON="* * * * * *")
+    second = start_host(dsn, TESTPERIODIC_SCHEDULES="0", TESTPERIODIC_CRON="*/2 * * * * *")
+    # Each sees the other's declaration within a refresh (2/3 s); 30 s for a loaded machine.
+    warned = first.event("periodic_mismatch", timeout=30)
+    assert (warned["schedule"], warned["other"]) == (
+        "custom", second.event("started")["owner"]), warned
+    assert first.stop() == 0 and second.stop() == 0
