@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import assert_user_error, one, run_pgpool, status_json
+from conftest import assert_user_error, one, run_pgpool, start_pgpool, status_json, wait_until
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -132,3 +132,18 @@ def test_grants_user_errors(db, dsn):
     assert_user_error(run_pgpool(dsn, "grants"), "--app ROLE, --worker ROLE or both")
     assert_user_error(run_pgpool(dsn, "grants", "--worker", "no_such_role_x", "--apply"),
                       "no_such_role_x", "does not exist", "create the role first")
+
+
+def test_the_worker_role_runs_periodic_schedules(db, dsn, roles):
+    _, worker = roles
+    applied = run_pgpool(dsn, "grants", "--worker", worker, "--apply")
+    assert applied.returncode == 0, applied.stderr
+    host = start_pgpool(as_role(dsn, worker), "run", "--handlers", "testperiodic",
+                        "--procs", "1")
+    host.event("started")
+    # Ticks every second; 20 s is a generous bound on a loaded machine.
+    wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs WHERE queue = 'ticks'")[0],
+               "a tick enqueued under the worker role", timeout=20)
+    assert host.stop() == 0
+    assert [e for e in host.events("failing") if e["what"] == "periodic schedules"] == [], (
+        host.stderr)
