@@ -64,7 +64,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         vacuum = conn.execute(sql.STATUS_VACUUM).fetchone()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
         paused = dict(conn.execute(sql.PAUSED).fetchall())
-        schedules = conn.execute(sql.STATUS_SCHEDULES).fetchall()
+        schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
     host_list = [
         {
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
@@ -89,7 +89,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
             for q, kind, ready, ago in unhandled
         ],
-        "schedules": [_schedule(row) for row in schedules],
+        "schedules": [_schedule(row) for row in schedule_rows],
     }
 
 
@@ -100,7 +100,7 @@ def _schedule(row: tuple[Any, ...]) -> dict[str, Any]:
     if declared:
         try:
             next_run = schedules.next_tick(cron, schedules.zone(timezone), last_tick)
-        except (ValueError, KeyError):  # declared by a pgpool whose croniter reads it
+        except (ValueError, KeyError):  # written by a pgpool version that reads more syntax
             next_run = None
     return {
         "name": name, "cron": cron, "timezone": timezone, "kind": kind, "queue": queue,
@@ -248,7 +248,8 @@ def render(status: dict[str, Any]) -> str:
         ("SCHEDULE", "CRON", "TIMEZONE", "KIND", "QUEUE", "LAST RUN", "NEXT RUN"),
         [(s["name"], s["cron"], s["timezone"], s["kind"], s["queue"],
           "-" if s["last_run"] is None else _utc(s["last_run"]),
-          _utc(s["next_run"]) if s["next_run"] else "not declared by any live host")
+          "not declared by any live host" if not s["declared"]
+          else "-" if s["next_run"] is None else _utc(s["next_run"]))
          for s in status["schedules"]],
     )
     return "\n".join(out)
