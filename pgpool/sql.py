@@ -867,13 +867,14 @@ SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
 
 #: Delete up to ``limit`` matching dead jobs, oldest death first (a purge's or the
 #: retention's batch): bounded, so no delete holds many locks or leaves a vacuum storm.
+#: No FOR UPDATE: it needs UPDATE on the table, which the worker role (which prunes) does
+#: not have. A row another purge deletes first is waited for, then skipped.
 PURGE_DEAD: Final = f"""
 WITH doomed AS (
     SELECT id FROM pgpool_dead
     WHERE {_DEAD_FILTER}
     ORDER BY died_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM pgpool_dead AS d USING doomed WHERE d.id = doomed.id RETURNING d.id
 )

@@ -145,5 +145,6 @@ def test_the_worker_role_runs_periodic_schedules(db, dsn, roles):
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs WHERE queue = 'ticks'")[0],
                "a tick enqueued under the worker role", timeout=20)
     assert host.stop() == 0
-    assert [e for e in host.events("failing") if e["what"] == "periodic schedules"] == [], (
-        host.stderr)
+    # No part failed: not the schedules, nor dead-letter retention (its purge once took a
+    # row lock the worker role may not take).
+    assert host.events("failing") == [], host.stderr
