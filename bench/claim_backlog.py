@@ -46,7 +46,8 @@ def main() -> int:
                                  "SELECT 'k', '{}' FROM generate_series(1, 10000)")
                 conn.execute("VACUUM ANALYZE pgpool_jobs")
                 params = {"queues": ["default"], "kinds": ["k"], "kind_max_attempts": [20],
-                          "owner": "bench", "lease": 30, "limit": 50}
+                          "owner": "bench", "lease": 30, "limit": 50, "after": "",
+                          "tenant_cap": None}
                 times = []
                 for _ in range(200):
                     started = time.perf_counter()

@@ -21,6 +21,10 @@ RTT_SAMPLES = 10_000
 RECENT_RTTS = 15
 #: Claims the p99 published for `pgpool status` covers: the recent ones.
 P99_SAMPLES = 1000
+#: Tries of a claim that lost a race for a concurrency key (`sql.CLAIM`): each retry sees
+#: the winner's commit, so a second try almost always succeeds; past this, the claim loop's
+#: own back-off takes over.
+KEY_RACE_TRIES = 5
 
 
 class RawJsonLoader(Loader):
@@ -63,8 +67,11 @@ class Claimer:
         max_attempts: int,
         timeout: float | None,
         on_claimed: Callable[[float, list[Job]], None] | None = None,
+        tenant_cap: int | None = None,
     ) -> None:
-        """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs."""
+        """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs.
+        ``tenant_cap``: the most running jobs of one tenant across the fleet (README
+        "Fairness"), None for no cap."""
         self._pool = pool
         self._on_claimed = on_claimed
         kinds = sorted(handlers)
@@ -76,7 +83,11 @@ class Claimer:
             "kind_max_attempts": [handlers[k].max_attempts or max_attempts for k in kinds],
             "owner": owner,
             "lease": lease.seconds,
+            "tenant_cap": tenant_cap,
         }
+        #: The fair claim's cursor: its loose scan over tenants starts after this one, so
+        #: with more tenants waiting than a batch holds, every one of them gets its turn.
+        self._after = ""
         self._lease = lease
         self._queues = list(queues)
         self.claims = 0
@@ -125,8 +136,16 @@ class Claimer:
             return []  # every queue it serves is paused
         started = time.monotonic()
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.CLAIM, params)
-            rows = await cur.fetchall()
+            for tries in range(1, KEY_RACE_TRIES + 1):
+                try:
+                    cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
+                    rows = await cur.fetchall()
+                    break
+                except psycopg.errors.UniqueViolation:
+                    # Another claim took one of these concurrency keys first; the whole
+                    # statement rolled back, so every job it had picked is still ready.
+                    if tries == KEY_RACE_TRIES:
+                        raise
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
         self.claims += 1
@@ -136,8 +155,14 @@ class Claimer:
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
                 timeouts[kind], deadline=deadline, waited=waited)
-            for id_, kind, queue, attempt, interruptions, max_attempts, payload, waited in rows
+            for id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _
+            in rows
         ]
+        if rows:
+            # The last tenant served in the cursor's round order: the next claim's scan
+            # starts after it.
+            after = self._after
+            self._after = max((row[8] for row in rows), key=lambda t: (t <= after, t))
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
         return jobs

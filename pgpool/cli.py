@@ -58,6 +58,9 @@ def _number(kind: type, *, minimum: float, inclusive: bool, what: str,
 
 
 positive_int = _number(int, minimum=1, inclusive=True, what="a positive integer")
+#: --tenant-cap: compared with a count in SQL, as a PostgreSQL integer.
+tenant_cap = _number(int, minimum=1, inclusive=True, maximum=2**31 - 1,
+                     what="a positive integer number of running jobs")
 positive_seconds = _number(float, minimum=0, inclusive=False, what="a positive number of seconds")
 seconds = _number(float, minimum=0, inclusive=True, what="a non-negative number of seconds")
 # Bounds the database and the machine can honour; past them a run could only fail later.
@@ -128,6 +131,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("max_tasks_per_child", "PGPOOL_MAX_TASKS_PER_CHILD", positive_int, None),
     ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
     ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate, None),
+    ("tenant_cap", "PGPOOL_TENANT_CAP", tenant_cap, None),
     ("burst", "PGPOOL_BURST", _boolean, False),
     ("metrics_port", "PGPOOL_METRICS_PORT", tcp_port, None),
     ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
@@ -205,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="claims per second for the whole fleet, shared by demand, when "
                          "`pgpool budget set` set none (default "
                          f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
+    _add_run_option(run, "--tenant-cap", type=tenant_cap, metavar="N",
+                    help="start no job of a tenant that has N jobs running anywhere in the "
+                         "fleet (concurrent claims may overshoot: README \"Fairness\"; "
+                         "default: no cap)")
     _add_run_option(run, "--burst", action="store_true", default=None,
                     help="exit 0 once no runnable job is ready and nothing is in flight")
     _add_run_option(run, "--metrics-port", type=tcp_port, metavar="PORT",
@@ -428,6 +436,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         poll=args.poll,
         max_tasks_per_child=args.max_tasks_per_child,
         max_claims_per_sec=args.max_claims_per_sec,
+        tenant_cap=args.tenant_cap,
         max_memory=args.max_memory * 2**20 if args.max_memory else None,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,

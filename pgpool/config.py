@@ -56,6 +56,9 @@ class RunConfig:
     #: Claims per second for the whole fleet when ``pgpool budget set`` set none (None:
     #: pgpool.budget.DEFAULT_MAX_CLAIMS_PER_SEC); the hosts share it by demand.
     max_claims_per_sec: float | None = None
+    #: The most running jobs of one tenant across the fleet (None: no cap; README
+    #: "Fairness" says how far concurrent claims can overshoot it).
+    tenant_cap: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: Serve /metrics and /healthz on this TCP port (None: not at all; 0: any free port).

@@ -266,6 +266,7 @@ class Dispatcher:
             db, self.owner, queues=cfg.queues, handlers=self.handlers,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             on_claimed=self.metrics.jobs_claimed if self.metrics else None,
+            tenant_cap=cfg.tenant_cap,
         )
         self.hosts = HostRegistry(
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),

@@ -45,6 +45,11 @@ _INT4_MAX: Final = 2**31 - 1
 # A JSON \u0000 escape: preceded by an even number of backslashes (an odd one would make
 # it the literal text "\u0000", which jsonb stores fine).
 _NUL_ESCAPE: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+#: Longest tenant or concurrency key, in characters: both are index keys, and a btree
+#: entry must fit in a third of a page.
+MAX_KEY_CHARS: Final = 200
+#: COPY text format escapes for a text column (backslash first).
+_COPY_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def max_payload_bytes() -> int:
@@ -156,6 +161,17 @@ def _check_options(
         raise ConfigError(f"max_attempts must be a positive integer, got {max_attempts!r}")
 
 
+def _check_group(what: str, value: str | None) -> None:
+    """A tenant or concurrency key: None, or a non-empty string of at most `MAX_KEY_CHARS`."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
+        raise ConfigError(
+            f"{what} must be None or a non-empty string of at most {MAX_KEY_CHARS} characters "
+            f"without NUL, got {value!r:.60}"
+        )
+
+
 def _delay_seconds(run_at: datetime | None, delay: float | timedelta | None) -> float:
     if delay is None:
         return 0.0
@@ -213,8 +229,12 @@ def _enqueue_params(
     delay: float | timedelta | None,
     unique_key: str | None,
     max_attempts: int | None,
+    tenant: str | None,
+    concurrency_key: str | None,
 ) -> dict[str, Any]:
     _check_options(kind, queue, priority, run_at, max_attempts)
+    _check_group("tenant", tenant)
+    _check_group("concurrency_key", concurrency_key)
     seconds = _delay_seconds(run_at, delay)
     if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
         raise ConfigError("unique_key must be a non-empty string or None")
@@ -230,6 +250,8 @@ def _enqueue_params(
         "delay": seconds,
         "max_attempts": max_attempts,
         "unique_key": unique_key,
+        "tenant": tenant or "",  # '' is the group of jobs without a tenant
+        "concurrency_key": concurrency_key,
     }
 
 
@@ -241,6 +263,8 @@ def copy_rows(
     priority: int = 0,
     run_at: datetime | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
+    concurrency_key: str | None = None,
 ) -> Iterator[tuple[bytes, int]]:
     """The rows `enqueue_many` sends for these jobs, in ``COPY pgpool_jobs`` text format
     (`sql.COPY_JOBS`, or `sql.COPY_JOBS_AT` with ``run_at``).
@@ -251,7 +275,10 @@ def copy_rows(
     position, after the pieces before it were yielded).
     """
     _check_options(kind, queue, priority, run_at, max_attempts)
-    return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts)
+    _check_group("tenant", tenant)
+    _check_group("concurrency_key", concurrency_key)
+    return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts, tenant,
+                        concurrency_key)
 
 
 def _encode_rows(
@@ -261,9 +288,14 @@ def _encode_rows(
     priority: int,
     run_at: datetime | None,
     max_attempts: int | None,
+    tenant: str | None,
+    concurrency_key: str | None,
 ) -> Iterator[tuple[bytes, int]]:
     limit = max_payload_bytes()
     tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
+    tail += b"\t" + (tenant or "").translate(_COPY_ESCAPES).encode()
+    tail += b"\t" + (b"\\N" if concurrency_key is None
+                     else concurrency_key.translate(_COPY_ESCAPES).encode())
     if run_at is not None:  # scheduled: see sql.COPY_JOBS_AT
         tail += b"\t" + run_at.isoformat().encode() + b"\tscheduled"
     head = f"{queue}\t{kind}\t".encode()
@@ -303,17 +335,21 @@ def enqueue(
     delay: float | timedelta | None = None,
     unique_key: str | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int | None:
     """Insert one job in ``conn``'s current transaction and return its id.
 
     Higher ``priority`` runs first. ``run_at`` (timezone-aware) or ``delay`` (seconds or a
     timedelta) defers it. With ``unique_key``, nothing is inserted and None is returned while
     a job of the same kind and key is still ready or running. ``max_attempts`` overrides
-    the handler's limit. Raises `PayloadError` or `ConfigError` before sending anything
+    the handler's limit. ``tenant`` puts it in a fairness group (claims interleave tenants;
+    README "Fairness"); with ``concurrency_key``, no two jobs of one key run at once
+    anywhere in the fleet. Raises `PayloadError` or `ConfigError` before sending anything
     when an argument is invalid.
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
-                             max_attempts)
+                             max_attempts, tenant, concurrency_key)
     with schema_required():
         row = conn.execute(sql.ENQUEUE, params).fetchone()
     return None if row is None else row[0]
@@ -328,14 +364,18 @@ def enqueue_many(
     priority: int = 0,
     run_at: datetime | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """Insert many jobs of one kind through COPY in ``conn``'s current transaction.
 
-    Returns how many were inserted. All or none: a bad payload raises `PayloadError` naming
+    Returns how many were inserted; ``tenant`` and ``concurrency_key`` (as for `enqueue`)
+    apply to every one of them. All or none: a bad payload raises `PayloadError` naming
     its position, and the COPY is abandoned.
     """
     rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                     max_attempts=max_attempts)
+                     max_attempts=max_attempts, tenant=tenant,
+                     concurrency_key=concurrency_key)
     count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if outside_a_transaction(conn):
@@ -363,10 +403,12 @@ async def enqueue_async(
     delay: float | timedelta | None = None,
     unique_key: str | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int | None:
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
-                             max_attempts)
+                             max_attempts, tenant, concurrency_key)
     with schema_required():
         row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
     return None if row is None else row[0]
@@ -381,10 +423,13 @@ async def enqueue_many_async(
     priority: int = 0,
     run_at: datetime | None = None,
     max_attempts: int | None = None,
+    tenant: str | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
     rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                     max_attempts=max_attempts)
+                     max_attempts=max_attempts, tenant=tenant,
+                     concurrency_key=concurrency_key)
     count = 0
     stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
     if outside_a_transaction(conn):

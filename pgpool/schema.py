@@ -284,6 +284,40 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             'hosts declaring it refresh it every beat interval';
         """,
     ),
+    Migration(
+        11,
+        "tenants (fair claims, a cap on running jobs) and concurrency keys",
+        """
+        -- '' is the group of jobs without a tenant: NOT NULL keeps the claim's loose index
+        -- scan over tenants simple (NULLs never compare). COLLATE "C": byte order, cheap.
+        ALTER TABLE pgpool_jobs
+            ADD COLUMN tenant          text COLLATE "C" NOT NULL DEFAULT '',
+            ADD COLUMN concurrency_key text;
+        ALTER TABLE pgpool_dead
+            ADD COLUMN tenant          text COLLATE "C" NOT NULL DEFAULT '',
+            ADD COLUMN concurrency_key text;
+        COMMENT ON COLUMN pgpool_jobs.tenant IS
+            'fairness group set at enqueue ('''' = no tenant, one group): claims interleave '
+            'tenants round-robin; pgpool run --tenant-cap caps each one''s running jobs';
+        COMMENT ON COLUMN pgpool_jobs.concurrency_key IS
+            'at most one running job per key across the fleet (pgpool_jobs_key_running)';
+        -- The ready index gains tenant after kind: the claim walks the distinct tenants of a
+        -- (queue, kind) with a loose index scan and reads each tenant's jobs in claim order.
+        -- Jobs without a tenant are one group, so without tenants the order is as before.
+        -- Same name as the index it replaces: one index on ready rows, not two to maintain.
+        DROP INDEX pgpool_jobs_ready;
+        CREATE INDEX pgpool_jobs_ready
+            ON pgpool_jobs (queue, kind, tenant, priority DESC, run_at, id)
+            WHERE state = 'ready';
+        -- The hard guarantee of concurrency_key: two claims racing for one key cannot both
+        -- commit. Neither column changes on a heartbeat, so heartbeats stay HOT.
+        CREATE UNIQUE INDEX pgpool_jobs_key_running ON pgpool_jobs (concurrency_key)
+            WHERE state = 'running' AND concurrency_key IS NOT NULL;
+        -- Counts a tenant's running jobs for --tenant-cap (reads at most the cap's worth).
+        CREATE INDEX pgpool_jobs_tenant_running ON pgpool_jobs (tenant)
+            WHERE state = 'running' AND tenant <> '';
+        """,
+    ),
 )
 
 #: The schema version this code expects.

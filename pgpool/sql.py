@@ -75,10 +75,10 @@ WITH due AS (
            AS run_at
 ), job AS (
     INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             unique_key)
+                             unique_key, tenant, concurrency_key)
     SELECT %(queue)s, %(kind)s, %(payload)s, %(priority)s, run_at,
            CASE WHEN run_at <= now() THEN 'ready' ELSE 'scheduled' END,
-           %(max_attempts)s, %(unique_key)s
+           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s
     FROM due
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id, state, tableoid
@@ -92,9 +92,13 @@ FROM job
 #: ``run_at`` the rows go in as scheduled, whether that time has passed or not (COPY cannot
 #: compare it with the server's clock): the stager makes the due ones ready at once, woken
 #: by `NOTIFY_STAGE`.
-COPY_JOBS: Final = "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts) FROM STDIN"
+COPY_JOBS: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key) "
+    "FROM STDIN"
+)
 COPY_JOBS_AT: Final = (
-    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, run_at, state) FROM STDIN"
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "run_at, state) FROM STDIN"
 )
 
 #: After a COPY: wake the dispatchers of the installation the rows went to.
@@ -120,39 +124,129 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
   AND source NOT IN ('client', 'user', 'database', 'database user')
 """
 
-#: Claim up to ``limit`` ready jobs of the given queues and kinds, highest priority first,
-#: then oldest due. SKIP LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE
-#: does not block foreign keys that reference a job. A job's ``max_attempts`` is fixed at its
-#: first claim from the handler's setting when the producer left it open, so the reaper
-#: (which has no handler registry) can decide retry-or-dead on its own.
+#: Claim up to ``limit`` ready jobs of the given queues and kinds, in fair order. SKIP LOCKED
+#: makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block foreign keys
+#: that reference a job. A job's ``max_attempts`` is fixed at its first claim from the
+#: handler's setting when the producer left it open, so the reaper (which has no handler
+#: registry) can decide retry-or-dead on its own.
 #:
-#: One LATERAL scan per (queue, kind) pair: with ``queue`` and ``kind`` each equal to one
-#: value, the ready index (queue, kind, priority DESC, run_at, id) returns rows already in
-#: claim order and the scan stops after ``limit`` rows, however deep the backlog, and it
-#: never reads a row of another kind: a flood of a kind this host does not serve costs its
-#: claim nothing. (``queue = ANY(...)`` would make PostgreSQL sort every due row first: 350
-#: ms instead of 1.4 ms per claim with a million jobs due.) Jobs not yet due are
-#: ``scheduled``, outside this index, so they cost nothing either; ``run_at <= now()`` only
-#: guards against a ready row written with a future time by a pgpool older than the
-#: scheduled state. The pairs' rows are merged in priority order; each pair locks up to
-#: ``limit`` rows for the length of this statement, and the ones not taken stay ready.
+#: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
+#: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
+#: after its LIMIT, however deep the backlog. (``queue = ANY(...)`` would make PostgreSQL
+#: sort every due row first: 350 ms instead of 1.4 ms per claim with a million jobs due.)
+#: Rows a scan locked but the batch did not take stay ready when the statement ends.
 #:
-#: The picked rows are updated by ``id = ANY(ARRAY(...))``, not joined: the generic plan a
-#: long-running dispatcher's prepared claim switches to cannot know ``limit``, and joined it
-#: would hash the whole table (2 s a claim with a million jobs queued); an id array is
-#: looked up in the primary key in every plan, and its rows sorted back into claim order.
+#: Fairness (README "Fairness"; the parts marked "fair:" below):
+#: - ``tenants``: a loose index scan (one index descent per tenant) lists the tenants with
+#:   ready jobs in each pair, starting after the claimer's cursor ``after`` and wrapping
+#:   round, at most ``limit`` of them: its cost grows with the number of tenants waiting,
+#:   never with any tenant's backlog. Jobs without a tenant are the group ''.
+#: - ``room``: with ``tenant_cap``, how many more of a tenant's jobs may run now (its
+#:   running jobs in any queue counted on an index, at most the cap's worth of them).
+#: - ``fair``: each tenant's equal share of the batch first; ``spare``: what the others did
+#:   not need goes to the tenants that filled their share (a lone tenant gets it all).
+#: - ``picked``: round-robin, the first job of every tenant, then the second, ...; priority
+#:   orders the jobs within a tenant and breaks ties within a round.
+#: - ``concurrency_key``: jobs whose key is running are skipped, and a batch takes at most
+#:   one job per key. Two claims racing for one key both see it idle (each statement's
+#:   snapshot predates the other's commit), but the unique index pgpool_jobs_key_running
+#:   makes the second one fail with a unique violation, rolled back whole: the claimer
+#:   tries again (`pgpool.claimer`), and then sees the key running.
+#:
+#: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
+#: (``run_at <= now()`` only guards against a ready row written with a future time by a
+#: pgpool older than the scheduled state). The picked rows are updated by
+#: ``id = ANY(ARRAY(...))``, not joined: the generic plan a long-running dispatcher's
+#: prepared claim switches to cannot know ``limit``, and joined it would hash the whole table
+#: (2 s a claim with a million jobs queued); an id array is looked up in the primary key in
+#: every plan.
 CLAIM: Final = """
-WITH picked AS (
-    SELECT c.id FROM unnest(%(queues)s::text[]) AS q(queue)
-    CROSS JOIN unnest(%(kinds)s::text[]) AS p(kind)
+WITH RECURSIVE pairs AS (
+    SELECT q.queue, k.kind
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+), tenants AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
+    SELECT p.queue, p.kind, f.tenant AS first, f.tenant, 1 AS n
+    FROM pairs AS p
+    CROSS JOIN LATERAL (SELECT coalesce(
+        (SELECT tenant FROM pgpool_jobs
+         WHERE state = 'ready' AND queue = p.queue AND kind = p.kind AND tenant > %(after)s
+         ORDER BY tenant LIMIT 1),
+        (SELECT tenant FROM pgpool_jobs
+         WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
+         ORDER BY tenant LIMIT 1)) AS tenant
+        OFFSET 0) AS f  -- not inlined: its subqueries run once, not per use
+    WHERE f.tenant IS NOT NULL
+    UNION ALL
+    SELECT t.queue, t.kind, t.first, x.tenant, t.n + 1
+    FROM tenants AS t
+    CROSS JOIN LATERAL (SELECT coalesce(
+        (SELECT tenant FROM pgpool_jobs
+         WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
+         ORDER BY tenant LIMIT 1),
+        (SELECT tenant FROM pgpool_jobs
+         WHERE state = 'ready' AND queue = t.queue AND kind = t.kind
+         ORDER BY tenant LIMIT 1)) AS tenant
+        OFFSET 0) AS x  -- not inlined: its subqueries run once, not per use
+    WHERE t.n < %(limit)s AND x.tenant <> t.first
+), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
+    SELECT d.tenant,
+           CASE WHEN %(tenant_cap)s::int IS NULL OR d.tenant = '' THEN %(limit)s
+                ELSE greatest(0, %(tenant_cap)s::int - (
+                    SELECT count(*) FROM (
+                        SELECT FROM pgpool_jobs AS r
+                        WHERE r.tenant = d.tenant AND r.state = 'running' AND r.tenant <> ''
+                        LIMIT %(tenant_cap)s) AS r))::int END AS room
+    FROM (SELECT DISTINCT tenant FROM tenants) AS d
+), share AS (  -- fair: the equal share of the batch of each tenant with room
+    SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
+    FROM room WHERE room > 0
+), fair AS MATERIALIZED (
+    SELECT c.* FROM tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM pgpool_jobs
-        WHERE state = 'ready' AND queue = q.queue AND kind = p.kind AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
+        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
+        FROM pgpool_jobs AS j
+        WHERE j.state = 'ready' AND j.queue = t.queue AND j.kind = t.kind
+          AND j.tenant = t.tenant AND j.run_at <= now()
+          AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                          WHERE k.concurrency_key = j.concurrency_key
+                            AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(s.share, r.room)
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
-    ORDER BY c.priority DESC, c.run_at, c.id
+    WHERE r.room > 0
+), spare AS (  -- fair: the rest of the batch, to the tenants that filled their share
+    SELECT c.*
+    FROM (SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
+          FROM fair GROUP BY queue, kind, tenant) AS f
+    JOIN room AS r USING (tenant) CROSS JOIN share AS s
+    CROSS JOIN (SELECT count(*)::int AS got FROM fair) AS total
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
+        FROM pgpool_jobs AS j
+        WHERE j.state = 'ready' AND j.queue = f.queue AND j.kind = f.kind
+          AND j.tenant = f.tenant AND j.run_at <= now() AND j.id <> ALL(f.ids)
+          AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                          WHERE k.concurrency_key = j.concurrency_key
+                            AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(r.room - f.got, %(limit)s - total.got)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE f.got = least(s.share, r.room) AND f.got < r.room AND total.got < %(limit)s
+), one_per_key AS (  -- concurrency_key: at most one job per key in a batch
+    SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                 ORDER BY priority DESC, run_at, id) AS key_rank
+    FROM (SELECT * FROM fair UNION ALL SELECT * FROM spare) AS candidates
+), picked AS (  -- fair: round-robin over tenants, within the cap
+    SELECT x.id FROM (
+        SELECT id, tenant, priority, run_at,
+               row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id)
+                   AS tenant_rank
+        FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1
+    ) AS x JOIN room AS r USING (tenant)
+    WHERE x.tenant_rank <= r.room
+    ORDER BY x.tenant_rank, x.priority DESC, x.run_at, x.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE pgpool_jobs AS j
@@ -166,9 +260,10 @@ WITH picked AS (
     FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.priority, j.run_at
+              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
+              j.run_at
 )
-SELECT id, kind, queue, attempts, interruptions, max_attempts, payload, waited
+SELECT id, kind, queue, attempts, interruptions, max_attempts, payload, waited, tenant
 FROM claimed
 ORDER BY priority DESC, run_at, id  -- claim order: the workers take them in this order
 """
@@ -246,12 +341,14 @@ WITH done AS (
           AS a(id, attempt, owner, error)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
-              j.max_attempts, j.unique_key, j.created_at, a.error
+              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
+              a.error
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
-                             max_attempts, unique_key, created_at, last_error)
+                             max_attempts, unique_key, created_at, tenant, concurrency_key,
+                             last_error)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, error
+           unique_key, created_at, tenant, concurrency_key, error
     FROM buried
     RETURNING id
 )
@@ -313,12 +410,15 @@ WITH expired AS (
     USING judged AS g
     WHERE j.id = g.id AND NOT (g.uncounted OR g.attempts_left)
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
-              j.max_attempts, j.unique_key, j.created_at, j.locked_by
+              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
+              j.locked_by
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
-                             max_attempts, unique_key, created_at, last_error)
+                             max_attempts, unique_key, created_at, tenant, concurrency_key,
+                             last_error)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, 'lease expired while running on ' || coalesce(locked_by, '?')
+           unique_key, created_at, tenant, concurrency_key,
+           'lease expired while running on ' || coalesce(locked_by, '?')
     FROM buried
     RETURNING id
 )
@@ -847,10 +947,10 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), revived AS (
     INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
-                             last_error, created_at)
+                             last_error, created_at, tenant, concurrency_key)
     OVERRIDING SYSTEM VALUE
     SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
-           d.last_error, d.created_at
+           d.last_error, d.created_at, d.tenant, d.concurrency_key
     FROM pgpool_dead AS d JOIN picked USING (id)
     ON CONFLICT DO NOTHING
     RETURNING id, queue
@@ -895,12 +995,13 @@ CANCEL: Final = f"""
 WITH gone AS (
     DELETE FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
     RETURNING id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-              created_at, {_JOB_STATE} AS op_state, locked_by
+              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state, locked_by
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
-                             unique_key, created_at, reason, last_error)
+                             unique_key, created_at, tenant, concurrency_key, reason,
+                             last_error)
     SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-           created_at, 'cancelled',
+           created_at, tenant, concurrency_key, 'cancelled',
            'cancelled by operator at '
            || to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')
            || CASE WHEN op_state = 'running'

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -419,6 +420,35 @@ def read_records(record_dir: Path) -> list[tuple[int, int, int, str]]:
     return out
 
 
+def read_ticks(where: Path) -> dict[int, list[Any]]:
+    """Every attempt of a tests/testjobs.py ``ticker`` job that ticked under ``where``
+    ($TICKS_RECORD), by job, sorted by start, as ``chaos_checks.Attempt``: from its first
+    tick to its last one plus a tick (its code may have run that long after the last
+    record), or to its end record if it finished."""
+    sys.path.insert(0, str(BENCH))
+    from chaos_checks import Attempt
+    from testjobs import TICK
+
+    ticks: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
+    finished = set()
+    for f in where.glob("*.log"):
+        ppid, _, pid = f.stem.partition("-")
+        for line in f.read_text().split("\n")[:-1]:  # a line cut short by a kill is left out
+            job, attempt, at = line.split()
+            key = (int(job), int(attempt), int(pid), int(ppid))
+            if at == "end":
+                finished.add(key)
+            else:
+                ticks[key].append(int(at))
+    attempts: dict[int, list[Any]] = defaultdict(list)
+    for key, times in ticks.items():
+        end = max(times) + (0 if key in finished else int(TICK * 1e9))
+        attempts[key[0]].append(Attempt(*key, min(times), end))
+    for runs in attempts.values():
+        runs.sort(key=lambda a: a.start)
+    return dict(attempts)
+
+
 def wait_until(check: Callable[[], object], what: str, timeout: float = 30,
                interval: float = 0.02) -> Any:
     """Poll ``check`` every ``interval`` seconds until it returns something truthy, and
@@ -432,6 +462,13 @@ def wait_until(check: Callable[[], object], what: str, timeout: float = 30,
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def insert_old_job(conn: psycopg.Connection, kind: str = "record") -> int:
+    """A due job, inserted with the columns every schema version has (`pgpool.enqueue`
+    needs the current one); its id."""
+    return conn.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES (%s, '{}') "
+                        "RETURNING id", (kind,)).fetchone()[0]
 
 
 def make_version_1_schema(conn: psycopg.Connection) -> None:

@@ -16,19 +16,27 @@ import os
 import signal
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import BENCH, RUN, Pgpool, read_records, start_pgpool, wait_until, with_options
+from conftest import (
+    BENCH,
+    RUN,
+    Pgpool,
+    read_records,
+    read_ticks,
+    start_pgpool,
+    wait_until,
+    with_options,
+)
 from testjobs import TICK
 
 import pgpool
 
 sys.path.insert(0, str(BENCH))
-from chaos_checks import Attempt, find_overlaps
+from chaos_checks import find_overlaps
 
 LEASE = 2
 #: Three leases, the freeze the issue asks for.
@@ -40,30 +48,6 @@ JOB_SECONDS = 4
 #: and a poll (1 s) of the freeze; 20 s leaves room for a loaded 2-core machine.
 RECLAIM = 20
 TICK_NS = int(TICK * 1e9)
-
-
-def read_ticks(where: Path) -> dict[int, list[Attempt]]:
-    """Every attempt that ticked, by job, sorted by start: from its first tick to its last
-    one plus a tick (its code may have run that long after the last record), or to its end
-    record if it finished."""
-    ticks: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
-    finished = set()
-    for f in where.glob("*.log"):
-        ppid, _, pid = f.stem.partition("-")
-        for line in f.read_text().split("\n")[:-1]:  # a line cut short by a kill is left out
-            job, attempt, at = line.split()
-            key = (int(job), int(attempt), int(pid), int(ppid))
-            if at == "end":
-                finished.add(key)
-            else:
-                ticks[key].append(int(at))
-    attempts: dict[int, list[Attempt]] = defaultdict(list)
-    for key, times in ticks.items():
-        end = max(times) + (0 if key in finished else TICK_NS)
-        attempts[key[0]].append(Attempt(*key, min(times), end))
-    for runs in attempts.values():
-        runs.sort(key=lambda a: a.start)
-    return dict(attempts)
 
 
 def running_on(where: Path, host: Pgpool, jobs: list[int]) -> bool:

@@ -9,6 +9,7 @@ import pytest
 from conftest import (
     RUN,
     assert_user_error,
+    insert_old_job,
     make_version_1_schema,
     read_records,
     run_pgpool,
@@ -64,7 +65,7 @@ def test_concurrent_migrations_apply_once(dsn):
 def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_1_schema(conn)
-        job = pgpool.enqueue(conn, "record", {})
+        job = insert_old_job(conn)
         assert schema.schema_version(conn) == 1
         assert pgpool.migrate(conn) == after(1)
         assert schema.schema_version(conn) == pgpool.SCHEMA_VERSION
@@ -93,7 +94,7 @@ SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jo
 def test_migrate_upgrades_a_version_2_schema_in_place_keeping_hosts_and_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_2_schema(conn)
-        job = pgpool.enqueue(conn, "record", {})
+        job = insert_old_job(conn)
         conn.execute(V2_HOST_UPSERT, ("old:1:aa", 5))
         with pytest.raises(pgpool.SchemaError, match="run `pgpool migrate` to upgrade"):
             schema.check_version(schema.schema_version(conn))
@@ -154,7 +155,7 @@ def test_migrate_upgrades_the_install_in_public_after_a_schema_named_after_the_r
     # search_path; then a schema named after the role appears ahead of public on it.
     with psycopg.connect(fresh_dsn, autocommit=True) as conn:
         make_version_2_schema(conn)
-        job = pgpool.enqueue(conn, "record", {})
+        job = insert_old_job(conn)
         mine = role_schema(conn)
     done = run_pgpool(fresh_dsn, "migrate")
     assert done.returncode == 0, done.stderr

@@ -58,7 +58,7 @@ def bare_claim(owner: str, limit: int) -> dict[str, Any]:
     """Parameters for `sql.CLAIM` as a no-framework loop uses it: the bench kind, one
     attempt, a long lease."""
     return {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
-            "owner": owner, "lease": 60.0, "limit": limit}
+            "owner": owner, "lease": 60.0, "limit": limit, "after": "", "tenant_cap": None}
 
 
 def _drain(dsn: str, batch: int, *, lease_cycle: bool) -> dict[str, Any]:
