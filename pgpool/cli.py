@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--max-attempts", type=positive_int, metavar="N",
                      help="attempts before the job is dead-lettered (default: the "
                           "handler's setting, else 20)")
+    enq.add_argument("--tenant", metavar="NAME",
+                     help="the job's fairness group (README \"Fairness\"; default: none)")
+    enq.add_argument("--concurrency-key", metavar="KEY",
+                     help="run no two jobs of this key at once, fleet-wide (default: none)")
     enq.add_argument("--dsn", help=dsn_help)
     enq.set_defaults(func=cmd_enqueue)
 
@@ -543,7 +547,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         schema.check(conn)
         job_id = enqueue(conn, args.kind, payload, queue=args.queue, priority=args.priority,
                          delay=args.delay, unique_key=args.unique_key,
-                         max_attempts=args.max_attempts)
+                         max_attempts=args.max_attempts, tenant=args.tenant,
+                         concurrency_key=args.concurrency_key)
         served = conn.execute(sql.KIND_SERVED, {"queue": args.queue, "kind": args.kind,
                                                 "stale_leases": STALE_AFTER_LEASES}).fetchone()[0]
     if job_id is None:

@@ -20,7 +20,17 @@ from collections import Counter, defaultdict
 
 import psycopg
 import pytest
-from conftest import BENCH, RUN, in_registry, one, read_ticks, start_pgpool, wait_until
+from conftest import (
+    BENCH,
+    RUN,
+    assert_user_error,
+    in_registry,
+    one,
+    read_ticks,
+    run_pgpool,
+    start_pgpool,
+    wait_until,
+)
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -54,6 +64,34 @@ def tenants_of(jobs: list, db: psycopg.Connection) -> Counter[str]:
     ids = [job.id for job in jobs]
     return Counter(t for (t,) in db.execute(
         "SELECT tenant FROM pgpool_jobs WHERE id = ANY(%s)", (ids,)))
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+def test_every_way_in_sets_tenant_and_key(db, dsn):
+    odd = "a\tb\\c\nd"  # COPY's special characters
+    pgpool.enqueue_many(db, "k", [{}, {}], tenant=odd, concurrency_key=odd)
+
+    async def many_async() -> int:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await pgpool.enqueue_async(conn, "k", {}, tenant="t2", concurrency_key="k2")
+            return await pgpool.enqueue_many_async(conn, "k", [{}], tenant="t3")
+
+    assert asyncio.run(many_async()) == 1
+    done = run_pgpool(dsn, "enqueue", "k", "{}", "--tenant", "t4", "--concurrency-key", "k4")
+    assert done.returncode == 0, done.stderr
+    pgpool.enqueue(db, "k", {})
+    assert db.execute("SELECT tenant, concurrency_key FROM pgpool_jobs ORDER BY id").fetchall(
+        ) == [(odd, odd), (odd, odd), ("t2", "k2"), ("t3", None), ("t4", "k4"), ("", None)]
+
+
+@pytest.mark.parametrize("option", ["--tenant", "--concurrency-key"])
+def test_an_empty_tenant_or_key_is_a_one_line_error(db, dsn, option):
+    what = option.lstrip("-").replace("-", "_")
+    assert_user_error(run_pgpool(dsn, "enqueue", "k", "{}", option, ""), what, "non-empty")
+    with pytest.raises(pgpool.ConfigError, match=what):
+        pgpool.enqueue_many(db, "k", [{}], **{what: "x" * 201})
 
 
 # --- tenants: what one claim takes ---------------------------------------------------------
