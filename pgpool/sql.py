@@ -165,28 +165,26 @@ WITH RECURSIVE pairs AS (
     SELECT q.queue, k.kind
     FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
 ), tenants AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
-    SELECT p.queue, p.kind, f.tenant AS first, f.tenant, 1 AS n
+    SELECT p.queue, p.kind, f.lowest, coalesce(f.next, f.lowest) AS first,
+           coalesce(f.next, f.lowest) AS tenant, 1 AS n
     FROM pairs AS p
-    CROSS JOIN LATERAL (SELECT coalesce(
+    CROSS JOIN LATERAL (SELECT
         (SELECT tenant FROM pgpool_jobs
          WHERE state = 'ready' AND queue = p.queue AND kind = p.kind AND tenant > %(after)s
-         ORDER BY tenant LIMIT 1),
-        (SELECT tenant FROM pgpool_jobs
+         ORDER BY tenant LIMIT 1) AS next,
+        (SELECT tenant FROM pgpool_jobs  -- where the walk wraps round to, found once
          WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
-         ORDER BY tenant LIMIT 1)) AS tenant
+         ORDER BY tenant LIMIT 1) AS lowest
         OFFSET 0) AS f  -- not inlined: its subqueries run once, not per use
-    WHERE f.tenant IS NOT NULL
+    WHERE f.lowest IS NOT NULL
     UNION ALL
-    SELECT t.queue, t.kind, t.first, x.tenant, t.n + 1
+    SELECT t.queue, t.kind, t.lowest, t.first, x.tenant, t.n + 1
     FROM tenants AS t
     CROSS JOIN LATERAL (SELECT coalesce(
         (SELECT tenant FROM pgpool_jobs
          WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
-         ORDER BY tenant LIMIT 1),
-        (SELECT tenant FROM pgpool_jobs
-         WHERE state = 'ready' AND queue = t.queue AND kind = t.kind
-         ORDER BY tenant LIMIT 1)) AS tenant
-        OFFSET 0) AS x  -- not inlined: its subqueries run once, not per use
+         ORDER BY tenant LIMIT 1), t.lowest) AS tenant
+        OFFSET 0) AS x  -- not inlined: its subquery runs once, not per use
     WHERE t.n < %(limit)s AND x.tenant <> t.first
 ), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
     SELECT d.tenant,
