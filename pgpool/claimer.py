@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 import psycopg
@@ -152,6 +152,16 @@ class Claimer:
         self.claimed += len(rows)
         timeouts = self._timeouts
         deadline = self._lease.deadline(started)
+        if rows:
+            # The workers take a batch in order: round-robin over its tenants (RETURNING
+            # keeps no order), so another tenant's job does not wait behind the flood's.
+            seen: Counter[str] = Counter()
+            rounds = []
+            for row in rows:
+                rounds.append(seen[row[8]])
+                seen[row[8]] += 1
+            rows = [row for _, row in sorted(zip(rounds, rows, strict=True),
+                                             key=lambda pair: pair[0])]
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
                 timeouts[kind], deadline=deadline, waited=waited)

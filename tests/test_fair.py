@@ -108,6 +108,10 @@ def test_a_claim_interleaves_tenants_and_gives_the_rest_to_the_flood(db, dsn):
     # Round-robin: every tenant's first job (the flood's too), then every second one; the
     # rest of the batch, which nobody else needs, goes to the flood.
     assert tenants_of(jobs, db) == {"a": 2, "b": 2, "c": 2, "": 1, "flood": 3}
+    # Handed to the workers in rounds too: one job of each tenant first.
+    tenant = dict(db.execute("SELECT id, tenant FROM pgpool_jobs WHERE id = ANY(%s)",
+                             ([j.id for j in jobs],)).fetchall())
+    assert sorted(tenant[j.id] for j in jobs[:5]) == ["", "a", "b", "c", "flood"]
 
     jobs = in_registry(dsn, lambda pool: claimer(pool).claim(10))
     assert tenants_of(jobs, db) == {"flood": 10}  # alone, it gets whole batches
@@ -286,3 +290,22 @@ def test_no_two_jobs_of_a_key_ever_run_at_once_across_hosts_and_worker_kills(
     everything = sorted((a for runs in by_key.values() for a in runs), key=lambda a: a.start)
     assert any(b.start < a.end for a, b in itertools.pairwise(everything))
     assert len({a.ppid for runs in attempts.values() for a in runs}) > 1  # several hosts
+
+
+def test_heartbeats_of_tenant_and_keyed_jobs_stay_hot(db, dsn):
+    # No index of migration 9 covers a column a heartbeat writes: the lease extension of a
+    # running job with a tenant and a key is a HOT update (no index entry written).
+    from pgpool import sql
+
+    pgpool.enqueue(db, "k", {}, tenant="acme", concurrency_key="x")
+    pgpool.enqueue(db, "k", {}, tenant="acme")
+    jobs = in_registry(dsn, lambda pool: claimer(pool).claim(10))
+    assert len(jobs) == 2
+    with db.transaction():  # the statistics of this transaction, read before it ends
+        beaten = db.execute(sql.HEARTBEAT, {
+            "ids": sql.int_array(j.id for j in jobs),
+            "attempts": sql.int_array(j.attempt for j in jobs), "owner": "host-a",
+            "started": [True, True], "lease": 30}).fetchall()
+        hot = one(db, "SELECT pg_stat_get_xact_tuples_hot_updated('pgpool_jobs'::regclass)")
+    assert len(beaten) == 2
+    assert hot == (2,)
