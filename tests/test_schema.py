@@ -344,6 +344,6 @@ def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch)
         indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes "
                                     "WHERE tablename = 'pgpool_jobs' "
                                     "AND schemaname = current_schema()"))
-        assert "(queue, kind, priority DESC, run_at, id) WHERE (state = 'ready'" in indexes[
+        assert "(queue, kind, tenant, priority DESC, run_at, id) WHERE (state = 'ready'" in indexes[
             "pgpool_jobs_ready"]
         assert "(run_at) WHERE (state = 'scheduled'" in indexes["pgpool_jobs_scheduled"]
