@@ -355,15 +355,16 @@ function renderHosts(hosts, fleet) {
       el("td", {"data-testid": "host-claims"},
         el("div", {class: "meter", title: `share ${num(share)} of budget ${h.max_claims_per_sec ?? "—"}`},
           el("div", {class: "fill", style: `width:${pct.toFixed(0)}%`})),
-        el("span", {class: "meter-text",
-                    text: `${num(h.claims_per_sec)} / ${share === null ? "—" : num(share)}` +
-                          (h.wants_more ? "+" : "")})),
+        el("span", {class: "meter-text", "data-testid": "host-rate", text: num(h.claims_per_sec)}),
+        el("span", {class: "meter-text sub",
+                    text: ` / ${share === null ? "—" : num(share)}${h.wants_more ? "+" : ""}`})),
       el("td", {class: "n", text: h.claim_p99_ms === null ? "—" : `${num(h.claim_p99_ms)}ms`}),
-      el("td", {class: "n", text: h.jobs_done}),
+      el("td", {class: "n", "data-testid": "claimed", text: h.jobs_claimed}),
+      el("td", {class: "n", "data-testid": "done", text: h.jobs_done}),
       el("td", {class: "n", text: h.jobs_failed}),
       seen);
   });
-  if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 9, class: "empty", text: "No hosts registered."})));
+  if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 10, class: "empty", text: "No hosts registered."})));
   $("#hosts tbody").replaceChildren(...rows);
 }
 

@@ -1,0 +1,368 @@
+"""The dashboard in a real browser: headless Chromium (Debian's, driven by Playwright for
+Python) against a real `pgpool web`, real dispatchers and the suite's throwaway PostgreSQL.
+
+Run by `make web-test` (not by `make test`: pyproject's norecursedirs), which installs
+Playwright; Chromium comes from Debian (`.ci/run` installs it). Every wait is a condition
+in the page (Playwright's ``expect``, which polls it) or in the database (`wait_until`).
+Screenshots of the main views land in tests/web/artifacts/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import MARKER, RUN, one, read_records, start_pgpool, wait_until
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+import pgpool
+from pgpool import ops
+
+CHROMIUM = os.environ.get("PGPOOL_CHROMIUM", "/usr/bin/chromium")
+#: What headless Chromium needs here: as root, no sandbox; no GPU; and nothing that phones
+#: home (this closed network refuses those connections, and they slow the start).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+ARTIFACTS = Path(__file__).parent / "artifacts"
+#: Page conditions wait this long. The server sends a snapshot at least every 5 s and a
+#: dispatcher started with --lease 3 beats every second; 20 s leaves room for a machine
+#: shared by several test runs.
+expect.set_options(timeout=20_000)
+#: The dispatchers' lease: short, so hosts report their claims (at each beat, lease/3) fast.
+LEASE = ("--lease", "3")
+
+
+# --- fixtures: the browser, the server, a page ---------------------------------------------
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (.ci/run does), "
+                    "or point PGPOOL_CHROMIUM at one")
+    with sync_playwright() as p:
+        # Playwright gives each launch a fresh temporary profile (--user-data-dir).
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str, server: Any) -> bool:
+    if server.poll() is not None:
+        pytest.fail(f"pgpool web exited ({server.returncode}):\n{server.stderr}")
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+@pytest.fixture
+def web(dsn: str) -> Callable[..., str]:
+    """Start ``pgpool web`` on a free port with extra flags and environment; its URL once
+    /healthz answers."""
+    def start(*flags: str, **env: str) -> str:
+        port = free_port()
+        server = start_pgpool(dsn, "web", "--port", str(port), *flags, **env)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url, server), "pgpool web to answer /healthz", timeout=30)
+        return url
+    return start
+
+
+@pytest.fixture
+def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
+    """A new page in a new browser context (its own cookies and credentials); a JavaScript
+    error on any page fails the test."""
+    contexts = []
+    errors: list[str] = []
+
+    def open_(**context: Any) -> Page:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 900}, **context)
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        return page
+
+    yield open_
+    for ctx in contexts:
+        ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def load(page: Page, url: str) -> Page:
+    """Open the dashboard and wait for its first snapshot."""
+    page.goto(url)
+    expect(page.locator("body")).to_have_attribute("data-snapshots", re.compile(r"^\d+$"))
+    return page
+
+
+def card(page: Page, queue: str) -> Any:
+    return page.locator(f'[data-testid="queue"][data-queue="{queue}"]')
+
+
+def host_row(page: Page, owner: str) -> Any:
+    return page.locator(f'[data-testid="host"][data-owner="{owner}"]')
+
+
+def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
+
+
+def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
+    """The counts a queue's card shows, straight from the tables."""
+    ready, scheduled, running = one(
+        db, "SELECT count(*) FILTER (WHERE state = 'ready' AND run_at <= now()), "
+            "count(*) FILTER (WHERE state = 'ready' AND run_at > now()), "
+            "count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
+        queue)
+    (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
+    return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
+
+
+def dead_count(db: psycopg.Connection, queue: str) -> int:
+    return one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)[0]
+
+
+def owners(db: psycopg.Connection) -> list[str]:
+    return [o for (o,) in db.execute("SELECT owner FROM pgpool_hosts ORDER BY owner")]
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_page):
+    # alpha: 3 ready, 2 scheduled, no host. busy: a host that ran 2 jobs into the dead
+    # letters and now runs a long one.
+    for _ in range(3):
+        pgpool.enqueue(db, "record", {}, queue="alpha")
+    for _ in range(2):
+        pgpool.enqueue(db, "record", {}, queue="alpha", delay=600)
+    start_pgpool(dsn, *RUN, "--queue", "busy", "--procs", "1", *LEASE, record_dir=record_dir)
+    for _ in range(2):
+        pgpool.enqueue(db, "fail", {}, queue="busy", max_attempts=1)
+    wait_until(lambda: dead_count(db, "busy") == 2, "the two failing jobs to die")
+    long = pgpool.enqueue(db, "record", {"sleep": 300, "secret": MARKER}, queue="busy")
+    wait_until(lambda: queue_counts(db, "busy")["running"] == 1, "the long job to run")
+
+    page = load(open_page(), web())
+    for queue in ("alpha", "busy"):
+        for what, count in queue_counts(db, queue).items():
+            expect(card(page, queue).get_by_test_id(what)).to_have_text(str(count))
+    expect(card(page, "busy").get_by_test_id("dead24h")).to_have_text("+2")
+    expect(card(page, "alpha").get_by_test_id("paused")).to_have_text("active")
+    # The one host, live, with its procs and queues.
+    (owner,) = owners(db)
+    expect(page.get_by_test_id("host")).to_have_count(1)
+    expect(host_row(page, owner)).to_contain_text("busy")
+    expect(host_row(page, owner).get_by_test_id("last-seen")).not_to_contain_text("stale")
+    # The jobs list: every live job, in the state the table says.
+    jobs = dict(db.execute("SELECT id, CASE WHEN state = 'running' THEN 'running' "
+                           "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END "
+                           "FROM pgpool_jobs"))
+    rows = page.locator('[data-testid="job"]')
+    expect(rows).to_have_count(len(jobs))
+    shown = {int(r.get_attribute("data-job-id")): r.get_attribute("data-state")
+             for r in rows.all()}
+    assert shown == jobs
+    screenshot(page, "dashboard")
+
+    # The running job's detail: attempts, owner, lease left; no payload (not allowed).
+    page.locator(f'[data-testid="job"][data-job-id="{long}"]').click()
+    detail = page.get_by_test_id("job-detail")
+    expect(detail.get_by_test_id("d-state")).to_have_text("running")
+    expect(detail.get_by_test_id("d-owner")).to_have_text(owner)
+    expect(detail.get_by_test_id("d-attempts")).to_contain_text("1 of ")
+    expect(detail.get_by_test_id("d-lease")).to_have_text(re.compile(r"^\d"))
+    expect(detail.get_by_test_id("d-payload-hidden")).to_be_visible()
+    assert MARKER not in page.content()
+    screenshot(page, "job-detail")
+
+    # The dead letters: one group of two.
+    page.get_by_test_id("tab-dead").click()
+    group = page.locator('[data-testid="dead-group"][data-kind="fail"]')
+    expect(group.get_by_test_id("group-count")).to_have_text("2")
+    screenshot(page, "dead-letters")
+
+
+def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
+    page = load(open_page(), web())
+    expect(card(page, "lagq")).to_have_count(0)
+    for _ in range(3):
+        pgpool.enqueue(db, "record", {}, queue="lagq")
+    # The enqueue's notification brings the queue in, with its lag; then the lag grows.
+    lag = card(page, "lagq").get_by_test_id("lag")
+    expect(card(page, "lagq").get_by_test_id("ready")).to_have_text("3")
+    expect(lag).to_have_attribute("data-lag", re.compile(r"^\d"))
+    first = float(lag.get_attribute("data-lag"))
+    page.wait_for_function(
+        """([el, first]) => el.dataset.lag !== "" && Number(el.dataset.lag) >= first + 1""",
+        arg=[lag.element_handle(), first], timeout=20_000)
+    expect(card(page, "lagq").get_by_test_id("lag-chart")).not_to_have_attribute(
+        "data-points", re.compile(r"^[01]$"))
+    screenshot(page, "lag")
+    # A host drains the queue: the lag falls to nothing.
+    start_pgpool(dsn, *RUN, "--queue", "lagq", "--burst")
+    expect(card(page, "lagq").get_by_test_id("ready")).to_have_text("0")
+    expect(lag).to_have_attribute("data-lag", "")
+    expect(lag).to_have_text("0s")
+
+
+def test_replaying_a_dead_group_runs_its_jobs(db, dsn, record_dir, web, open_page):
+    start_pgpool(dsn, *RUN, "--queue", "rq", "--procs", "1", *LEASE, record_dir=record_dir)
+    # Two jobs that fail for real, and five cancelled before their time: two groups.
+    for _ in range(2):
+        pgpool.enqueue(db, "fail", {}, queue="rq", max_attempts=1)
+    wait_until(lambda: dead_count(db, "rq") == 2, "the two failing jobs to die")
+    cancelled = [pgpool.enqueue(db, "record", {}, queue="rq", delay=600) for _ in range(5)]
+    ops.cancel(db, cancelled)
+
+    page = load(open_page(), web("--read-write"))
+    page.get_by_test_id("tab-dead").click()
+    group = page.locator('[data-testid="dead-group"][data-kind="record"]')
+    expect(group.get_by_test_id("group-count")).to_have_text("5")
+    group.get_by_test_id("replay").click()
+    # The confirmation states the count the dry run found, and takes a rate.
+    expect(page.get_by_test_id("confirm-text")).to_contain_text("Replay 5 dead record jobs")
+    page.get_by_test_id("confirm-rate").fill("100")
+    screenshot(page, "replay-confirm")
+    page.get_by_test_id("confirm-ok").click()
+    expect(page.get_by_test_id("flash")).to_have_text("replayed 5 jobs")
+
+    # The group is gone, the other one stays, and the host runs the five.
+    expect(group).to_have_count(0)
+    expect(page.locator('[data-testid="dead-group"][data-kind="fail"]')
+           .get_by_test_id("group-count")).to_have_text("2")
+    expect(card(page, "rq").get_by_test_id("dead")).to_have_text("2")
+    (owner,) = owners(db)
+    expect(host_row(page, owner).get_by_test_id("done")).to_have_text("5")
+    done = {job for job, _, _, event in read_records(record_dir) if event == "end"}
+    assert done == set(cancelled)
+    expect(card(page, "rq").get_by_test_id("ready")).to_have_text("0")
+    expect(card(page, "rq").get_by_test_id("running")).to_have_text("0")
+
+
+def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, web,
+                                                           open_page):
+    hosts = [start_pgpool(dsn, *RUN, "--queue", "pq", "--procs", "1", "--batch", "1",
+                          *LEASE, record_dir=record_dir) for _ in range(2)]
+    for host in hosts:
+        host.event("started")
+    # Jobs of 0.2 s, one at a time per host: both take some.
+    first = [pgpool.enqueue(db, "record", {"sleep": 0.2}, queue="pq") for _ in range(10)]
+    page = load(open_page(), web("--read-write"))
+    expect(page.get_by_test_id("host")).to_have_count(2)
+    wait_until(lambda: len({pid for _, _, pid, e in read_records(record_dir) if e == "end"})
+               == 2 and len([e for *_, e in read_records(record_dir) if e == "end"]) == 10,
+               "both hosts to run the first jobs")
+
+    # A POST without the CSRF token is refused, whatever the mode.
+    refused = page.evaluate("""async () => (await fetch("/api/queues/pq/pause",
+                               {method: "POST", body: "{}"})).status""")
+    assert refused == 403
+    card(page, "pq").get_by_test_id("pause").click()
+    expect(card(page, "pq").get_by_test_id("paused")).to_have_text("paused")
+    assert one(db, "SELECT count(*) FROM pgpool_paused WHERE queue = 'pq'") == (1,)
+    claimed = dict(db.execute("SELECT owner, jobs_claimed FROM pgpool_hosts"))
+    later = [pgpool.enqueue(db, "record", {}, queue="pq") for _ in range(6)]
+    # Both hosts beat twice more (so each has looked at the queue since), claiming nothing:
+    # the page shows them at 0 claims/s and the six jobs waiting.
+    beats = dict(db.execute("SELECT owner, last_seen FROM pgpool_hosts"))
+    wait_until(lambda: all(seen > beats[o] for o, seen in
+                           db.execute("SELECT owner, last_seen FROM pgpool_hosts")),
+               "both hosts to beat after the pause")
+    wait_until(lambda: all(seen > beats[o] for o, seen in
+                           db.execute("SELECT owner, last_seen FROM pgpool_hosts")),
+               "both hosts to beat again")
+    for owner in claimed:
+        expect(host_row(page, owner).get_by_test_id("host-rate")).to_have_text("0.0")
+    expect(card(page, "pq").get_by_test_id("ready")).to_have_text(str(len(later)))
+    expect(card(page, "pq").get_by_test_id("running")).to_have_text("0")
+    assert dict(db.execute("SELECT owner, jobs_claimed FROM pgpool_hosts")) == claimed
+    screenshot(page, "paused")
+
+    # Resumed, they drain it.
+    card(page, "pq").get_by_test_id("resume").click()
+    expect(card(page, "pq").get_by_test_id("paused")).to_have_text("active")
+    wait_until(lambda: {j for j, _, _, e in read_records(record_dir) if e == "end"}
+               == set(first) | set(later), "the hosts to run the jobs enqueued while paused")
+    expect(card(page, "pq").get_by_test_id("ready")).to_have_text("0")
+
+
+def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
+    job = pgpool.enqueue(db, "record", {}, queue="ro")
+    ops.cancel(db, [pgpool.enqueue(db, "record", {}, queue="ro", delay=600)])
+    page = load(open_page(), web())  # read-only is the default
+
+    expect(page.get_by_test_id("mode")).to_have_text("read-only")
+    expect(page.get_by_test_id("readonly-note")).to_be_visible()
+    page.locator(f'[data-testid="job"][data-job-id="{job}"]').click()
+    expect(page.get_by_test_id("cancel-job")).to_be_visible()
+    page.get_by_test_id("tab-dead").click()
+    expect(page.get_by_test_id("dead-group")).to_have_count(1)
+    # Every action control: pause, resume, cancel, replay, purge; all disabled.
+    actions = page.locator("[data-action]")
+    verbs = {a.get_attribute("data-action") for a in actions.all()}
+    assert verbs == {"pause", "resume", "cancel", "replay", "purge"}
+    for action in actions.all():
+        expect(action).to_be_disabled()
+    screenshot(page, "read-only")
+
+    # A control enabled by hand is refused by the server, and says why.
+    page.evaluate("""() => document.querySelector('[data-queue="ro"] [data-testid="pause"]')
+                               .disabled = false""")
+    card(page, "ro").get_by_test_id("pause").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("read-only")
+    # And every action's endpoint, with the right CSRF token, answers 403.
+    statuses = page.evaluate(
+        """async (job) => {
+             const token = (await (await fetch("/api/session")).json()).csrf_token;
+             const post = async (path, body) => (await fetch(path, {method: "POST",
+               headers: {"Content-Type": "application/json", "X-CSRF-Token": token},
+               body: JSON.stringify(body)})).status;
+             return [await post(`/api/jobs/${job}/cancel`, {}),
+                     await post("/api/queues/ro/pause", {}),
+                     await post("/api/queues/ro/resume", {}),
+                     await post("/api/dead/replay", {kind: "record", dry_run: false}),
+                     await post("/api/dead/purge", {kind: "record", dry_run: false})];
+           }""", job)
+    assert statuses == [403] * 5
+    assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", job) == ("ready",)
+    assert one(db, "SELECT count(*) FROM pgpool_paused") == (0,)
+    assert dead_count(db, "ro") == 1
+
+
+def test_authentication_is_required_when_configured(db, dsn, web, open_page):
+    job = pgpool.enqueue(db, "record", {"secret": MARKER}, queue="authq")
+    url = web("--allow-payloads", PGPOOL_WEB_USER="oncall", PGPOOL_WEB_PASSWORD="pw-1234")
+
+    for credentials in (None, {"username": "oncall", "password": "wrong"}):
+        page = open_page(http_credentials=credentials) if credentials else open_page()
+        response = page.goto(url)
+        assert response.status == 401
+        assert page.request.get(f"{url}/api/snapshot").status == 401
+        assert page.request.get(f"{url}/api/session").status == 401
+        expect(page.locator("body[data-ready]")).to_have_count(0)
+    # /healthz stays open to probes.
+    assert open_page().request.get(f"{url}/healthz").status == 200
+
+    page = load(open_page(http_credentials={"username": "oncall", "password": "pw-1234"}), url)
+    expect(page.get_by_test_id("user")).to_have_text("signed in as oncall")
+    expect(card(page, "authq").get_by_test_id("ready")).to_have_text("1")
+    # This server allows payloads: the detail shows it.
+    page.locator(f'[data-testid="job"][data-job-id="{job}"]').click()
+    expect(page.get_by_test_id("d-payload")).to_contain_text(MARKER)
