@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,web]'
 	touch $(STAMP)
 
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL
