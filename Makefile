@@ -21,7 +21,7 @@ test: $(STAMP)
 ## install chromium`), driven by Playwright, which uses it as is and downloads no browser
 WEB_STAMP := $(VENV)/.web-installed
 $(WEB_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[web,dev]' 'playwright>=1.50'
+	$(BIN)/python -m pip install --quiet 'playwright>=1.50'
 	touch $(WEB_STAMP)
 
 web-test: $(WEB_STAMP)

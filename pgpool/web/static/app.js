@@ -20,9 +20,10 @@ const state = {
   localLag: {},           // queue -> [[ts, lag]] when the server sends no lag_history
   cards: {},              // queue -> its card element
   deadTotal: null,        // dead letters in the last snapshot: a change reloads the groups
-  jobsCursors: [null],    // before_id of each page seen; the last is the current page
-  jobsNext: null,
+  jobsCursors: [null],    // the "after" cursor of each page seen; the last is the current page
+  jobsNext: null,         // the server's next_after: null on the last page
   jobId: null,            // the job shown in the detail panel
+  dbError: false,         // the server's last word was that it cannot read the database
 };
 
 // --- small helpers -------------------------------------------------------------------------
@@ -141,11 +142,20 @@ function connect() {
     state.snapshot = snap;
     state.snapshots += 1;
     state.lastAt = Date.now();
+    state.dbError = false;
     document.body.dataset.snapshots = String(state.snapshots);
     render(snap);
   });
   source.addEventListener("open", () => setConn("live", "conn-live"));
-  source.addEventListener("error", () => setConn("reconnecting…", "conn-bad"));
+  source.addEventListener("error", (ev) => {
+    if (ev.data) {
+      // The server's "error" event: it cannot read the database. The last numbers stay.
+      setConn(`database: ${JSON.parse(ev.data).error}`, "conn-bad");
+      state.dbError = true;
+    } else {
+      setConn("reconnecting…", "conn-bad");  // the stream dropped; EventSource retries
+    }
+  });
 }
 
 function setConn(text, cls) {
@@ -155,7 +165,7 @@ function setConn(text, cls) {
 }
 
 function tick() {
-  if (!state.lastAt) return;
+  if (!state.lastAt || state.dbError) return;
   const age = Date.now() - state.lastAt;
   if (age > STALE_AFTER_MS) setConn(`stale: no update for ${dur(age / 1000)}`, "conn-bad");
   else setConn(`live · updated ${dur(age / 1000)} ago`, "conn-live");
@@ -226,7 +236,7 @@ function renderQueues(snap) {
     state.cards = {};
     return;
   }
-  const now = snap.now ? Date.parse(snap.now) / 1000 : Date.now() / 1000;
+  const now = snap.taken_at || Date.now() / 1000;
   const cards = {};
   for (const q of queues) {
     // A card lives as long as its queue: updating it in place keeps its buttons under the
@@ -301,7 +311,8 @@ function lagChart(series, now) {
                             "data-points": String(series.length), role: "img"});
   const start = now - HOUR;
   const pts = series.filter(([t]) => t >= start).map(([t, v]) => [t, v || 0]);
-  const peak = Math.max(1, ...pts.map(([, v]) => v));
+  const highest = Math.max(0, ...pts.map(([, v]) => v));
+  const peak = Math.max(1, highest);  // the y scale: at least a second, so noise stays flat
   const x = (t) => ((t - start) / HOUR) * W;
   const y = (v) => H - PAD - (v / peak) * (H - 2 * PAD);
   for (const frac of [0.25, 0.5, 0.75]) {
@@ -314,10 +325,10 @@ function lagChart(series, now) {
     chart.append(svg("polyline", {points: line, class: "line"}));
   }
   const title = svg("title");
-  title.textContent = `lag over the last hour; peak ${dur(peak)}`;
+  title.textContent = `lag over the last hour; peak ${dur(highest)}`;
   chart.append(title);
   return el("div", {class: "chartbox"}, chart,
-    el("span", {class: "axis axis-peak", text: `peak ${dur(pts.length ? peak : 0)}`}),
+    el("span", {class: "axis axis-peak", text: `peak ${dur(highest)}`}),
     el("span", {class: "axis axis-left", text: "−1h"}),
     el("span", {class: "axis axis-right", text: "now"}));
 }
@@ -407,13 +418,13 @@ async function loadJobs(reset = true) {
   const body = $("#jobs tbody");
   let data;
   try {
-    data = await getJSON("/api/jobs", {...jobFilters(), limit: JOBS_PAGE, before_id: before});
+    data = await getJSON("/api/jobs", {...jobFilters(), limit: JOBS_PAGE, after: before});
   } catch (err) {
     body.replaceChildren(el("tr", {}, el("td", {colspan: 9, class: "error", "data-testid": "jobs-error", text: err.message})));
     return;
   }
-  state.jobsNext = data.next_before_id;
-  $("#jobs-next").disabled = data.next_before_id === null || data.next_before_id === undefined;
+  state.jobsNext = data.next_after;
+  $("#jobs-next").disabled = data.next_after === null || data.next_after === undefined;
   $("#jobs-prev").disabled = state.jobsCursors.length < 2;
   $("#jobs-page").textContent = `page ${state.jobsCursors.length}`;
   const rows = data.jobs.map((j) => el("tr", {
@@ -479,7 +490,8 @@ async function showJob(id) {
 }
 
 async function cancelJob(id) {
-  if (!(await confirmAction(`Cancel job ${id}? It moves to the dead letters and does not run again.`))) return;
+  if (!(await confirmAction(`Cancel job ${id}? It moves to the dead letters and does not run again.`,
+                            `cancel job ${id}`))) return;
   try {
     await post(`/api/jobs/${id}/cancel`);
     flash(`cancelled job ${id}`, "ok");
@@ -530,7 +542,7 @@ async function deadAction(verb, group) {
   const what = `${count} dead ${group.kind} job${count === 1 ? "" : "s"} with error “${group.signature}”`;
   const text = verb === "replay" ? `Replay ${what}? They run again from attempt 1.`
                                  : `Purge ${what}? They are deleted for good.`;
-  const ok = await confirmAction(text, verb === "replay");
+  const ok = await confirmAction(text, `${verb} ${count}`, verb === "replay");
   if (!ok) return;
   const body = {...filter, dry_run: false};
   if (verb === "replay") {
@@ -539,16 +551,21 @@ async function deadAction(verb, group) {
   }
   try {
     const done = await post(`/api/dead/${verb}`, body);
-    flash(`${verb === "replay" ? "replayed" : "purged"} ${done.count} job${done.count === 1 ? "" : "s"}`, "ok");
+    const jobs = `${done.count} job${done.count === 1 ? "" : "s"}`;
+    // A replay at a rate goes on in the server after it answers (202, "started").
+    flash(done.started ? `replaying ${jobs} at ${done.rate}/s` :
+          `${verb === "replay" ? "replayed" : "purged"} ${jobs}`, "ok");
   } catch (err) {
     flash(`${verb}: ${err.message}`, "bad");
   }
   loadDeadGroups();
 }
 
-function confirmAction(text, withRate = false) {
+// Ask before acting; ``label`` names the act on the OK button ("replay 5").
+function confirmAction(text, label, withRate = false) {
   const dialog = $("#confirm");
   $("#confirm-text").textContent = text;
+  $("#confirm-ok").textContent = label;
   $("#confirm-rate-row").hidden = !withRate;
   dialog.returnValue = "";
   return new Promise((resolve) => {
