@@ -325,6 +325,14 @@ def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
     return proc
 
 
+def start_web(dsn: str, *args: str, **env: str) -> tuple[Pgpool, str]:
+    """Start ``pgpool web`` on a free port of 127.0.0.1 with ``args`` (``--read-write``...);
+    (the process, its base URL) once it serves."""
+    proc = start_pgpool(dsn, "web", "--port", "0", *args, **env)
+    started = proc.event("web_started")
+    return proc, f"http://127.0.0.1:{started['port']}"
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_dispatchers() -> Iterator[None]:
     # A failing test must not leave a dispatcher running (and its workers: they die with it).
