@@ -10,7 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -21,7 +21,6 @@ from conftest import (
     clean_env,
     one,
     run_pgpool,
-    start_web,
     wait_until,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,6 +42,8 @@ ACTIONS = [
     ("/api/dead/purge", {"all": True}),
 ]
 USER, PASSWORD = "alice", "correct horse"
+#: The `web` fixture: starts a ``pgpool web``; (process, base URL).
+Web = Callable[..., tuple[Any, str]]
 AUTH_ENV = {"PGPOOL_WEB_USER": USER, "PGPOOL_WEB_PASSWORD": PASSWORD}
 
 
@@ -119,9 +120,9 @@ def counts_in_db(db: psycopg.Connection, queue: str) -> dict[str, int]:
     return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
 
 
-def test_snapshot_counts_match_the_database(db: psycopg.Connection, dsn: str) -> None:
+def test_snapshot_counts_match_the_database(db: psycopg.Connection, web: Web) -> None:
     seed(db)
-    _, base = start_web(dsn)
+    _, base = web()
     snapshot = get(base + "/api/snapshot")
     for queue in ("alpha", "beta"):
         got = queue_of(snapshot, queue)
@@ -134,8 +135,8 @@ def test_snapshot_counts_match_the_database(db: psycopg.Connection, dsn: str) ->
 
 
 def test_events_push_a_new_snapshot_after_an_enqueue(db: psycopg.Connection,
-                                                    dsn: str) -> None:
-    _, base = start_web(dsn)
+                                                    web: Web) -> None:
+    _, base = web()
     stream = sse(base + "/api/events")
     name, first = next(stream)
     assert name == "snapshot" and first["queues"] == []
@@ -149,10 +150,10 @@ def test_events_push_a_new_snapshot_after_an_enqueue(db: psycopg.Connection,
     assert get(f"{base}/api/jobs/{job_id}")["state"] == "ready"
 
 
-def test_every_stream_shares_one_snapshot_loop(db: psycopg.Connection, dsn: str) -> None:
+def test_every_stream_shares_one_snapshot_loop(db: psycopg.Connection, web: Web) -> None:
     """20 open streams all get the new snapshot, and the server holds no more database
     sessions for them than for none: they share its one loop."""
-    _, base = start_web(dsn)
+    _, base = web()
 
     def sessions() -> int:
         return one(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
@@ -171,9 +172,9 @@ def test_every_stream_shares_one_snapshot_loop(db: psycopg.Connection, dsn: str)
     assert sessions() == before
 
 
-def test_read_only_refuses_every_action(db: psycopg.Connection, dsn: str) -> None:
+def test_read_only_refuses_every_action(db: psycopg.Connection, web: Web) -> None:
     jobs = seed(db)
-    _, base = start_web(dsn)
+    _, base = web()
     headers = token(base)
     for path, body in ACTIONS:
         status, _, answer = http(base + path.format(job=jobs["ready"][0]), body, headers)
@@ -185,8 +186,8 @@ def test_read_only_refuses_every_action(db: psycopg.Connection, dsn: str) -> Non
 
 
 def test_authentication_is_required_when_configured(db: psycopg.Connection,
-                                                    dsn: str) -> None:
-    _, base = start_web(dsn, **AUTH_ENV)
+                                                    web: Web) -> None:
+    _, base = web(**AUTH_ENV)
     for path in ("/api/session", "/api/snapshot", "/api/jobs", "/metrics", "/"):
         status, headers, _ = http(base + path)
         assert status == 401, path
@@ -215,9 +216,9 @@ def test_without_the_web_extra_one_line_says_how_to_install_it(dsn: str) -> None
 
 
 def test_an_action_needs_the_csrf_token_and_the_same_origin(db: psycopg.Connection,
-                                                            dsn: str) -> None:
+                                                            web: Web) -> None:
     seed(db)
-    _, base = start_web(dsn, "--read-write")
+    _, base = web("--read-write")
     pause = base + "/api/queues/alpha/pause"
     status, _, answer = http(pause, {})
     assert status == 403 and "X-CSRF-Token" in answer["error"]
@@ -232,9 +233,9 @@ def test_an_action_needs_the_csrf_token_and_the_same_origin(db: psycopg.Connecti
     assert (status, answer["paused"]) == (200, True)
 
 
-def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, dsn: str) -> None:
+def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: Web) -> None:
     jobs = seed(db)
-    proc, base = start_web(dsn, "--read-write", **AUTH_ENV)
+    proc, base = web("--read-write", **AUTH_ENV)
     auth = (USER, PASSWORD)
     headers = token(base, auth=auth)
 
@@ -274,29 +275,29 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, dsn: 
     assert MARKER not in proc.stderr
 
 
-def test_payloads_are_hidden_unless_allowed(db: psycopg.Connection, dsn: str) -> None:
+def test_payloads_are_hidden_unless_allowed(db: psycopg.Connection, web: Web) -> None:
     job_id = pgpool.enqueue(db, "noop", {"secret": MARKER}, queue="alpha")
     dead_id = pgpool.enqueue(db, "noop", {"secret": MARKER}, queue="alpha")
     ops.cancel(db, [dead_id])
-    hidden, base = start_web(dsn)
+    hidden, base = web()
     paths = (f"/api/jobs/{job_id}", "/api/jobs", f"/api/dead/{dead_id}", "/api/dead",
              "/api/snapshot")
     for path in paths:
         status, _, text = http(base + path)
         assert status == 200 and MARKER not in json.dumps(text), path
     assert "payload" not in get(f"{base}/api/jobs/{job_id}")
-    _, allowed = start_web(dsn, "--allow-payloads")
+    _, allowed = web("--allow-payloads")
     assert get(f"{allowed}/api/jobs/{job_id}")["payload"] == {"secret": MARKER}
     assert get(f"{allowed}/api/dead/{dead_id}")["payload"] == {"secret": MARKER}
     assert get(f"{allowed}/api/session")["allow_payloads"] is True
     assert MARKER not in hidden.stderr
 
 
-def test_jobs_page_through_a_long_list(db: psycopg.Connection, dsn: str) -> None:
+def test_jobs_page_through_a_long_list(db: psycopg.Connection, web: Web) -> None:
     ids = [pgpool.enqueue(db, "noop", {}, queue="alpha") for _ in range(5)]
-    _, base = start_web(dsn)
+    _, base = web()
     seen, after = [], ""
-    while True:
+    for _ in range(len(ids)):  # bounded: a cursor that does not advance must fail, not loop
         page = get(f"{base}/api/jobs?queue=alpha&limit=2&after={after}")
         seen += [j["id"] for j in page["jobs"]]
         if page["next_after"] is None:
@@ -308,9 +309,9 @@ def test_jobs_page_through_a_long_list(db: psycopg.Connection, dsn: str) -> None
     assert http(f"{base}/api/jobs/{ids[-1] + 100}")[0] == 404
 
 
-def test_metrics_and_healthz(db: psycopg.Connection, dsn: str) -> None:
+def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:
     seed(db)
-    _, base = start_web(dsn)
+    _, base = web()
     assert get(base + "/healthz") == {"ok": True}
     status, headers, text = http(base + "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
