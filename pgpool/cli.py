@@ -482,9 +482,10 @@ def cmd_web(args: argparse.Namespace) -> int:
     from .web.config import MISSING_EXTRA, WebConfig, credentials
 
     user, password = credentials()
+    port = _from_env(args.port, "PGPOOL_WEB_PORT", tcp_port)
     config = WebConfig(
         dsn="", host=_from_env(args.host, "PGPOOL_WEB_HOST", str) or "127.0.0.1",
-        port=_from_env(args.port, "PGPOOL_WEB_PORT", tcp_port) or 8080,
+        port=8080 if port is None else port,
         read_write=args.read_write, allow_payloads=args.allow_payloads, user=user,
         password=password)
     config.check()

@@ -45,7 +45,7 @@ from ..errors import ConfigError, PgpoolError, SchemaError, first_line
 from ..logs import event
 from ..metrics import _QueueCollector
 from .config import READ_ONLY, WebConfig, is_loopback
-from .snapshots import PERIOD, Hub
+from .snapshots import APPLICATION_NAME, PERIOD, Hub
 
 log = logging.getLogger("pgpool.web")
 
@@ -53,7 +53,7 @@ STATIC: Final = Path(__file__).parent / "static"
 #: /healthz is unhealthy once no snapshot has succeeded for this long (several periods:
 #: one slow snapshot is not an outage).
 HEALTHY_WITHIN: Final = 5 * PERIOD + 5
-#: Seconds /api/snapshot waits for the first snapshot after a start.
+#: Seconds /api/snapshot and /healthz wait for the first snapshot after a start.
 FIRST_SNAPSHOT_WAIT: Final = 10.0
 #: The most rows one listing returns.
 MAX_LIMIT: Final = 1000
@@ -188,6 +188,7 @@ def _static_file(name: str) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     hub = request.app[HUB]
+    await hub.first(FIRST_SNAPSHOT_WAIT)  # just started: answer once the database has
     if hub.healthy(HEALTHY_WITHIN):
         return _json({"ok": True})
     return _json({"ok": False, "error": hub.error or "no snapshot of the queue yet"}, 503)
@@ -343,8 +344,9 @@ async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | Non
                    rate: float, count: int) -> None:
     _logged(request, "replay_started", count=count, rate=rate, **_described(where))
     try:
-        async with await psycopg.AsyncConnection.connect(request.app[CONFIG].dsn,
-                                                         autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(
+                request.app[CONFIG].dsn, autocommit=True,
+                application_name=APPLICATION_NAME) as conn:
             done = await ops.replay_dead_async(conn, where, limit=limit, rate=rate)
     except (psycopg.Error, PgpoolError) as exc:
         event(log, logging.ERROR, "web_action_failed", "replay by %s failed: %s",
@@ -472,7 +474,8 @@ def make_app(config: WebConfig) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[CONFIG] = config
     app[HUB] = Hub(config.dsn)
-    app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False)
+    app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False,
+                                    kwargs={"application_name": APPLICATION_NAME})
     app[SECRET] = secrets.token_bytes(32)
     app[QUEUES] = _QueueCollector(config.dsn)
     app[METRICS] = CollectorRegistry()

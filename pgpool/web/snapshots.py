@@ -43,6 +43,9 @@ MIN_GAP: Final = 0.5
 #: Seconds of lag history kept per queue, and the spacing of its samples.
 HISTORY: Final = 3600.0
 SAMPLE_EVERY: Final = 5.0
+#: The ``application_name`` of the server's sessions, so an operator (and the tests) can
+#: tell them apart in ``pg_stat_activity``.
+APPLICATION_NAME: Final = "pgpool web"
 
 
 class Hub:
@@ -118,7 +121,8 @@ class Hub:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self._dsn, autocommit=True) as conn:
+                        self._dsn, autocommit=True, application_name=APPLICATION_NAME
+                ) as conn:
                     row = await (await conn.execute(sql.CHANNEL)).fetchone()
                     await conn.execute(listen_statement(row[0]))
                     failures.succeeded()
@@ -154,7 +158,8 @@ class Hub:
         dropped and the next snapshot opens a new one."""
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
+                                             application_name=APPLICATION_NAME)
             return status.collect(self._conn)
         except (psycopg.Error, OSError):
             if self._conn is not None:
