@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ expect.set_options(timeout=20_000)
 LEASE = ("--lease", "3")
 
 
-# --- fixtures: the browser, the server, a page ---------------------------------------------
+# --- fixtures: the browser, a page (`web`, the server, is conftest's) -----------------------
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
@@ -53,21 +52,6 @@ def browser() -> Iterator[Browser]:
         launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
-
-
-@pytest.fixture
-def web(dsn: str) -> Callable[..., str]:
-    """Start ``pgpool web`` on a free port with extra flags and environment; its URL once
-    it serves."""
-    def start(*flags: str, **env: str) -> str:
-        # A port found free here, not --port 0: pgpool web takes 0 for its default, 8080.
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = start_pgpool(dsn, "web", "--port", str(port), *flags, **env)
-        server.event("web_started")
-        return f"http://127.0.0.1:{port}"
-    return start
 
 
 @pytest.fixture
@@ -145,7 +129,7 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
     long = pgpool.enqueue(db, "record", {"sleep": 300, "secret": MARKER}, queue="busy")
     wait_until(lambda: queue_counts(db, "busy")["running"] == 1, "the long job to run")
 
-    page = load(open_page(), web())
+    page = load(open_page(), web()[1])
     for queue in ("alpha", "busy"):
         for what, count in queue_counts(db, queue).items():
             expect(card(page, queue).get_by_test_id(what)).to_have_text(str(count))
@@ -186,7 +170,7 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
 
 
 def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
-    page = load(open_page(), web())
+    page = load(open_page(), web()[1])
     expect(card(page, "lagq")).to_have_count(0)
     for _ in range(3):
         pgpool.enqueue(db, "record", {}, queue="lagq")
@@ -217,7 +201,7 @@ def test_replaying_a_dead_group_runs_its_jobs(db, dsn, record_dir, web, open_pag
     cancelled = [pgpool.enqueue(db, "record", {}, queue="rq", delay=600) for _ in range(5)]
     ops.cancel(db, cancelled)
 
-    page = load(open_page(), web("--read-write"))
+    page = load(open_page(), web("--read-write")[1])
     page.get_by_test_id("tab-dead").click()
     group = page.locator('[data-testid="dead-group"][data-kind="record"]')
     expect(group.get_by_test_id("group-count")).to_have_text("5")
@@ -250,7 +234,7 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
         host.event("started")
     # Jobs of 0.2 s, one at a time per host: both take some.
     first = [pgpool.enqueue(db, "record", {"sleep": 0.2}, queue="pq") for _ in range(10)]
-    page = load(open_page(), web("--read-write"))
+    page = load(open_page(), web("--read-write")[1])
     expect(page.get_by_test_id("host")).to_have_count(2)
     wait_until(lambda: len({pid for _, _, pid, e in read_records(record_dir) if e == "end"})
                == 2 and len([e for *_, e in read_records(record_dir) if e == "end"]) == 10,
@@ -292,7 +276,7 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
 def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
     job = pgpool.enqueue(db, "record", {}, queue="ro")
     ops.cancel(db, [pgpool.enqueue(db, "record", {}, queue="ro", delay=600)])
-    page = load(open_page(), web())  # read-only is the default
+    page = load(open_page(), web()[1])  # read-only is the default
 
     expect(page.get_by_test_id("mode")).to_have_text("read-only")
     expect(page.get_by_test_id("readonly-note")).to_be_visible()
@@ -334,7 +318,7 @@ def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
 
 def test_authentication_is_required_when_configured(db, dsn, web, open_page):
     job = pgpool.enqueue(db, "record", {"secret": MARKER}, queue="authq")
-    url = web("--allow-payloads", PGPOOL_WEB_USER="oncall", PGPOOL_WEB_PASSWORD="pw-1234")
+    _, url = web("--allow-payloads", PGPOOL_WEB_USER="oncall", PGPOOL_WEB_PASSWORD="pw-1234")
 
     # Without credentials: the page is refused, and so is every API path.
     page = open_page()
