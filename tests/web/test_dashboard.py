@@ -232,7 +232,8 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
                           *LEASE, record_dir=record_dir) for _ in range(2)]
     for host in hosts:
         host.event("started")
-    # Jobs of 0.2 s, one at a time per host: both take some.
+    # Jobs of 0.2 s, one at a time per host: a host holds at most a few (procs plus a
+    # batch per claim loop), so both take some of the ten.
     first = [pgpool.enqueue(db, "record", {"sleep": 0.2}, queue="pq") for _ in range(10)]
     page = load(open_page(), web("--read-write")[1])
     expect(page.get_by_test_id("host")).to_have_count(2)

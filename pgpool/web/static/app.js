@@ -303,17 +303,19 @@ function updateQueueCard(card, q, series, now) {
   $(".chartbox", card).replaceWith(lagChart(series, now));
 }
 
-// The lag chart: the last hour as an SVG area, y from 0 to the hour's peak.
+// The lag chart: an SVG area, y from 0 to the peak, x over the last hour, or over the
+// history there is (at least 5 minutes) when the server has been up for less.
 function lagChart(series, now) {
   const W = 300, H = 64, PAD = 2;
   const chart = svg("svg", {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
                             class: "chart", "data-testid": "lag-chart",
                             "data-points": String(series.length), role: "img"});
-  const start = now - HOUR;
-  const pts = series.filter(([t]) => t >= start).map(([t, v]) => [t, v || 0]);
+  const pts = series.filter(([t]) => t >= now - HOUR).map(([t, v]) => [t, v || 0]);
+  const span = Math.min(HOUR, Math.max(300, pts.length ? now - pts[0][0] : HOUR));
+  const start = now - span;
   const highest = Math.max(0, ...pts.map(([, v]) => v));
   const peak = Math.max(1, highest);  // the y scale: at least a second, so noise stays flat
-  const x = (t) => ((t - start) / HOUR) * W;
+  const x = (t) => ((t - start) / span) * W;
   const y = (v) => H - PAD - (v / peak) * (H - 2 * PAD);
   for (const frac of [0.25, 0.5, 0.75]) {
     chart.append(svg("line", {x1: W * frac, x2: W * frac, y1: 0, y2: H, class: "tick"}));
@@ -325,11 +327,11 @@ function lagChart(series, now) {
     chart.append(svg("polyline", {points: line, class: "line"}));
   }
   const title = svg("title");
-  title.textContent = `lag over the last hour; peak ${dur(highest)}`;
+  title.textContent = `lag over the last ${dur(span)}; peak ${dur(highest)}`;
   chart.append(title);
   return el("div", {class: "chartbox"}, chart,
     el("span", {class: "axis axis-peak", text: `peak ${dur(highest)}`}),
-    el("span", {class: "axis axis-left", text: "−1h"}),
+    el("span", {class: "axis axis-left", text: span >= HOUR ? "−1h" : `−${Math.round(span / 60)}m`}),
     el("span", {class: "axis axis-right", text: "now"}));
 }
 
