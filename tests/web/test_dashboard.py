@@ -168,6 +168,13 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
     expect(group.get_by_test_id("group-count")).to_have_text("2")
     screenshot(page, "dead-letters")
 
+    # Autovacuum: fine, then flagged as the runbook says once the table's settings are lost.
+    expect(page.get_by_test_id("vac-flag")).to_have_text("no vacuum debt")
+    expect(page.get_by_test_id("warning-vacuum")).to_have_count(0)
+    db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_vacuum_scale_factor)")
+    expect(page.get_by_test_id("warning-vacuum")).to_contain_text("lost its autovacuum")
+    expect(page.get_by_test_id("vac-settings")).to_have_text("lost")
+
 
 def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
     page = load(open_page(), web()[1])
@@ -248,17 +255,18 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
     card(page, "pq").get_by_test_id("pause").click()
     expect(card(page, "pq").get_by_test_id("paused")).to_have_text("paused")
     assert one(db, "SELECT count(*) FROM pgpool_paused WHERE queue = 'pq'") == (1,)
+    # Hosts report their claims at their beats: wait until the ten are all counted.
+    wait_until(lambda: one(db, "SELECT sum(jobs_claimed) FROM pgpool_hosts") == (10,),
+               "the hosts to report claiming the first ten jobs")
     claimed = dict(db.execute("SELECT owner, jobs_claimed FROM pgpool_hosts"))
     later = [pgpool.enqueue(db, "record", {}, queue="pq") for _ in range(6)]
     # Both hosts beat twice more (so each has looked at the queue since), claiming nothing:
     # the page shows them at 0 claims/s and the six jobs waiting.
-    beats = dict(db.execute("SELECT owner, last_seen FROM pgpool_hosts"))
-    wait_until(lambda: all(seen > beats[o] for o, seen in
-                           db.execute("SELECT owner, last_seen FROM pgpool_hosts")),
-               "both hosts to beat after the pause")
-    wait_until(lambda: all(seen > beats[o] for o, seen in
-                           db.execute("SELECT owner, last_seen FROM pgpool_hosts")),
-               "both hosts to beat again")
+    for when in ("after the pause", "again"):
+        beats = dict(db.execute("SELECT owner, last_seen FROM pgpool_hosts"))
+        wait_until(lambda beats=beats: all(
+            seen > beats[o] for o, seen in db.execute("SELECT owner, last_seen FROM pgpool_hosts")),
+            f"both hosts to beat {when}")
     for owner in claimed:
         expect(host_row(page, owner).get_by_test_id("host-rate")).to_have_text("0.0")
     expect(card(page, "pq").get_by_test_id("ready")).to_have_text(str(len(later)))

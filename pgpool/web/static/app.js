@@ -6,7 +6,7 @@ const $ = (sel, root = document) => root.querySelector(sel);
 const SVG = "http://www.w3.org/2000/svg";
 // Lag colours: a queue whose oldest ready job waits this long is amber, then red.
 const LAG_WARN = 30, LAG_BAD = 300;
-// Without a snapshot for this long (the server sends one at least every 5 s) the page says
+// Without a snapshot for this long (the server sends one at least every 2 s) the page says
 // its numbers are stale.
 const STALE_AFTER_MS = 15000;
 const HOUR = 3600;
@@ -14,10 +14,8 @@ const JOBS_PAGE = 50;
 
 const state = {
   session: null,          // /api/session
-  snapshot: null,         // the last snapshot
   snapshots: 0,           // how many arrived (tests wait on it)
   lastAt: 0,              // Date.now() of the last one
-  localLag: {},           // queue -> [[ts, lag]] when the server sends no lag_history
   cards: {},              // queue -> its card element
   deadTotal: null,        // dead letters in the last snapshot: a change reloads the groups
   jobsCursors: [null],    // the "after" cursor of each page seen; the last is the current page
@@ -126,9 +124,7 @@ async function answer(resp) {
   let data = null;
   try { data = await resp.json(); } catch { data = null; }
   if (!resp.ok) {
-    const err = new Error((data && data.error) || `HTTP ${resp.status}`);
-    err.status = resp.status;
-    throw err;
+    throw new Error((data && data.error) || `HTTP ${resp.status}`);
   }
   return data;
 }
@@ -139,7 +135,6 @@ function connect() {
   const source = new EventSource(api("/api/events"));
   source.addEventListener("snapshot", (ev) => {
     const snap = JSON.parse(ev.data);
-    state.snapshot = snap;
     state.snapshots += 1;
     state.lastAt = Date.now();
     state.dbError = false;
@@ -217,17 +212,6 @@ function renderWarnings(snap) {
 
 // --- queues ----------------------------------------------------------------------------
 
-function lagSeries(snap, queue) {
-  const hist = snap.lag_history && snap.lag_history[queue.queue];
-  if (hist) return hist;
-  // An older server without lag_history: the page keeps what it saw itself.
-  const now = Date.now() / 1000;
-  const mine = (state.localLag[queue.queue] ||= []);
-  mine.push([now, queue.lag || 0]);
-  while (mine.length && mine[0][0] < now - HOUR) mine.shift();
-  return mine;
-}
-
 function renderQueues(snap) {
   const queues = snap.queues || [];
   const box = $("#queues");
@@ -242,7 +226,7 @@ function renderQueues(snap) {
     // A card lives as long as its queue: updating it in place keeps its buttons under the
     // pointer (and a test's click) while snapshots arrive.
     const card = (state.cards && state.cards[q.queue]) || queueCard(q.queue);
-    updateQueueCard(card, q, lagSeries(snap, q), now);
+    updateQueueCard(card, q, (snap.lag_history || {})[q.queue] || [], now);
     cards[q.queue] = card;
   }
   state.cards = cards;
