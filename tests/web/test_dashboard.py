@@ -150,6 +150,14 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
              for r in rows.all()}
     assert shown == jobs
     screenshot(page, "dashboard")
+    # Filtered: alpha's scheduled jobs only.
+    page.get_by_test_id("f-queue").select_option("alpha")
+    page.get_by_test_id("f-state").select_option("scheduled")
+    expect(rows).to_have_count(2)
+    assert {r.get_attribute("data-state") for r in rows.all()} == {"scheduled"}
+    page.get_by_test_id("f-state").select_option("")
+    page.get_by_test_id("f-queue").select_option("")
+    expect(rows).to_have_count(len(jobs))
 
     # The running job's detail: attempts, owner, lease left; no payload (not allowed).
     page.locator(f'[data-testid="job"][data-job-id="{long}"]').click()
@@ -179,11 +187,11 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
 def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
     page = load(open_page(), web()[1])
     expect(card(page, "lagq")).to_have_count(0)
-    for _ in range(3):
+    for _ in range(60):
         pgpool.enqueue(db, "record", {}, queue="lagq")
     # The enqueue's notification brings the queue in, with its lag; then the lag grows.
     lag = card(page, "lagq").get_by_test_id("lag")
-    expect(card(page, "lagq").get_by_test_id("ready")).to_have_text("3")
+    expect(card(page, "lagq").get_by_test_id("ready")).to_have_text("60")
     expect(lag).to_have_attribute("data-lag", re.compile(r"^\d"))
     first = float(lag.get_attribute("data-lag"))
     page.wait_for_function(
@@ -192,6 +200,16 @@ def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
     expect(card(page, "lagq").get_by_test_id("lag-chart")).not_to_have_attribute(
         "data-points", re.compile(r"^[01]$"))
     screenshot(page, "lag")
+    # The jobs list pages through them, 50 at a time.
+    rows = page.get_by_test_id("job")
+    page.get_by_test_id("jobs-refresh").click()
+    expect(rows).to_have_count(50)
+    page.get_by_test_id("jobs-next").click()
+    expect(rows).to_have_count(10)
+    expect(page.get_by_test_id("jobs-page")).to_have_text("page 2")
+    expect(page.get_by_test_id("jobs-next")).to_be_disabled()
+    page.get_by_test_id("jobs-prev").click()
+    expect(rows).to_have_count(50)
     # A host drains the queue: the lag falls to nothing.
     start_pgpool(dsn, *RUN, "--queue", "lagq", "--procs", "1")
     expect(card(page, "lagq").get_by_test_id("ready")).to_have_text("0")

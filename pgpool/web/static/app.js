@@ -20,6 +20,7 @@ const state = {
   deadTotal: null,        // dead letters in the last snapshot: a change reloads the groups
   jobsCursors: [null],    // the "after" cursor of each page seen; the last is the current page
   jobsNext: null,         // the server's next_after: null on the last page
+  jobsSeq: 0,             // the latest jobs request
   jobId: null,            // the job shown in the detail panel
   dbError: false,         // the server's last word was that it cannot read the database
 };
@@ -402,13 +403,17 @@ async function loadJobs(reset = true) {
   if (reset) state.jobsCursors = [null];
   const before = state.jobsCursors[state.jobsCursors.length - 1];
   const body = $("#jobs tbody");
+  // Only the latest request's answer is shown: an earlier one may arrive after it.
+  const seq = ++state.jobsSeq;
   let data;
   try {
     data = await getJSON("/api/jobs", {...jobFilters(), limit: JOBS_PAGE, after: before});
   } catch (err) {
+    if (seq !== state.jobsSeq) return;
     body.replaceChildren(el("tr", {}, el("td", {colspan: 9, class: "error", "data-testid": "jobs-error", text: err.message})));
     return;
   }
+  if (seq !== state.jobsSeq) return;
   state.jobsNext = data.next_after;
   $("#jobs-next").disabled = data.next_after === null || data.next_after === undefined;
   $("#jobs-prev").disabled = state.jobsCursors.length < 2;
@@ -442,10 +447,12 @@ async function showJob(id) {
   try {
     j = await getJSON(`/api/jobs/${id}`);
   } catch (err) {
+    if (state.jobId !== id) return;  // another job was clicked meanwhile
     box.replaceChildren(el("h3", {text: `job ${id}`}),
       el("p", {class: "error", "data-testid": "detail-error", text: err.message}));
     return;
   }
+  if (state.jobId !== id) return;
   const field = (k, v, testid) => [el("dt", {text: k}), el("dd", {"data-testid": testid, text: v})];
   const dl = el("dl", {},
     ...field("queue / kind", `${j.queue} / ${j.kind}`, "d-kind"),
