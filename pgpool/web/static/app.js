@@ -457,7 +457,8 @@ async function showJob(id) {
   const dl = el("dl", {},
     ...field("queue / kind", `${j.queue} / ${j.kind}`, "d-kind"),
     ...field("state", j.state, "d-state"),
-    ...field("attempts", `${j.attempts} of ${j.max_attempts ?? "unlimited"}`, "d-attempts"),
+    ...field("attempts", j.max_attempts ? `${j.attempts} of ${j.max_attempts}`
+                                        : `${j.attempts} (limit: the handler's)`, "d-attempts"),
     ...field("priority", j.priority, "d-priority"),
     ...field("owner", j.owner || "—", "d-owner"),
     ...field("lease left", j.lease_left === null ? "—" : dur(j.lease_left), "d-lease"),
