@@ -307,6 +307,9 @@ def test_jobs_page_through_a_long_list(db: psycopg.Connection, web: Web) -> None
     status, _, answer = http(f"{base}/api/jobs?state=sleeping")
     assert status == 400 and "state must be one of" in answer["error"]
     assert http(f"{base}/api/jobs/{ids[-1] + 100}")[0] == 404
+    status, headers, answer = http(f"{base}/api/nothing")
+    assert status == 404 and "/api/nothing" in answer["error"]
+    assert headers["X-Frame-Options"] == "DENY"  # no page may frame an action
 
 
 def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:
