@@ -19,6 +19,7 @@ from conftest import (
     TESTS,
     assert_user_error,
     clean_env,
+    listeners,
     one,
     run_pgpool,
     wait_until,
@@ -160,6 +161,7 @@ def test_every_stream_shares_one_snapshot_loop(db: psycopg.Connection, web: Web)
                        "AND datname = current_database()", APPLICATION_NAME)[0]
 
     get(base + "/api/snapshot")  # the loop runs: its connections are open
+    wait_until(lambda: listeners(db), "the server's LISTEN", TIMEOUT)
     before = sessions()
     streams = [sse(base + "/api/events") for _ in range(20)]
     for stream in streams:

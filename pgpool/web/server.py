@@ -90,12 +90,14 @@ def _json(data: Any, status: int = 200) -> web.Response:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
+    if request.path == "/healthz":  # probes: no Host name, no credentials
+        return await handler(request)
     try:
-        if request.path != "/healthz":
-            if config.loopback and not is_loopback(_host_name(request.host)):
-                raise _Refused(421, f"this server answers only for localhost, not "
-                                    f"{request.host!r}: open http://127.0.0.1:{config.port}/")
-            request["user"] = _authenticate(request, config)
+        if config.loopback and not is_loopback(_host_name(request.host)):
+            port = request.transport.get_extra_info("sockname")[1] if request.transport else ""
+            raise _Refused(421, f"this server answers only for localhost, not "
+                                f"{request.host!r}: open http://127.0.0.1:{port}/")
+        request["user"] = _authenticate(request, config)
         if request.method == "POST":
             _check_action(request, config)
         response = await handler(request)
@@ -517,7 +519,7 @@ def make_app(config: WebConfig) -> web.Application:
 
 async def _running(app: web.Application) -> Any:
     """Open the pool and start the snapshot loop; stop both at the end."""
-    await app[POOL].open()
+    await app[POOL].open(wait=True)  # a database that refuses shows at start, not later
     hub = asyncio.create_task(app[HUB].run())
     yield
     for task in [hub, *app[BACKGROUND]]:
