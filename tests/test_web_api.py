@@ -19,6 +19,7 @@ from conftest import (
     TESTS,
     assert_user_error,
     clean_env,
+    listeners,
     one,
     run_pgpool,
     wait_until,
@@ -160,6 +161,7 @@ def test_every_stream_shares_one_snapshot_loop(db: psycopg.Connection, web: Web)
                        "AND datname = current_database()", APPLICATION_NAME)[0]
 
     get(base + "/api/snapshot")  # the loop runs: its connections are open
+    wait_until(lambda: listeners(db), "the server's LISTEN", TIMEOUT)
     before = sessions()
     streams = [sse(base + "/api/events") for _ in range(20)]
     for stream in streams:
@@ -187,14 +189,17 @@ def test_read_only_refuses_every_action(db: psycopg.Connection, web: Web) -> Non
 
 def test_authentication_is_required_when_configured(db: psycopg.Connection,
                                                     web: Web) -> None:
-    _, base = web(**AUTH_ENV)
+    # Off loopback, actions are allowed once a login is required.
+    _, base = web("--host", "0.0.0.0", "--read-write", **AUTH_ENV)
     for path in ("/api/session", "/api/snapshot", "/api/jobs", "/metrics", "/"):
         status, headers, _ = http(base + path)
         assert status == 401, path
         assert headers["WWW-Authenticate"].startswith("Basic ")
     assert http(base + "/api/session", auth=(USER, "wrong"))[0] == 401
     assert http(base + "/api/session", auth=("bob", PASSWORD))[0] == 401
-    assert get(base + "/api/session", auth=(USER, PASSWORD))["user"] == USER
+    session = get(base + "/api/session", auth=(USER, PASSWORD))
+    assert (session["user"], session["read_write"]) == (USER, True)
+    assert http(base + "/api/queues/alpha/pause", {})[0] == 401
     assert get(base + "/healthz") == {"ok": True}  # probes carry no credentials
 
 
@@ -246,7 +251,7 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: 
 
     def logged(action: str) -> dict[str, Any]:
         found = [e for e in proc.events("web_action") if e["action"] == action]
-        return found[-1] if found else {}
+        return found[0] if found else {}
 
     assert act("/api/queues/alpha/pause") == {"queue": "alpha", "paused": True,
                                               "changed": True}
@@ -264,6 +269,21 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: 
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = ANY(%s)", jobs["dead"])[0] == 4
     assert one(db, "SELECT count(*) FROM pgpool_dead WHERE kind = 'flaky'")[0] == 0
     assert act("/api/queues/alpha/resume")["changed"] is True
+    # A replay at a rate answers at once with the count and trickles in the background.
+    beta = jobs["ready"][3:]
+    ops.cancel(db, beta)
+    status, _, answer = http(base + "/api/dead/replay", {"ids": beta, "rate": 50}, headers,
+                             auth)
+    assert (status, answer["count"], answer["started"]) == (202, 2, True)
+    trickled = wait_until(lambda: [e for e in proc.events("web_action")
+                                   if e["action"] == "replay" and "rate" in e],
+                          "the rate replay's end in the log", TIMEOUT)
+    assert (trickled[0]["user"], trickled[0]["count"]) == (USER, 2)
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = ANY(%s)", beta)[0] == 2
+    purge = {"ids": [cancelled]}
+    assert act("/api/dead/purge", {**purge, "dry_run": True}) == {"count": 1, "dry_run": True}
+    assert act("/api/dead/purge", purge) == {"count": 1}
+    assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", cancelled)[0] == 0
 
     pause = wait_until(lambda: logged("pause"), "the pause in the log", TIMEOUT)
     assert (pause["user"], pause["queue"]) == (USER, "alpha")
@@ -272,6 +292,8 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: 
     replay = wait_until(lambda: logged("replay"), "the replay in the log", TIMEOUT)
     assert (replay["user"], replay["count"], replay["filter_kind"]) == (USER, 4, "flaky")
     assert wait_until(lambda: logged("resume"), "the resume in the log", TIMEOUT)
+    purged = wait_until(lambda: logged("purge"), "the purge in the log", TIMEOUT)
+    assert (purged["user"], purged["count"], purged["filter_ids"]) == (USER, 1, [cancelled])
     assert MARKER not in proc.stderr
 
 
@@ -307,6 +329,9 @@ def test_jobs_page_through_a_long_list(db: psycopg.Connection, web: Web) -> None
     status, _, answer = http(f"{base}/api/jobs?state=sleeping")
     assert status == 400 and "state must be one of" in answer["error"]
     assert http(f"{base}/api/jobs/{ids[-1] + 100}")[0] == 404
+    status, headers, answer = http(f"{base}/api/nothing")
+    assert status == 404 and "/api/nothing" in answer["error"]
+    assert headers["X-Frame-Options"] == "DENY"  # no page may frame an action
 
 
 def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:

@@ -43,7 +43,7 @@ from .. import ops
 from ..config import parse_duration
 from ..errors import ConfigError, PgpoolError, SchemaError, first_line
 from ..logs import event
-from ..metrics import _QueueCollector
+from ..metrics import QueueCollector
 from .config import READ_ONLY, WebConfig, is_loopback
 from .snapshots import APPLICATION_NAME, PERIOD, Hub
 
@@ -65,7 +65,7 @@ CONFIG = web.AppKey("config", WebConfig)
 POOL = web.AppKey("pool", AsyncConnectionPool)
 SECRET = web.AppKey("secret", bytes)
 METRICS = web.AppKey("metrics", CollectorRegistry)
-QUEUES = web.AppKey("queues", _QueueCollector)
+QUEUES = web.AppKey("queues", QueueCollector)
 BACKGROUND = web.AppKey("background", set)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -90,12 +90,14 @@ def _json(data: Any, status: int = 200) -> web.Response:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
+    if request.path == "/healthz":  # probes: no Host name, no credentials
+        return await handler(request)
     try:
-        if request.path != "/healthz":
-            if config.loopback and not is_loopback(_host_name(request.host)):
-                raise _Refused(421, f"this server answers only for localhost, not "
-                                    f"{request.host!r}: open http://127.0.0.1:{config.port}/")
-            request["user"] = _authenticate(request, config)
+        if config.loopback and not is_loopback(_host_name(request.host)):
+            port = request.transport.get_extra_info("sockname")[1] if request.transport else ""
+            raise _Refused(421, f"this server answers only for localhost, not "
+                                f"{request.host!r}: open http://127.0.0.1:{port}/")
+        request["user"] = _authenticate(request, config)
         if request.method == "POST":
             _check_action(request, config)
         response = await handler(request)
@@ -118,11 +120,21 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except psycopg.Error as exc:
         response = _json({"error": f"the database failed: {first_line(exc)}: check that it "
                                    "is up and reachable, then try again"}, 503)
+    except web.HTTPException as exc:  # the router's: no such path, or not that method
+        response = _json({"error": f"{exc.reason}: {request.method} {request.path} (the "
+                                   "API is under /api/, see the README)"}, exc.status)
+    except Exception as exc:  # a bug: logged with its traceback, answered in one line
+        log.exception("internal error answering %s %s", request.method, request.path)
+        response = _json({"error": f"internal error: {type(exc).__name__} (the server's "
+                                   "log has the traceback; please report it)"}, 500)
+    return response
+
+
+async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
     # The page must not be framed (clickjacking an action) nor sniffed into another type.
     response.headers.setdefault("X-Frame-Options", "DENY")
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
 
 
 def _host_name(host: str) -> str:
@@ -477,7 +489,7 @@ def make_app(config: WebConfig) -> web.Application:
     app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False,
                                     kwargs={"application_name": APPLICATION_NAME})
     app[SECRET] = secrets.token_bytes(32)
-    app[QUEUES] = _QueueCollector(config.dsn)
+    app[QUEUES] = QueueCollector(config.dsn)
     app[METRICS] = CollectorRegistry()
     app[METRICS].register(app[QUEUES])
     app[BACKGROUND] = set()
@@ -501,12 +513,13 @@ def make_app(config: WebConfig) -> web.Application:
     app.router.add_post("/api/dead/purge", purge)
     app.cleanup_ctx.append(_running)
     app.on_shutdown.append(_end_streams)
+    app.on_response_prepare.append(_secure_headers)
     return app
 
 
 async def _running(app: web.Application) -> Any:
     """Open the pool and start the snapshot loop; stop both at the end."""
-    await app[POOL].open()
+    await app[POOL].open(wait=True)  # a database that refuses shows at start, not later
     hub = asyncio.create_task(app[HUB].run())
     yield
     for task in [hub, *app[BACKGROUND]]:

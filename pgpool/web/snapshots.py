@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -54,6 +55,7 @@ class Hub:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._conn: psycopg.Connection | None = None
+        self._conn_lock = threading.Lock()  # the connection is used from threads
         self._poke = asyncio.Event()
         self._changed = asyncio.Condition()
         self._history: dict[str, deque[tuple[float, float]]] = {}
@@ -79,8 +81,7 @@ class Hub:
         async with self._changed:
             self._closed = True
             self._changed.notify_all()
-        if self._conn is not None:
-            await asyncio.to_thread(self._conn.close)
+        await asyncio.to_thread(self._drop_connection)
 
     async def first(self, timeout: float) -> bytes | None:
         """The latest snapshot, waiting up to ``timeout`` seconds for the first one."""
@@ -156,16 +157,26 @@ class Hub:
     def _collect(self) -> dict[str, Any]:
         """One snapshot, on the hub's connection (in a thread); a failed connection is
         dropped and the next snapshot opens a new one."""
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
-                                             application_name=APPLICATION_NAME)
-            return status.collect(self._conn)
-        except (psycopg.Error, OSError):
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
-            raise
+        with self._conn_lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self._dsn, autocommit=True,
+                                                 connect_timeout=5,
+                                                 application_name=APPLICATION_NAME)
+                return status.collect(self._conn)
+            except (psycopg.Error, OSError):
+                self._drop_connection_locked()
+                raise
+
+    def _drop_connection(self) -> None:
+        # A snapshot cancelled at shutdown may still run in its thread: wait for it.
+        with self._conn_lock:
+            self._drop_connection_locked()
+
+    def _drop_connection_locked(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
 
     async def _publish(self, report: dict[str, Any] | None, error: str | None) -> None:
         async with self._changed:
