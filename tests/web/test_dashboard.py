@@ -32,9 +32,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
-#: Page conditions wait this long. The server sends a snapshot at least every 5 s and a
-#: dispatcher started with --lease 3 beats every second; 20 s leaves room for a machine
-#: shared by several test runs.
+#: Page conditions wait this long. The server sends a snapshot at least every 2 s, a new
+#: lag sample goes into the chart's history every 5 s, and a dispatcher started with
+#: --lease 3 beats every second; 20 s leaves room for a machine shared by several runs.
 expect.set_options(timeout=20_000)
 #: The dispatchers' lease: short, so hosts report their claims (at each beat, lease/3) fast.
 LEASE = ("--lease", "3")
