@@ -122,7 +122,8 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
         pgpool.enqueue(db, "record", {}, queue="alpha")
     for _ in range(2):
         pgpool.enqueue(db, "record", {}, queue="alpha", delay=600)
-    start_pgpool(dsn, *RUN, "--queue", "busy", "--procs", "1", *LEASE, record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, "--queue", "busy", "--procs", "1", *LEASE,
+                        record_dir=record_dir)
     for _ in range(2):
         pgpool.enqueue(db, "fail", {}, queue="busy", max_attempts=1)
     wait_until(lambda: dead_count(db, "busy") == 2, "the two failing jobs to die")
@@ -182,6 +183,13 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
     db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_vacuum_scale_factor)")
     expect(page.get_by_test_id("warning-vacuum")).to_contain_text("lost its autovacuum")
     expect(page.get_by_test_id("vac-settings")).to_have_text("lost")
+
+    # The host dies: its row is marked stale once it is three of its leases (9 s) past its
+    # last beat; 30 s leaves room for a loaded machine.
+    host.kill()
+    expect(host_row(page, owner).get_by_test_id("last-seen")).to_contain_text(
+        "stale", timeout=30_000)
+    expect(page.get_by_test_id("fleet")).to_contain_text("0 live hosts, 1 stale")
 
 
 def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):
