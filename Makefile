@@ -4,18 +4,28 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint clean chaos wheels base-image image container-test deploy-check
+.PHONY: test web-test demo lint clean chaos wheels base-image image container-test deploy-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,web]'
 	touch $(STAMP)
 
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## make web-test: the dashboard in headless Chromium (Debian's /usr/bin/chromium: `apt-get
+## install chromium`), driven by Playwright, which uses it as is and downloads no browser
+WEB_STAMP := $(VENV)/.web-installed
+$(WEB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet 'playwright>=1.50'
+	touch $(WEB_STAMP)
+
+web-test: $(WEB_STAMP)
+	$(BIN)/python -m pytest -q tests/web
 
 ## make demo: start the embedded PostgreSQL, enqueue example CPU jobs, run them, report
 ## (its data directory is .pgpool/ in the repo, not the per-user one: the demo is self-contained)

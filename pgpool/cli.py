@@ -8,6 +8,7 @@ fix it>``, with exit status 2 and no traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -334,6 +335,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "(to measure what the metrics cost)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     bench.set_defaults(func=cmd_bench)
+    web = sub.add_parser("web", parents=[common],
+                         help="serve the live dashboard (needs the web extra: "
+                              "pip install 'pgpool[web]')")
+    web.add_argument("--dsn", help=dsn_help)
+    web.add_argument("--host", metavar="ADDRESS",
+                     help="address to serve on (env PGPOOL_WEB_HOST; default 127.0.0.1: "
+                          "this machine only)")
+    web.add_argument("--port", type=tcp_port,
+                     help="port to serve on (env PGPOOL_WEB_PORT; default 8080)")
+    web.add_argument("--read-write", action="store_true",
+                     help="allow actions (cancel, pause, resume, replay, purge); default "
+                          "read-only. Off loopback, only with PGPOOL_WEB_USER and "
+                          "PGPOOL_WEB_PASSWORD set")
+    web.add_argument("--allow-payloads", action="store_true",
+                     help="show job payloads (user data; hidden by default)")
+    web.set_defaults(func=cmd_web)
     # Imported here, not at the top: worker processes import this module and never parse.
     from . import ops_cli
 
@@ -481,6 +498,32 @@ def cmd_health(args: argparse.Namespace) -> int:
         reason = getattr(exc, "reason", exc)
         print(f"pgpool: unhealthy: no dispatcher answered on {args.host}:{port} ({reason})")
     return 1
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from . import dsn as dsnlib
+    from .web.config import MISSING_EXTRA, WebConfig, credentials
+
+    user, password = credentials()
+    port = _from_env(args.port, "PGPOOL_WEB_PORT", tcp_port)
+    config = WebConfig(
+        dsn="", host=_from_env(args.host, "PGPOOL_WEB_HOST", str) or "127.0.0.1",
+        port=8080 if port is None else port,
+        read_write=args.read_write, allow_payloads=args.allow_payloads, user=user,
+        password=password)
+    config.check()
+    try:
+        from .web import server
+    except ImportError:
+        raise ConfigError(MISSING_EXTRA) from None
+    if not config.auth and not config.loopback:
+        log.warning("serving the dashboard on %s without authentication: anyone who reaches "
+                    "it sees the queue; set PGPOOL_WEB_USER and PGPOOL_WEB_PASSWORD",
+                    config.host)
+    dsn = dsnlib.resolve(args.dsn)
+    with dsnlib.connect(dsn, autocommit=True) as conn:
+        schema.check(conn)
+    return server.serve(dataclasses.replace(config, dsn=dsn))
 
 
 def _resolve_procs(value: int | Literal["auto"], max_memory_mib: int | None = None) -> int:

@@ -8,7 +8,7 @@ Two kinds of figures, from two places:
   share of the fleet's claim budget. `DispatcherMetrics` counts events on the event loop
   in plain Python (no lock per job); a scrape copies them on the loop, with what the parts
   count anyway, and prometheus-client turns them into its text format (`_HostCollector`).
-- The queue's (`_QueueCollector`), read from the database at scrape time: jobs by queue and
+- The queue's (`QueueCollector`), read from the database at scrape time: jobs by queue and
   state, the age of the oldest ready job, dead letters, the fleet's claims per second and
   autovacuum debt on ``pgpool_jobs``. Those describe the database, not a host, so exactly
   one dispatcher serves them at a time: the one whose scrape connection holds a
@@ -153,7 +153,7 @@ class DispatcherMetrics:
         self._flush_seconds = _Histogram(DB_BUCKETS)
         self.registry = CollectorRegistry()
         self.registry.register(_HostCollector(self))
-        self.queues = _QueueCollector(dsn)
+        self.queues = QueueCollector(dsn)
         self.registry.register(self.queues)
 
     # --- on the event loop ------------------------------------------------------------------
@@ -268,9 +268,10 @@ class _HostCollector(Collector):
                                 value=time.monotonic() - s.db_reached_at)
 
 
-class _QueueCollector(Collector):
+class QueueCollector(Collector):
     """The queue's figures, from the database, on exactly one host at a time (the holder of
-    the advisory lock). Runs on the HTTP server's threads, one scrape at a time."""
+    the advisory lock: a dispatcher, or ``pgpool web``). Runs on the HTTP server's threads,
+    one scrape at a time."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn

@@ -225,12 +225,14 @@ class DeadFilter:
 @dataclass(frozen=True)
 class JobFilter:
     """Which live jobs to list; None matches all. ``older_than``: enqueued more than that
-    many seconds ago."""
+    many seconds ago. ``after``: only jobs past this (run_at, id) in the listing's order,
+    the last row of the page before (`Listing.rows`), to page through a long list."""
 
     queue: str | None = None
     kind: str | None = None
     state: JobState | None = None
     older_than: float | None = None
+    after: tuple[datetime, int] | None = None
 
     def check(self) -> None:
         for what in ("queue", "kind"):
@@ -240,10 +242,13 @@ class JobFilter:
             raise ConfigError(f"state must be one of {', '.join(JOB_STATES)}, "
                               f"got {self.state!r}")
         _check_seconds("older_than", self.older_than)
+        if self.after is not None:
+            _check_ids([self.after[1]])
 
     def params(self) -> dict[str, Any]:
+        run_at, after_id = self.after or (None, None)
         return {"queue": self.queue, "kind": self.kind, "state": self.state,
-                "older_than": self.older_than}
+                "older_than": self.older_than, "after_run_at": run_at, "after_id": after_id}
 
 
 # --- plans: what each function does, independent of sync or async -------------------------

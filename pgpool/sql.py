@@ -867,7 +867,8 @@ _JOB_COLUMNS = f"""
 """
 
 #: Live jobs, filtered (a NULL filter matches all), oldest first; one more than ``limit``,
-#: so the caller can say that more are left.
+#: so the caller can say that more are left. ``after_*`` is a keyset cursor on (run_at, id),
+#: the listing's order, for the next page (the dashboard's).
 JOBS_LIST: Final = f"""
 SELECT {_JOB_COLUMNS} FROM pgpool_jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -875,6 +876,8 @@ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(state)s::text IS NULL OR {_JOB_STATE} = %(state)s)
   AND (%(older_than)s::float8 IS NULL
        OR created_at < now() - make_interval(secs => %(older_than)s))
+  AND (%(after_run_at)s::timestamptz IS NULL
+       OR (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::bigint))
 ORDER BY run_at, id
 LIMIT %(limit)s + 1
 """

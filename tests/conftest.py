@@ -328,6 +328,26 @@ def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
     return proc
 
 
+@pytest.fixture
+def web(dsn: str) -> Iterator[Callable[..., tuple[Pgpool, str]]]:
+    """``web(*args, **env)`` starts ``pgpool web`` on `dsn`, on a free port of 127.0.0.1,
+    with ``args`` (``--read-write``...) and returns (the process, its base URL) once it
+    serves. Each is stopped before the test's schema is dropped (a snapshot in flight would
+    deadlock with the DROP)."""
+    started: list[Pgpool] = []
+
+    def start(*args: str, **env: str) -> tuple[Pgpool, str]:
+        proc = start_pgpool(dsn, "web", "--port", "0", *args, **env)
+        started.append(proc)
+        port = proc.event("web_started")["port"]
+        return proc, f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.stop()
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_dispatchers() -> Iterator[None]:
     # A failing test must not leave a dispatcher running (and its workers: they die with it).

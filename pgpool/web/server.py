@@ -1,0 +1,566 @@
+"""The ``pgpool web`` HTTP server (aiohttp): the page, its JSON API, ``/metrics``,
+``/healthz``.
+
+Reads come from the shared snapshot loop (`pgpool.web.snapshots.Hub`: ``/api/snapshot``,
+``/api/events``) or from the operator functions of `pgpool.ops` (jobs, dead letters). Every
+action goes through those same functions, in one transaction (a replay at a rate trickles
+in small ones, as ``pgpool dead replay --rate`` does), and is logged as a ``web_action``
+event naming the user and what it affected (ids, queues, counts; never a payload).
+
+Protection, in the order a request meets it (`_guard`): on a loopback address the Host
+header must name a loopback host (a DNS-rebinding page cannot reach the API); HTTP basic
+authentication when ``PGPOOL_WEB_USER``/``PGPOOL_WEB_PASSWORD`` are set (everything but
+``/healthz``; compared in constant time); then for a POST: refused in read-only mode (the
+default), refused when the Origin header names another host, and refused without the CSRF
+token of ``/api/session`` in ``X-CSRF-Token``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+import signal
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import orjson
+import psycopg
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from psycopg_pool import AsyncConnectionPool
+
+from .. import ops
+from ..config import parse_duration
+from ..errors import ConfigError, PgpoolError, SchemaError, first_line
+from ..logs import event
+from ..metrics import QueueCollector
+from .config import READ_ONLY, WebConfig, is_loopback
+from .snapshots import APPLICATION_NAME, PERIOD, Hub
+
+log = logging.getLogger("pgpool.web")
+
+STATIC: Final = Path(__file__).parent / "static"
+#: /healthz is unhealthy once no snapshot has succeeded for this long (several periods:
+#: one slow snapshot is not an outage).
+HEALTHY_WITHIN: Final = 5 * PERIOD + 5
+#: Seconds /api/snapshot and /healthz wait for the first snapshot after a start.
+FIRST_SNAPSHOT_WAIT: Final = 10.0
+#: The most rows one listing returns.
+MAX_LIMIT: Final = 1000
+#: Connections for requests (listings, actions); snapshots and LISTEN have their own.
+POOL_SIZE: Final = 4
+
+HUB = web.AppKey("hub", Hub)
+CONFIG = web.AppKey("config", WebConfig)
+POOL = web.AppKey("pool", AsyncConnectionPool)
+SECRET = web.AppKey("secret", bytes)
+METRICS = web.AppKey("metrics", CollectorRegistry)
+QUEUES = web.AppKey("queues", QueueCollector)
+BACKGROUND = web.AppKey("background", set)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Refused(Exception):
+    """An HTTP error answered as JSON ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str, **headers: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status,
+                        content_type="application/json")
+
+
+# --- protection ---------------------------------------------------------------------------
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    if request.path == "/healthz":  # probes: no Host name, no credentials
+        return await handler(request)
+    try:
+        if config.loopback and not is_loopback(_host_name(request.host)):
+            port = request.transport.get_extra_info("sockname")[1] if request.transport else ""
+            raise _Refused(421, f"this server answers only for localhost, not "
+                                f"{request.host!r}: open http://127.0.0.1:{port}/")
+        request["user"] = _authenticate(request, config)
+        if request.method == "POST":
+            _check_action(request, config)
+        response = await handler(request)
+    except _Refused as refused:
+        if refused.status in (403, 421):
+            event(log, logging.WARNING, "web_refused", "refused %s %s: %s", request.method,
+                  request.path, refused, user=request.get("user"), path=request.path,
+                  status=refused.status)
+        response = _json({"error": str(refused)}, refused.status)
+        response.headers.update(refused.headers)
+    except ops.JobNotFound as exc:
+        response = _json({"error": str(exc)}, 404)
+    except SchemaError as exc:
+        response = _json({"error": str(exc)}, 503)
+    except PgpoolError as exc:
+        response = _json({"error": " ".join(str(exc).split())}, 400)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        response = _json({"error": f"the database refused: {first_line(exc)}: grant this "
+                                   "role the privileges pgpool needs (`pgpool grants`)"}, 403)
+    except psycopg.Error as exc:
+        response = _json({"error": f"the database failed: {first_line(exc)}: check that it "
+                                   "is up and reachable, then try again"}, 503)
+    except web.HTTPException as exc:  # the router's: no such path, or not that method
+        response = _json({"error": f"{exc.reason}: {request.method} {request.path} (the "
+                                   "API is under /api/, see the README)"}, exc.status)
+    except Exception as exc:  # a bug: logged with its traceback, answered in one line
+        log.exception("internal error answering %s %s", request.method, request.path)
+        response = _json({"error": f"internal error: {type(exc).__name__} (the server's "
+                                   "log has the traceback; please report it)"}, 500)
+    return response
+
+
+async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+    # The page must not be framed (clickjacking an action) nor sniffed into another type.
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port."""
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _authenticate(request: web.Request, config: WebConfig) -> str:
+    """The user this request acts as: the authenticated one, or "anonymous" without auth."""
+    if not config.auth:
+        return "anonymous"
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    try:
+        user, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        user, sep, password = "", "", ""
+    # Both compared whatever the first gives: the time taken says nothing of either.
+    good = hmac.compare_digest(user.encode(), config.user.encode())
+    good &= hmac.compare_digest(password.encode(), (config.password or "").encode())
+    if scheme.lower() != "basic" or not sep or not good:
+        raise _Refused(401, "log in: this dashboard needs the user and password set in "
+                            "PGPOOL_WEB_USER and PGPOOL_WEB_PASSWORD",
+                       **{"WWW-Authenticate": 'Basic realm="pgpool", charset="UTF-8"'})
+    return user
+
+
+def _csrf_token(secret: bytes, user: str) -> str:
+    return hmac.new(secret, user.encode(), hashlib.sha256).hexdigest()
+
+
+def _check_action(request: web.Request, config: WebConfig) -> None:
+    if not config.read_write:
+        raise _Refused(403, READ_ONLY)
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc != request.host:
+        raise _Refused(403, f"cross-origin request from {origin} refused: act from the "
+                            "dashboard's own page")
+    token = request.headers.get("X-CSRF-Token", "")
+    expected = _csrf_token(request.app[SECRET], request["user"])
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        raise _Refused(403, "missing or wrong X-CSRF-Token header: send the csrf_token of "
+                            "GET /api/session (reload the page)")
+
+
+# --- pages, health, metrics ---------------------------------------------------------------
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return _static_file("index.html")
+
+
+async def static(request: web.Request) -> web.StreamResponse:
+    return _static_file(request.match_info["name"])
+
+
+def _static_file(name: str) -> web.StreamResponse:
+    path = STATIC / name
+    if name.startswith(".") or not path.is_file():
+        raise _Refused(404, f"no such file: {name}")
+    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    await hub.first(FIRST_SNAPSHOT_WAIT)  # just started: answer once the database has
+    if hub.healthy(HEALTHY_WITHIN):
+        return _json({"ok": True})
+    return _json({"ok": False, "error": hub.error or "no snapshot of the queue yet"}, 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    # The collector reads the database on a blocking connection: off the event loop.
+    body = await asyncio.to_thread(generate_latest, request.app[METRICS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# --- reads --------------------------------------------------------------------------------
+
+async def session(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    return _json({"read_write": config.read_write, "allow_payloads": config.allow_payloads,
+                  "user": config.user, "csrf_token": _csrf_token(request.app[SECRET],
+                                                                 request["user"])})
+
+
+async def snapshot(request: web.Request) -> web.Response:
+    latest = await request.app[HUB].first(FIRST_SNAPSHOT_WAIT)
+    if latest is None:
+        raise _Refused(503, request.app[HUB].error or "no snapshot of the queue yet: try "
+                                                      "again in a moment")
+    return web.Response(body=latest, content_type="application/json")
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no"})  # a proxy must pass each event on at once
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        async for name, data in request.app[HUB].updates():
+            await response.write(b"event: " + name.encode() + b"\ndata: " + data + b"\n\n")
+    return response
+
+
+async def jobs(request: web.Request) -> web.Response:
+    q = request.query
+    where = ops.JobFilter(queue=_text(q, "queue"), kind=_text(q, "kind"),
+                          state=_text(q, "state"),  # type: ignore[arg-type]
+                          older_than=_seconds(q.get("older_than")),
+                          after=_cursor(q.get("after")))
+    payload = request.app[CONFIG].allow_payloads
+    async with request.app[POOL].connection() as conn:
+        listing = await ops.list_jobs_async(conn, where, limit=_limit(q), payload=payload)
+    last = listing.rows[-1] if listing.more else None
+    return _json({"jobs": [_row(j, payload) for j in listing.rows],
+                  "next_after": None if last is None else _cursor_text(last.run_at, last.id)})
+
+
+async def job(request: web.Request) -> web.Response:
+    payload = request.app[CONFIG].allow_payloads
+    async with request.app[POOL].connection() as conn:
+        found = await ops.show_job_async(conn, _id(request), payload=payload)
+    return _json(_row(found, payload))
+
+
+async def dead(request: web.Request) -> web.Response:
+    payload = request.app[CONFIG].allow_payloads
+    async with request.app[POOL].connection() as conn:
+        listing = await ops.list_dead_async(conn, _dead_filter(request.query),
+                                            limit=_limit(request.query), payload=payload)
+    return _json({"dead": [_row(d, payload) for d in listing.rows], "more": listing.more})
+
+
+async def dead_groups(request: web.Request) -> web.Response:
+    async with request.app[POOL].connection() as conn:
+        listing = await ops.group_dead_async(conn, _dead_filter(request.query),
+                                             limit=_limit(request.query))
+    return _json({"groups": [g.as_dict() for g in listing.rows], "more": listing.more})
+
+
+async def dead_job(request: web.Request) -> web.Response:
+    payload = request.app[CONFIG].allow_payloads
+    async with request.app[POOL].connection() as conn:
+        found = await ops.show_dead_async(conn, _id(request), payload=payload)
+    return _json(_row(found, payload))
+
+
+def _row(row: ops.LiveJob | ops.DeadJob, payload: bool) -> dict[str, Any]:
+    d = row.as_dict()
+    if not payload:
+        del d["payload"]  # user data: not even its absence is shown as a value
+    return d
+
+
+# --- actions ------------------------------------------------------------------------------
+
+async def cancel(request: web.Request) -> web.Response:
+    job_id = _id(request)
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        done = await ops.cancel_async(conn, [job_id])
+    _logged(request, "cancel", ids=[c.id for c in done], was=[c.was for c in done])
+    return _json({"cancelled": [{"id": c.id, "was": c.was, "owner": c.owner} for c in done]})
+
+
+async def retry(request: web.Request) -> web.Response:
+    job_id = _id(request)
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        done = await ops.retry_async(conn, [job_id])
+    _logged(request, "retry", ids=done.now)
+    return _json({"now": done.now, "already_due": done.already_due})
+
+
+async def pause(request: web.Request) -> web.Response:
+    return await _set_paused(request, True)
+
+
+async def resume(request: web.Request) -> web.Response:
+    return await _set_paused(request, False)
+
+
+async def _set_paused(request: web.Request, paused: bool) -> web.Response:
+    queue = request.match_info["queue"]
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        if paused:
+            changed = await ops.pause_async(conn, queue)
+        else:
+            changed = await ops.resume_async(conn, queue)
+    _logged(request, "pause" if paused else "resume", queue=queue, changed=changed)
+    return _json({"queue": queue, "paused": paused, "changed": changed})
+
+
+async def replay(request: web.Request) -> web.Response:
+    body = await _body(request)
+    where, limit, dry_run = _batch_op(body)
+    rate = body.get("rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
+        raise ConfigError(f"rate must be a number of jobs per second, got {rate!r}")
+    pool = request.app[POOL]
+    if dry_run or rate is not None:
+        async with pool.connection() as conn:
+            count = (await ops.replay_dead_async(conn, where, limit=limit, rate=rate,
+                                                 dry_run=True)).would_move
+        if dry_run:
+            return _json({"count": count, "dry_run": True})
+        # A trickle outlives the request: it goes on in the background, in small
+        # transactions on a connection of its own, and logs when it is done.
+        task = asyncio.create_task(_trickle(request, where, limit, rate, count))
+        request.app[BACKGROUND].add(task)
+        task.add_done_callback(request.app[BACKGROUND].discard)
+        return _json({"count": count, "rate": rate, "started": True}, 202)
+    async with pool.connection() as conn, conn.transaction():
+        done = await ops.replay_dead_async(conn, where, limit=limit)
+    _logged(request, "replay", count=done.moved, skipped=done.skipped, **_described(where))
+    return _json({"count": done.moved, "skipped": done.skipped})
+
+
+async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | None,
+                   rate: float, count: int) -> None:
+    _logged(request, "replay_started", count=count, rate=rate, **_described(where))
+    try:
+        async with await psycopg.AsyncConnection.connect(
+                request.app[CONFIG].dsn, autocommit=True,
+                application_name=APPLICATION_NAME) as conn:
+            done = await ops.replay_dead_async(conn, where, limit=limit, rate=rate)
+    except (psycopg.Error, PgpoolError) as exc:
+        event(log, logging.ERROR, "web_action_failed", "replay by %s failed: %s",
+              request["user"], first_line(exc), user=request["user"], action="replay")
+        return
+    _logged(request, "replay", count=done.moved, skipped=done.skipped, rate=rate,
+            **_described(where))
+
+
+async def purge(request: web.Request) -> web.Response:
+    where, limit, dry_run = _batch_op(await _body(request))
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        done = await ops.purge_dead_async(conn, where, limit=limit, dry_run=dry_run)
+    if dry_run:
+        return _json({"count": done.would_delete, "dry_run": True})
+    _logged(request, "purge", count=done.deleted, **_described(where))
+    return _json({"count": done.deleted})
+
+
+def _batch_op(body: dict[str, Any]) -> tuple[ops.DeadFilter, int | None, bool]:
+    """The filter, limit and dry_run of a replay or purge. Like the CLI's ``--all``, taking
+    every dead job must be asked for: an empty filter is more likely a mistake."""
+    ids = body.get("ids")
+    where = ops.DeadFilter(
+        ids=ids, queue=body.get("queue"), kind=body.get("kind"), error=body.get("error"),
+        signature=body.get("signature"), reason=body.get("reason"),
+        since=_seconds(body.get("since")), older_than=_seconds(body.get("older_than")))
+    where.check()
+    limit = body.get("limit")
+    if where.empty and limit is None and body.get("all") is not True:
+        raise ConfigError("say which dead jobs: give filters (kind, signature, error, "
+                          "since...), a limit, or \"all\": true for every one")
+    return where, limit, body.get("dry_run") is True
+
+
+def _described(where: ops.DeadFilter) -> dict[str, Any]:
+    """The filter's fields that are set, for the log."""
+    return {f"filter_{k}": v for k, v in vars(where).items() if v is not None}
+
+
+def _logged(request: web.Request, action: str, **affected: Any) -> None:
+    user = request["user"]
+    event(log, logging.INFO, "web_action", "%s by %s: %s", action, user,
+          " ".join(f"{k}={v}" for k, v in affected.items()), user=user, action=action,
+          **affected)
+
+
+# --- parameters ---------------------------------------------------------------------------
+
+def _text(query: Any, name: str) -> str | None:
+    return query.get(name) or None
+
+
+def _seconds(value: Any) -> float | None:
+    """Seconds from a number or a duration (``90s``, ``15m``...); None if not given."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return parse_duration(value)
+    return value  # the ops functions check its type and range
+
+
+def _limit(query: Any) -> int:
+    text = query.get("limit")
+    if not text:
+        return ops.DEFAULT_LIMIT
+    if not text.isdigit() or not 0 < int(text) <= MAX_LIMIT:
+        raise ConfigError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text!r}")
+    return int(text)
+
+
+def _id(request: web.Request) -> int:
+    text = request.match_info["id"]
+    if not text.isdigit() or not 0 < int(text) < 2**63:
+        raise ConfigError(f"{text!r} is not a job id (a positive integer)")
+    return int(text)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _cursor_text(run_at: datetime, job_id: int) -> str:
+    """The next page's cursor: the last row's due time (microseconds, exact) and id."""
+    return f"{(run_at - _EPOCH) // timedelta(microseconds=1)}.{job_id}"
+
+
+def _cursor(text: str | None) -> tuple[datetime, int] | None:
+    if not text:
+        return None
+    micros, _, job_id = text.partition(".")
+    if not (micros.lstrip("-").isdigit() and job_id.isdigit()):
+        raise ConfigError(f"after={text!r} is not a cursor: pass the next_after of the "
+                          "page before")
+    return _EPOCH + timedelta(microseconds=int(micros)), int(job_id)
+
+
+def _dead_filter(query: Any) -> ops.DeadFilter:
+    where = ops.DeadFilter(queue=_text(query, "queue"), kind=_text(query, "kind"),
+                           error=_text(query, "error"), signature=_text(query, "signature"),
+                           reason=_text(query, "reason"),  # type: ignore[arg-type]
+                           since=_seconds(query.get("since")),
+                           older_than=_seconds(query.get("older_than")))
+    where.check()
+    return where
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ConfigError("the request body is not JSON: send a JSON object") from None
+    if not isinstance(body, dict):
+        raise ConfigError("the request body must be a JSON object")
+    return body
+
+
+# --- the application ----------------------------------------------------------------------
+
+def make_app(config: WebConfig) -> web.Application:
+    app = web.Application(middlewares=[_guard])
+    app[CONFIG] = config
+    app[HUB] = Hub(config.dsn)
+    app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False,
+                                    kwargs={"application_name": APPLICATION_NAME})
+    app[SECRET] = secrets.token_bytes(32)
+    app[QUEUES] = QueueCollector(config.dsn)
+    app[METRICS] = CollectorRegistry()
+    app[METRICS].register(app[QUEUES])
+    app[BACKGROUND] = set()
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/session", session)
+    app.router.add_get("/api/snapshot", snapshot)
+    app.router.add_get("/api/events", events)
+    app.router.add_get("/api/jobs", jobs)
+    app.router.add_get("/api/jobs/{id}", job)
+    app.router.add_get("/api/dead", dead)
+    app.router.add_get("/api/dead/groups", dead_groups)
+    app.router.add_get("/api/dead/{id}", dead_job)
+    app.router.add_post("/api/jobs/{id}/cancel", cancel)
+    app.router.add_post("/api/jobs/{id}/retry", retry)
+    app.router.add_post("/api/queues/{queue}/pause", pause)
+    app.router.add_post("/api/queues/{queue}/resume", resume)
+    app.router.add_post("/api/dead/replay", replay)
+    app.router.add_post("/api/dead/purge", purge)
+    app.cleanup_ctx.append(_running)
+    app.on_shutdown.append(_end_streams)
+    app.on_response_prepare.append(_secure_headers)
+    return app
+
+
+async def _running(app: web.Application) -> Any:
+    """Open the pool and start the snapshot loop; stop both at the end."""
+    await app[POOL].open(wait=True)  # a database that refuses shows at start, not later
+    hub = asyncio.create_task(app[HUB].run())
+    yield
+    for task in [hub, *app[BACKGROUND]]:
+        task.cancel()
+    await asyncio.gather(hub, *app[BACKGROUND], return_exceptions=True)
+    await app[POOL].close()
+    await asyncio.to_thread(app[QUEUES].close)
+
+
+async def _end_streams(app: web.Application) -> None:
+    await app[HUB].close()
+
+
+def serve(config: WebConfig) -> int:
+    """Serve until SIGTERM or SIGINT; 0 then."""
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: WebConfig) -> int:
+    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot serve on {config.host}:{config.port} "
+                              f"({exc.strerror or exc}): choose a free --port") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        port = runner.addresses[0][1]
+        mode = "read-write" if config.read_write else "read-only"
+        event(log, logging.INFO, "web_started",
+              "serving the dashboard on http://%s:%d/ (%s%s)", config.host, port, mode,
+              ", login required" if config.auth else "", address=config.host, port=port,
+              read_write=config.read_write, allow_payloads=config.allow_payloads,
+              auth=config.auth)
+        await stop.wait()
+        event(log, logging.INFO, "web_stopped", "stopping the dashboard")
+    finally:
+        await runner.cleanup()
+    return 0
