@@ -452,10 +452,12 @@ class Dispatcher:
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]
 
-    def _host_counters(self) -> tuple[int, int, int, float | None]:
-        """(jobs done, attempts failed, jobs claimed, claim p99 ms) for the host registry."""
+    def _host_counters(self) -> tuple[int, int, int, float | None, int]:
+        """(jobs done, attempts failed, jobs claimed, claim p99 ms, current batch) for the
+        host registry."""
         c = self.completer.counts
-        return c["done"], c["retried"] + c["dead"], self.claimer.claimed, self.claimer.p99_ms()
+        return (c["done"], c["retried"] + c["dead"], self.claimer.claimed,
+                self.claimer.p99_ms(), self.scheduler.batch)
 
     # --- stopping ---------------------------------------------------------------------------
 

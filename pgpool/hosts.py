@@ -48,7 +48,8 @@ class HostRegistry:
     """This dispatcher's row in ``pgpool_hosts``, and its claim `budget`.
 
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
-    started, and its recent claim p99 in ms (None before a claim); each beat records them,
+    started, its recent claim p99 in ms (None before a claim) and its current claim batch;
+    each beat records them,
     and the jobs claimed per second since the previous beat. ``max_claims_per_sec`` is this
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
@@ -66,7 +67,7 @@ class HostRegistry:
         kinds: Sequence[str],
         lease: Lease,
         max_claims_per_sec: float | None,
-        counters: Callable[[], tuple[int, int, int, float | None]],
+        counters: Callable[[], tuple[int, int, int, float | None, int]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
@@ -134,7 +135,7 @@ class HostRegistry:
         async with self._lock:
             if self._closed:
                 return
-            done, failed, claimed, claim_p99_ms = self._counters()
+            done, failed, claimed, claim_p99_ms, batch = self._counters()
             throttles = self.budget.throttles
             now = self._clock()  # no later than the server's now() in last_seen
             rate = None
@@ -162,7 +163,7 @@ class HostRegistry:
                     "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate,
                     "max_claims_per_sec": total, "claims_share": share,
                     "claims_demand": demand,  # unbounded: float8 Infinity
-                    "claim_p99_ms": claim_p99_ms})
+                    "claim_p99_ms": claim_p99_ms, "batch": batch})
                 (self._started_at,) = await cur.fetchone()
             # Applied once committed: the others see this share from now on. It lapses to
             # the floor unless the next beats renew it (see pgpool.budget).

@@ -318,6 +318,16 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             WHERE state = 'running' AND tenant <> '';
         """,
     ),
+    Migration(
+        12,
+        "the claim batch each host uses",
+        """
+        ALTER TABLE pgpool_hosts ADD COLUMN batch integer;
+        COMMENT ON COLUMN pgpool_hosts.batch IS
+            'jobs per claim at its last beat (with --batch auto, what the sizer worked out '
+            'then); NULL from a pgpool older than this column';
+        """,
+    ),
 )
 
 #: The schema version this code expects.

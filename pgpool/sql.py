@@ -481,17 +481,18 @@ HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
                                claims_per_sec, max_claims_per_sec, claims_share,
-                               claims_demand, claim_p99_ms)
+                               claims_demand, claim_p99_ms, batch)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
         %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
-        %(claim_p99_ms)s)
+        %(claim_p99_ms)s, %(batch)s)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
     jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
     max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
-    claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms
+    claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms,
+    batch = excluded.batch
 RETURNING h.started_at
 """
 
@@ -618,7 +619,7 @@ SELECT owner, hostname, pid, procs, queues, kinds, lease, started_at, last_seen,
        last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live,
        last_seen >= now() - make_interval(secs => %(counted_leases)s * lease) AS counted,
        jobs_done, jobs_failed, jobs_claimed, claims_per_sec, max_claims_per_sec,
-       claims_share, claims_demand, claim_p99_ms
+       claims_share, claims_demand, claim_p99_ms, batch
 FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """

@@ -75,10 +75,11 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             "claims_per_sec": _round(rate), "max_claims_per_sec": budget,
             "claims_share": _round(share),
             "claims_demand": None if demand == math.inf else _round(demand),
-            "wants_more": demand == math.inf, "claim_p99_ms": _round(p99),
+            "wants_more": demand == math.inf, "claim_p99_ms": _round(p99), "batch": batch,
         }
         for (owner, hostname, pid, procs, host_queues, kinds, lease, started, seen, ago,
-             live, counted, done, failed, claimed, rate, budget, share, demand, p99) in hosts
+             live, counted, done, failed, claimed, rate, budget, share, demand, p99,
+             batch) in hosts
     ]
     return {
         "hosts": host_list,
@@ -197,9 +198,10 @@ def render(status: dict[str, Any]) -> str:
     live = sum(h["live"] for h in hosts)
     out = [f"hosts: {live} live" + (f", {len(hosts) - live} stale" if live < len(hosts) else "")]
     out += _table(
-        ("HOST", "PID", "PROCS", "QUEUES", "LAST SEEN", "STARTED", "DONE", "FAILED",
+        ("HOST", "PID", "PROCS", "BATCH", "QUEUES", "LAST SEEN", "STARTED", "DONE", "FAILED",
          "CLAIMED", "CLAIMS/S", "SHARE", "BUDGET"),
-        [(h["hostname"], h["pid"], h["procs"], ",".join(h["queues"]),
+        [(h["hostname"], h["pid"], h["procs"], "-" if h["batch"] is None else h["batch"],
+          ",".join(h["queues"]),
           _ago(h["last_seen_ago"]) + ("" if h["live"] else " (stale)"),
           _utc(h["started_at"]), h["jobs_done"], h["jobs_failed"], h["jobs_claimed"],
           _rate(h["claims_per_sec"]), _share(h), _budget(h["max_claims_per_sec"]))

@@ -120,7 +120,8 @@ def test_a_host_takes_its_fair_share_only_out_of_what_the_others_leave():
 
 
 def registry(pool: AsyncConnectionPool, owner: str, clock: Clock,
-             counters: Callable[[], tuple[int, int, int, float | None]] = lambda: (0, 0, 0, None),
+             counters: Callable[[], tuple[int, int, int, float | None, int]] = (
+                 lambda: (0, 0, 0, None, 1)),
              max_claims_per_sec: float | None = None) -> HostRegistry:
     return HostRegistry(pool, owner, procs=1, queues=["default"], kinds=["k"],
                         lease=Lease(30), max_claims_per_sec=max_claims_per_sec,
@@ -134,7 +135,7 @@ def test_registered_hosts_share_by_demand_and_never_past_the_budget_but_a_floor(
 
     async def work(pool: AsyncConnectionPool) -> list[tuple[float, float]]:
         a = registry(pool, "a", clock)
-        b = registry(pool, "b", clock, counters=lambda: (0, 0, claimed[0], None))
+        b = registry(pool, "b", clock, counters=lambda: (0, 0, claimed[0], None, 1))
         seen = []
 
         async def beat(host: HostRegistry, *, throttled: bool) -> None:
@@ -204,7 +205,7 @@ def test_a_beat_stuck_holding_the_lock_does_not_stop_the_others(db, dsn, caplog)
         async def work(pool: AsyncConnectionPool) -> float:
             host = HostRegistry(pool, "a", procs=1, queues=["default"], kinds=["k"],
                                 lease=Lease(3), max_claims_per_sec=400,
-                                counters=lambda: (0, 0, 0, None))
+                                counters=lambda: (0, 0, 0, None, 1))
             # The beat waits a quarter of its 1 s interval for the lock; 10 s is ample on
             # a loaded machine, and turns a beat that waits for good into a failure.
             async with asyncio.timeout(10):

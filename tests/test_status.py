@@ -77,6 +77,7 @@ def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, 
     (seen,) = report["hosts"]
     assert (seen["owner"], seen["pid"], seen["live"], seen["jobs_done"], seen["jobs_claimed"],
             seen["max_claims_per_sec"]) == (owner, host.pid, True, 1, 1, 10_000)
+    assert isinstance(seen["batch"], int) and seen["batch"] >= 1, seen
     # Measured between its last two beats: it has beaten since the job finished.
     assert seen["claims_per_sec"] >= 0
     # Alone, it has the whole budget.
@@ -146,7 +147,7 @@ def insert_host(db: psycopg.Connection, owner: str, *, lease: float, seen_ago: f
 
 def registry_for(pool: AsyncConnectionPool, owner: str) -> HostRegistry:
     return HostRegistry(pool, owner, procs=3, queues=["q"], kinds=["b", "a"], lease=Lease(10),
-                        max_claims_per_sec=400, counters=lambda: (7, 2, 9, 1.5))
+                        max_claims_per_sec=400, counters=lambda: (7, 2, 9, 1.5, 5))
 
 
 def test_prune_uses_each_hosts_own_lease_and_is_safe_to_run_concurrently(db, dsn):
@@ -168,7 +169,7 @@ def test_beat_recreates_a_pruned_row_and_nothing_writes_it_after_deregister(db, 
         hosts = registry_for(pool, "me:9:z")
         await hosts.register()
         first = one(db, "SELECT procs, queues, kinds, lease, jobs_done, jobs_failed, "
-                        "jobs_claimed, max_claims_per_sec, started_at FROM pgpool_hosts")
+                        "jobs_claimed, max_claims_per_sec, batch, started_at FROM pgpool_hosts")
         db.execute("DELETE FROM pgpool_hosts")  # as if pruned while cut off
         await hosts.beat()
         again = one(db, "SELECT started_at FROM pgpool_hosts")
@@ -178,8 +179,8 @@ def test_beat_recreates_a_pruned_row_and_nothing_writes_it_after_deregister(db, 
         return [first, again, gone, one(db, "SELECT count(*) FROM pgpool_hosts")]
 
     first, again, gone, after = in_registry(dsn, lifecycle)
-    assert first[:8] == (3, ["q"], ["a", "b"], 10.0, 7, 2, 9, 400.0)
-    assert again == (first[8],)  # same started_at: the same run, back in the registry
+    assert first[:9] == (3, ["q"], ["a", "b"], 10.0, 7, 2, 9, 400.0, 5)
+    assert again == (first[9],)  # same started_at: the same run, back in the registry
     assert gone == after == (0,)
 
 
@@ -189,7 +190,7 @@ def test_each_beat_records_the_claims_per_second_since_the_last_beat_written(db,
 
     async def beats(pool: AsyncConnectionPool) -> list[object]:
         hosts = HostRegistry(pool, "me:9:z", procs=1, queues=["q"], kinds=["a"], lease=Lease(10),
-                             max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0], None),
+                             max_claims_per_sec=400, counters=lambda: (0, 0, claimed[0], None, 1),
                              clock=lambda: clock[0])
         await hosts.register()
         seen = [one(db, claims)]  # no interval yet

@@ -113,8 +113,8 @@ def seed(db: psycopg.Connection) -> dict[str, list[int]]:
 
 def counts_in_db(db: psycopg.Connection, queue: str) -> dict[str, int]:
     ready, scheduled, running = one(
-        db, "SELECT count(*) FILTER (WHERE state = 'ready' AND run_at <= now()),"
-            " count(*) FILTER (WHERE state = 'ready' AND run_at > now()),"
+        db, "SELECT count(*) FILTER (WHERE state = 'ready'),"
+            " count(*) FILTER (WHERE state = 'scheduled'),"
             " count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
         queue)
     dead = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)[0]

@@ -97,8 +97,8 @@ def screenshot(page: Page, name: str) -> None:
 def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
     """The counts a queue's card shows, straight from the tables."""
     ready, scheduled, running = one(
-        db, "SELECT count(*) FILTER (WHERE state = 'ready' AND run_at <= now()), "
-            "count(*) FILTER (WHERE state = 'ready' AND run_at > now()), "
+        db, "SELECT count(*) FILTER (WHERE state = 'ready'), "
+            "count(*) FILTER (WHERE state = 'scheduled'), "
             "count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
         queue)
     (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
@@ -142,9 +142,7 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
     expect(host_row(page, owner)).to_contain_text("busy")
     expect(host_row(page, owner).get_by_test_id("last-seen")).not_to_contain_text("stale")
     # The jobs list: every live job, in the state the table says.
-    jobs = dict(db.execute("SELECT id, CASE WHEN state = 'running' THEN 'running' "
-                           "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END "
-                           "FROM pgpool_jobs"))
+    jobs = dict(db.execute("SELECT id, state FROM pgpool_jobs"))
     rows = page.locator('[data-testid="job"]')
     expect(rows).to_have_count(len(jobs))
     shown = {int(r.get_attribute("data-job-id")): r.get_attribute("data-state")
