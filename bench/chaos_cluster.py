@@ -126,14 +126,15 @@ class Postgres:
         self.restarts += 1
         self._adopt()
 
-    def stop(self) -> None:
-        """Stop the server (``-m fast``) if it runs; `start_again` brings it back. Its data
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop the server (``-m fast``, or ``-m immediate``: no shutdown checkpoint, crash
+        recovery at the next start) if it runs; `start_again` brings it back. Its data
         directory is deleted when this process exits."""
         info = self._postmaster()
         if info is None or not info.is_running():
             return
         try:
-            self._pg_ctl(["-w", "-m", "fast", "stop"], timeout=60)
+            self._pg_ctl(["-w", "-m", "immediate" if immediate else "fast", "stop"], timeout=60)
         except (subprocess.SubprocessError, OSError):
             with contextlib.suppress(psutil.Error):
                 info.process.kill()
