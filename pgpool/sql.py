@@ -451,11 +451,13 @@ RETURNING j.id
 #: order and stops at the batch: its cost follows the jobs due, not the jobs waiting. SKIP
 #: LOCKED: every host stages, and two never move one row. Returns how many it made ready,
 #: and the seconds until the next scheduled job is due (NULL: none is scheduled), so the
-#: stager can sleep until then.
+#: stager can sleep until then. ``ids`` is NULL, or the only jobs to consider (the stager
+#: isolating a job the database refuses to make ready).
 STAGE_DUE: Final = f"""
 WITH due AS (
     SELECT id FROM pgpool_jobs
     WHERE state = 'scheduled' AND run_at <= now()
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY run_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -469,6 +471,25 @@ SELECT (SELECT count(*) FROM staged),
         FROM (SELECT DISTINCT queue FROM staged) AS q),
        (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM pgpool_jobs
         WHERE state = 'scheduled' AND run_at > now())
+"""
+
+#: The jobs `STAGE_DUE` would take next, without locking them: the batch the stager
+#: bisects (`pgpool.isolate`) when STAGE_DUE fails on one of its rows.
+STAGE_CANDIDATES: Final = """
+SELECT id FROM pgpool_jobs
+WHERE state = 'scheduled' AND run_at <= now()
+ORDER BY run_at
+LIMIT %(limit)s
+"""
+
+#: Park due scheduled jobs the database refused to make ready (an application's trigger or
+#: constraint); ``reason`` goes to ``last_error``. Returns the ids parked.
+PARK_SCHEDULED: Final = """
+UPDATE pgpool_jobs AS j
+SET state = 'parked', last_error = a.reason
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
+WHERE j.id = a.id AND j.state = 'scheduled'
+RETURNING j.id
 """
 
 # --- host registry ----------------------------------------------------------------------

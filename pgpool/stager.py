@@ -7,11 +7,16 @@ makes the due ones ready, oldest due first, in batches of `BATCH`, and notifies 
 queues, so claimers wake at once rather than at their next poll.
 
 Every host runs one; SKIP LOCKED keeps two from staging the same row, and each is enough
-on its own. A pass learns when the next scheduled job is due, and the stager sleeps until
-then, at most its ``interval`` (the poll interval: a job scheduled by another session for
-sooner is found within it). It wakes earlier on `wake`: the listener calls it when it
-hears `sql.STAGE`, which every enqueue of a scheduled job sends, and the dispatcher when
-its own acks scheduled retries.
+on its own. A batch the database refuses because of one of its rows (an application's
+trigger or constraint) is bisected (`pgpool.isolate`): the others are made ready, and a
+refused job is parked with its reason in ``last_error``, so it does not stop every later
+pass; one refused on a lock is left for the next pass.
+
+A pass learns when the next scheduled job is due, and the stager sleeps until then, at most
+its ``interval`` (the poll interval: a job scheduled by another session for sooner is found
+within it). It wakes earlier on `wake`: the listener calls it when it hears `sql.STAGE`,
+which every enqueue of a scheduled job sends, and the dispatcher when its own acks
+scheduled retries.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
+from .errors import first_line
+from .isolate import Interrupted, describe, isolate, lock_error, row_error
+from .logs import event
 from .retry import Failures
 
 log = logging.getLogger("pgpool.stager")
@@ -67,9 +75,53 @@ class Stager:
         # pass may not have seen, so it makes the next pass run at once.
         self._woken.clear()
         while True:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql.STAGE_DUE, {"limit": BATCH})
-                staged, _, next_due = await cur.fetchone()
+            try:
+                staged, next_due = await self._stage(None)
+                handled = staged
+            except psycopg.Error as exc:
+                if not row_error(exc):
+                    raise
+                try:
+                    staged, next_due, handled = await self._isolate()
+                except Interrupted as stopped:  # nothing to keep: the next pass re-reads
+                    raise stopped.error from None
             self.staged += staged
-            if staged < BATCH:
+            if handled < BATCH:
                 return None if next_due is None else max(0.0, next_due)
+
+    async def _stage(self, ids: list[int] | None) -> tuple[int, float | None]:
+        """One `sql.STAGE_DUE` statement: the next batch, or only ``ids``."""
+        params = {"limit": BATCH, "ids": None if ids is None else sql.int_array(ids)}
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.STAGE_DUE, params)
+            staged, _, next_due = await cur.fetchone()
+        return staged, next_due
+
+    async def _isolate(self) -> tuple[int, float | None, int]:
+        """The batch STAGE_DUE failed on, bisected: (staged, seconds to the next due job,
+        jobs handled, parked or left for a later pass included)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.STAGE_CANDIDATES, {"limit": BATCH})
+            ids = [job_id for job_id, in await cur.fetchall()]
+        written = await isolate(ids, self._stage)
+        refused = [(job_id, exc) for job_id, exc in written.rejected if not lock_error(exc)]
+        if refused:
+            await self._park(refused)
+        dues = [due for _, due in written.results if due is not None]
+        return (sum(n for n, _ in written.results), min(dues, default=None), len(ids))
+
+    async def _park(self, refused: list[tuple[int, BaseException]]) -> None:
+        params = {
+            "ids": sql.int_array(job_id for job_id, _ in refused),
+            "reasons": [f"the stager could not make it ready: {describe(exc)}: "
+                        f"{first_line(exc)}" for _, exc in refused],
+        }
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.PARK_SCHEDULED, params)
+            parked = {job_id for job_id, in await cur.fetchall()}
+        for job_id, exc in refused:
+            if job_id in parked:
+                event(log, logging.ERROR, "parked",
+                      "job %d: due, and the database refused to make it ready (%s); parked, "
+                      "see last_error", job_id, describe(exc), job_id=job_id,
+                      state="parked", error=describe(exc))

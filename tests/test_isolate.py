@@ -308,7 +308,8 @@ def test_triggers_that_raise_for_one_job_park_it_and_spare_the_others(db, dsn, r
             IF TG_OP = 'DELETE' AND OLD.id = %(undeletable)s THEN
                 RAISE EXCEPTION 'job % is audited', OLD.id;
             END IF;
-            IF TG_OP = 'UPDATE' AND NEW.id = %(failing)s AND NEW.state = 'ready' THEN
+            IF TG_OP = 'UPDATE' AND NEW.id = %(failing)s
+               AND NEW.state IN ('ready', 'scheduled') THEN
                 RAISE EXCEPTION 'job % may not be retried', NEW.id;
             END IF;
             RETURN coalesce(NEW, OLD);

@@ -81,3 +81,35 @@ def test_a_retry_runs_promptly_when_its_backoff_ends(dsn: str, db: psycopg.Conne
     runs = [(claim, event) for _, claim, _, event in read_records(record_dir)]
     assert sorted(runs) == [(1, "start"), (2, "end"), (2, "start")]
     assert host.stop() == 0
+
+
+def test_a_job_the_database_refuses_to_make_ready_is_parked_and_spares_the_others(
+    db: psycopg.Connection, dsn: str
+) -> None:
+    jobs = [pgpool.enqueue(db, "k", {}, delay=3600) for _ in range(5)]
+    refused = jobs[2]
+    db.execute("UPDATE pgpool_jobs SET run_at = now() - interval '1 second'")
+    db.execute(f"""
+        CREATE FUNCTION guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.id = {refused} AND NEW.state = 'ready' THEN
+                RAISE EXCEPTION 'job % may not run yet', NEW.id;
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER guard BEFORE UPDATE ON pgpool_jobs
+            FOR EACH ROW EXECUTE FUNCTION guard();
+    """)
+
+    async def stage(pool: AsyncConnectionPool) -> int:
+        s = Stager(pool, interval=1.0)
+        await s.stage()
+        return s.staged
+
+    assert in_registry(dsn, stage) == 4
+    assert states(db) == {**dict.fromkeys(jobs, "ready"), refused: "parked"}
+    (error,) = db.execute("SELECT last_error FROM pgpool_jobs WHERE id = %s",
+                          (refused,)).fetchone()
+    assert error.startswith("the stager could not make it ready: RaiseException (P0001): "
+                            f"job {refused} may not run yet")
+    assert in_registry(dsn, stage) == 0  # the next pass does not stop on it again
