@@ -42,7 +42,8 @@ def starts(record_dir: Path) -> list[tuple[int, int, int, str]]:
 
 def make_due(db: psycopg.Connection) -> None:
     """Skip a retry's backoff instead of sleeping through it."""
-    db.execute("UPDATE pgpool_jobs SET run_at = now() WHERE state = 'ready'")
+    db.execute("UPDATE pgpool_jobs SET run_at = now(), state = 'ready' "
+               "WHERE state IN ('ready', 'scheduled')")
 
 
 def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_dir):
@@ -520,8 +521,9 @@ def children(pid: int) -> list[tuple[int, str]]:
 def test_dead_workers_are_reaped_and_replaced_while_the_dispatcher_runs(db, dsn, record_dir):
     with serving(dsn, record_dir, "--procs", "2") as host:
         pgpool.enqueue_many(db, "crash", [{"how": "kill"}, {"how": "exit"}])
+        # Each crash is a failed attempt: scheduled for its retry's backoff.
         wait_until(lambda: one(db, "SELECT count(*) = 2 FROM pgpool_jobs WHERE attempts = 1 "
-                                   "AND state = 'ready'")[0], "both crashes to be recorded")
+                                   "AND state = 'scheduled'")[0], "both crashes to be recorded")
         crashed = {r[2] for r in starts(record_dir)}
         # Two live workers again, none of them a crashed one, and no zombie left behind.
         wait_until(lambda: len(workers(host.pid)) == 2, "two replacement workers")
