@@ -522,3 +522,15 @@ def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
         db.execute("DEALLOCATE pgpool_q")
         db.execute("RESET plan_cache_mode")
     return plan["Plan"]
+
+
+def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
+    """A queue's ready, scheduled and running jobs and its dead letters, straight from the
+    tables: what status, the dashboard and the metrics must agree with."""
+    ready, scheduled, running = one(
+        db, "SELECT count(*) FILTER (WHERE state = 'ready'),"
+            " count(*) FILTER (WHERE state = 'scheduled'),"
+            " count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
+        queue)
+    (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
+    return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}

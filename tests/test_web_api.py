@@ -21,6 +21,7 @@ from conftest import (
     clean_env,
     listeners,
     one,
+    queue_counts,
     run_pgpool,
     wait_until,
 )
@@ -111,23 +112,13 @@ def seed(db: psycopg.Connection) -> dict[str, list[int]]:
     return {"ready": ready, "later": later, "dead": dead}
 
 
-def counts_in_db(db: psycopg.Connection, queue: str) -> dict[str, int]:
-    ready, scheduled, running = one(
-        db, "SELECT count(*) FILTER (WHERE state = 'ready'),"
-            " count(*) FILTER (WHERE state = 'scheduled'),"
-            " count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
-        queue)
-    dead = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)[0]
-    return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
-
-
 def test_snapshot_counts_match_the_database(db: psycopg.Connection, web: Web) -> None:
     seed(db)
     _, base = web()
     snapshot = get(base + "/api/snapshot")
     for queue in ("alpha", "beta"):
         got = queue_of(snapshot, queue)
-        expected = counts_in_db(db, queue)
+        expected = queue_counts(db, queue)
         assert {k: got[k] for k in expected} == expected, (queue, got)
         assert got["lag"] is not None and got["lag"] >= 0
         assert snapshot["lag_history"][queue][-1][1] == got["lag"]
@@ -181,8 +172,8 @@ def test_read_only_refuses_every_action(db: psycopg.Connection, web: Web) -> Non
     for path, body in ACTIONS:
         status, _, answer = http(base + path.format(job=jobs["ready"][0]), body, headers)
         assert (status, answer) == (403, {"error": READ_ONLY}), path
-    assert counts_in_db(db, "alpha") == {"ready": 3, "scheduled": 0, "running": 0, "dead": 0}
-    assert counts_in_db(db, "beta")["dead"] == 4
+    assert queue_counts(db, "alpha") == {"ready": 3, "scheduled": 0, "running": 0, "dead": 0}
+    assert queue_counts(db, "beta")["dead"] == 4
     assert one(db, "SELECT count(*) FROM pgpool_paused")[0] == 0
     assert get(base + "/api/session")["read_write"] is False
 
@@ -344,7 +335,7 @@ def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:
               for family in text_string_to_metric_families(text) for s in family.samples}
     assert gauges[("pgpool_queue_metrics_reporter", None, None)] == 1
     for queue in ("alpha", "beta"):
-        expected = counts_in_db(db, queue)
+        expected = queue_counts(db, queue)
         for state in ("ready", "scheduled", "running"):
             assert gauges[("pgpool_queue_jobs", queue, state)] == expected[state]
         assert gauges[("pgpool_queue_dead_jobs", queue, None)] == expected["dead"]

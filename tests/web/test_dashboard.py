@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import MARKER, RUN, one, read_records, start_pgpool, wait_until
+from conftest import MARKER, RUN, one, queue_counts, read_records, start_pgpool, wait_until
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
@@ -92,17 +92,6 @@ def host_row(page: Page, owner: str) -> Any:
 def screenshot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
-
-
-def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
-    """The counts a queue's card shows, straight from the tables."""
-    ready, scheduled, running = one(
-        db, "SELECT count(*) FILTER (WHERE state = 'ready'), "
-            "count(*) FILTER (WHERE state = 'scheduled'), "
-            "count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
-        queue)
-    (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
-    return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
 
 
 def dead_count(db: psycopg.Connection, queue: str) -> int:
