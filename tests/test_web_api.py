@@ -323,6 +323,9 @@ def test_jobs_page_through_a_long_list(db: psycopg.Connection, web: Web) -> None
     status, headers, answer = http(f"{base}/api/nothing")
     assert status == 404 and "/api/nothing" in answer["error"]
     assert headers["X-Frame-Options"] == "DENY"  # no page may frame an action
+    # Only the page's own shipped script and styles run (the browser tests fail on any
+    # violation of it).
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
 
 
 def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:

@@ -57,7 +57,8 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
     """A new page in a new browser context (its own cookies and credentials); a JavaScript
-    error on any page fails the test."""
+    error, or anything the server's Content-Security-Policy refused, on any page fails the
+    test."""
     contexts = []
     errors: list[str] = []
 
@@ -66,6 +67,8 @@ def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
         contexts.append(ctx)
         page = ctx.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text)
+                if msg.type == "error" and "Content Security Policy" in msg.text else None)
         return page
 
     yield open_
