@@ -16,7 +16,9 @@ A pass learns when the next scheduled job is due, and the stager sleeps until th
 its ``interval`` (the poll interval: a job scheduled by another session for sooner is found
 within it). It wakes earlier on `wake`: the listener calls it when it hears `sql.STAGE`,
 which every enqueue of a scheduled job sends, and the dispatcher when its own acks
-scheduled retries.
+scheduled retries. Every host hears every such enqueue, so a pass that a wake-up starts
+comes at least `MIN_GAP` after the previous one: under a stream of delayed enqueues each
+host runs at most ten passes a second, not one per job.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Final
 
 import psycopg
@@ -39,6 +42,9 @@ log = logging.getLogger("pgpool.stager")
 
 #: Jobs made ready per statement: each its own short transaction.
 BATCH: Final = 1000
+#: Seconds from the start of one pass to a pass a wake-up starts. A pass the next due time
+#: starts is never held back.
+MIN_GAP: Final = 0.1
 
 
 class Stager:
@@ -57,6 +63,7 @@ class Stager:
         failures = Failures(log, "stager pass")
         while True:
             wait = self.interval
+            began = time.monotonic()
             try:
                 next_due = await self.stage()
                 failures.succeeded()
@@ -67,6 +74,8 @@ class Stager:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._woken.wait()
+                    # Woken: wake-ups that arrive meanwhile are served by the same pass.
+                    await asyncio.sleep(began + MIN_GAP - time.monotonic())
 
     async def stage(self) -> float | None:
         """One pass: make every due scheduled job ready, in batches. Returns the seconds

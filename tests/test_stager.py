@@ -3,6 +3,8 @@ when due, promptly: woken at the time they are due, not at a poll."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -113,3 +115,36 @@ def test_a_job_the_database_refuses_to_make_ready_is_parked_and_spares_the_other
     assert error.startswith("the stager could not make it ready: RaiseException (P0001): "
                             f"job {refused} may not run yet")
     assert in_registry(dsn, stage) == 0  # the next pass does not stop on it again
+
+
+def test_a_stream_of_wake_ups_costs_at_most_one_pass_per_gap(db: psycopg.Connection,
+                                                              dsn: str) -> None:
+    # Every delayed enqueue wakes every host's stager: a wake-up every millisecond for
+    # ``window`` seconds must start at most one pass per MIN_GAP (plus the first), not one
+    # per wake-up. Fewer on a slow machine, never more.
+    pgpool.enqueue(db, "k", {}, delay=3600)  # something scheduled: each pass reads it
+    window = 1.0
+
+    async def storm(pool: AsyncConnectionPool) -> int:
+        s = Stager(pool, interval=30.0)
+        passes = 0
+        stage = s.stage
+
+        async def counted() -> float | None:
+            nonlocal passes
+            passes += 1
+            return await stage()
+
+        s.stage = counted  # type: ignore[method-assign]
+        task = asyncio.create_task(s.run())
+        until = time.monotonic() + window
+        while time.monotonic() < until:
+            s.wake()
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return passes
+
+    passes = in_registry(dsn, storm)
+    assert 1 <= passes <= window / stager.MIN_GAP + 2, passes
