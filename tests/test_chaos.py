@@ -65,6 +65,13 @@ def ended(records: Path) -> int:
     return sum(1 for line in lines(records) if not line.endswith(" -"))
 
 
+def recorded(records: Path, job_id: int, ended: bool) -> bool:
+    """Whether an attempt of job ``job_id`` has recorded its start (or, with ``ended``, its
+    end) so far."""
+    return any(int(line.split()[0]) == job_id and line.endswith(" -") != ended
+               for line in lines(records))
+
+
 def started_pids(records: Path) -> list[int]:
     """The worker pid of every attempt that recorded its start so far."""
     return [int(line.split()[2]) for line in lines(records) if line.endswith(" -")]
@@ -317,17 +324,24 @@ def test_an_outage_is_logged_as_state_changes_and_sigterm_during_one_is_bounded(
     log = host.output()
     failing = [e["what"] for e in events(log, "failing")]
     assert len(failing) == len(set(failing)), failing  # once per part, not per retry
-    assert {"heartbeat", "ack flush", "reaper pass"} <= set(failing), failing
+    # The heartbeat and the waiting ack retry on their own through the outage. Parts that
+    # take a pooled connection for each pass (reaper, stager, claim) may instead wait on the
+    # pool until the server is back, and then have nothing to report: with an immediate
+    # stop, the reaper did so once in four CI runs.
+    assert {"heartbeat", "ack flush"} <= set(failing), failing
     assert len(events(log, "abandoned")) == 1, log
     (back,) = [e for e in events(log, "recovered") if e["what"] == "ack flush"]
     assert back["failures"] >= 2 and back["seconds"] >= 3 * LEASE, back
 
     # A second outage with an ack waiting: SIGTERM gives up on it after 15 s and exits 1.
+    # Known by its id: the first job may run again meanwhile (its lease ran out during the
+    # outage, and the reaper can return it before the waiting ack lands: at least once).
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        pgpool.enqueue(conn, KIND, {"sleep": 0.3})
-    wait_until(lambda: len(started_pids(records)) == 2, "the second job to start")
+        second = pgpool.enqueue(conn, KIND, {"sleep": 0.3})
+    wait_until(lambda: recorded(records, second, ended=False), "the second job to start")
     pg.stop(immediate=True)
-    wait_until(lambda: ended(records) == 2, "the second job to end during the outage")
+    wait_until(lambda: recorded(records, second, ended=True),
+               "the second job to end during the outage")
     started = time.monotonic()
     host.proc.send_signal(signal.SIGTERM)
     # grace (1 s) + the last acks' 15 s; 10 s more for a loaded machine, and for the
