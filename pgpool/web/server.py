@@ -3,16 +3,20 @@
 
 Reads come from the shared snapshot loop (`pgpool.web.snapshots.Hub`: ``/api/snapshot``,
 ``/api/events``) or from the operator functions of `pgpool.ops` (jobs, dead letters). Every
-action goes through those same functions, in one transaction (a replay at a rate trickles
-in small ones, as ``pgpool dead replay --rate`` does), and is logged as a ``web_action``
-event naming the user and what it affected (ids, queues, counts; never a payload).
+action goes through those same functions: cancel, retry, pause and resume in one
+transaction; a purge or replay in bounded batches, each its own transaction, as the
+commands do (a replay at a rate trickles them in the background), with at most
+`BULK_ACTIONS` and `RATE_REPLAYS` of them at once. Each is logged as a ``web_action`` event
+naming the user and what it affected (ids, queues, counts; never a payload).
 
 Protection, in the order a request meets it (`_guard`): on a loopback address the Host
 header must name a loopback host (a DNS-rebinding page cannot reach the API); HTTP basic
 authentication when ``PGPOOL_WEB_USER``/``PGPOOL_WEB_PASSWORD`` are set (everything but
 ``/healthz``; compared in constant time); then for a POST: refused in read-only mode (the
 default), refused when the Origin header names another host, and refused without the CSRF
-token of ``/api/session`` in ``X-CSRF-Token``.
+token of ``/api/session`` in ``X-CSRF-Token``. The page's files are a fixed set read at
+start (`read_static`): no request names a path. Payloads and error text (which often
+quotes the payload) are sent only with ``--allow-payloads``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import mimetypes
+import os
 import secrets
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -59,6 +66,11 @@ FIRST_SNAPSHOT_WAIT: Final = 10.0
 MAX_LIMIT: Final = 1000
 #: Connections for requests (listings, actions); snapshots and LISTEN have their own.
 POOL_SIZE: Final = 4
+#: Purges and replays (not at a rate) at once: each holds one of the pool's connections
+#: for all its batches, and listings keep the others.
+BULK_ACTIONS: Final = 2
+#: Replays at a rate at once: each holds a connection of its own for as long as it trickles.
+RATE_REPLAYS: Final = 2
 
 HUB = web.AppKey("hub", Hub)
 CONFIG = web.AppKey("config", WebConfig)
@@ -67,6 +79,7 @@ SECRET = web.AppKey("secret", bytes)
 METRICS = web.AppKey("metrics", CollectorRegistry)
 QUEUES = web.AppKey("queues", QueueCollector)
 BACKGROUND = web.AppKey("background", set)
+FILES = web.AppKey("files", dict)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -193,19 +206,50 @@ def _check_action(request: web.Request, config: WebConfig) -> None:
 
 # --- pages, health, metrics ---------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class _File:
+    body: bytes
+    content_type: str
+
+
+#: The page's types, whatever the machine's mime.types says.
+_TYPES: Final = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+
+
+def read_static(directory: Path = STATIC) -> dict[str, _File]:
+    """The files the server serves, by name: every regular file directly in ``directory``
+    (not a symlink, a directory or a dot file), read once, at start. A request names one of
+    these and is never made into a path: a name from the URL is decoded, so it may hold
+    "/" or "..", and a symlink may point anywhere."""
+    files = {}
+    for entry in os.scandir(directory):
+        if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+            continue
+        # O_NOFOLLOW: not even a symlink swapped in since the scan is followed.
+        with open(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            body = f.read()
+        suffix = Path(entry.name).suffix
+        kind = (_TYPES.get(suffix) or mimetypes.guess_type(entry.name)[0]
+                or "application/octet-stream")
+        files[entry.name] = _File(body, kind)
+    return files
+
+
 async def index(request: web.Request) -> web.StreamResponse:
-    return _static_file("index.html")
+    return _static_file(request, "index.html")
 
 
 async def static(request: web.Request) -> web.StreamResponse:
-    return _static_file(request.match_info["name"])
+    return _static_file(request, request.match_info["name"])
 
 
-def _static_file(name: str) -> web.StreamResponse:
-    path = STATIC / name
-    if name.startswith(".") or not path.is_file():
+def _static_file(request: web.Request, name: str) -> web.StreamResponse:
+    found = request.app[FILES].get(name)
+    if found is None:
         raise _Refused(404, f"no such file: {name}")
-    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+    return web.Response(body=found.body, content_type=found.content_type,
+                        charset="utf-8" if found.content_type.startswith("text/") else None,
+                        headers={"Cache-Control": "no-cache"})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -260,7 +304,7 @@ async def jobs(request: web.Request) -> web.Response:
     async with request.app[POOL].connection() as conn:
         listing = await ops.list_jobs_async(conn, where, limit=_limit(q), payload=payload)
     last = listing.rows[-1] if listing.more else None
-    return _json({"jobs": [_row(j, payload) for j in listing.rows],
+    return _json({"jobs": [_row(request, j) for j in listing.rows],
                   "next_after": None if last is None else _cursor_text(last.run_at, last.id)})
 
 
@@ -268,36 +312,86 @@ async def job(request: web.Request) -> web.Response:
     payload = request.app[CONFIG].allow_payloads
     async with request.app[POOL].connection() as conn:
         found = await ops.show_job_async(conn, _id(request), payload=payload)
-    return _json(_row(found, payload))
+    return _json(_row(request, found))
 
 
 async def dead(request: web.Request) -> web.Response:
     payload = request.app[CONFIG].allow_payloads
     async with request.app[POOL].connection() as conn:
-        listing = await ops.list_dead_async(conn, _dead_filter(request.query),
-                                            limit=_limit(request.query), payload=payload)
-    return _json({"dead": [_row(d, payload) for d in listing.rows], "more": listing.more})
+        where = await _usable(request, conn, _dead_filter(request.query))
+        listing = await ops.list_dead_async(conn, where, limit=_limit(request.query),
+                                            payload=payload)
+    return _json({"dead": [_row(request, d) for d in listing.rows], "more": listing.more})
 
 
 async def dead_groups(request: web.Request) -> web.Response:
     async with request.app[POOL].connection() as conn:
-        listing = await ops.group_dead_async(conn, _dead_filter(request.query),
-                                             limit=_limit(request.query))
-    return _json({"groups": [g.as_dict() for g in listing.rows], "more": listing.more})
+        where = await _usable(request, conn, _dead_filter(request.query))
+        listing = await ops.group_dead_async(conn, where, limit=_limit(request.query))
+    groups = []
+    for g in listing.rows:
+        d = g.as_dict()
+        if not request.app[CONFIG].allow_payloads:
+            d["signature"] = _signature_token(request.app[SECRET], g.kind, g.signature)
+        groups.append(d)
+    return _json({"groups": groups, "more": listing.more})
 
 
 async def dead_job(request: web.Request) -> web.Response:
     payload = request.app[CONFIG].allow_payloads
     async with request.app[POOL].connection() as conn:
         found = await ops.show_dead_async(conn, _id(request), payload=payload)
-    return _json(_row(found, payload))
+    return _json(_row(request, found))
 
 
-def _row(row: ops.LiveJob | ops.DeadJob, payload: bool) -> dict[str, Any]:
+def _row(request: web.Request, row: ops.LiveJob | ops.DeadJob) -> dict[str, Any]:
     d = row.as_dict()
-    if not payload:
-        del d["payload"]  # user data: not even its absence is shown as a value
+    if not request.app[CONFIG].allow_payloads:
+        # User data: not even its absence is shown as a value. An error's text often
+        # quotes the payload (a handler's exception names what it failed on), so it is
+        # hidden alike, and a signature (made of that text) becomes its group's token.
+        del d["payload"], d["error"], d["last_error"]
+        if isinstance(row, ops.DeadJob):
+            d["signature"] = _signature_token(request.app[SECRET], row.kind, row.signature)
     return d
+
+
+#: How a group's token starts. An error signature has no digit (`sql.SIGNATURE` makes each
+#: run of digits "#"), so a value with this prefix is never one.
+TOKEN_PREFIX: Final = "hmac256:"
+#: What a hidden error's filters answer.
+ERRORS_HIDDEN: Final = ("error text is hidden (it may quote payloads): start `pgpool web "
+                        "--allow-payloads` to filter by it")
+
+
+def _signature_token(secret: bytes, kind: str, signature: str) -> str:
+    """What names a dead-letter group (kind, error signature) while error text is hidden:
+    an HMAC under the server's key, so it tells nothing of the text, and no one can make
+    the token of a guessed text to see whether it matches."""
+    digest = hmac.new(secret, f"{kind}\0{signature}".encode(), hashlib.sha256).hexdigest()
+    return TOKEN_PREFIX + digest[:32]
+
+
+async def _usable(request: web.Request, conn: psycopg.AsyncConnection,
+                  where: ops.DeadFilter) -> ops.DeadFilter:
+    """``where`` as the database can take it. While error text is hidden, a filter on it is
+    refused (what it matches would tell the text, a guess at a time) and a signature must
+    be a group's token, which is replaced by the group's kind and signature."""
+    if request.app[CONFIG].allow_payloads or (where.error is None
+                                              and where.signature is None):
+        return where
+    if where.error is not None or not where.signature.startswith(TOKEN_PREFIX):
+        raise _Refused(403, f"{ERRORS_HIDDEN}, or pass a group's signature token as "
+                            "/api/dead/groups gives it")
+    groups = await ops.group_dead_async(conn, ops.DeadFilter(kind=where.kind),
+                                        limit=MAX_LIMIT)
+    secret = request.app[SECRET]
+    for g in groups.rows:
+        if hmac.compare_digest(_signature_token(secret, g.kind, g.signature),
+                               where.signature):
+            return replace(where, kind=g.kind, signature=g.signature)
+    raise _Refused(404, "no dead-letter group has this signature token (replayed or "
+                        "purged since, or the server restarted): reload the page")
 
 
 # --- actions ------------------------------------------------------------------------------
@@ -346,25 +440,34 @@ async def replay(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     if dry_run or rate is not None:
         async with pool.connection() as conn:
+            where = await _usable(request, conn, where)
             count = (await ops.replay_dead_async(conn, where, limit=limit, rate=rate,
                                                  dry_run=True)).would_move
         if dry_run:
             return _json({"count": count, "dry_run": True})
         # A trickle outlives the request: it goes on in the background, in small
-        # transactions on a connection of its own, and logs when it is done.
+        # transactions on a connection of its own, and logs when it is done. Taken and
+        # started with no await between: two requests cannot both take the last place.
+        places = request.app[RATE_REPLAYING]
+        places.take()
         task = asyncio.create_task(_trickle(request, where, limit, rate, count))
         request.app[BACKGROUND].add(task)
         task.add_done_callback(request.app[BACKGROUND].discard)
+        task.add_done_callback(lambda _: places.give_back())
         return _json({"count": count, "rate": rate, "started": True}, 202)
-    async with pool.connection() as conn, conn.transaction():
-        done = await ops.replay_dead_async(conn, where, limit=limit)
-    _logged(request, "replay", count=done.moved, skipped=done.skipped, **_described(where))
+    with request.app[BULK].held():
+        async with pool.connection() as conn:
+            where = await _usable(request, conn, where)
+            done = await ops.replay_dead_async(conn, where, limit=limit)
+    _logged(request, "replay", count=done.moved, skipped=done.skipped, batches=done.batches,
+            **_described(request, where))
     return _json({"count": done.moved, "skipped": done.skipped})
 
 
 async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | None,
                    rate: float, count: int) -> None:
-    _logged(request, "replay_started", count=count, rate=rate, **_described(where))
+    _logged(request, "replay_started", count=count, rate=rate,
+            **_described(request, where))
     try:
         async with await psycopg.AsyncConnection.connect(
                 request.app[CONFIG].dsn, autocommit=True,
@@ -375,17 +478,51 @@ async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | Non
               request["user"], first_line(exc), user=request["user"], action="replay")
         return
     _logged(request, "replay", count=done.moved, skipped=done.skipped, rate=rate,
-            **_described(where))
+            batches=done.batches, **_described(request, where))
 
 
 async def purge(request: web.Request) -> web.Response:
     where, limit, dry_run = _batch_op(await _body(request))
-    async with request.app[POOL].connection() as conn, conn.transaction():
-        done = await ops.purge_dead_async(conn, where, limit=limit, dry_run=dry_run)
+    with contextlib.nullcontext() if dry_run else request.app[BULK].held():
+        async with request.app[POOL].connection() as conn:
+            where = await _usable(request, conn, where)
+            done = await ops.purge_dead_async(conn, where, limit=limit, dry_run=dry_run)
     if dry_run:
         return _json({"count": done.would_delete, "dry_run": True})
-    _logged(request, "purge", count=done.deleted, **_described(where))
+    _logged(request, "purge", count=done.deleted, batches=done.batches,
+            **_described(request, where))
     return _json({"count": done.deleted})
+
+
+class _Places:
+    """Long actions of one sort running at once, at most ``size``: each holds a database
+    connection while it runs, and the server's are few. One more is refused (429)."""
+
+    def __init__(self, size: int, what: str) -> None:
+        self.size = size
+        self.what = what
+        self.used = 0
+
+    def take(self) -> None:
+        if self.used >= self.size:
+            raise _Refused(429, f"{self.used} {self.what} are running, the most at once: "
+                                "wait for one to end (its web_action event), then try again")
+        self.used += 1
+
+    def give_back(self) -> None:
+        self.used -= 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.take()
+        try:
+            yield
+        finally:
+            self.give_back()
+
+
+BULK = web.AppKey("bulk", _Places)
+RATE_REPLAYING = web.AppKey("rate_replaying", _Places)
 
 
 def _batch_op(body: dict[str, Any]) -> tuple[ops.DeadFilter, int | None, bool]:
@@ -404,9 +541,14 @@ def _batch_op(body: dict[str, Any]) -> tuple[ops.DeadFilter, int | None, bool]:
     return where, limit, body.get("dry_run") is True
 
 
-def _described(where: ops.DeadFilter) -> dict[str, Any]:
-    """The filter's fields that are set, for the log."""
-    return {f"filter_{k}": v for k, v in vars(where).items() if v is not None}
+def _described(request: web.Request, where: ops.DeadFilter) -> dict[str, Any]:
+    """The filter's fields that are set, for the log; while error text is hidden, its
+    signature as the group's token, as the page knows it."""
+    described = {f"filter_{k}": v for k, v in vars(where).items() if v is not None}
+    if where.signature is not None and not request.app[CONFIG].allow_payloads:
+        described["filter_signature"] = _signature_token(request.app[SECRET],
+                                                          where.kind or "", where.signature)
+    return described
 
 
 def _logged(request: web.Request, action: str, **affected: Any) -> None:
@@ -496,13 +638,19 @@ def make_app(config: WebConfig) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[CONFIG] = config
     app[HUB] = Hub(config.dsn)
+    # Autocommit: a purge or replay commits each batch (see `pgpool.ops`); everything else
+    # opens its own transaction.
     app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False,
-                                    kwargs={"application_name": APPLICATION_NAME})
+                                    kwargs={"application_name": APPLICATION_NAME,
+                                            "autocommit": True})
     app[SECRET] = secrets.token_bytes(32)
     app[QUEUES] = QueueCollector(config.dsn)
     app[METRICS] = CollectorRegistry()
     app[METRICS].register(app[QUEUES])
     app[BACKGROUND] = set()
+    app[FILES] = read_static()
+    app[BULK] = _Places(BULK_ACTIONS, "purges or replays")
+    app[RATE_REPLAYING] = _Places(RATE_REPLAYS, "replays at a rate")
     app.router.add_get("/", index)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/healthz", healthz)

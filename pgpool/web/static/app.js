@@ -72,6 +72,11 @@ function lagClass(lag) {
   return lag >= LAG_BAD ? "bad" : lag >= LAG_WARN ? "warn" : "ok";
 }
 
+// Error text often quotes the payload: the server sends it only with --allow-payloads.
+function errorsShown() {
+  return Boolean(state.session && state.session.allow_payloads);
+}
+
 function readWrite() {
   return Boolean(state.session && state.session.read_write);
 }
@@ -472,7 +477,9 @@ async function showJob(id) {
                      onclick: () => { box.hidden = true; state.jobId = null; }, text: "×"})),
     dl,
     el("h4", {text: "last error"}),
-    el("pre", {"data-testid": "d-error", text: j.last_error || j.error || "none"}),
+    errorsShown() ? el("pre", {"data-testid": "d-error", text: j.last_error || j.error || "none"})
+                  : el("p", {class: "sub", "data-testid": "d-error-hidden",
+                             text: "error text hidden: it may quote the payload (start pgpool web --allow-payloads to show it)"}),
   ];
   if (state.session && state.session.allow_payloads && "payload" in j) {
     parts.push(el("h4", {text: "payload"}),
@@ -511,7 +518,8 @@ async function loadDeadGroups() {
   const rows = data.groups.map((g) => el("tr", {
       "data-testid": "dead-group", "data-kind": g.kind, "data-signature": g.signature},
     el("td", {text: g.kind}),
-    el("td", {class: "err", text: g.signature}),
+    errorsShown() ? el("td", {class: "err", text: g.signature})
+                  : el("td", {class: "sub", title: "start pgpool web --allow-payloads to show error text", text: "hidden"}),
     el("td", {class: "n", "data-testid": "group-count", text: g.count}),
     el("td", {text: ago(g.first_died_at)}),
     el("td", {text: ago(g.last_died_at)}),
@@ -534,7 +542,8 @@ async function deadAction(verb, group) {
     flash(`${verb}: ${err.message}`, "bad");
     return;
   }
-  const what = `${count} dead ${group.kind} job${count === 1 ? "" : "s"} with error “${group.signature}”`;
+  const error = errorsShown() ? `error “${group.signature}”` : "the same error";
+  const what = `${count} dead ${group.kind} job${count === 1 ? "" : "s"} with ${error}`;
   const text = verb === "replay" ? `Replay ${what}? They run again from attempt 1.`
                                  : `Purge ${what}? They are deleted for good.`;
   const ok = await confirmAction(text, `${verb} ${count}`, verb === "replay");
@@ -592,6 +601,7 @@ async function start() {
   mode.className = `mode ${rw ? "mode-rw" : "mode-ro"}`;
   document.body.dataset.mode = rw ? "read-write" : "read-only";
   $("#readonly-note").hidden = rw;
+  if (!errorsShown()) $("#jobs-error-head").textContent = "error (hidden)";
   $("#user").textContent = state.session.user ? `signed in as ${state.session.user}` : "";
   for (const b of document.querySelectorAll("[data-tab]")) {
     b.addEventListener("click", () => showTab(b.dataset.tab));
