@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "read-only. Off loopback, only with PGPOOL_WEB_USER and "
                           "PGPOOL_WEB_PASSWORD set")
     web.add_argument("--allow-payloads", action="store_true",
-                     help="show job payloads (user data; hidden by default)")
+                     help="show job payloads and error text (user data; hidden by default)")
     web.set_defaults(func=cmd_web)
     # Imported here, not at the top: worker processes import this module and never parse.
     from . import ops_cli
