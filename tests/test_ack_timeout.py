@@ -6,9 +6,9 @@ The trigger the README warns about: an application table with a foreign key to
 batch of deletes then takes many times as long as one, and past the statement timeout.
 Here the table is real (unindexed, ``ON DELETE SET NULL``, every job referenced by one of
 its rows among many that reference none), and a ``BEFORE DELETE`` trigger adds a fixed
-sleep per deleted job on top of its scan: that makes the timing structural, on any
-machine however loaded. A batch of `TIMES_OUT_AT` deletes sleeps at least the statement
-timeout, so it is always cancelled; one delete takes a fifth of it.
+sleep per deleted job on top of its scan, which makes the timing structural: a batch of 5
+deletes sleeps the whole statement timeout, so it is cancelled on any machine however
+fast; one delete takes a fifth of it, leaving a loaded machine a wide margin.
 """
 
 from __future__ import annotations
@@ -42,9 +42,6 @@ from pgpool.registry import Handler
 #: The hosts' statement timeout, seconds, and the sleep each job's delete adds to it.
 STATEMENT_TIMEOUT = 0.5
 PER_DELETE = 0.1
-#: Deletes in one statement that always run past the statement timeout (they sleep that
-#: long); fewer may fit.
-TIMES_OUT_AT = round(STATEMENT_TIMEOUT / PER_DELETE)
 #: Rows of the application's table that reference no job: each job delete scans them all.
 UNRELATED_ROWS = 100_000
 
@@ -117,30 +114,31 @@ def test_isolate_halves_untried_every_part_as_large_as_one_the_timeout_cancelled
 
 def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_again(
         db, dsn):
-    enqueue_records(db, 40)
+    enqueue_records(db, 30)
     slow_deletes(db)
     lease = Lease(30)
 
     async def main() -> list[tuple[int, int]]:
+        # A 1 s timeout: 10 deletes always run past it, 5 take half of it.
         async with AsyncConnectionPool(
-                host_dsn(dsn), min_size=2, max_size=2, kwargs={"autocommit": True},
+                with_options(dsn, "statement_timeout=1s"), min_size=2, max_size=2,
+                kwargs={"autocommit": True},
                 configure=lambda conn: configure_connection(conn, lease)) as pool:
             claimer = Claimer(pool, "host-a", queues=("default",),
                               handlers={"record": Handler("record", print, None, None)},
                               lease=lease, max_attempts=20, timeout=None)
-            acks = [Ack.done(job) for job in await claimer.claim(40)]
+            acks = [Ack.done(job) for job in await claimer.claim(30)]
             completer = Completer(pool, "host-a")
             flushes = []
-            for first in range(0, 40, 10):
+            for first in range(0, 30, 10):
                 result = await completer.flush(acks[first:first + 10])
                 flushes.append((result.done, result.timeouts))
             return flushes
 
     assert asyncio.run(main()) == [
-        (10, 2),  # 10, then 5, time out: at most 2 a statement from now on
-        (10, 0),  # parts of 1 and 2: 4 at most next time
-        (10, 0),  # parts of 2 and 3: 8 at most next time
-        (10, 1),  # a part of 5 times out: 2 at most again
+        (10, 1),  # 10 time out: at most 5 a statement from now on
+        (10, 0),  # two parts of 5, untried as one: at most 10 again next time
+        (10, 1),  # 10 time out again: 5 at most
     ]
     assert left(db) == []
 
@@ -153,8 +151,8 @@ def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
     host = start_pgpool(host_dsn(dsn), *RUN, "--procs", "2", "--batch", "50",
                         record_dir=record_dir)
     wait_until(lambda: left(db) == [], "every job to be acked", 60)
-    # Whatever the ack batches were, some held TIMES_OUT_AT acks or more: the first flush
-    # takes PER_DELETE a job, while the other jobs, which do nothing, end.
+    # Whatever the ack batches were, some held 5 acks or more and timed out: the first
+    # flush takes PER_DELETE a job, while the other jobs, which do nothing, end.
     assert host.events("ack_timeout")
     # The host goes on claiming.
     later = enqueue_records(db, 10)
