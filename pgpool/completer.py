@@ -16,12 +16,18 @@ ownership). Only one flush runs at a time; acks that arrive meanwhile wait for t
 
 Isolation: when the database refuses a flush because of some of its rows (an application's
 foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
-``lock_timeout``), `pgpool.isolate` bisects it: every other ack commits, and each refused
-one is parked with `sql.PARK`, its reason in ``last_error``: a job that succeeded but could
-not be deleted is kept as 'done', any other as 'parked'. Neither is claimed again. An ack
-refused on a lock is first tried `LOCK_RETRIES` more times, alone, at the next flushes
-(the lock may be a short application transaction's); if parking is refused too, the ack is
-dropped and the job comes back through its lease and the reaper.
+``lock_timeout``), or cancels it at ``statement_timeout`` (each delete scans an
+application's table that references jobs without an index), `pgpool.isolate` bisects it:
+every other ack commits, and each refused one is parked with `sql.PARK`, its reason in
+``last_error``: a job that succeeded but could not be deleted is kept as 'done', any other
+as 'parked'. Neither is claimed again. An ack refused on a lock, or that runs past the
+statement timeout even alone, is first tried `LOCK_RETRIES` more times, alone, at the next
+flushes (the lock may be a short application transaction's, the slowness a moment's); if
+parking is refused too, the ack is dropped and the job comes back through its lease and
+the reaper. After a timeout, flushes write at most half as many acks per statement as
+the one cancelled, a limit that doubles again with each flush that runs without one. A
+flush cut short by the timeout is logged (``ack_timeout``), as the sign of a missing index
+it usually is.
 
 Backpressure: `has_room` turns False once ``high_water`` acks are waiting, and the claim
 scheduler stops claiming until flushes catch up, so a slow or unreachable database bounds
@@ -47,7 +53,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .errors import first_line
-from .isolate import Interrupted, describe, isolate, lock_error
+from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
 from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
@@ -56,7 +62,8 @@ log = logging.getLogger("pgpool.completer")
 
 AckKind = Literal["done", "retry", "release", "interrupted", "dead"]
 
-#: How many more times an ack refused on a row lock is tried, alone, before it is parked.
+#: How many more times an ack refused on a row lock, or that ran past the statement
+#: timeout alone, is tried, alone, before it is parked.
 LOCK_RETRIES: Final = 3
 #: What each refused ack says in ``last_error`` before the database's error.
 _REFUSED: dict[AckKind, str] = {
@@ -136,8 +143,11 @@ class FlushResult:
     stale: int = 0
     #: Acks refused because of their row, parked instead (`sql.PARK`).
     parked: int = 0
-    #: Acks refused on a row lock, to be tried again, alone, at the next flush.
+    #: Acks refused on a row lock or the statement timeout, to be tried again, alone, at
+    #: the next flush.
     later: list[Ack] = field(default_factory=list)
+    #: Statements of this flush cancelled by the statement timeout.
+    timeouts: int = 0
     size: int = 0
     seconds: float = 0.0
 
@@ -188,8 +198,10 @@ class Completer:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stats = CompleterStats()
-        #: Lock timeouts so far of the acks refused on a row lock, by (id, attempt).
+        #: Lock and statement timeouts so far of the acks refused on them, by (id, attempt).
         self._lock_misses: dict[tuple[int, int], int] = {}
+        #: Acks written per statement at most, since a statement timeout; None: no limit.
+        self._limit: int | None = None
 
     # --- outcomes in ---------------------------------------------------------------------------
 
@@ -292,18 +304,30 @@ class Completer:
 
     async def flush(self, acks: list[Ack]) -> FlushResult:
         """Write ``acks``: one statement (autocommit) unless the database refuses some of
-        their rows, which are then isolated (`pgpool.isolate`) and parked, or returned in
-        ``later`` after a lock timeout. Any other failure raises `Interrupted` naming the
-        acks not written (`run` keeps them and retries)."""
+        their rows or it runs past the statement timeout; they are then isolated
+        (`pgpool.isolate`) and parked, or returned in ``later`` after a lock or statement
+        timeout. Any other failure raises `Interrupted` naming the acks not written (`run`
+        keeps them and retries)."""
         started = time.monotonic()
         try:
-            written = await isolate(acks, self._write,
+            written = await isolate(acks, self._write, limit=self._limit,
                                     alone=self._missed_lock if self._lock_misses else None)
         except Interrupted as exc:
             # Refused ones are tried again with the rest: the failure may have hidden why.
             raise Interrupted(exc.error, exc.left + [a for a, _ in exc.done.rejected],
                               exc.done) from exc.error
-        result = FlushResult(size=len(acks))
+        result = FlushResult(size=len(acks), timeouts=written.timeouts)
+        if written.timeouts:
+            event(log, logging.WARNING, "ack_timeout",
+                  "%d statements of an ack flush of %d jobs ran past statement_timeout; "
+                  "each was split, or left for a later flush if it held one ack (does an "
+                  "application table reference pgpool_jobs(id) from a column without an "
+                  "index?)", written.timeouts,
+                  len(acks), acks=len(acks), timeouts=written.timeouts, limit=written.limit)
+        if written.limit != self._limit:  # a batch timed out: lowered
+            self._limit = written.limit
+        elif self._limit is not None:  # none did: a larger batch may fit again
+            self._limit = None if self._limit >= self.high_water else 2 * self._limit
         for done, retried, released, interrupted, dead in written.results:
             result.done += done
             result.retried += retried
@@ -314,7 +338,7 @@ class Completer:
         for ack, exc in written.rejected:
             key = (ack.job.id, ack.job.attempt)
             misses = self._lock_misses.get(key, 0)
-            if lock_error(exc) and misses < LOCK_RETRIES:
+            if transient(exc) and misses < LOCK_RETRIES:
                 self._lock_misses[key] = misses + 1
                 result.later.append(ack)
             else:

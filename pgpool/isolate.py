@@ -8,10 +8,17 @@ the single rows that still fail. Everything else commits, in ``log2(batch)`` ext
 statements per bad row. The caller decides what a rejected row becomes (see
 `pgpool.completer` and `pgpool.reaper`: it is parked, visibly).
 
-Only errors about the data start a bisection (`row_error`). Any other failure (the
-connection lost, the server restarting, a statement timeout, a missing privilege) would
-fail every half too: it stops the pass and is raised as `Interrupted`, which names the
-items not yet written, so the caller keeps exactly those and retries them later.
+A batch cancelled by ``statement_timeout`` is bisected too: its rows may each cost a scan
+(an application's foreign key to a job on an unindexed column), so that halves fit where
+the whole did not. Rows cost about the same, so every later part as large as the one
+cancelled is halved before it is tried: a pass pays one timeout per halving, not one per
+part. A single row that still runs past the timeout is rejected like one refused on a
+lock: the caller tries it again alone a few times before it parks it.
+
+Only errors about the data, its locks and its size start a bisection (`row_error`). Any
+other failure (the connection lost, the server restarting, a missing privilege) would fail
+every half too: it stops the pass and is raised as `Interrupted`, which names the items
+not yet written, so the caller keeps exactly those and retries them later.
 """
 
 from __future__ import annotations
@@ -33,18 +40,29 @@ ROW_ERROR_CLASSES: Final = ("22", "23", "P0")
 #: Waits on one row that another transaction holds: ``lock_not_available`` (our
 #: ``lock_timeout``) and ``deadlock_detected``. About a row, but maybe only for a while.
 LOCK_ERRORS: Final = frozenset({"55P03", "40P01"})
+#: ``query_canceled``: the write ran past ``statement_timeout`` (or an operator cancelled
+#: it). Maybe about the number of rows, maybe about one slow row, maybe only for a while.
+TIMEOUT_ERRORS: Final = frozenset({"57014"})
 
 
 def row_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the database refusing some row of a write (a constraint, a
-    trigger, a lock held too long), rather than the connection or the server failing."""
+    trigger, a lock held too long) or the write running too long, rather than the
+    connection or the server failing."""
     state = getattr(exc, "sqlstate", None) or ""
-    return state.startswith(ROW_ERROR_CLASSES) or state in LOCK_ERRORS
+    return (state.startswith(ROW_ERROR_CLASSES) or state in LOCK_ERRORS
+            or state in TIMEOUT_ERRORS)
 
 
-def lock_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a lock wait that gave up (`LOCK_ERRORS`)."""
-    return getattr(exc, "sqlstate", None) in LOCK_ERRORS
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass when its row is tried again, alone: a lock wait that gave
+    up (`LOCK_ERRORS`) or the statement timeout (`TIMEOUT_ERRORS`)."""
+    return getattr(exc, "sqlstate", None) in LOCK_ERRORS | TIMEOUT_ERRORS
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write cancelled by the statement timeout (`TIMEOUT_ERRORS`)."""
+    return getattr(exc, "sqlstate", None) in TIMEOUT_ERRORS
 
 
 def describe(exc: BaseException) -> str:
@@ -56,10 +74,14 @@ def describe(exc: BaseException) -> str:
 @dataclass
 class Isolated(Generic[T, R]):
     """What `isolate` wrote: ``results`` of each committed write, in order, and the
-    ``rejected`` items, each with the error it alone still caused."""
+    ``rejected`` items, each with the error it alone still caused; ``timeouts``, the writes
+    the statement timeout cancelled (a sign that a batch costs a scan per row), and
+    ``limit``, the most items per write it ended with."""
 
     results: list[R] = field(default_factory=list)
     rejected: list[tuple[T, BaseException]] = field(default_factory=list)
+    timeouts: int = 0
+    limit: int | None = None
 
 
 class Interrupted(Exception):
@@ -75,16 +97,20 @@ class Interrupted(Exception):
 
 
 async def isolate(items: Sequence[T], write: Callable[[list[T]], Awaitable[R]], *,
-                  alone: Callable[[T], bool] | None = None) -> Isolated[T, R]:
+                  alone: Callable[[T], bool] | None = None,
+                  limit: int | None = None) -> Isolated[T, R]:
     """Write ``items`` with ``write`` (one transaction per call), bisecting around the items
-    the database refuses (`row_error`); returns what committed and what was rejected.
+    the database refuses or that make a write run too long (`row_error`); returns what
+    committed and what was rejected.
 
     Items for which ``alone`` is true are written one per call, after the others: ones
-    already known to wait for a lock must not make a whole batch wait again. Raises
+    already known to wait for a lock or to run long must not make a whole batch wait
+    again. Parts of more than ``limit`` items are halved before they are written; a write
+    of n items cancelled by the statement timeout lowers it to n // 2. Raises
     `Interrupted` on any other failure. ``write`` must commit all of its items or none,
     and must be safe to call again for items whose write failed.
     """
-    out: Isolated[T, R] = Isolated()
+    out: Isolated[T, R] = Isolated(limit=limit)
     if alone is None:
         single, batch = [], list(items)
     else:
@@ -94,12 +120,20 @@ async def isolate(items: Sequence[T], write: Callable[[list[T]], Awaitable[R]], 
     todo: list[list[T]] = [[item] for item in reversed(single)] + ([batch] if batch else [])
     while todo:
         part = todo.pop()
+        if out.limit is not None and len(part) > out.limit:
+            mid = len(part) // 2
+            todo += [part[mid:], part[:mid]]
+            continue
         try:
             out.results.append(await write(part))
         except (psycopg.Error, OSError) as exc:
             if not row_error(exc):
                 left = [item for rest in (part, *reversed(todo)) for item in rest]
                 raise Interrupted(exc, left, out) from exc
+            if timed_out(exc):
+                out.timeouts += 1
+                if len(part) > 1:  # not about one row: every part this large would time out
+                    out.limit = len(part) // 2
             if len(part) == 1:
                 out.rejected.append((part[0], exc))
             else:

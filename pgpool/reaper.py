@@ -6,10 +6,13 @@ host runs a reaper; SKIP LOCKED keeps them from handling the same row twice.
 
 When the database refuses a batch because of one of its rows (an application's foreign
 key or trigger, a unique violation in ``pgpool_dead``, a lock held past ``lock_timeout``),
-the batch is bisected (`pgpool.isolate`): every other expired job is returned, and each
-refused one is parked with `sql.PARK_EXPIRED`, its reason in ``last_error``, so the next
-pass does not stop on it again. One refused on a lock is left for `LOCK_RETRIES` more
-passes first (the lock may be a short application transaction's).
+or cancels it at ``statement_timeout`` (each job buried is a delete, which may scan an
+application's table that references jobs without an index), the batch is bisected
+(`pgpool.isolate`): every other expired job is returned, and each refused one is parked
+with `sql.PARK_EXPIRED`, its reason in ``last_error``, so the next pass does not stop on it
+again. One refused on a lock, or that runs past the statement timeout alone, is left for
+`LOCK_RETRIES` more passes first (the lock may be a short application transaction's, the
+slowness a moment's).
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .errors import first_line
-from .isolate import Interrupted, describe, isolate, lock_error, row_error
+from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
 from .retry import FREE_INTERRUPTIONS, Failures
 
 log = logging.getLogger("pgpool.reaper")
 
 BATCH = 1000
-#: Passes that leave an expired job refused on a row lock as it is, before it is parked.
+#: Passes that leave an expired job refused on a row lock, or that ran past the statement
+#: timeout alone, as it is, before it is parked.
 LOCK_RETRIES: Final = 3
 
 
@@ -41,7 +45,7 @@ class Reaper:
         # One pass at a time per process: a caller that reaps on demand (``--burst``) then
         # knows that every revival the periodic pass made is committed when it returns.
         self._lock = asyncio.Lock()
-        #: Lock timeouts so far of the jobs refused on a row lock, by id.
+        #: Lock and statement timeouts so far of the jobs refused on them, by id.
         self._lock_misses: dict[int, int] = {}
 
     async def run(self) -> None:
@@ -95,6 +99,13 @@ class Reaper:
             cur = await conn.execute(sql.REAP_CANDIDATES, {"limit": BATCH})
             ids = [job_id for job_id, in await cur.fetchall()]
         written = await isolate(ids, self._reap)
+        if written.timeouts:
+            event(log, logging.WARNING, "reap_timeout",
+                  "%d statements of a reaper pass over %d expired jobs ran past "
+                  "statement_timeout; each was split, or left for a later pass if it held "
+                  "one job (does an application table reference pgpool_jobs(id) from a "
+                  "column without an index?)", written.timeouts,
+                  len(ids), jobs=len(ids), timeouts=written.timeouts)
         # Forget jobs no longer expired here (returned by another host, or changed by hand).
         candidates = set(ids)
         self._lock_misses = {i: n for i, n in self._lock_misses.items() if i in candidates}
@@ -103,7 +114,7 @@ class Reaper:
         refused = []
         for job_id, exc in written.rejected:
             misses = self._lock_misses.get(job_id, 0)
-            if lock_error(exc) and misses < LOCK_RETRIES:
+            if transient(exc) and misses < LOCK_RETRIES:
                 self._lock_misses[job_id] = misses + 1
             else:
                 self._lock_misses.pop(job_id, None)

@@ -10,7 +10,8 @@ Every host runs one; SKIP LOCKED keeps two from staging the same row, and each i
 on its own. A batch the database refuses because of one of its rows (an application's
 trigger or constraint) is bisected (`pgpool.isolate`): the others are made ready, and a
 refused job is parked with its reason in ``last_error``, so it does not stop every later
-pass; one refused on a lock is left for the next pass.
+pass; one refused on a lock, or that runs past the statement timeout alone, is left for the
+next pass.
 
 A pass learns when the next scheduled job is due, and the stager sleeps until then, at most
 its ``interval`` (the poll interval: a job scheduled by another session for sooner is found
@@ -34,7 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .errors import first_line
-from .isolate import Interrupted, describe, isolate, lock_error, row_error
+from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
 from .retry import Failures
 
@@ -113,7 +114,7 @@ class Stager:
             cur = await conn.execute(sql.STAGE_CANDIDATES, {"limit": BATCH})
             ids = [job_id for job_id, in await cur.fetchall()]
         written = await isolate(ids, self._stage)
-        refused = [(job_id, exc) for job_id, exc in written.rejected if not lock_error(exc)]
+        refused = [(job_id, exc) for job_id, exc in written.rejected if not transient(exc)]
         if refused:
             await self._park(refused)
         dues = [due for _, due in written.results if due is not None]
