@@ -556,7 +556,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         for m in schema.to_drain_for(schema.schema_version(conn)):
-            print(f"pgpool: warning: migration {m.version} {m.drain}: stop every `pgpool run` "
+            print(f"pgpool: warning: migration {m.version} {m.drain}; stop every `pgpool run` "
                   "host first (or migrate while the tables are small)", file=sys.stderr)
         applied = schema.migrate(conn)
         found = schema.locate(conn)

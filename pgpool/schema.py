@@ -340,19 +340,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         -- or scheduled (`pgpool grants` gives it only the producer's columns): a running,
         -- done or parked row written by hand would hold its keys with no lease for the
         -- reaper to end. The WHEN clause is evaluated without calling the function, so an
-        -- ordinary enqueue pays nothing for it.
-        CREATE FUNCTION pgpool_jobs_refuse_insert() RETURNS trigger
+        -- ordinary enqueue pays nothing for it; AFTER, not BEFORE: a BEFORE row trigger
+        -- would make COPY (enqueue_many) insert row by row. OR REPLACE: dropping the tables
+        -- leaves the function behind, and a new installation here must not fail on it.
+        CREATE OR REPLACE FUNCTION pgpool_jobs_refuse_insert() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
             IF pg_has_role((SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE') THEN
-                RETURN NEW;  -- the owner repairs by hand
+                RETURN NULL;  -- the owner repairs by hand
             END IF;
             RAISE EXCEPTION 'pgpool: a new job must be ready or scheduled, not %', NEW.state
                 USING ERRCODE = 'check_violation',
                       HINT = 'enqueue jobs with pgpool.enqueue; only pgpool run changes them';
         END
         $$;
-        CREATE TRIGGER pgpool_jobs_insert_state BEFORE INSERT ON pgpool_jobs FOR EACH ROW
+        CREATE TRIGGER pgpool_jobs_insert_state AFTER INSERT ON pgpool_jobs FOR EACH ROW
             WHEN (NEW.state NOT IN ('ready', 'scheduled'))
             EXECUTE FUNCTION pgpool_jobs_refuse_insert();
         -- Hosts no longer poll the latest cancellation (see sql.CONTROL_POLL).
