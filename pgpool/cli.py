@@ -555,6 +555,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
+        for m in schema.to_drain_for(schema.schema_version(conn)):
+            print(f"pgpool: warning: migration {m.version} {m.drain}; stop every `pgpool run` "
+                  "host first (or migrate while the tables are small)", file=sys.stderr)
         applied = schema.migrate(conn)
         found = schema.locate(conn)
     where = f'in schema "{found.schema}" at {dsnlib.describe(dsn)}'

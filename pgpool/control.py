@@ -7,9 +7,11 @@ lost. It reads two things:
 
 - the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
   leaves those queues out of its claims; running jobs finish);
-- the time of the latest cancellation: when it changes, ``on_cancelled`` is called (the
-  heartbeat then beats at once: a cancelled running job is gone from ``pgpool_jobs``, so
-  the beat finds its lease lost and the pool kills its worker, the path a lost lease takes).
+- the cancelled attempts still in flight, as a digest of their ids: when it changes,
+  ``on_cancelled`` is called (the heartbeat then beats at once: a cancelled running job has
+  no owner any more, so the beat finds its lease lost and the pool kills its worker, the
+  path a lost lease takes). A set rather than the latest time, so that a cancel committed
+  after a later-dated one is noticed too (`sql.CONTROL_POLL`).
 
 The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
 holds across restarts; until then the part polls like at any other time, so a database
@@ -22,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from datetime import datetime
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -44,7 +45,7 @@ class Control:
         self._on_cancelled = on_cancelled
         self._woken = asyncio.Event()
         self.paused: frozenset[str] = frozenset()
-        self._last_cancel: datetime | None = None
+        self._cancelled: str | None = None
         self._polled = False
         #: Set once a poll has read the paused queues.
         self.loaded = asyncio.Event()
@@ -69,18 +70,18 @@ class Control:
             self._woken.clear()
 
     async def poll(self) -> None:
-        """Read the paused queues and the latest cancellation; act on changes."""
+        """Read the paused queues and the cancelled attempts; act on changes."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CONTROL_POLL)
-            paused, last_cancel = await cur.fetchone()
+            paused, cancelled = await cur.fetchone()
         paused = frozenset(paused)
         if paused != self.paused:
             event(log, logging.INFO, "queues_paused", "paused queues: %s",
                   ", ".join(sorted(paused)) or "none", queues=sorted(paused))
             self.paused = paused
             self._on_paused(paused)
-        if self._polled and last_cancel != self._last_cancel:
+        if self._polled and cancelled != self._cancelled:
             self._on_cancelled()
-        self._last_cancel = last_cancel
+        self._cancelled = cancelled
         self._polled = True
         self.loaded.set()

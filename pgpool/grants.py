@@ -1,15 +1,20 @@
 """``pgpool grants``: least-privilege GRANT statements for an application role and a worker role.
 
-- The **application** role enqueues and reads: INSERT on ``pgpool_jobs`` (``enqueue``,
-  ``enqueue_many``: COPY and ``ON CONFLICT DO NOTHING`` need nothing more; the identity
-  column takes its ids without a sequence grant; NOTIFY needs no privilege) and SELECT on
-  every pgpool table (``RETURNING`` the id, ``pgpool status``, ``pgpool enqueue``'s check
-  that a host serves the kind). It cannot change a job once enqueued, nor write the host
-  registry (a fake fresh row there would take budget shares) or the fleet's budget.
+- The **application** role enqueues and reads: INSERT on the producer's columns of
+  ``pgpool_jobs`` (`PRODUCER_COLUMNS`: what ``enqueue`` and ``enqueue_many`` write; COPY
+  and ``ON CONFLICT DO NOTHING`` need nothing more; the identity column takes its ids
+  without a sequence grant; NOTIFY needs no privilege) and SELECT on every pgpool table
+  (``RETURNING`` the id, ``pgpool status``, ``pgpool enqueue``'s check that a host serves
+  the kind). It cannot change a job once enqueued, nor write what only a dispatcher writes
+  (owner, lease, attempts, errors, the id): with the schema's insert trigger (migration
+  12), which refuses a new job that is not ready or scheduled from anyone but the tables'
+  owner, it cannot forge a running, done or parked job that holds a key with no lease for
+  the reaper to end. Nor can it write the host registry (a fake fresh row there would take
+  budget shares) or the fleet's budget.
 - The **worker** role runs ``pgpool run``: it claims, extends, acks and reaps jobs
   (SELECT, UPDATE and DELETE on ``pgpool_jobs``), enqueues the ticks of periodic
-  schedules (INSERT on ``pgpool_jobs``; SELECT, INSERT and UPDATE on
-  ``pgpool_schedules``, whose rows it declares and advances), writes dead
+  schedules (INSERT on the producer's columns of ``pgpool_jobs``; SELECT, INSERT and
+  UPDATE on ``pgpool_schedules``, whose rows it declares and advances), writes dead
   letters (INSERT on ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its
   ``pgpool_hosts`` row, and reads the budget. It cannot set the budget.
 
@@ -31,15 +36,19 @@ from . import sql
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
                  "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
 
+#: The columns of ``pgpool_jobs`` a producer writes (`sql.ENQUEUE`, `sql.COPY_JOBS_AT`).
+PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
+                           "unique_key, tenant, concurrency_key")
+
 #: (privileges, tables) per role.
 APP: Final = (
     ("SELECT", TABLES),
-    ("INSERT", ("pgpool_jobs",)),
+    (f"INSERT ({PRODUCER_COLUMNS})", ("pgpool_jobs",)),
 )
 WORKER: Final = (
     ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version")),
-    # INSERT: the ticks of periodic schedules (`pgpool.schedules`).
-    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_jobs",)),
+    # INSERT: the ticks of periodic schedules (`pgpool.schedules`), as a producer writes.
+    (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
     # DELETE: dead-letter retention (`pgpool.retention`) runs on the hosts.

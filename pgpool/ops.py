@@ -368,10 +368,23 @@ def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool) -> Plan[Pur
 
 def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
     wanted = _check_ids(ids)
-    rows = yield _Query(sql.CANCEL, {"ids": sql.int_array(wanted)})
+    rows = yield _Query(sql.CANCEL_LOCK, {"ids": sql.int_array(wanted)})
     found = {r[0] for r in rows}
     if len(found) < len(wanted):
         yield from _not_found([i for i in wanted if i not in found], "live")
+    kept = [i for i, state, _ in rows if state == "done"]
+    if kept:
+        raise JobNotFound(f"job {_ids_text(kept)} succeeded (kept as done because the "
+                          "database refused to delete it; see its last_error): nothing to "
+                          "cancel, and as a dead job a replay would run it again; delete it "
+                          "once nothing references it; nothing was changed")
+    stopping = [i for i, state, owner in rows if state == "running" and owner is None]
+    if stopping:
+        raise JobNotFound(f"job {_ids_text(stopping)} {_is(stopping)} already cancelled: "
+                          "its attempt may run until its lease ends, then it moves to the "
+                          "dead jobs (`pgpool dead list --reason cancelled`); nothing was "
+                          "changed")
+    yield _Query(sql.CANCEL, {"ids": sql.int_array(wanted)})
     if any(state == "running" for _, state, _ in rows):
         yield _Query(sql.NOTIFY_CONTROL, {})  # its host stops the worker now, not at a poll
     return [Cancelled(*r) for r in rows]
@@ -608,10 +621,13 @@ async def purge_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
 def cancel(conn: psycopg.Connection, ids: Iterable[int], *,
            dry_run: bool = False) -> list[Cancelled]:
     """Cancel live jobs: each moves to ``pgpool_dead`` with reason ``cancelled`` and an
-    error saying when and what it was doing, so a ready or scheduled one never runs. A
-    running one's host kills its worker within about a second (a notification, then the
-    host's poll as a backstop) and the attempt is never retried. All or nothing: an id that
-    is not a live job raises `JobNotFound` and nothing is cancelled."""
+    error saying when and what it was doing, so a ready, scheduled or parked one never
+    runs. A running one's host kills its worker within about a second (a notification,
+    then the host's poll as a backstop) and the attempt is never retried; its row stays,
+    holding its concurrency and unique keys, until its lease ends (the attempt may run
+    until then), and then moves to ``pgpool_dead``. All or nothing: an id that is not a
+    live job, a job kept as done (it succeeded) or a job cancelled already raises
+    `JobNotFound` and nothing is cancelled."""
     return _run(conn, _cancel(ids), dry_run=dry_run)
 
 

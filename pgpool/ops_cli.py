@@ -333,7 +333,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     verb = "would cancel" if args.dry_run else "cancelled"
     for c in cancelled:
         what = (f"was running on {c.owner}; its worker is stopped and the attempt not "
-                "retried" if c.was == "running" else f"was {c.was}; it will not run")
+                "retried; it holds its keys until its lease ends, then it is a dead job"
+                if c.was == "running" else f"was {c.was}; it will not run")
         print(f"pgpool: {verb} job {c.id} ({what})")
     if args.dry_run:
         print("pgpool: dry run: nothing changed")

@@ -12,7 +12,9 @@ default ``"$user", public`` finds ``public`` even once a schema named after the 
 exists). `migrate` runs its DDL there, explicitly, and everyone refuses a path on which two
 installations, or a same-named table ahead of pgpool's, would mix. A migration waits at most
 `LOCK_TIMEOUT` for each lock, so the heartbeats queued behind it are held up no longer, and
-tries again later.
+tries again later. Once it has its locks, a migration that works through a table's rows
+holds that table for as long as that takes: those say so (`Migration.drain`), and
+``pgpool migrate`` names them before it starts, since the fleet should be stopped for them.
 
 Physical choices come from the field reports in ``shared/seeds``: the ready-job index is
 partial (it stays as small as the backlog, not the table); nothing that a heartbeat touches
@@ -39,6 +41,10 @@ class Migration(NamedTuple):
     version: int
     description: str
     ddl: str
+    #: Set for a migration that holds a table the fleet writes for as long as it works
+    #: through that table's rows: what it holds, which `pgpool migrate` says before it
+    #: starts (the fleet should be stopped for it). None: catalog changes only.
+    drain: str | None = None
 
 
 MIGRATIONS: Final[tuple[Migration, ...]] = (
@@ -193,6 +199,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         -- Every host polls the latest cancellation: a few rows, however big the table.
         CREATE INDEX pgpool_dead_cancelled ON pgpool_dead (died_at) WHERE reason = 'cancelled';
         """,
+        "builds two indexes on pgpool_dead holding it locked against writes: every ack "
+        "and reaper pass (their statements write dead letters) waits for as long as that "
+        "takes, which grows with pgpool_dead",
     ),
     Migration(
         7,
@@ -275,6 +284,10 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         COMMENT ON COLUMN pgpool_jobs.concurrency_key IS
             'at most one running job per key across the fleet (pgpool_jobs_key_running)';
         """,
+        "holds pgpool_jobs exclusively while it moves the waiting jobs to the scheduled "
+        "state and builds four indexes: every claim, heartbeat and ack waits for as long "
+        "as that takes (15 s for a million jobs), and hosts abandon their jobs after 0.8 "
+        "of a lease without a heartbeat",
     ),
     Migration(
         10,
@@ -316,6 +329,41 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         COMMENT ON COLUMN pgpool_hosts.batch IS
             'jobs per claim at its last beat (with --batch auto, what the sizer worked out '
             'then); NULL from a pgpool older than this column';
+        """,
+    ),
+    Migration(
+        12,
+        "cancelled attempts keep their row until their lease ends; new jobs only as a "
+        "producer writes them",
+        """
+        -- A role that is not the table's owner inserts jobs only as a producer does, ready
+        -- or scheduled (`pgpool grants` gives it only the producer's columns): a running,
+        -- done or parked row written by hand would hold its keys with no lease for the
+        -- reaper to end. The WHEN clause is evaluated without calling the function, so an
+        -- ordinary enqueue pays nothing for it; AFTER, not BEFORE: a BEFORE row trigger
+        -- would make COPY (enqueue_many) insert row by row. OR REPLACE: dropping the tables
+        -- leaves the function behind, and a new installation here must not fail on it.
+        CREATE OR REPLACE FUNCTION pgpool_jobs_refuse_insert() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF pg_has_role((SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE') THEN
+                RETURN NULL;  -- the owner repairs by hand
+            END IF;
+            RAISE EXCEPTION 'pgpool: a new job must be ready or scheduled, not %', NEW.state
+                USING ERRCODE = 'check_violation',
+                      HINT = 'enqueue jobs with pgpool.enqueue; only pgpool run changes them';
+        END
+        $$;
+        CREATE TRIGGER pgpool_jobs_insert_state AFTER INSERT ON pgpool_jobs FOR EACH ROW
+            WHEN (NEW.state NOT IN ('ready', 'scheduled'))
+            EXECUTE FUNCTION pgpool_jobs_refuse_insert();
+        -- Hosts no longer poll the latest cancellation (see sql.CONTROL_POLL).
+        DROP INDEX pgpool_dead_cancelled;
+        COMMENT ON COLUMN pgpool_jobs.locked_by IS
+            'the dispatcher running it (with attempts, the ownership token of the attempt); '
+            'NULL on a running job: cancelled (pgpool cancel), kept until its lease ends '
+            '(its attempt may run until then, holding its keys), then dead-lettered by the '
+            'reaper';
         """,
     ),
 )
@@ -470,6 +518,14 @@ def _locked_out(conn: psycopg.Connection, lock_timeout: float, tries: int) -> Sc
         f"{tries} tries of {lock_timeout:g} s ({who}): let long transactions on them finish "
         f"or end them (pg_stat_activity shows them), then run `pgpool migrate` again"
     )
+
+
+def to_drain_for(current: int | None) -> list[Migration]:
+    """The migrations an upgrade from version ``current`` applies that need the fleet
+    stopped (`Migration.drain`); none for a new installation (its tables are empty)."""
+    if current is None:
+        return []
+    return [m for m in MIGRATIONS if m.version > current and m.drain]
 
 
 def schema_version(conn: psycopg.Connection) -> int | None:

@@ -16,8 +16,9 @@ that estimate lets the planner start from those rows and rescan the id list once
 quadratic, 200 ms for an ack of 1,000 jobs instead of 6. So the statements that take a
 list of ids repeat the owner once per id (``array_fill``) and compare it as a join
 condition, with no ``state`` test (``locked_by`` is set exactly while a job runs: the claim
-sets it and every way out of running clears it). Nothing then narrows ``pgpool_jobs``
-before the join, and the plan is one primary-key lookup per id (or one hash join).
+sets it and every way out of running clears it, and so does a cancel, which ends the
+attempt's ownership at once: `CANCEL`). Nothing then narrows ``pgpool_jobs`` before the
+join, and the plan is one primary-key lookup per id (or one hash join).
 
 Lists of ids and attempts go out as array literals built by `int_array`: psycopg would
 adapt a Python list element by element, about 1.7 µs each, most of an ack flush's cost.
@@ -376,7 +377,9 @@ RETURNING j.id
 #: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
 #: or bury them when that attempt was their last. An attempt that never started in a worker
 #: (no heartbeat recorded it) does not count, up to ``max_interruptions`` per job; any other
-#: expired attempt counts. SKIP LOCKED lets every host run this concurrently without two of
+#: expired attempt counts. A cancelled attempt (running, no owner: `CANCEL`) is over once its
+#: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
+#: it has left. SKIP LOCKED lets every host run this concurrently without two of
 #: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.reaper`
 #: isolating a job it cannot return).
 REAP: Final = """
@@ -388,7 +391,7 @@ WITH expired AS (
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), judged AS (
-    SELECT j.id, j.locked_by,
+    SELECT j.id, j.locked_by, j.locked_by IS NULL AS cancelled,
            NOT j.started AND j.interruptions < %(max_interruptions)s AS uncounted,
            j.attempts - j.interruptions < j.max_attempts AS attempts_left
     FROM pgpool_jobs AS j JOIN expired AS e USING (id)
@@ -401,22 +404,24 @@ WITH expired AS (
                              ELSE 'running on ' END
                      || coalesce(j.locked_by, '?')
     FROM judged AS g
-    WHERE j.id = g.id AND (g.uncounted OR g.attempts_left)
+    WHERE j.id = g.id AND NOT g.cancelled AND (g.uncounted OR g.attempts_left)
     RETURNING j.id
 ), buried AS (
     DELETE FROM pgpool_jobs AS j
     USING judged AS g
-    WHERE j.id = g.id AND NOT (g.uncounted OR g.attempts_left)
+    WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
-              j.locked_by
+              j.locked_by, j.last_error, g.cancelled
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              max_attempts, unique_key, created_at, tenant, concurrency_key,
-                             last_error)
+                             last_error, reason)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
            unique_key, created_at, tenant, concurrency_key,
-           'lease expired while running on ' || coalesce(locked_by, '?')
+           CASE WHEN cancelled THEN last_error
+                ELSE 'lease expired while running on ' || locked_by END,
+           CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END
     FROM buried
     RETURNING id
 )
@@ -437,7 +442,7 @@ LIMIT %(limit)s
 PARK_EXPIRED: Final = """
 UPDATE pgpool_jobs AS j
 SET state = 'parked', lease_until = NULL, locked_by = NULL,
-    last_error = 'lease expired while running on ' || coalesce(j.locked_by, '?')
+    last_error = coalesce('lease expired while running on ' || j.locked_by, j.last_error)
                  || '; ' || a.reason
 FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
 WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
@@ -852,11 +857,18 @@ SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_ver
 CONTROL: Final = "!control"
 NOTIFY_CONTROL: Final = f"SELECT pg_notify({_OUR_CHANNEL}, '{CONTROL}')"
 
-#: What a host polls (and re-reads on a `CONTROL` notification): the paused queues, and the
-#: time of the latest cancellation, whose change makes the host check its jobs at once.
+#: What a host polls (and re-reads on a `CONTROL` notification): the paused queues, and a
+#: digest of the cancelled attempts still in flight (running rows with no owner, `CANCEL`),
+#: whose change makes the host check its jobs at once. A set, not a high-water mark: a
+#: cancel shows in it as soon as it commits, whatever order cancels commit in. (The latest
+#: ``died_at`` missed a cancel made in a transaction that started before an earlier-committed
+#: one: now() is the transaction's start; a sequence would miss it the same way, nextval
+#: order is not commit order.) The set is read on the running index (``locked_by IS
+#: NULL``), and holds only cancels whose lease has not run out yet.
 CONTROL_POLL: Final = """
 SELECT ARRAY(SELECT queue FROM pgpool_paused ORDER BY queue),
-       (SELECT max(died_at) FROM pgpool_dead WHERE reason = 'cancelled')
+       (SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM pgpool_jobs
+        WHERE state = 'running' AND locked_by IS NULL)
 """
 
 # The summary line of a stored error: its last non-blank line, which for a handler's
@@ -1010,30 +1022,49 @@ RETENTION_LOCK: Final = (
     "SELECT pg_try_advisory_xact_lock(hashtext('pgpool.retention:' || current_schema()))"
 )
 
-#: Cancel live jobs: each moves to pgpool_dead with reason 'cancelled' and a last_error that
-#: says when and what it was doing. A running attempt's host finds its job gone at its next
-#: heartbeat (sent at once after `NOTIFY_CONTROL`), kills that worker, and its ack is a
-#: no-op: the attempt is never retried. Returns each cancelled job's id, state, owner.
+#: Lock live jobs by id and say what each is doing and who runs it (NULL for a running job:
+#: cancelled already), before a cancel changes any. FOR UPDATE: the cancel may delete them.
+CANCEL_LOCK: Final = f"""
+SELECT id, {_JOB_STATE}, locked_by FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+FOR UPDATE
+"""
+
+_CANCELLED_AT = ("'cancelled by operator at ' "
+                 """|| to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')""")
+
+#: Cancel live jobs (`CANCEL_LOCK` first; never a job kept as done): a waiting one moves to
+#: pgpool_dead with reason 'cancelled' and a last_error that says when and what it was
+#: doing. A running one loses its owner at once but keeps its row, state running, until its
+#: lease ends: its attempt may run until then (its host stops it at its next heartbeat, sent
+#: at once after `NOTIFY_CONTROL`, but a frozen host's worker runs on until its lease
+#: fence), so the unique indexes on its keys still hold. Its heartbeat and ack match no
+#: row (they need the owner), and when the lease has expired, `REAP` buries it as
+#: cancelled. Returns how many were dead-lettered and how many stopped.
 CANCEL: Final = f"""
 WITH gone AS (
-    DELETE FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
+    DELETE FROM pgpool_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
     RETURNING id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state, locked_by
+              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
                              unique_key, created_at, tenant, concurrency_key, reason,
                              last_error)
     SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
            created_at, tenant, concurrency_key, 'cancelled',
-           'cancelled by operator at '
-           || to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')
-           || CASE WHEN op_state = 'running'
-                   THEN ' while running attempt ' || attempts || ' on ' || locked_by
-                   ELSE ' while ' || op_state END
+           {_CANCELLED_AT} || ' while ' || op_state
     FROM gone
     RETURNING id
+), stopped AS (
+    UPDATE pgpool_jobs
+    SET locked_by = NULL,
+        last_error = {_CANCELLED_AT} || ' while running attempt ' || attempts || ' on '
+                     || locked_by
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running' AND locked_by IS NOT NULL
+    RETURNING id
 )
-SELECT g.id, g.op_state, g.locked_by FROM gone AS g JOIN dead USING (id) ORDER BY g.id
+SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM stopped)
 """
 
 #: Lock live jobs by id and say what each is doing (a retry's first step).
