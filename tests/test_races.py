@@ -1,0 +1,241 @@
+"""Races between the dispatcher's own statements, each replayed in a fixed interleaving.
+
+Each test runs the real statements (through the real Claimer, Completer and Heartbeat) on
+real connections, and makes the order of events certain by holding a lock in a third
+transaction and waiting, with a deadline, until the server shows a statement waiting on it:
+no sleeps, no timing margins. The server's deadlock detector (``deadlock_timeout``, 1 s) is
+what ends a deadlock, so a test that finds one takes about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+import pgpool
+from pgpool.claimer import Claimer, configure_connection
+from pgpool.completer import Ack, Completer
+from pgpool.heartbeat import Heartbeat
+from pgpool.job import Job
+from pgpool.lease import Lease
+from pgpool.registry import Handler
+
+#: Every wait on the server's state gives up after this long (a failure, never a pass).
+DEADLINE = 30.0
+
+
+def run_with_pool(dsn: str, fn: Callable[[AsyncConnectionPool], Awaitable[Any]],
+                  lease: Lease | None = None) -> Any:
+    """Run ``fn`` with a pool set up like the dispatcher's (with ``lease``: its timeouts)."""
+    async def configure(conn: psycopg.AsyncConnection) -> None:
+        await configure_connection(conn, lease)
+
+    async def main() -> Any:
+        async with AsyncConnectionPool(dsn, min_size=4, max_size=4, open=False,
+                                       kwargs={"autocommit": True},
+                                       configure=configure) as pool:
+            return await fn(pool)
+
+    return asyncio.run(main())
+
+
+def claimer(pool: AsyncConnectionPool, owner: str = "host-a", kind: str = "k") -> Claimer:
+    return Claimer(pool, owner, queues=("default",),
+                   handlers={kind: Handler(kind, print, None, None)},
+                   lease=Lease(30), max_attempts=20, timeout=None)
+
+
+def rows(db: psycopg.Connection, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    return db.execute(query, params).fetchall()
+
+
+async def waiting_on_lock(db: psycopg.AsyncConnection, like: str) -> int | None:
+    """The pid of a backend whose query contains ``like`` and that waits for a lock."""
+    cur = await db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
+        "pg_backend_pid() AND strpos(query, %s) > 0", (like,))
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def until_waiting(db: psycopg.AsyncConnection, like: str,
+                        task: asyncio.Task[Any] | None = None) -> bool:
+    """Wait until a statement containing ``like`` waits for a lock (True), or ``task``
+    ended without ever waiting (False). Fails the test after `DEADLINE`."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        if await waiting_on_lock(db, like) is not None:
+            return True
+        if task is not None and task.done():
+            return False
+        await asyncio.sleep(0.01)
+    pytest.fail(f"no statement like {like!r} waited for a lock within {DEADLINE}s")
+
+
+async def outcome(task: asyncio.Task[Any]) -> Any:
+    """``task``'s result, or the exception it raised (returned, not raised)."""
+    try:
+        async with asyncio.timeout(DEADLINE):
+            return await task
+    except Exception as exc:  # the test asserts on what it was
+        return exc
+
+
+# --- the release arm must not repeat (owner, attempt) ---------------------------------------
+
+
+def test_a_retried_hand_back_never_touches_the_claim_that_followed_it(db, dsn):
+    # A hand-back commits but its answer is lost (the connection drops after the commit);
+    # the completer keeps the ack and retries it after its backoff. Meanwhile the same host
+    # claims the job again. The retried hand-back is the very same statement: it must find
+    # no attempt of its own to hand back, and leave the new claim running.
+    pgpool.enqueue(db, "k", {})
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[Job, Any, Job, Any]:
+        take = claimer(pool)
+        (first,) = await take.claim(1)
+        acks = Completer(pool, "host-a")
+        handed = await acks.flush([Ack.release(first)])  # committed; its answer "lost"
+        (second,) = await take.claim(1)  # claimed again within the retry's backoff
+        retried = await acks.flush([Ack.release(first)])  # the flush, retried
+        return first, handed, second, retried
+
+    first, handed, second, retried = run_with_pool(dsn, scenario)
+    assert handed.released == 1
+    assert (second.id, second.counted) == (first.id, 1)  # the hand-back cost no attempt
+    assert second.attempt != first.attempt, "the new claim repeats the old (owner, attempt)"
+    assert (retried.released, retried.stale) == (0, 1)
+    assert rows(db, "SELECT state, locked_by, attempts FROM pgpool_jobs") == [
+        ("running", "host-a", second.attempt)]
+
+
+# --- a host's heartbeat and its own ack flush -----------------------------------------------
+
+
+def test_a_heartbeat_and_the_ack_flush_it_covers_neither_deadlock_nor_lose_a_job(db, dsn):
+    # The host acks job X (done) and job Y (dead, in the same flush); the heartbeat covers
+    # both while the flush runs (their acks are not committed yet). The flush locks X (its
+    # "done" arm comes first) and then Y; the heartbeat sends the jobs in the order their
+    # acks were queued, Y then X. An application transaction holding FOR KEY SHARE on Y (as
+    # an INSERT of a row referencing it does) holds the flush between its two rows, and lets
+    # the heartbeat (whose lock on Y does not conflict with KEY SHARE) take Y first.
+    y_id = pgpool.enqueue(db, "k", {})  # first in every plan's order: id, heap, array
+    x_id = pgpool.enqueue(db, "k", {})
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[Any, Any, Heartbeat, float]:
+        jobs = {j.id: j for j in await claimer(pool).claim(2)}
+        x, y = jobs[x_id], jobs[y_id]
+        acks = Completer(pool, "host-a", max_batch=2, interval=0)
+        beat = Heartbeat(pool, "host-a", Lease(30), acks.pending_jobs, lambda: None,
+                         lambda: None, acking=acks.pending_jobs)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch, \
+                await psycopg.AsyncConnection.connect(dsn) as app:
+            await app.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE", (y_id,))
+            acks.add(Ack.dead(y, "gave up"))
+            acks.add(Ack.done(x))
+            flushing = asyncio.create_task(acks.run())
+            await until_waiting(watch, "WITH done AS")  # holds X, waits for Y
+            started = time.monotonic()
+            beating = asyncio.create_task(beat.beat())
+            await until_waiting(watch, "SET lease_until", beating)  # today: holds Y, waits
+            await app.commit()
+            lost = await outcome(beating)
+            async with asyncio.timeout(DEADLINE):
+                await acks.wait_idle()
+            took = time.monotonic() - started
+            flushing.cancel()
+        return lost, acks.stats, beat, took
+
+    lost, stats, beat, took = run_with_pool(dsn, scenario)
+    print(f"heartbeat: {lost!r}; flushes {stats.flushes}; took {took:.2f}s")
+    assert not isinstance(lost, BaseException), f"the heartbeat failed: {lost!r}"
+    assert lost == set() and beat.lost == 0, "the heartbeat took the acked jobs for lost"
+    assert stats.flushes == 1, "the flush had to be split or retried (a lock error)"
+    assert rows(db, "SELECT id FROM pgpool_dead") == [(y_id,)]
+    assert rows(db, "SELECT id FROM pgpool_jobs") == []
+
+
+# --- two claims racing for two concurrency keys -----------------------------------------------
+
+
+def test_claims_racing_for_two_concurrency_keys_end_without_an_error(db, dsn):
+    # Claim 1 takes jobs of keys A, Z and B (in id order), claim 2 jobs of keys B and A.
+    # Both see every key idle; the unique index pgpool_jobs_key_running decides. A third
+    # transaction holding an uncommitted running job of key Z stops claim 1 between A and
+    # B; claim 2 takes B and waits for claim 1's A; then Z is let go: claim 1 waits for
+    # claim 2's B. A deadlock, not a unique violation: one claim is aborted.
+    pgpool.enqueue(db, "gate", {}, concurrency_key="Z")
+    for key in ("A", "Z", "B", "B", "A"):
+        pgpool.enqueue(db, "k", {}, concurrency_key=key)
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[Any, Any]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch, \
+                await psycopg.AsyncConnection.connect(dsn) as gate:
+            await gate.execute("UPDATE pgpool_jobs SET state = 'running', locked_by = 'gate',"
+                               " attempts = 1 WHERE kind = 'gate'")
+            one = asyncio.create_task(claimer(pool, "host-a").claim(3))
+            await until_waiting(watch, "WITH RECURSIVE pairs")
+            two = asyncio.create_task(claimer(pool, "host-b").claim(2))
+            deadline = time.monotonic() + DEADLINE
+            while len(await (await watch.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND strpos(query, 'WITH RECURSIVE pairs') > 0")).fetchall()) < 2:
+                assert time.monotonic() < deadline, "claim 2 never waited for claim 1"
+                await asyncio.sleep(0.01)
+            await gate.rollback()
+            return await outcome(one), await outcome(two)
+
+    one, two = run_with_pool(dsn, scenario)
+    print(f"claim 1: {one!r}\nclaim 2: {two!r}")
+    for got in (one, two):
+        assert not isinstance(got, BaseException), f"a claim failed: {got!r}"
+    running = rows(db, "SELECT concurrency_key, locked_by FROM pgpool_jobs"
+                       " WHERE state = 'running' AND kind = 'k' ORDER BY concurrency_key")
+    assert [key for key, _ in running] == ["A", "B", "Z"]  # every key taken, once
+    assert sorted(j.id for j in one + two) == sorted(
+        r[0] for r in rows(db, "SELECT id FROM pgpool_jobs WHERE state = 'running'"
+                               " AND kind = 'k'"))
+
+
+# --- a stricter default isolation ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+def test_claims_run_read_committed_whatever_the_database_default(fresh_dsn, level):
+    # A claim that starts while another transaction (a claim of another host, say) holds
+    # the table's lock and has taken a job: the claim's snapshot is taken before it waits
+    # for the table, and the job it then finds taken was committed after that snapshot.
+    # Read committed takes a new snapshot and claims the other job; repeatable read or
+    # serializable fails the claim with a serialization error.
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        pgpool.migrate(conn)
+        taken = pgpool.enqueue(conn, "k", {})
+        free = pgpool.enqueue(conn, "k", {})
+        dbname = conn.info.dbname
+        conn.execute(f"ALTER DATABASE {dbname} SET default_transaction_isolation = '{level}'")
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[str, Any]:
+        async with pool.connection() as conn:
+            shown = await (await conn.execute("SHOW transaction_isolation")).fetchone()
+        async with await psycopg.AsyncConnection.connect(fresh_dsn, autocommit=True) \
+                as watch, await psycopg.AsyncConnection.connect(fresh_dsn) as other:
+            await other.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1,"
+                                " locked_by = 'other', lease_until = now() + interval '1h'"
+                                " WHERE id = %s", (taken,))
+            await other.execute("LOCK TABLE pgpool_jobs IN SHARE MODE")
+            claiming = asyncio.create_task(claimer(pool).claim(1))
+            await until_waiting(watch, "WITH RECURSIVE pairs", claiming)
+            await other.commit()
+            return shown[0], await outcome(claiming)
+
+    shown, got = run_with_pool(fresh_dsn, scenario, lease=Lease(30))
+    print(f"isolation: {shown}; claim: {got!r}")
+    assert not isinstance(got, BaseException), f"the claim failed: {got!r}"
+    assert [j.id for j in got] == [free]
+    assert shown == "read committed"
