@@ -135,7 +135,7 @@ class Heartbeat:
                 cur = await conn.execute(sql.HEARTBEAT, params)
                 owned = await cur.fetchall()
             kept = {(job_id, attempt) for job_id, attempt, extended in owned if extended}
-            busy = {(job_id, attempt) for job_id, attempt, _ in owned} - kept
+            busy = {(job_id, attempt) for job_id, attempt, extended in owned if not extended}
         else:
             kept = busy = set()
         self.last_ok = started

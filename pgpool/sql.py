@@ -283,39 +283,40 @@ WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kin
 
 #: Extend the leases of every job this dispatcher holds, in one statement, and record which
 #: attempts have started in a worker (the reaper does not count an attempt that never
-#: started). Returns (id, attempt, true) for each attempt extended, and (id, attempt, false)
-#: for each attempt still owned as of the statement's snapshot (extended or not: no join,
-#: which would compare every row with every other); the caller treats the attempts not
-#: returned at all as lost.
+#: started). Returns (id, attempt, extended) for each attempt still owned: extended, or
+#: owned as of the statement's snapshot but skipped; the caller treats the rest as lost.
 #:
 #: It never waits for a row lock (SKIP LOCKED): a row another transaction is changing
 #: (this host's own ack flush, whose order of locking rows differs, or an application's
-#: transaction) is returned not extended, and judged at the next beat. Waiting could
-#: deadlock with the ack flush, or hold every other lease up for ``lock_timeout``.
+#: transaction) is skipped, returned not extended, and judged at the next beat. Waiting
+#: could deadlock with the ack flush, or hold every other lease up for ``lock_timeout``.
+#: The skipped rows are looked up only among the ids not extended (``NOT IN`` a hashed
+#: set): usually none.
 HEARTBEAT: Final = """
-WITH held AS (
-    SELECT j.id, h.attempt, h.owner, h.started
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
-                array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
-                %(started)s::bool[])
-         AS h(id, attempt, owner, started)
-    JOIN pgpool_jobs AS j ON j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
+WITH h AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+                         array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+                         %(started)s::bool[])
+                  AS h(id, attempt, owner, started)
 ), free AS (
-    SELECT id FROM pgpool_jobs
-    WHERE id = ANY(ARRAY(SELECT id FROM held))  -- a key lookup in any plan: see CLAIM
-    FOR NO KEY UPDATE SKIP LOCKED
+    SELECT j.id, h.started
+    FROM h JOIN pgpool_jobs AS j
+         ON j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), extended AS (
     UPDATE pgpool_jobs AS j
     SET lease_until = now() + make_interval(secs => %(lease)s),
-        started = j.started OR h.started
-    FROM held AS h
-    WHERE j.id = ANY(ARRAY(SELECT id FROM free))
-      AND j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
+        started = j.started OR f.started
+    FROM free AS f
+    WHERE j.id = f.id
     RETURNING j.id, j.attempts
 )
 SELECT id, attempts, true FROM extended
 UNION ALL
-SELECT id, attempt, false FROM held
+SELECT h.id, h.attempt, false FROM h
+WHERE h.id NOT IN (SELECT id FROM extended)
+  AND EXISTS (SELECT FROM pgpool_jobs AS j
+              WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner)
 """
 
 #: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
