@@ -161,6 +161,25 @@ def test_a_heartbeat_and_the_ack_flush_it_covers_neither_deadlock_nor_lose_a_job
     assert rows(db, "SELECT id FROM pgpool_jobs") == []
 
 
+def test_a_heartbeat_answered_before_the_ack_it_raced_loses_nothing(db, dsn):
+    # The ack of job X commits while a heartbeat that carries X (its ack was not committed
+    # when the beat was sent) is in flight; both answers arrive together, and the
+    # heartbeat's is handled first: X is still among the acks being written. The beat does
+    # not find X, but X was not lost: no lease_lost, nothing counted.
+    pgpool.enqueue(db, "k", {})
+
+    async def scenario(pool: AsyncConnectionPool) -> tuple[set[Any], Heartbeat, Any]:
+        (x,) = await claimer(pool).claim(1)
+        written = await Completer(pool, "host-a").flush([Ack.done(x)])
+        beat = Heartbeat(pool, "host-a", Lease(30), lambda: [x], lambda: None,
+                         lambda: None, acking=lambda: [x])
+        return await beat.beat(), beat, written
+
+    lost, beat, written = run_with_pool(dsn, scenario)
+    assert written.done == 1
+    assert lost == set() and beat.lost == 0
+
+
 # --- two claims racing for two concurrency keys -----------------------------------------------
 
 
