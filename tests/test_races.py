@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import RUN, events, listeners, read_records, start_pgpool, wait_until
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -258,3 +259,28 @@ def test_claims_run_read_committed_whatever_the_database_default(fresh_dsn, leve
     assert not isinstance(got, BaseException), f"the claim failed: {got!r}"
     assert [j.id for j in got] == [free]
     assert shown == "read committed"
+
+
+def test_two_hosts_drain_a_serializable_database_without_serialization_errors(
+        fresh_dsn, record_dir):
+    # The same with real hosts: two of them (four claim loops) drain jobs from a database
+    # whose default is serializable; their claims, heartbeats and acks contend all along.
+    with psycopg.connect(fresh_dsn, autocommit=True) as db:
+        pgpool.migrate(db)
+        db.execute(f"ALTER DATABASE {db.info.dbname} "
+                   "SET default_transaction_isolation = 'serializable'")
+        hosts = [start_pgpool(fresh_dsn, *RUN, "--procs", "2", record_dir=record_dir)
+                 for _ in range(2)]
+        for host in hosts:
+            host.event("started")
+        wait_until(lambda: len(listeners(db)) == 2, "both LISTENs")
+        pgpool.enqueue_many(db, "record", ({"n": i} for i in range(3000)))
+        wait_until(lambda: db.execute("SELECT count(*) FROM pgpool_jobs").fetchone() == (0,),
+                   "every job to be acked", 180, interval=0.2)
+        for host in hosts:
+            assert host.stop() == 0, host.stderr
+        failing = [(e["what"], e["error"]) for h in hosts for e in events(h.stderr, "failing")]
+        assert failing == []
+        ended = [r[0] for r in read_records(record_dir) if r[3] == "end"]
+        assert len(ended) == len(set(ended)) == 3000
+        assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone() == (0,)
