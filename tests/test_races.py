@@ -56,27 +56,28 @@ def rows(db: psycopg.Connection, query: str, *params: Any) -> list[tuple[Any, ..
     return db.execute(query, params).fetchall()
 
 
-async def waiting_on_lock(db: psycopg.AsyncConnection, like: str) -> int | None:
-    """The pid of a backend whose query contains ``like`` and that waits for a lock."""
+async def waiting_on_lock(db: psycopg.AsyncConnection, like: str) -> int:
+    """How many backends of this database whose query contains ``like`` (any query: "")
+    wait for a lock."""
     cur = await db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> "
-        "pg_backend_pid() AND strpos(query, %s) > 0", (like,))
-    row = await cur.fetchone()
-    return row[0] if row else None
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database() AND pid <> pg_backend_pid()"
+        " AND strpos(query, %s) > 0", (like,))
+    return (await cur.fetchone())[0]
 
 
 async def until_waiting(db: psycopg.AsyncConnection, like: str,
-                        task: asyncio.Task[Any] | None = None) -> bool:
-    """Wait until a statement containing ``like`` waits for a lock (True), or ``task``
-    ended without ever waiting (False). Fails the test after `DEADLINE`."""
+                        task: asyncio.Task[Any] | None = None, count: int = 1) -> bool:
+    """Wait until ``count`` statements containing ``like`` wait for a lock (True), or
+    ``task`` ended without that (False). Fails the test after `DEADLINE`."""
     deadline = time.monotonic() + DEADLINE
     while time.monotonic() < deadline:
-        if await waiting_on_lock(db, like) is not None:
+        if await waiting_on_lock(db, like) >= count:
             return True
         if task is not None and task.done():
             return False
         await asyncio.sleep(0.01)
-    pytest.fail(f"no statement like {like!r} waited for a lock within {DEADLINE}s")
+    pytest.fail(f"{count} statements like {like!r} did not wait for a lock in {DEADLINE}s")
 
 
 async def outcome(task: asyncio.Task[Any]) -> Any:
@@ -141,7 +142,7 @@ def test_a_heartbeat_and_the_ack_flush_it_covers_neither_deadlock_nor_lose_a_job
             acks.add(Ack.dead(y, "gave up"))
             acks.add(Ack.done(x))
             flushing = asyncio.create_task(acks.run())
-            await until_waiting(watch, "WITH done AS")  # holds X, waits for Y
+            assert await until_waiting(watch, "WITH done AS")  # holds X, waits for Y
             started = time.monotonic()
             beating = asyncio.create_task(beat.beat())
             await until_waiting(watch, "SET lease_until", beating)  # today: holds Y, waits
@@ -199,15 +200,11 @@ def test_claims_racing_for_two_concurrency_keys_end_without_an_error(db, dsn):
                 await psycopg.AsyncConnection.connect(dsn) as gate:
             await gate.execute("UPDATE pgpool_jobs SET state = 'running', locked_by = 'gate',"
                                " attempts = 1 WHERE kind = 'gate'")
+            # Only the claims ever wait here: any query will do.
             one = asyncio.create_task(claimer(pool, "host-a").claim(3))
-            await until_waiting(watch, "WITH RECURSIVE pairs")
+            assert await until_waiting(watch, "", one)  # for Z
             two = asyncio.create_task(claimer(pool, "host-b").claim(2))
-            deadline = time.monotonic() + DEADLINE
-            while len(await (await watch.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND strpos(query, 'WITH RECURSIVE pairs') > 0")).fetchall()) < 2:
-                assert time.monotonic() < deadline, "claim 2 never waited for claim 1"
-                await asyncio.sleep(0.01)
+            assert await until_waiting(watch, "", two, count=2)  # claim 2 for A
             await gate.rollback()
             return await outcome(one), await outcome(two)
 
@@ -250,7 +247,7 @@ def test_claims_run_read_committed_whatever_the_database_default(fresh_dsn, leve
                                 " WHERE id = %s", (taken,))
             await other.execute("LOCK TABLE pgpool_jobs IN SHARE MODE")
             claiming = asyncio.create_task(claimer(pool).claim(1))
-            await until_waiting(watch, "WITH RECURSIVE pairs", claiming)
+            assert await until_waiting(watch, "", claiming)  # for the table
             await other.commit()
             return shown[0], await outcome(claiming)
 
