@@ -25,6 +25,12 @@ P99_SAMPLES = 1000
 #: the winner's commit, so a second try almost always succeeds; past this, the claim loop's
 #: own back-off takes over.
 KEY_RACE_TRIES = 5
+#: How a claim loses that race. Two claims taking two keys each, in opposite orders, each
+#: wait for the other's uncommitted key: a deadlock, which the server ends after
+#: ``deadlock_timeout`` by aborting one of them, or ``lock_timeout`` first. A claim waits
+#: for no other lock (SKIP LOCKED) but a table's, held by a DDL statement.
+KEY_RACE_LOST = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
+                 psycopg.errors.LockNotAvailable)
 
 
 class RawJsonLoader(Loader):
@@ -36,11 +42,13 @@ class RawJsonLoader(Loader):
 
 async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None
                                ) -> None:
-    """Set up a pooled connection for the claimer: payloads stay raw bytes. With ``lease``
-    (the dispatcher's pool), every statement on it runs with `Lease.lock_timeout` and
-    `Lease.statement_timeout` (unless the DSN, role or database sets them): set once per
-    connection, not once per statement."""
+    """Set up a pooled connection for the claimer: payloads stay raw bytes, transactions
+    are read committed (`sql.READ_COMMITTED`). With ``lease`` (the dispatcher's pool),
+    every statement on it runs with `Lease.lock_timeout` and `Lease.statement_timeout`
+    (unless the DSN, role or database sets them): set once per connection, not once per
+    statement."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
+    await conn.execute(sql.READ_COMMITTED)
     if lease is not None:
         await conn.execute(sql.SESSION_TIMEOUTS, {
             "lock": f"{round(lease.lock_timeout * 1000)}ms",
@@ -141,7 +149,7 @@ class Claimer:
                     cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
                     rows = await cur.fetchall()
                     break
-                except psycopg.errors.UniqueViolation:
+                except KEY_RACE_LOST:
                     # Another claim took one of these concurrency keys first; the whole
                     # statement rolled back, so every job it had picked is still ready.
                     if tries == KEY_RACE_TRIES:

@@ -278,7 +278,8 @@ class Dispatcher:
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
         )
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
-                                   on_lost=self.pool.drop_lost, on_extended=self.pool.extend)
+                                   on_lost=self.pool.drop_lost, on_extended=self.pool.extend,
+                                   acking=self.completer.pending_jobs)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
         self.stager = Stager(db, interval=cfg.poll)
         self.scheduler = ClaimScheduler(

@@ -32,7 +32,10 @@ log = logging.getLogger("pgpool.heartbeat")
 class Heartbeat:
     """Every `Lease.beat_interval`, extend the leases of ``held()`` jobs.
 
-    Jobs the database no longer shows as ours are marked lost, then ``on_lost`` is called.
+    Jobs the database no longer shows as ours are marked lost, then ``on_lost`` is called;
+    but not the jobs ``acking()`` returns (their attempt is over and their ack is being
+    written: the beat may simply have found that ack written), nor a row another
+    transaction was changing (judged at the next beat).
     When heartbeats fail (an error, or no answer within a beat interval), they are retried
     every `Lease.retry_interval`; `at_risk` turns True after `Lease.at_risk_after` without
     one (stop claiming), and `check_expiry` marks every held job lost once
@@ -48,6 +51,8 @@ class Heartbeat:
         held: Callable[[], list[Job]],
         on_lost: Callable[[], None],
         on_extended: Callable[[], None],
+        *,
+        acking: Callable[[], list[Job]] = list,
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -55,6 +60,7 @@ class Heartbeat:
         self._held = held
         self._on_lost = on_lost
         self._on_extended = on_extended
+        self._acking = acking
         self._kicked = asyncio.Event()
         self.last_ok = time.monotonic()
         #: The last successful beat sent a statement (it holds jobs).
@@ -127,9 +133,11 @@ class Heartbeat:
             }
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HEARTBEAT, params)
-                kept = {(job_id, attempt) for job_id, attempt in await cur.fetchall()}
+                owned = await cur.fetchall()
+            kept = {(job_id, attempt) for job_id, attempt, extended in owned if extended}
+            busy = {(job_id, attempt) for job_id, attempt, extended in owned if not extended}
         else:
-            kept = set()
+            kept = busy = set()
         self.last_ok = started
         self.reached = bool(jobs)
         if kept:
@@ -138,11 +146,14 @@ class Heartbeat:
                 if (job.id, job.attempt) in kept:
                     job.deadline = deadline
             self._on_extended()
-        # A job acked while the heartbeat was in flight is simply gone, and one claimed
-        # meanwhile was not asked about; only attempts sent and not extended are lost.
+        # A job acked while the heartbeat was in flight is simply gone (and one whose ack
+        # is still being written may be), and one claimed meanwhile was not asked about;
+        # only attempts sent, not extended and not busy are lost.
         sent = {(j.id, j.attempt) for j in jobs}
+        unjudged = kept | busy | {(j.id, j.attempt) for j in self._acking()}
         lost = [j for j in self._held()
-                if (j.id, j.attempt) in sent and (j.id, j.attempt) not in kept and not j.lost]
+                if (j.id, j.attempt) in sent and (j.id, j.attempt) not in unjudged
+                and not j.lost]
         if lost:
             ids = sorted(j.id for j in lost)
             event(log, logging.WARNING, "lease_lost",

@@ -13,7 +13,9 @@ from .logs import event
 #: How many attempts of one job may go uncounted against its ``max_attempts``: attempts cut
 #: off by a dispatcher's shutdown (its grace period ran out) and attempts whose host died
 #: before they started. Bounded, so a job that always outlives the grace period cannot loop
-#: through deploys forever: past the bound, such attempts count like any other.
+#: through deploys forever: past the bound, such attempts count like any other. Claims handed
+#: back unstarted are never counted, but they share the counter (``interruptions``), so
+#: they use up this bound too.
 FREE_INTERRUPTIONS = 3
 
 

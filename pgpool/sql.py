@@ -125,6 +125,13 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
   AND source NOT IN ('client', 'user', 'database', 'database user')
 """
 
+#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): its
+#: statements are written for read committed, whatever the role, the database or the DSN
+#: make the default. Under repeatable read or serializable, a claim that meets a job taken
+#: since its snapshot, or an ack or a heartbeat that meets a row changed since, fails with
+#: a serialization error instead of looking again (read committed's re-check).
+READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
+
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, in fair order. SKIP LOCKED
 #: makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block foreign keys
 #: that reference a job. A job's ``max_attempts`` is fixed at its first claim from the
@@ -277,24 +284,49 @@ WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kin
 
 #: Extend the leases of every job this dispatcher holds, in one statement, and record which
 #: attempts have started in a worker (the reaper does not count an attempt that never
-#: started). Returns the ids still owned; the caller treats the rest as lost.
+#: started). Returns (id, attempt, extended) for each attempt still owned: extended, or
+#: owned as of the statement's snapshot but skipped; the caller treats the rest as lost.
+#:
+#: It never waits for a row lock (SKIP LOCKED): a row another transaction is changing
+#: (this host's own ack flush, whose order of locking rows differs, or an application's
+#: transaction) is skipped, returned not extended, and judged at the next beat. Waiting
+#: could deadlock with the ack flush, or hold every other lease up for ``lock_timeout``.
+#: The skipped rows are looked up only among the ids not extended (``NOT IN`` a hashed
+#: set): usually none.
 HEARTBEAT: Final = """
-UPDATE pgpool_jobs AS j
-SET lease_until = now() + make_interval(secs => %(lease)s),
-    started = j.started OR h.started
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
-            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
-            %(started)s::bool[])
-     AS h(id, attempt, owner, started)
-WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
-RETURNING j.id, j.attempts
+WITH h AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+                         array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+                         %(started)s::bool[])
+                  AS h(id, attempt, owner, started)
+), free AS (
+    SELECT j.id, h.started
+    FROM h JOIN pgpool_jobs AS j
+         ON j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), extended AS (
+    UPDATE pgpool_jobs AS j
+    SET lease_until = now() + make_interval(secs => %(lease)s),
+        started = j.started OR f.started
+    FROM free AS f
+    WHERE j.id = f.id
+    RETURNING j.id, j.attempts
+)
+SELECT id, attempts, true FROM extended
+UNION ALL
+SELECT h.id, h.attempt, false FROM h
+WHERE h.id NOT IN (SELECT id FROM extended)
+  AND EXISTS (SELECT FROM pgpool_jobs AS j
+              WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner)
 """
 
 #: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
-#: their delay is 0), hand back unstarted jobs
-#: (their claim did not count as an attempt), return attempts cut off by this host's
+#: their delay is 0), hand back unstarted jobs, return attempts cut off by this host's
 #: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
 #: pgpool_dead. Each arm is guarded by ownership. Returns how many rows each arm changed.
+#: A hand-back is ready at once and not counted either (``interruptions`` + 1): it keeps
+#: ``attempts``, so the next claim's (owner, attempt) is a new one, which the same
+#: hand-back sent again (its first answer lost, its commit not) cannot match.
 ACK: Final = """
 WITH done AS (
     DELETE FROM pgpool_jobs AS j
@@ -316,7 +348,8 @@ WITH done AS (
     RETURNING j.id
 ), released AS (
     UPDATE pgpool_jobs AS j
-    SET state = 'ready', locked_by = NULL, lease_until = NULL, attempts = j.attempts - 1
+    SET state = 'ready', locked_by = NULL, lease_until = NULL,
+        interruptions = j.interruptions + 1
     FROM unnest(%(release_ids)s::bigint[], %(release_attempts)s::int[],
                 array_fill(%(owner)s::text, ARRAY[cardinality(%(release_ids)s::bigint[])]))
          AS a(id, attempt, owner)

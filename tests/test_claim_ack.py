@@ -145,8 +145,11 @@ def test_grouped_ack_is_one_statement_and_guarded_by_owner_and_attempt(db, dsn):
     retried = rows(db, "SELECT attempts, last_error, run_at > now() + interval '50 seconds',"
                        " locked_by FROM pgpool_jobs WHERE id = %s", jobs[2].id)
     assert retried == [(1, "boom", True, None)]
-    released = rows(db, "SELECT attempts FROM pgpool_jobs WHERE id = %s", jobs[3].id)
-    assert released == [(0,)]  # handing back an unstarted job costs no attempt
+    # Handing back an unstarted job costs no attempt; the claim is kept (it is the
+    # ownership token) but not counted.
+    released = rows(db, "SELECT attempts, interruptions FROM pgpool_jobs WHERE id = %s",
+                    jobs[3].id)
+    assert released == [(1, 1)]
     # Cut off by a shutdown: ready now, the claim kept (it is the ownership token) but
     # not counted against max_attempts.
     interrupted = rows(db, "SELECT attempts, interruptions, run_at <= now(), last_error, "

@@ -203,6 +203,8 @@ def test_a_claim_that_took_most_of_the_lease_hands_its_jobs_back(db, dsn, record
                        "the job to be handed back")
     wait_until(lambda: [r for r in read_records(record_dir) if r[3] == "end"],
                "the job to run after all")
+    # Only the second claim ran (a claim number is never reused); the handed-back first
+    # claim was no attempt.
     assert sorted((r[0], r[1], r[3]) for r in read_records(record_dir)) == [
-        (job, 1, "end"), (job, 1, "start")]  # the handed-back claim was no attempt
+        (job, 2, "end"), (job, 2, "start")]
     assert host.stop() == 0, host.stderr

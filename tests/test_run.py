@@ -265,10 +265,11 @@ def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_di
     assert host.stop() == 0, host.stderr
     (started,) = starts(record_dir)
     assert [r[3] for r in read_records(record_dir)] == ["start", "end"]
-    # The finished job was acked; every other job is ready again, with no attempt spent.
-    left = db.execute("SELECT id, state, attempts, locked_by FROM pgpool_jobs "
+    # The finished job was acked; every other job is ready again, with no attempt spent
+    # (its claim kept as the ownership token, not counted).
+    left = db.execute("SELECT id, state, attempts, interruptions, locked_by FROM pgpool_jobs "
                       "ORDER BY id").fetchall()
-    assert left == [(i, "ready", 0, None) for i in ids if i != started[0]]
+    assert left == [(i, "ready", 1, 1, None) for i in ids if i != started[0]]
     assert only_event(host.stderr, "stopping")["signal"] == "SIGTERM"
     finished = only_event(host.stderr, "finished")
     assert (finished["done"], finished["released"]) == (1, 5), finished
