@@ -462,7 +462,9 @@ class WorkerPool:
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).
         self._front_job(w, message.id)
-        self._next_started(w)
+        w.started_at = asyncio.get_running_loop().time()  # its next job starts now
+        if w.assigned:
+            w.assigned[0].started = True
         if len(w.assigned) <= self.depth // 2:
             self._assign()
 
@@ -475,14 +477,10 @@ class WorkerPool:
             w.dropped.discard(job)
         return job
 
-    def _next_started(self, w: _Worker) -> None:
-        """The worker answered its front job: the next one, if any, starts now."""
-        w.started_at = asyncio.get_running_loop().time()
+    def _finished(self, w: _Worker, outcome: Outcome) -> None:
+        w.started_at = asyncio.get_running_loop().time()  # its next job starts now
         if w.assigned:
             w.assigned[0].started = True
-
-    def _finished(self, w: _Worker, outcome: Outcome) -> None:
-        self._next_started(w)
         # A slow average: one job preempted for 5 ms among 3 us jobs must not swing the
         # batch and depth derived from it; a real change (jobs turning long) still moves it
         # at once, because the new times are so much larger.

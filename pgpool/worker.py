@@ -158,10 +158,10 @@ class _Inbox:
 
     The thread blocks the fence's signal, so only the handler thread can take it.
 
-    A job is pending, running (handed out by `next` until `finished`) or over, and `Drop`
-    reads which under the lock that `next` and `finished` take: a dropped job is skipped
-    if it is still pending, ended with the worker if it is running, and left alone once it
-    is over (its outcome is on its way; the dispatcher drops the result).
+    A job is pending, running (handed out by `next` until `finished`) or over, and an
+    `ipc.Drop` acts on which: a dropped job is skipped if it is still pending, ended with
+    the worker if it is running, and left alone once it is over (its outcome is on its way;
+    the dispatcher drops the result).
     """
 
     def __init__(self, rfd: int, timer: fence.Fence) -> None:
@@ -171,7 +171,8 @@ class _Inbox:
         self.pending: deque[tuple[int, ipc.WorkItem]] = deque()
         self._received = 0
         self._dropped: set[int] = set()  # numbers of pending jobs not to start (ipc.Drop)
-        self._running: tuple[int, int] | None = None  # (id, attempt) handed out by next()
+        self._running: ipc.WorkItem | None = None  # handed out by next(), not finished
+        self._drops = False  # a Drop has come: see finished()
         self._reading = False  # the thread holds frames it read and has not handled yet
         self.stopping = False
         self._closed = False
@@ -196,7 +197,7 @@ class _Inbox:
                 if not (self._reading or self._unread.poll(0)):
                     seq, item = self.pending.popleft()
                     if seq not in self._dropped:
-                        self._running = (item.id, item.attempt)
+                        self._running = item
                     return seq, item
                 self._ready.wait(0.001)
 
@@ -210,9 +211,16 @@ class _Inbox:
 
     def finished(self) -> None:
         """The running job is over; called before its outcome is written, so that a `Drop`
-        that ends the worker for it never ends it after the outcome went out."""
-        with self._ready:
-            self._running = None
+        that ends the worker for it never ends it after the outcome went out.
+
+        No lock on the way of every job: this stores `_running`, then reads `_drops`;
+        `_drop` stores `_drops`, then reads `_running` (under the lock). One of the two
+        sees the other's store: either the drop finds this job over, or this waits for the
+        drop's decision, which may be to end the process."""
+        self._running = None
+        if self._drops:
+            with self._ready:
+                pass
 
     def take_all(self) -> list[int]:
         """The ids of the jobs not started, which the worker hands back."""
@@ -256,8 +264,10 @@ class _Inbox:
                 self._ready.notify()
 
     def _drop(self, lost: set[tuple[int, int]]) -> None:
+        self._drops = True  # before `_running` is read: see finished()
         with self._ready:
-            if self._running in lost:
+            running = self._running
+            if running is not None and (running.id, running.attempt) in lost:
                 # It started before the dispatcher knew it had: end it, and whatever its
                 # handler started, before it can run on (the lock keeps its outcome from
                 # going out meanwhile, and the next job from starting).
