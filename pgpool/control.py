@@ -9,7 +9,8 @@ lost. It reads two things:
   leaves those queues out of its claims; running jobs finish);
 - the time of the latest cancellation: when it changes, ``on_cancelled`` is called (the
   heartbeat then beats at once: a cancelled running job is gone from ``pgpool_jobs``, so
-  the beat finds its lease lost and the pool kills its worker, the path a lost lease takes).
+  the beat finds its lease lost and the pool kills its worker, or has the worker skip it if
+  it still waits in the worker's pipe: the path a lost lease takes).
 
 The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
 holds across restarts; until then the part polls like at any other time, so a database
