@@ -226,7 +226,7 @@ class Completer:
                   outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
         elif ack.kind == "interrupted":
             event(log, logging.WARNING, "job_interrupted",
-                  "%s cut off by shutdown (%s); ready again, not counted as an attempt",
+                  "%s cut off by this host (%s); ready again, not counted as an attempt",
                   job, outcome.cause, **fields)
         self.add(ack)
         return ack

@@ -9,9 +9,10 @@ lost. It reads two things:
   leaves those queues out of its claims; running jobs finish);
 - the cancelled attempts still in flight, as a digest of their ids: when it changes,
   ``on_cancelled`` is called (the heartbeat then beats at once: a cancelled running job has
-  no owner any more, so the beat finds its lease lost and the pool kills its worker, the
-  path a lost lease takes). A set rather than the latest time, so that a cancel committed
-  after a later-dated one is noticed too (`sql.CONTROL_POLL`).
+  no owner any more, so the beat finds its lease lost and the pool kills its worker, or has
+  the worker skip it if it still waits in the worker's pipe: the path a lost lease takes).
+  A set rather than the latest time, so that a cancel committed after a later-dated one is
+  noticed too (`sql.CONTROL_POLL`).
 
 The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
 holds across restarts; until then the part polls like at any other time, so a database

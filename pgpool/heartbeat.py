@@ -3,10 +3,11 @@
 The heartbeat is the only part that decides a lease is lost, and the only writer of
 `Job.lost`: when the database no longer shows an attempt as ours, or when no heartbeat has
 succeeded for `Lease.abandon_after`. It marks those jobs and calls ``on_lost``, which stops
-them (the pool kills a worker running one); every other part only reads the flag, and a
-lost job's result is dropped instead of acked. It also moves `Job.deadline` on for every
-job a heartbeat extended, then calls ``on_extended`` (the pool tells its workers, whose
-fence would otherwise end them at the old deadline: `pgpool.fence`).
+them (the pool kills a worker running one; a worker skips one still queued); every other
+part only reads the flag, and a lost job's result is dropped instead of acked. It also
+moves `Job.deadline` on for every job a heartbeat extended, then calls ``on_extended`` (the
+pool tells its workers, whose fence would otherwise end them at the old deadline:
+`pgpool.fence`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,13 @@ Every message is a named tuple of its own type, read by field at both ends:
         Extend(until)                every job sent before this one may run until
                                      ``until`` (its lease was extended); read at once,
                                      also while a job runs (see `pgpool.fence`)
+        Drop(jobs)                   these (id, attempt) jobs sent earlier lost their
+                                     lease: skip each not yet started; if one is running,
+                                     end at once, with its process group
     worker -> dispatcher
         Ready(pid) | Broken(reason)  once, after importing the handler modules
-        Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order
+        Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order;
+        Skipped(id)                  in their place for a job dropped before it started
         Returned(ids)                the unstarted jobs, answering Stop
         Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
                                      job still assigned to it is unstarted, even those sent
@@ -64,6 +68,10 @@ class Extend(NamedTuple):
     until: float  # time.monotonic(): no job this worker was sent before holds a shorter lease
 
 
+class Drop(NamedTuple):
+    jobs: list[tuple[int, int]]  # (id, attempt) of jobs sent earlier whose lease was lost
+
+
 class Ready(NamedTuple):
     pid: int
 
@@ -84,6 +92,10 @@ class Failed(NamedTuple):
     elapsed: float
 
 
+class Skipped(NamedTuple):
+    id: int  # a job `Drop` reached before it started: it did not run
+
+
 class Returned(NamedTuple):
     ids: list[int]
 
@@ -92,13 +104,13 @@ class Retiring(NamedTuple):
     reason: str
 
 
-ToWorker = Jobs | Stop | Extend
-FromWorker = Ready | Broken | Done | Failed | Returned | Retiring
+ToWorker = Jobs | Stop | Extend | Drop
+FromWorker = Ready | Broken | Done | Failed | Skipped | Returned | Retiring
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
-                                       Retiring, Extend)
+                                       Retiring, Extend, Drop, Skipped)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

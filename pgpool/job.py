@@ -58,5 +58,6 @@ class Outcome:
     #: A short cause for logs: the exception type, "timeout", "worker died: signal 9"...
     #: Logs carry this and never the error text, which may quote payload data.
     cause: str = ""
-    #: Cut off by this host's shutdown (its grace period ran out), not by the job itself.
+    #: Cut off by this host's shutdown (its grace period ran out), or killed with a job whose
+    #: lease was lost (`pgpool.pool.KILLED_WITH_LOST`): not by the job itself.
     interrupted: bool = False

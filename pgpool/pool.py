@@ -20,11 +20,12 @@ types of `pgpool.ipc`::
      │                                                                │   handler modules   │
      │                                                                │   imported once;    │
      │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
-     │                  Done | Failed; Returned | Retiring at the end │   handler.fn()      │
+     │                  Done | Failed | Skipped; Returned | Retiring  │   handler.fn()      │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
      │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)
      │                                  (the dispatcher's `_job_finished`: to its completer)
+     │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
      │    _kill_group() (what the handler started dies with it), _drain_results()
@@ -34,11 +35,12 @@ types of `pgpool.ipc`::
 
 Why one pair of pipes per worker rather than one shared call queue: the pool always knows
 which job each worker is running (the front of its `assigned`). That lets it kill exactly
-one worker at a job's deadline (`check_deadlines`) or when its lease is lost (`drop_lost`),
-attribute a crash to the one job that caused it, hand the worker's unstarted jobs to
-others, and replace it, while the rest of the pool carries on. A shared queue cannot say
-who held what, and a process killed while holding a shared queue's lock breaks the queue
-for everyone.
+one worker at a job's deadline (`check_deadlines`) or when its running job's lease is lost
+(`drop_lost`; a lost job still queued behind it is dropped from the worker's queue instead,
+`ipc.Drop`, and the job ahead runs on), attribute a crash to the one job that caused it,
+hand the worker's unstarted jobs to others, and replace it, while the rest of the pool
+carries on. A shared queue cannot say who held what, and a process killed while holding a
+shared queue's lock breaks the queue for everyone.
 
 Each worker also fences itself (`pgpool.fence`): every job carries its lease deadline
 (`Job.deadline`), and after each heartbeat `extend` sends every worker one `ipc.Extend`.
@@ -83,6 +85,7 @@ from multiprocessing.process import BaseProcess
 from . import fence, ipc, worker
 from .errors import HandlerError
 from .job import Job, Outcome
+from .logs import event
 
 log = logging.getLogger("pgpool.pool")
 
@@ -101,6 +104,8 @@ _SIGNALLED = "worker died: signal"
 #: Kill reasons (the cause recorded with the attempt), and the start of a hard timeout's.
 LEASE_LOST = "lease lost"
 TIMEOUT = "timeout"
+#: The cause of a job that was not lost, yet ran in a worker killed for a lost one.
+KILLED_WITH_LOST = "worker killed for another job's lost lease"
 
 
 @dataclass(eq=False)
@@ -120,6 +125,9 @@ class _Worker:
     #: Killed because the shutdown grace period ran out: its running job was interrupted.
     interrupted: bool = False
     retiring: str | None = None  # left on its own between jobs; nothing of it is running
+    #: Lost jobs of `assigned` it was told to drop (`ipc.Drop`): it skips them, or ends if
+    #: one had started.
+    dropped: set[Job] = field(default_factory=set)
 
     @property
     def running(self) -> Job | None:
@@ -259,23 +267,41 @@ class WorkerPool:
             yield from w.assigned
 
     def drop_lost(self) -> None:
-        """Forget jobs whose lease this host lost (the heartbeat marked them): unstarted
-        ones are dropped, and a worker holding one is killed so two attempts of a job never
-        run at the same time."""
+        """Forget jobs whose lease this host lost (the heartbeat marked them), so that two
+        attempts of a job never run at the same time: the backlog's are dropped, a worker
+        running one is killed, and one waiting in a worker's pipe is dropped there: the
+        worker skips it (or ends at once if it has just started it, `ipc.Drop`), and the job
+        running ahead of it runs on."""
         self._backlog = deque(j for j in self._backlog if not j.lost)
-        for w in self._workers.values():
-            # A lost job queued in a worker's pipe would start sooner or later: only
-            # killing the worker stops it. Its other unstarted jobs are requeued.
-            if any(job.lost for job in w.assigned):
-                self._kill(w, LEASE_LOST)
+        for w in list(self._workers.values()):
+            if w.kill_reason is not None or not any(job.lost for job in w.assigned):
+                continue
+            # Outcomes already written say which job runs now: maybe not the front one.
+            self._read_written(w)
+            running = w.running
+            if running is not None and running.lost:
+                self._kill(w, LEASE_LOST)  # its unstarted jobs are requeued, lost ones not
+                continue
+            drop = [job for job in w.assigned if job.lost and job not in w.dropped]
+            if not drop or w.kill_reason or w.retiring:
+                continue
+            w.dropped.update(drop)
+            self._send(w, ipc.Drop([(job.id, job.attempt) for job in drop]))
+            ids = sorted(job.id for job in drop)
+            event(log, logging.INFO, "lost_queued",
+                  "worker %d skips %d jobs whose lease was lost while they waited behind its "
+                  "running job (ids %s); that job runs on", w.index, len(drop),
+                  ", ".join(map(str, ids[:10])), worker=w.index, jobs=len(drop))
 
     def extend(self) -> None:
         """The heartbeat moved `Job.deadline` on: send each worker one `ipc.Extend`, for
         the earliest deadline among the jobs it was sent and has not answered (every job
-        it holds is one of those)."""
+        it holds is one of those), leaving out lost ones: their deadlines stay behind, and
+        none of them runs past this message (`drop_lost` told the worker before)."""
         for w in self._workers.values():
             if w.assigned and w.kill_reason is None:
-                until = min(job.deadline for job in w.assigned)
+                until = min((job.deadline for job in w.assigned if not job.lost),
+                            default=math.inf)
                 if until != math.inf:
                     self._send(w, ipc.Extend(until))
 
@@ -413,6 +439,8 @@ class WorkerPool:
                 self._on_done(w, message)
             case ipc.Failed():
                 self._on_failed(w, message)
+            case ipc.Skipped():
+                self._on_skipped(w, message)
             case ipc.Ready():
                 self._on_ready(w)
             case ipc.Returned():
@@ -431,11 +459,22 @@ class WorkerPool:
         job = self._front_job(w, message.id)
         self._finished(w, Outcome(job, message.error, message.elapsed, cause=message.cause))
 
+    def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
+        # Its lease was lost before it started: nothing to report (the heartbeat did).
+        self._front_job(w, message.id)
+        w.started_at = asyncio.get_running_loop().time()  # its next job starts now
+        if w.assigned:
+            w.assigned[0].started = True
+        if len(w.assigned) <= self.depth // 2:
+            self._assign()
+
     def _front_job(self, w: _Worker, job_id: int) -> Job:
         """The job an outcome is about: the front of `assigned`, which it leaves."""
         job = w.assigned.popleft()
         if job.id != job_id:  # the protocol is strictly in order; this is a bug
             raise RuntimeError(f"worker {w.index} answered job {job_id}, not {job.id}")
+        if w.dropped:
+            w.dropped.discard(job)
         return job
 
     def _finished(self, w: _Worker, outcome: Outcome) -> None:
@@ -488,6 +527,15 @@ class WorkerPool:
         if self._read_results(w) is None:
             self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
 
+    def _read_written(self, w: _Worker) -> None:
+        """Handle every message the worker has written so far, without waiting for more."""
+        while w.results >= 0:
+            got = self._read_results(w)
+            if got is None:
+                self._close_results(w)
+            if not got:
+                return
+
     def _read_results(self, w: _Worker) -> bool | None:
         """Handle what one read of the result pipe brings: True if it read something,
         False if nothing was waiting, None at EOF."""
@@ -534,6 +582,8 @@ class WorkerPool:
         """
         code = await self._exit_status(w)
         self._forget(w)
+        if w.kill_reason is None and w.running in w.dropped:
+            w.kill_reason = LEASE_LOST  # it ended itself for it (`ipc.Drop`)
         cause = w.kill_reason or _describe_exit(code)
         self._fail_running(w, cause)
         self._requeue(w)  # the jobs queued behind it never started
@@ -564,7 +614,13 @@ class WorkerPool:
             log.warning("worker %d (pid %s): %s, %s: not acked, it runs again once its "
                         "lease ends", w.index, w.process.pid, cause, job)
             return
-        self._report_outcome(Outcome(job, cause, 0.0, cause=cause, interrupted=w.interrupted))
+        interrupted = w.interrupted
+        if cause == LEASE_LOST and not job.lost:
+            # Killed for the lost job ahead of it, which ended just before the kill (after
+            # `drop_lost` read what the worker had written): this one had only just
+            # started, and is not to blame. It runs again, the attempt not counted.
+            cause, interrupted = KILLED_WITH_LOST, True
+        self._report_outcome(Outcome(job, cause, 0.0, cause=cause, interrupted=interrupted))
 
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the

@@ -4,9 +4,11 @@ It imports the handler modules once, then loops: take the next job, run it (deco
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
 or `ipc.Failed`) per job to the result pipe. A reader thread (`_Inbox`) drains the task
 pipe meanwhile: jobs queue up in order, an `ipc.Stop` is seen before the next job starts
-(a stopping dispatcher gets its unstarted jobs back, `ipc.Returned`), and an `ipc.Extend`
-moves the lease deadline at once, even while a handler runs. Each job runs under the
-fence's kernel timer (`pgpool.fence`): past its deadline, the kernel ends the process.
+(a stopping dispatcher gets its unstarted jobs back, `ipc.Returned`), an `ipc.Extend`
+moves the lease deadline at once, even while a handler runs, and an `ipc.Drop` (jobs whose
+lease was lost) makes the worker skip those not started (`ipc.Skipped`), or end at once
+with its process group if one of them is running. Each job runs under the fence's kernel
+timer (`pgpool.fence`): past its deadline, the kernel ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
 its dispatcher: on Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also
 sees its task pipe close. It leads its own process group, which the dispatcher kills with
@@ -122,12 +124,18 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
                 ipc.write_all(wfd, ipc.encode(ipc.Returned(inbox.take_all())))
             return
         seq, item = job
+        if inbox.skip(seq):  # its lease was lost while it waited: it must not start
+            ipc.write_all(wfd, ipc.encode(ipc.Skipped(item.id)))
+            if not inbox.pending:
+                setproctitle(idle_title)
+            continue
         if not timer.start(seq, item.deadline):
             # Its lease may be gone already: it must not start. End the way the timer
             # would have, so the pool reads it the same way.
             os.kill(os.getpid(), fence.SIGNAL)
         setproctitle(f"{prefix}: {item.kind}#{item.id}")
         outcome = _run(handlers, item, streams)
+        inbox.finished()
         ipc.write_all(wfd, ipc.encode(outcome))
         finished += 1
         retire = None
@@ -149,6 +157,11 @@ class _Inbox:
     (counted from 0), which tells `Fence` which extensions cover it.
 
     The thread blocks the fence's signal, so only the handler thread can take it.
+
+    A job is pending, running (handed out by `next` until `finished`) or over, and an
+    `ipc.Drop` acts on which: a dropped job is skipped if it is still pending, ended with
+    the worker if it is running, and left alone once it is over (its outcome is on its way;
+    the dispatcher drops the result).
     """
 
     def __init__(self, rfd: int, timer: fence.Fence) -> None:
@@ -157,6 +170,10 @@ class _Inbox:
         self._ready = threading.Condition(threading.Lock())
         self.pending: deque[tuple[int, ipc.WorkItem]] = deque()
         self._received = 0
+        self._dropped: set[int] = set()  # numbers of pending jobs not to start (ipc.Drop)
+        self._running: ipc.WorkItem | None = None  # handed out by next(), not finished
+        self._drops = False  # a Drop has come: see finished()
+        self._reading = False  # the thread holds frames it read and has not handled yet
         self.stopping = False
         self._closed = False
         self._unread = select.poll()
@@ -175,11 +192,35 @@ class _Inbox:
                     self._ready.wait()
                 if self.stopping or self._closed:
                     return None
-                # Frames already in the pipe are read first: a Stop sent before this job
-                # could start must keep it from starting (it is handed back).
-                if not self._unread.poll(0):
-                    return self.pending.popleft()
+                # Frames already in the pipe are read, and handled, first: a Stop or a Drop
+                # sent before this job could start must keep it from starting.
+                if not (self._reading or self._unread.poll(0)):
+                    seq, item = self.pending.popleft()
+                    if seq not in self._dropped:
+                        self._running = item
+                    return seq, item
                 self._ready.wait(0.001)
+
+    def skip(self, seq: int) -> bool:
+        """Whether job ``seq``, just taken from `next`, was dropped: it must not start."""
+        if seq not in self._dropped:  # only pending jobs are added: this cannot change now
+            return False
+        with self._ready:
+            self._dropped.discard(seq)
+        return True
+
+    def finished(self) -> None:
+        """The running job is over; called before its outcome is written, so that a `Drop`
+        that ends the worker for it never ends it after the outcome went out.
+
+        No lock on the way of every job: this stores `_running`, then reads `_drops`;
+        `_drop` stores `_drops`, then reads `_running` (under the lock). One of the two
+        sees the other's store: either the drop finds this job over, or this waits for the
+        drop's decision, which may be to end the process."""
+        self._running = None
+        if self._drops:
+            with self._ready:
+                pass
 
     def take_all(self) -> list[int]:
         """The ids of the jobs not started, which the worker hands back."""
@@ -190,8 +231,13 @@ class _Inbox:
 
     def _read(self) -> None:
         decoder = ipc.Decoder()
+        incoming = select.poll()  # its own: `_unread` is the handler thread's
+        incoming.register(self._rfd, select.POLLIN)
         while True:
-            data = os.read(self._rfd, 1 << 16)  # releases the GIL while it waits
+            incoming.poll()  # releases the GIL while it waits
+            with self._ready:  # set while what it reads is still in the pipe, for `next`
+                self._reading = True
+            data = os.read(self._rfd, 1 << 16)
             if not data:
                 with self._ready:
                     self._closed = True
@@ -211,6 +257,23 @@ class _Inbox:
                         with self._ready:
                             self.stopping = True
                             self._ready.notify()
+                    case ipc.Drop():
+                        self._drop(set(message.jobs))
+            with self._ready:
+                self._reading = False
+                self._ready.notify()
+
+    def _drop(self, lost: set[tuple[int, int]]) -> None:
+        self._drops = True  # before `_running` is read: see finished()
+        with self._ready:
+            running = self._running
+            if running is not None and (running.id, running.attempt) in lost:
+                # It started before the dispatcher knew it had: end it, and whatever its
+                # handler started, before it can run on (the lock keeps its outcome from
+                # going out meanwhile, and the next job from starting).
+                os.killpg(0, signal.SIGKILL)
+            self._dropped.update(seq for seq, item in self.pending
+                                 if (item.id, item.attempt) in lost)
 
 
 def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,
