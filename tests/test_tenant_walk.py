@@ -58,6 +58,19 @@ def test_a_claim_walks_past_tenants_at_the_cap(db, dsn):
     assert in_registry(dsn, claims) == (a[:1], b)
 
 
+def test_a_tenant_whose_first_job_waits_on_its_key_still_gives_a_later_one(db, dsn):
+    # The walk judges a tenant by its first job; the claim still reads the rest of its jobs.
+    (running,) = enqueue(db, "a", 1, key="ka")
+    db.execute("UPDATE pgpool_jobs SET state = 'running', locked_by = 'elsewhere', "
+               "attempts = 1 WHERE id = %s", (running,))
+    enqueue(db, "a", 1, key="ka")
+    free = enqueue(db, "a", 1)
+    enqueue(db, "b", 1, key="ka")
+
+    jobs = in_registry(dsn, lambda pool: claimer(pool).claim(2))
+    assert [j.id for j in jobs] == free
+
+
 def test_a_claim_fills_its_batch_from_tenants_past_a_window_of_blocked_ones(db, dsn):
     # Four tenants come first in the walk, each with its key running; four more have a
     # job each that can run. A claim of 4 visits 4 tenants before the rest: it must take
