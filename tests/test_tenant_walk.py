@@ -1,9 +1,9 @@
-"""The claim's walk over tenants goes on past tenants that yield nothing (at the tenant cap,
-or every ready job waiting on a running concurrency key), so other tenants' ready jobs do
-not wait, a worker free, for the blocking jobs to end (issue 19, item 2).
+"""The claim's walk over tenants goes on past tenants that give nothing now (at the tenant
+cap, or their first job waiting on a running concurrency key), so other tenants' ready jobs
+do not wait, a worker free, for the blocking jobs to end (issue 19, item 2).
 
-Claims are checked on a `Claimer` against the real database, a host with real
-`pgpool run` processes; nothing here asserts wall-clock times.
+Claims are checked on a `Claimer` against the real database, a host's behaviour with a real
+`pgpool run`; nothing here asserts wall-clock times.
 """
 
 from __future__ import annotations
