@@ -155,6 +155,12 @@ class Claimer:
                     if tries == KEY_RACE_TRIES:
                         raise
         rtt = time.monotonic() - started
+        if rows and rows[0][0] is None:
+            # Nothing claimed, and a walk went past `sql.TENANT_SKIPS` tenants that gave
+            # nothing: the one row, with no job, says where it stopped. The next claim goes
+            # on from there instead of visiting those tenants again.
+            self._after = rows[0][8]
+            rows = []
         self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)

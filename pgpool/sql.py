@@ -132,6 +132,13 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
 #: a serialization error instead of looking again (read committed's re-check).
 READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
 
+#: Tenants that give nothing now (at --tenant-cap, or their first job waiting on a running
+#: concurrency key) that `CLAIM`'s walk goes past in each (queue, kind) pair, beyond the
+#: ``limit`` that can give a job: a bound on what one claim reads. Each costs about three
+#: index descents (finding it, probing its key, the scan of its jobs that finds nothing),
+#: more with a backlog of jobs waiting on its key (README "Fairness", "What it costs").
+TENANT_SKIPS: Final = 100
+
 #: Claim up to ``limit`` ready jobs of the given queues and kinds, in fair order. SKIP LOCKED
 #: makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block foreign keys
 #: that reference a job. A job's ``max_attempts`` is fixed at its first claim from the
@@ -145,10 +152,17 @@ READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
 #: Rows a scan locked but the batch did not take stay ready when the statement ends.
 #:
 #: Fairness (README "Fairness"; the parts marked "fair:" below):
-#: - ``tenants``: a loose index scan (one index descent per tenant) lists the tenants with
+#: - ``walk``: a loose index scan (one index descent per tenant) lists the tenants with
 #:   ready jobs in each pair, starting after the claimer's cursor ``after`` and wrapping
-#:   round, at most ``limit`` of them: its cost grows with the number of tenants waiting,
-#:   never with any tenant's backlog. Jobs without a tenant are the group ''.
+#:   round, until ``limit`` of them can give a job: its cost grows with the number of
+#:   tenants waiting, never with any tenant's backlog. Jobs without a tenant are the group
+#:   ''. A tenant that gives nothing now does not count (no room under the cap, or its
+#:   first job's concurrency key is running, read off the descent's own index entry plus
+#:   one probe of pgpool_jobs_key_running), up to `TENANT_SKIPS` of them: without that, a
+#:   window of such tenants right after the cursor made every claim come back empty while
+#:   other tenants waited. A claim that takes nothing after a walk went past that many
+#:   returns one row with no job, naming where that walk stopped (the least far round):
+#:   the claimer's next walk starts there.
 #: - ``room``: with ``tenant_cap``, how many more of a tenant's jobs may run now (its
 #:   running jobs in any queue counted on an index, at most the cap's worth of them).
 #: - ``fair``: each tenant's equal share of the batch first; ``spare``: what the others did
@@ -172,37 +186,44 @@ CLAIM: Final = """
 WITH RECURSIVE pairs AS (
     SELECT q.queue, k.kind
     FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
-), tenants AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
-    SELECT p.queue, p.kind, f.lowest, coalesce(f.next, f.lowest) AS first,
-           coalesce(f.next, f.lowest) AS tenant, 1 AS n
-    FROM pairs AS p
-    CROSS JOIN LATERAL (SELECT
-        (SELECT tenant FROM pgpool_jobs
-         WHERE state = 'ready' AND queue = p.queue AND kind = p.kind AND tenant > %(after)s
-         ORDER BY tenant LIMIT 1) AS next,
-        (SELECT tenant FROM pgpool_jobs  -- where the walk wraps round to, found once
-         WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
-         ORDER BY tenant LIMIT 1) AS lowest
-        OFFSET 0) AS f  -- not inlined: its subqueries run once, not per use
-    WHERE f.lowest IS NOT NULL
+), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
+    SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
+           %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
+    FROM pairs AS p  -- n = 0: the cursor, where the walk starts, not a tenant
+    CROSS JOIN LATERAL (  -- where the walk wraps round to, found once
+        SELECT tenant AS lowest, concurrency_key AS lowest_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS f
     UNION ALL
-    SELECT t.queue, t.kind, t.lowest, t.first, x.tenant, t.n + 1
-    FROM tenants AS t
-    CROSS JOIN LATERAL (SELECT coalesce(
-        (SELECT tenant FROM pgpool_jobs
-         WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
-         ORDER BY tenant LIMIT 1), t.lowest) AS tenant
-        OFFSET 0) AS x  -- not inlined: its subquery runs once, not per use
-    WHERE t.n < %(limit)s AND x.tenant <> t.first
+    SELECT t.queue, t.kind, t.lowest, t.lowest_key, coalesce(t.first, x.tenant), x.tenant,
+           t.n + 1, t.skipped + CASE  -- a tenant that gives nothing now: go on past it
+               WHEN r.room = 0 THEN 1 WHEN x.key IS NULL THEN 0
+               WHEN EXISTS (SELECT FROM pgpool_jobs AS k  -- its first job's key runs
+                            WHERE k.concurrency_key = x.key AND k.state = 'running') THEN 1
+               ELSE 0 END,
+           r.room
+    FROM walk AS t
+    LEFT JOIN LATERAL (  -- the next tenant's first job, in claim order
+        SELECT tenant, concurrency_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS nx ON true
+    CROSS JOIN LATERAL (SELECT coalesce(nx.tenant, t.lowest) AS tenant,
+        CASE WHEN nx.tenant IS NULL THEN t.lowest_key ELSE nx.concurrency_key END AS key
+        ) AS x
+    CROSS JOIN LATERAL (SELECT  -- --tenant-cap: how many more of its jobs may run now
+        CASE WHEN %(tenant_cap)s::int IS NULL OR x.tenant = '' THEN %(limit)s
+             ELSE greatest(0, %(tenant_cap)s::int - (
+                 SELECT count(*) FROM (
+                     SELECT FROM pgpool_jobs AS r
+                     WHERE r.tenant = x.tenant AND r.state = 'running' AND r.tenant <> ''
+                     LIMIT %(tenant_cap)s) AS r))::int END AS room
+        OFFSET 0) AS r  -- not inlined: its subquery runs once, not per use
+    WHERE (t.n = 0 OR x.tenant <> t.first)
+      AND t.n - t.skipped < %(limit)s AND t.skipped < """ + str(TENANT_SKIPS) + """
+), tenants AS (
+    SELECT queue, kind, tenant, room FROM walk WHERE n > 0
 ), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
-    SELECT d.tenant,
-           CASE WHEN %(tenant_cap)s::int IS NULL OR d.tenant = '' THEN %(limit)s
-                ELSE greatest(0, %(tenant_cap)s::int - (
-                    SELECT count(*) FROM (
-                        SELECT FROM pgpool_jobs AS r
-                        WHERE r.tenant = d.tenant AND r.state = 'running' AND r.tenant <> ''
-                        LIMIT %(tenant_cap)s) AS r))::int END AS room
-    FROM (SELECT DISTINCT tenant FROM tenants) AS d
+    SELECT DISTINCT tenant, room FROM tenants
 ), share AS (  -- fair: the equal share of the batch of each tenant with room
     SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
     FROM room WHERE room > 0
@@ -269,9 +290,13 @@ WITH RECURSIVE pairs AS (
               extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
               j.run_at
 )
-SELECT id, kind, queue, attempts, interruptions, max_attempts, payload, waited, tenant
-FROM claimed
-ORDER BY priority DESC, run_at, id  -- claim order: the workers take them in this order
+SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
+       c.waited, coalesce(c.tenant, w.tenant)
+FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
+      FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
+LEFT JOIN claimed AS c ON true
+WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a row with no job
+ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
