@@ -146,6 +146,8 @@ def _guard(worker: int, title: str) -> None:
     """Wait for the process of pidfd ``worker`` to end, then SIGKILL this process group,
     this process included."""
     try:
+        # Only SIGKILL (or SIGSTOP) may stop it: not a signal a handler sends its own group.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         # Hold nothing of the worker's: its pipes must close when it dies, and the output
         # of a host ends when its workers do.
         for fd in map(int, os.listdir("/proc/self/fd")):
