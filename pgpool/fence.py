@@ -16,6 +16,22 @@ before the process returns to user space on SIGCONT). SIGALRM is blocked in ever
 but the one that runs handlers, so that thread is the one that takes it. The pool reads a
 worker's death by SIGALRM as `DEADLINE_PASSED`.
 
+The timer ends the worker only, and its dispatcher, which kills a dead worker's process
+group (what the handler started: ffmpeg, a shell loop), may be the very process that cannot
+act. So each worker also starts a guard (`guard_group`): a small process in the worker's
+process group that waits on a pidfd of the worker and SIGKILLs the whole group, itself
+included, as soon as the worker has ended, whoever ended it: the timer, the kernel after
+the dispatcher died (PR_SET_PDEATHSIG), a crash, or the worker's own return. The rest of
+the group thus runs past the deadline only while the kernel tears the worker down and the
+guard is woken: milliseconds (more for a worker holding gigabytes), taken from the lease's
+margin. That holds after a whole host is thawed past the deadline too: the worker runs no
+more code, and what it started runs for that long. The guard is no child of the worker
+(a handler waiting for "any child" never sees it) and holds none of its descriptors but
+the pidfd. A process that leaves the group (setsid, setpgid, a double-forking daemon)
+escapes it, as it escapes the dispatcher's kill. Making the worker a child subreaper would
+not catch those: the worker is dead, and its orphans re-parented past it, by the time
+anything could act on them.
+
 Extensions arrive on the task pipe, which a reader thread drains while a handler runs
 (`pgpool.worker`); it re-arms the timer under `Fence`'s lock. That thread needs the GIL for
 a few microseconds per message: a handler that holds the GIL without a break for longer
@@ -24,11 +40,16 @@ than its deadline is away is ended even though its lease holds.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import select
 import signal
 import threading
 import time
 from typing import Final
+
+from setproctitle import setproctitle
 
 #: The signal the fence reserves: handlers must not handle, ignore or block it, nor arm
 #: ``signal.alarm`` / ``setitimer(ITIMER_REAL)``.
@@ -97,3 +118,50 @@ def reserve() -> None:
     """Give the fence's signal its default action (terminate), in case the interpreter's
     parent left it otherwise."""
     signal.signal(SIGNAL, signal.SIG_DFL)
+
+
+def guard_group(title: str) -> None:
+    """Start the guard of this process's group (see the module's text), named ``title``.
+    Call it in a process group leader before any handler code runs, and before any thread
+    starts (it forks). Raises OSError if the guard cannot be started."""
+    me = os.pidfd_open(os.getpid())
+    try:
+        # Fork twice: the guard is orphaned at once, so it is no child of this process.
+        middle = os.fork()
+        if middle == 0:
+            try:
+                if os.fork() == 0:
+                    _guard(me, title)  # never returns: it ends with the group
+                os._exit(0)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(middle, 0)
+        if status:
+            raise OSError("cannot fork the lease fence's guard process")
+    finally:
+        os.close(me)
+
+
+def _guard(worker: int, title: str) -> None:
+    """Wait for the process of pidfd ``worker`` to end, then SIGKILL this process group,
+    this process included."""
+    try:
+        # Only SIGKILL (or SIGSTOP) may stop it: not a signal a handler sends its own group.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        # Hold nothing of the worker's: its pipes must close when it dies, and the output
+        # of a host ends when its workers do.
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            if fd > 2 and fd != worker:
+                with contextlib.suppress(OSError):  # the listing's own, closed already
+                    os.close(fd)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        setproctitle(title)
+        ended = select.poll()
+        ended.register(worker, select.POLLIN)
+        ended.poll()  # a pidfd turns readable once its process has exited
+    finally:
+        # On an error too: a worker must not run handlers without its guard.
+        os.killpg(0, signal.SIGKILL)

@@ -59,9 +59,10 @@ failure.
 Each worker leads its own process group (`worker.main` calls setpgid before it imports a
 handler), and `_kill` signals the whole group: a handler's children and grandchildren die
 with the attempt. When a worker ends on its own (retiring, stopping) whatever is left in
-its group is killed too, so nothing a handler started outlives it. A child that leaves the
-group on purpose (setsid, a double-forking daemon) escapes this; when the dispatcher runs as
-PID 1 it still reaps it (`pgpool.init`).
+its group is killed too, so nothing a handler started outlives it. The worker's own side
+does the same without the pool (`fence.guard_group`), for when the dispatcher cannot act:
+frozen, or dead. A child that leaves the group on purpose (setsid, a double-forking daemon)
+escapes this; when the dispatcher runs as PID 1 it still reaps it (`pgpool.init`).
 
 Workers are started with the ``spawn`` method: a fresh interpreter that inherits none of
 the dispatcher's threads, sockets or event loop.

@@ -12,7 +12,8 @@ timer (`pgpool.fence`): past its deadline, the kernel ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
 its dispatcher: on Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also
 sees its task pipe close. It leads its own process group, which the dispatcher kills with
-it. See `pgpool.pool` for the whole picture.
+it, and which the fence's guard process kills once it has ended, even if the dispatcher
+cannot. See `pgpool.pool` for the whole picture.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     prefix = f"pgpool worker {index}"
     setproctitle(f"{prefix}: starting")
     rfd, wfd = tasks.fileno(), results.fileno()
+    try:  # ends the group once this process ends, whether or not the dispatcher can act
+        fence.guard_group(f"pgpool fence of worker {index}")
+    except OSError as exc:
+        ipc.write_all(wfd, ipc.encode(ipc.Broken(f"cannot start the lease fence: {exc}")))
+        return
     schedules.skip_time_checks()
     try:
         handlers = registry.load(modules)

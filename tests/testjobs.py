@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -197,3 +198,16 @@ def gated(payload: dict) -> None:
             raise TimeoutError("the test never released this job")
         time.sleep(0.005)
     _record("end")
+
+
+@pgpool.handler("spawner", max_attempts=1)
+def spawner(payload: dict) -> None:
+    """Start a shell loop that appends the wall-clock time (``date +%s.%N``) to
+    ``payload["file"]`` every 50 ms, write its pid to ``<file>.pid``, then sleep
+    ``payload["seconds"]``: shelled-out work that runs for as long as its process does."""
+    loop = 'while :; do date +%s.%N >> "$1"; sleep 0.05; done'
+    child = subprocess.Popen(["sh", "-c", loop, "sh", payload["file"]])
+    with open(payload["file"] + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(payload["file"] + ".tmp", payload["file"] + ".pid")
+    time.sleep(payload["seconds"])
