@@ -84,7 +84,9 @@ def by_job(record_dir: Path) -> dict[int, list[tuple[int, str]]]:
 def test_cancelling_a_queued_job_leaves_the_job_running_ahead_of_it_alone(
         db, dsn, record_dir, tmp_path):
     release = tmp_path / "release"
-    host, running, queued = start_two(db, dsn, record_dir, release)
+    # A short lease: the cancelled job keeps its row (running, no owner) until its lease
+    # ends, and only then is dead-lettered.
+    host, running, queued = start_two(db, dsn, record_dir, release, "--lease", "6")
     done = run_pgpool(dsn, "cancel", str(queued))
     assert done.returncode == 0, done.stderr
     assert host.event("lease_lost")["jobs"] == 1
@@ -92,7 +94,7 @@ def test_cancelling_a_queued_job_leaves_the_job_running_ahead_of_it_alone(
 
     release.touch()
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0,
-               "the running job to finish and be acked")
+               "the running job to be acked and the cancelled one dead-lettered")
     # It ran once, to its end, on the worker it started on: done on its first attempt.
     assert by_job(record_dir) == {running: [(1, "start"), (1, "end")]}
     pids = {pid for job_id, _, pid, _ in read_records(record_dir)}
