@@ -87,9 +87,9 @@ class Hub:
         """The latest snapshot, waiting up to ``timeout`` seconds for the first one."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.latest is not None or self._closed),
-                    timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see `_refresh`
+                    await self._changed.wait_for(
+                        lambda: self.latest is not None or self._closed)
         return self.latest
 
     async def updates(self) -> AsyncIterator[tuple[str, bytes]]:
@@ -138,8 +138,11 @@ class Hub:
         failures = Failures(log, "dashboard snapshot")
         last = -MIN_GAP
         while True:
+            # Not wait_for: on Python 3.11 it swallows a cancel that comes as the poke
+            # does, and this loop would then outlive the server's stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), PERIOD)
+                async with asyncio.timeout(PERIOD):
+                    await self._poke.wait()
             if self._poke.is_set():
                 await asyncio.sleep(max(DEBOUNCE, last + MIN_GAP - time.monotonic()))
             self._poke.clear()
