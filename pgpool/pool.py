@@ -193,7 +193,10 @@ class WorkerPool:
         for index in range(self.procs):
             await self._spawn(index)
         try:
-            await asyncio.wait_for(self._startup, timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # comes in the same turn as the future's result.
+            async with asyncio.timeout(timeout):
+                await self._startup
         except TimeoutError:
             await self.kill_all()
             raise HandlerError(
