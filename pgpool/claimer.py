@@ -143,7 +143,10 @@ class Claimer:
         if not params["queues"]:
             return []  # every queue it serves is paused
         started = time.monotonic()
-        async with self._pool.connection() as conn:
+        # No longer than claiming goes on without a heartbeat: with the database gone, a
+        # claim would otherwise wait out the pool's 30 s for a connection, and a stop waits
+        # for the claim in flight. Its jobs would be handed back by then anyway.
+        async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             for tries in range(1, KEY_RACE_TRIES + 1):
                 try:
                     cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})

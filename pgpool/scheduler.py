@@ -152,6 +152,8 @@ class ClaimScheduler:
         self.burst = burst
         self.poll = poll
         self._wakes = [asyncio.Event() for _ in range(CLAIM_LOOPS)]
+        #: One run of claim failures for both loops: an outage is logged once, not per loop.
+        self._failures = Failures(log, "claim")
         #: What each idle loop waits for, by its event.
         self._waiting: dict[asyncio.Event, Wait] = {}
         #: Jobs asked for by claims in flight: room the pool will need when they return.
@@ -245,7 +247,7 @@ class ClaimScheduler:
             raise
 
     async def _loop(self, wake: asyncio.Event) -> None:
-        failures = Failures(log, "claim")
+        failures = self._failures
         while not (self._stopping or self.drained):
             wake.clear()
             try:
@@ -254,7 +256,8 @@ class ClaimScheduler:
                 failures.failed(exc)
                 await self._wait(wake, Wait.WORK, backoff(failures.count, 0.1, 5.0))
                 continue
-            failures.succeeded()
+            if not self.lease.at_risk:  # at risk, no claim was tried: it has not worked again
+                failures.succeeded()
             if isinstance(step, Wait):
                 await self._wait(wake, step, self.poll)
             elif step is Step.AGAIN:
