@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test web-test demo lint clean chaos wheels base-image image container-test deploy-check
+.PHONY: test soak-test web-test demo lint clean chaos wheels base-image image container-test deploy-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## make soak-test: the soak tier (PostgreSQL stopped, restarted and its connections killed
+## under real hosts, and the chaos soak at a small size); CI runs it after `make test`
+soak-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m soak
 
 ## make web-test: the dashboard in headless Chromium (Debian's /usr/bin/chromium: `apt-get
 ## install chromium`), driven by Playwright, which uses it as is and downloads no browser

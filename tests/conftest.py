@@ -61,7 +61,15 @@ def server_dsn() -> str:
         return given
     # A short path: the server's Unix socket lives in its data directory.
     base = Path(tempfile.mkdtemp(prefix="pgpool-test-", dir="/tmp"))
-    return embedded.start(base / "pg", delete_on_exit=True)
+    dsn = embedded.start(base / "pg", delete_on_exit=True)
+    # The suite's own throwaway server need not survive a crash: no waits on the disk.
+    # (Never a server given by PGPOOL_TEST_DSN, nor the clusters whose crashes are a
+    # test's subject: those are `own_server`'s.)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = off").format(pgsql.Identifier(setting)))
+        conn.execute("SELECT pg_reload_conf()")
+    return dsn
 
 
 @pytest.fixture

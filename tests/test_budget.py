@@ -392,6 +392,7 @@ def host_share(db: psycopg.Connection, pid: int) -> float | None:
     return row and row[0]
 
 
+@pytest.mark.soak  # a big drain: `make soak-test`
 def test_an_idle_host_leaves_the_busy_one_all_of_the_budget_but_its_floor(db, dsn):
     cap = 200
     # noop jobs run thousands a second on one worker: at 200/s the busy host is always held
@@ -418,6 +419,7 @@ def test_an_idle_host_leaves_the_busy_one_all_of_the_budget_but_its_floor(db, ds
         assert host.stop() == 0, host.stderr
 
 
+@pytest.mark.soak  # a big drain: `make soak-test`
 def test_a_crashed_hosts_share_goes_to_the_others_two_beats_after_its_last(db, dsn):
     cap, lease = 200, 3.0
     beat = lease / 3

@@ -42,6 +42,9 @@ from chaos_checks import (
 )
 from chaos_cluster import KIND, RECORD_ENV, Db, Watcher, now_ns
 
+# The soak tier: `make soak-test` (which CI runs too), not `make test`.
+pytestmark = pytest.mark.soak
+
 LEASE = 2
 PROCS = 2
 BATCH = 50

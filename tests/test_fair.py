@@ -156,6 +156,7 @@ def test_the_tenant_cap_counts_running_jobs_across_the_fleet(db, dsn):
 # --- tenants: a flood against real dispatchers -------------------------------------------
 
 
+@pytest.mark.soak  # a big drain: `make soak-test`
 def test_other_tenants_jobs_start_before_the_flood_ahead_of_them(db, dsn, tmp_path):
     # 50k jobs of one tenant are due ahead of the others'. Those must start after at most
     # the flood jobs the host already holds (a few batches), not after the backlog.

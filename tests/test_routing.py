@@ -38,6 +38,7 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
     return buffers(top), claimed
 
 
+@pytest.mark.soak  # a big drain: `make soak-test`
 # The custom plan is a claim's first few; the generic one, which a long-running dispatcher's
 # prepared claim switches to, must be as good (joining the picked rows to a scan of the
 # whole table took 2 s a claim with a million jobs).

@@ -123,6 +123,7 @@ def test_batch_auto_grows_for_short_jobs(db, dsn):
     assert one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0
 
 
+@pytest.mark.soak  # a big drain: `make soak-test`
 def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
         db, dsn, record_dir):
     hosts = [start_pgpool(dsn, *RUN, "--procs", "1", record_dir=record_dir)
