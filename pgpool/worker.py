@@ -22,7 +22,6 @@ import ctypes
 import inspect
 import os
 import resource
-import select
 import signal
 import sys
 import threading
@@ -179,11 +178,8 @@ class _Inbox:
         self._dropped: set[int] = set()  # numbers of pending jobs not to start (ipc.Drop)
         self._running: ipc.WorkItem | None = None  # handed out by next(), not finished
         self._drops = False  # a Drop has come: see finished()
-        self._reading = False  # the thread holds frames it read and has not handled yet
         self.stopping = False
         self._closed = False
-        self._unread = select.poll()
-        self._unread.register(rfd, select.POLLIN)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {fence.SIGNAL})
         try:  # the thread inherits this thread's mask, blocked at its first instruction
             threading.Thread(target=self._read, name="pgpool-inbox", daemon=True).start()
@@ -198,14 +194,13 @@ class _Inbox:
                     self._ready.wait()
                 if self.stopping or self._closed:
                     return None
-                # Frames already in the pipe are read, and handled, first: a Stop or a Drop
-                # sent before this job could start must keep it from starting.
-                if not (self._reading or self._unread.poll(0)):
-                    seq, item = self.pending.popleft()
-                    if seq not in self._dropped:
-                        self._running = item
-                    return seq, item
-                self._ready.wait(0.001)
+                # A Drop still in the pipe is not waited for: a job it names that starts
+                # meanwhile is running when the Drop is handled, and `_drop` ends the worker
+                # for it (the pool then reports it lost). Rare, and no check on every job.
+                seq, item = self.pending.popleft()
+                if seq not in self._dropped:
+                    self._running = item
+                return seq, item
 
     def skip(self, seq: int) -> bool:
         """Whether job ``seq``, just taken from `next`, was dropped: it must not start."""
@@ -237,13 +232,8 @@ class _Inbox:
 
     def _read(self) -> None:
         decoder = ipc.Decoder()
-        incoming = select.poll()  # its own: `_unread` is the handler thread's
-        incoming.register(self._rfd, select.POLLIN)
         while True:
-            incoming.poll()  # releases the GIL while it waits
-            with self._ready:  # set while what it reads is still in the pipe, for `next`
-                self._reading = True
-            data = os.read(self._rfd, 1 << 16)
+            data = os.read(self._rfd, 1 << 16)  # releases the GIL while it waits
             if not data:
                 with self._ready:
                     self._closed = True
@@ -265,9 +255,6 @@ class _Inbox:
                             self._ready.notify()
                     case ipc.Drop():
                         self._drop(set(message.jobs))
-            with self._ready:
-                self._reading = False
-                self._ready.notify()
 
     def _drop(self, lost: set[tuple[int, int]]) -> None:
         self._drops = True  # before `_running` is read: see finished()
