@@ -122,6 +122,7 @@ def freeze(what: Callable[[int], None], other: Pgpool, where: Path, jobs: list[i
     return stopped
 
 
+@pytest.mark.soak  # hosts frozen or racing for many seconds: `make soak-test`
 def test_a_frozen_host_never_runs_a_job_past_its_lease(db, dsn, tmp_path):
     ticks = tmp_path / "ticks"
     ticks.mkdir()

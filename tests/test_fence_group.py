@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from conftest import RUN, Pgpool, alive, one, start_pgpool, wait_until
 
 import pgpool
@@ -57,6 +58,7 @@ def end_loop(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.soak  # hosts frozen or racing for many seconds: `make soak-test`
 def test_a_frozen_dispatcher_s_handler_subprocess_ends_at_the_deadline(db, dsn, tmp_path):
     host, job, loop, written = start_loop(db, dsn, tmp_path)
     try:

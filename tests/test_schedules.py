@@ -54,6 +54,7 @@ def consecutive(times: list[datetime]) -> bool:
     return all(b - a == SECOND for a, b in pairwise(times))
 
 
+@pytest.mark.soak  # hosts frozen or racing for many seconds: `make soak-test`
 def test_three_hosts_enqueue_each_tick_once_and_a_gap_collapses(db, dsn):
     hosts = [start_host(dsn) for _ in range(3)]
     # Timeouts here are generous (a tick a second, 20 s to see a few): the machine is shared.
