@@ -542,3 +542,40 @@ def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
         queue)
     (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
     return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
+
+
+def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passes: int,
+                  hold: int | None = None) -> list[tuple[tuple[int, int], str]]:
+    """Claim ``jobs`` ready ``record`` jobs as a host that then died (owner gone:1:aa), let
+    every lease run out on a started attempt, and run a real `Reaper` ``passes`` times: what
+    each pass reaped (revived, buried) and the state of the row left after it. With ``hold``,
+    another connection holds that job FOR KEY SHARE meanwhile, so deleting it waits on a
+    lock."""
+    from pgpool.claimer import Claimer, configure_connection
+    from pgpool.reaper import Reaper
+    from pgpool.registry import Handler
+
+    async def main() -> list[tuple[tuple[int, int], str]]:
+        async with AsyncConnectionPool(
+                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
+                configure=lambda conn: configure_connection(conn, lease)) as pool:
+            claimer = Claimer(pool, "gone:1:aa", queues=("default",),
+                              handlers={"record": Handler("record", print, None, None)},
+                              lease=lease, max_attempts=20, timeout=None)
+            assert len(await claimer.claim(jobs)) == jobs
+            async with pool.connection() as conn:
+                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "
+                                   "'1s', started = true")
+            async with await psycopg.AsyncConnection.connect(dsn) as holder:
+                if hold is not None:
+                    await holder.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE",
+                                         (hold,))
+                reaper = Reaper(pool, interval=1)
+                reaped = []
+                for _ in range(passes):
+                    done = await reaper.reap()
+                    reaped.append((done, db.execute("SELECT state FROM pgpool_jobs")
+                                   .fetchone()[0]))
+                return reaped
+
+    return asyncio.run(main())

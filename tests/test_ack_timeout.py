@@ -23,6 +23,7 @@ from conftest import (
     one,
     only_event,
     read_records,
+    reaper_passes,
     run_pgpool,
     start_pgpool,
     wait_until,
@@ -36,7 +37,6 @@ from pgpool.completer import Ack, Completer
 from pgpool.isolate import isolate
 from pgpool.lease import Lease
 from pgpool.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
-from pgpool.reaper import Reaper
 from pgpool.registry import Handler
 
 #: The hosts' statement timeout, seconds, and the sleep each job's delete adds to it.
@@ -195,29 +195,12 @@ def test_the_reaper_buries_in_parts_a_batch_that_runs_past_the_statement_timeout
     lease = Lease(3)  # a 0.5 s statement_timeout
     assert lease.statement_timeout == STATEMENT_TIMEOUT
 
-    async def main() -> list[tuple[tuple[int, int], str]]:
-        async with AsyncConnectionPool(
-                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
-                configure=lambda conn: configure_connection(conn, lease)) as pool:
-            claimer = Claimer(pool, "gone:1:aa", queues=("default",),
-                              handlers={"record": Handler("record", print, None, None)},
-                              lease=lease, max_attempts=20, timeout=None)
-            assert len(await claimer.claim(20)) == 20
-            # Their host died running them: every lease ran out, on their last attempt, so
-            # the reaper buries them, a delete of each.
-            async with pool.connection() as conn:
-                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "
-                                   "'1s', started = true")
-            reaper = Reaper(pool, interval=1)
-            passes = []
-            for _ in range(REAPER_LOCK_RETRIES + 1):
-                reaped = await reaper.reap()
-                passes.append((reaped, one(db, "SELECT state FROM pgpool_jobs")[0]))
-            return passes
-
+    # Their host died running them: every lease ran out, on their last attempt, so the
+    # reaper buries them, a delete of each.
+    passes = reaper_passes(db, dsn, lease, 20, REAPER_LOCK_RETRIES + 1)
     # The 19 others are buried at the first pass; the one whose delete alone runs past the
     # timeout is left for a few passes, then parked.
-    assert asyncio.run(main()) == [((0, 19), "running")] + [
+    assert passes == [((0, 19), "running")] + [
         ((0, 0), "running")] * (REAPER_LOCK_RETRIES - 1) + [((0, 0), "parked")]
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (19,)
     assert one(db, "SELECT id, last_error FROM pgpool_jobs") == (

@@ -22,6 +22,7 @@ from conftest import (
     one,
     only_event,
     read_records,
+    reaper_passes,
     run_pgpool,
     start_pgpool,
     status_json,
@@ -377,28 +378,9 @@ def test_the_reaper_leaves_a_job_refused_on_a_lock_for_a_few_passes_then_parks_i
     job = pgpool.enqueue(db, "record", {}, max_attempts=1)
     lease = Lease(3)  # a 0.1 s lock_timeout
 
-    async def main() -> list[tuple[tuple[int, int], str]]:
-        async with AsyncConnectionPool(
-                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
-                configure=lambda conn: configure_connection(conn, lease)) as pool:
-            claimer = Claimer(pool, "gone:1:aa", queues=("default",),
-                              handlers={"record": Handler("record", print, None, None)},
-                              lease=lease, max_attempts=20, timeout=None)
-            assert len(await claimer.claim(1)) == 1
-            async with pool.connection() as conn:
-                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "
-                                   "'1s', started = true")
-            # Its last attempt ran and expired: burying it deletes the row, which this blocks.
-            holder = await psycopg.AsyncConnection.connect(dsn)
-            await holder.execute("SELECT FROM pgpool_jobs WHERE id = %s FOR KEY SHARE", (job,))
-            reaper = Reaper(pool, interval=1)
-            passes = []
-            for _ in range(REAPER_LOCK_RETRIES + 1):
-                reaped = await reaper.reap()
-                passes.append((reaped, one(db, "SELECT state FROM pgpool_jobs")[0]))
-            await holder.close()
-            return passes
-
-    assert asyncio.run(main()) == [((0, 0), "running")] * REAPER_LOCK_RETRIES + [
+    # Its last attempt ran and expired: burying it deletes the row, which another
+    # connection's lock blocks.
+    passes = reaper_passes(db, dsn, lease, 1, REAPER_LOCK_RETRIES + 1, hold=job)
+    assert passes == [((0, 0), "running")] * REAPER_LOCK_RETRIES + [
         ((0, 0), "parked")]
     assert "LockNotAvailable (55P03)" in one(db, "SELECT last_error FROM pgpool_jobs")[0]
