@@ -1,4 +1,9 @@
-"""Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED."""
+"""Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
+
+Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
+concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise. Each
+says which the next claim needs, so a queue pays for fairness only while it uses it.
+"""
 
 from __future__ import annotations
 
@@ -96,6 +101,9 @@ class Claimer:
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
+        #: Whether the next claim is the plain one (`sql.CLAIM_PLAIN`): as far as the last
+        #: claim saw, no job waiting has a tenant or a concurrency key. Both claims say.
+        self.plain = True
         self._lease = lease
         self._queues = list(queues)
         self.claims = 0
@@ -147,49 +155,75 @@ class Claimer:
         # claim would otherwise wait out the pool's 30 s for a connection, and a stop waits
         # for the claim in flight. Its jobs would be handed back by then anyway.
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
-            for tries in range(1, KEY_RACE_TRIES + 1):
-                try:
-                    cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
-                    rows = await cur.fetchall()
-                    break
-                except KEY_RACE_LOST:
-                    # Another claim took one of these concurrency keys first; the whole
-                    # statement rolled back, so every job it had picked is still ready.
-                    if tries == KEY_RACE_TRIES:
-                        raise
+            rows = await self._claim_plain(conn, params) if self.plain else None
+            if rows is None:
+                rows = self._fair_order(await self._claim_fair(conn, params))
         rtt = time.monotonic() - started
-        if rows and rows[0][0] is None:
-            # Nothing claimed, and a walk went past `sql.TENANT_SKIPS` tenants that gave
-            # nothing: the one row, with no job, says where it stopped. The next claim goes
-            # on from there instead of visiting those tenants again.
-            self._after = rows[0][8]
-            rows = []
         self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts
         deadline = self._lease.deadline(started)
-        if rows:
-            # The workers take a batch in order: round-robin over its tenants (RETURNING
-            # keeps no order), so another tenant's job does not wait behind the flood's.
-            seen: Counter[str] = Counter()
-            rounds = []
-            for row in rows:
-                rounds.append(seen[row[8]])
-                seen[row[8]] += 1
-            rows = [row for _, row in sorted(zip(rounds, rows, strict=True),
-                                             key=lambda pair: pair[0])]
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
                 timeouts[kind], deadline=deadline, waited=waited)
-            for id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _
+            for id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _
             in rows
         ]
-        if rows:
-            # The last tenant served in the cursor's round order: the next claim's scan
-            # starts after it.
-            after = self._after
-            self._after = max((row[8] for row in rows), key=lambda t: (t <= after, t))
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
         return jobs
+
+    async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                           ) -> list[tuple] | None:
+        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``: its rows, or None when a job
+        with a tenant or a concurrency key is waiting (it claimed nothing then, and this claim
+        and the next are fair ones)."""
+        rows = await (await conn.execute(sql.CLAIM_PLAIN, params)).fetchall()
+        if rows and rows[0][0] is None:
+            self.plain = False
+            return None
+        return rows
+
+    async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                          ) -> list[tuple]:
+        """Run the fair claim (`sql.CLAIM`) on ``conn``; after it, the next claim is the
+        plain one if nothing waiting needs the fair one any more (its rows say)."""
+        for tries in range(1, KEY_RACE_TRIES + 1):
+            try:
+                cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
+                rows = await cur.fetchall()
+                break
+            except KEY_RACE_LOST:
+                # Another claim took one of these concurrency keys first; the whole
+                # statement rolled back, so every job it had picked is still ready.
+                if tries == KEY_RACE_TRIES:
+                    raise
+        if rows:
+            self.plain = rows[0][9]
+        return rows
+
+    def _fair_order(self, rows: list[tuple]) -> list[tuple]:
+        """The fair claim's jobs in the order the workers take them, and its cursor moved on.
+
+        Round-robin over the batch's tenants (RETURNING keeps no order), so another tenant's
+        job does not wait behind the flood's. Then the cursor: the last tenant served in
+        its round order, where the next walk starts.
+        """
+        if rows and rows[0][0] is None:
+            # Nothing claimed, and a walk went past `sql.TENANT_SKIPS` tenants that gave
+            # nothing: the one row, with no job, says where it stopped. The next claim goes
+            # on from there instead of visiting those tenants again.
+            self._after = rows[0][8]
+            return []
+        if not rows:
+            return rows
+        seen: Counter[str] = Counter()
+        rounds = []
+        for row in rows:
+            rounds.append(seen[row[8]])
+            seen[row[8]] += 1
+        after = self._after
+        self._after = max((row[8] for row in rows), key=lambda t: (t <= after, t))
+        return [row for _, row in sorted(zip(rounds, rows, strict=True),
+                                         key=lambda pair: pair[0])]

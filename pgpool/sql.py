@@ -139,11 +139,87 @@ READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
 #: more with a backlog of jobs waiting on its key (README "Fairness", "What it costs").
 TENANT_SKIPS: Final = 100
 
-#: Claim up to ``limit`` ready jobs of the given queues and kinds, in fair order. SKIP LOCKED
-#: makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block foreign keys
-#: that reference a job. A job's ``max_attempts`` is fixed at its first claim from the
-#: handler's setting when the producer left it open, so the reaper (which has no handler
-#: registry) can decide retry-or-dead on its own.
+#: The claims' (queue, kind) pairs: every queue served by every kind this host has handlers
+#: for. Each pair is one LATERAL scan of the ready index, in claim order.
+_PAIRS: Final = """
+    SELECT q.queue, k.kind
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+"""
+
+#: The ready jobs of these pairs that need the fair claim: those with a tenant or a
+#: concurrency key. Read on the partial index pgpool_jobs_ready_fair, which holds only
+#: them: an empty index (a queue that never used either) costs a page per pair. Both claims
+#: say whether there are any (``plain`` when not), so the claimer knows which one the next
+#: claim needs (`pgpool.claimer`).
+_NEED_FAIR: Final = """
+        SELECT FROM pgpool_jobs
+        WHERE state = 'ready' AND (tenant <> '' OR concurrency_key IS NOT NULL)
+          AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: The claims' last step: the picked rows become running under this owner, for one lease.
+#: A job's ``max_attempts`` is fixed at its first claim from the handler's setting when the
+#: producer left it open, so the reaper (which has no handler registry) can decide
+#: retry-or-dead on its own. Updated by ``id = ANY(ARRAY(...))``, not joined: the generic
+#: plan a long-running dispatcher's prepared claim switches to cannot know ``limit``, and
+#: joined it would hash the whole table (2 s a claim with a million jobs queued); an id
+#: array is looked up in the primary key in every plan.
+_CLAIM_UPDATE: Final = """
+    UPDATE pgpool_jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        max_attempts = coalesce(j.max_attempts, k.max_attempts),
+        locked_by = %(owner)s,
+        claimed_at = now(),
+        lease_until = now() + make_interval(secs => %(lease)s),
+        started = false
+    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
+    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
+              j.run_at
+"""
+
+#: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, in claim
+#: order (priority, due time, id), when nothing waiting there has a tenant or a concurrency
+#: key (`_NEED_FAIR`): then the fair claim (`CLAIM`) would pick the same jobs, at twice the
+#: cost. One LATERAL scan per (queue, kind) pair on the ready index, in its order, stopped
+#: by its LIMIT; SKIP LOCKED makes concurrent claimers take disjoint rows, NO KEY UPDATE
+#: does not block foreign keys that reference a job. Rows a scan locked but the batch did
+#: not take stay ready when the statement ends.
+#:
+#: When something waiting is not plain, it claims nothing and returns one row with no job
+#: and ``plain`` false: the claimer claims again with `CLAIM`. Rows as `CLAIM`'s.
+CLAIM_PLAIN: Final = """
+WITH pairs AS (""" + _PAIRS + """), plain AS (
+    SELECT NOT EXISTS (""" + _NEED_FAIR + """) AS plain
+), picked AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM pairs AS p
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at FROM pgpool_jobs AS j
+        WHERE j.state = 'ready' AND j.queue = p.queue AND j.kind = p.kind AND j.tenant = ''
+          AND j.run_at <= now() AND j.concurrency_key IS NULL
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE (SELECT plain FROM plain)  -- evaluated once: not plain, no scan at all
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+), claimed AS (""" + _CLAIM_UPDATE + """)
+SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
+       c.waited, c.tenant, p.plain
+FROM plain AS p
+LEFT JOIN claimed AS c ON true
+WHERE c.id IS NOT NULL OR NOT p.plain  -- not plain: one row with no job says so
+ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
+"""
+
+#: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
+#: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
+#: Locking, the update and the rows as in `CLAIM_PLAIN`; ``plain`` tells the claimer that
+#: the next claim can be the plain one again.
 #:
 #: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
 #: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
@@ -177,15 +253,9 @@ TENANT_SKIPS: Final = 100
 #:
 #: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
-#: pgpool older than the scheduled state). The picked rows are updated by
-#: ``id = ANY(ARRAY(...))``, not joined: the generic plan a long-running dispatcher's
-#: prepared claim switches to cannot know ``limit``, and joined it would hash the whole table
-#: (2 s a claim with a million jobs queued); an id array is looked up in the primary key in
-#: every plan.
+#: pgpool older than the scheduled state).
 CLAIM: Final = """
-WITH RECURSIVE pairs AS (
-    SELECT q.queue, k.kind
-    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+WITH RECURSIVE pairs AS (""" + _PAIRS + """
 ), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
     SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
            %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
@@ -275,23 +345,12 @@ WITH RECURSIVE pairs AS (
     WHERE x.tenant_rank <= r.room
     ORDER BY x.tenant_rank, x.priority DESC, x.run_at, x.id
     LIMIT %(limit)s
-), claimed AS (
-    UPDATE pgpool_jobs AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        max_attempts = coalesce(j.max_attempts, k.max_attempts),
-        locked_by = %(owner)s,
-        claimed_at = now(),
-        lease_until = now() + make_interval(secs => %(lease)s),
-        started = false
-    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
-    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at
-)
+), plain AS (  -- nothing left that needs the fair claim once this one's jobs are taken
+    SELECT NOT EXISTS (""" + _NEED_FAIR + """
+          AND id <> ALL(ARRAY(SELECT id FROM picked))) AS plain
+), claimed AS (""" + _CLAIM_UPDATE + """)
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant)
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain)
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true

@@ -378,8 +378,9 @@ def _index_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
 @pytest.mark.parametrize("queues", [["default"], ["default", "other"]])
-def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues):
+def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues, statement):
     # Claim cost must not grow with the backlog: the ready index is read in claim order and
     # the scan stops at the batch size. (Sorting every due row instead took 350 ms per
     # claim with a million jobs due.)
@@ -390,10 +391,11 @@ def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues):
               "lease": 30, "limit": 10, "after": "", "tenant_cap": None}
     from pgpool import sql
 
-    (plan,) = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM, params).fetchone()[0]
+    (plan,) = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(sql, statement),
+                         params).fetchone()[0]
     scans = _index_scans(plan["Plan"])
-    # The batch's rows, plus the loose scan over tenants: one row per tenant (here the one
-    # group of jobs without a tenant) and step.
+    # The batch's rows, plus the fair claim's loose scan over tenants: one row per tenant
+    # (here the one group of jobs without a tenant) and step.
     assert sum(s["Actual Rows"] * s["Actual Loops"] for s in scans) <= (10 + 2) * len(queues)
     assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
                       ).fetchone()[0] == 10

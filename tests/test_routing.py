@@ -25,15 +25,17 @@ def buffers(node: dict[str, Any]) -> int:
 
 
 def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
-                  mode: str = "force_custom_plan") -> tuple[int, set[int]]:
-    """Shared buffers the real CLAIM statement touches when it runs as a prepared statement
-    with a plan of ``mode`` (`explain_prepared`), and the ids it claimed; rolled back, so
-    the jobs stay ready. Buffers, not time: the same rows and plan touch the same pages on
-    every run, on any machine."""
+                  mode: str = "force_custom_plan", statement: str = "CLAIM_PLAIN"
+                  ) -> tuple[int, set[int]]:
+    """Shared buffers the real claim ``statement`` (`sql.CLAIM_PLAIN` or `sql.CLAIM`) touches
+    when it runs as a prepared statement with a plan of ``mode`` (`explain_prepared`), and
+    the ids it claimed; rolled back, so the jobs stay ready. Buffers, not time: the same
+    rows and plan touch the same pages on every run, on any machine."""
     params = {**CLAIM_PARAMS, "kinds": list(kinds), "kind_max_attempts": [20] * len(kinds),
               "limit": limit}
     with db.transaction(force_rollback=True):
-        top = explain_prepared(db, sql.CLAIM, params, mode, "ANALYZE, BUFFERS, FORMAT JSON")
+        top = explain_prepared(db, getattr(sql, statement), params, mode,
+                               "ANALYZE, BUFFERS, FORMAT JSON")
         claimed = {r[0] for r in db.execute("SELECT id FROM pgpool_jobs WHERE state = 'running'")}
     return buffers(top), claimed
 
@@ -43,14 +45,16 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
 # prepared claim switches to, must be as good (joining the picked rows to a scan of the
 # whole table took 2 s a claim with a million jobs).
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
 def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg.Connection,
-                                                                    mode: str) -> None:
+                                                                    mode: str,
+                                                                    statement: str) -> None:
     # Its own backlog: 2,000 due jobs (enough for the planner to read the index, as it
     # does under the flood: the same plan on both sides).
     pgpool.enqueue_many(db, "fast", ({"n": i} for i in range(2000)))
     mine = [i for (i,) in db.execute("SELECT id FROM pgpool_jobs ORDER BY id LIMIT 10")]
     db.execute("VACUUM ANALYZE pgpool_jobs")
-    baseline, claimed = claim_buffers(db, "fast", mode=mode)
+    baseline, claimed = claim_buffers(db, "fast", mode=mode, statement=statement)
     assert claimed == set(mine)
     # The flood: 20,000 due jobs of a kind this host does not serve, all due before its
     # own (same priority, earlier run_at: ahead of them in one per-queue index), and 20,000
@@ -61,7 +65,7 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     pgpool.enqueue_many(db, "fast", ({"n": i} for i in range(20_000)), priority=10,
                         run_at=datetime.now(UTC) + timedelta(hours=1))
     db.execute("VACUUM ANALYZE pgpool_jobs")
-    flooded, claimed = claim_buffers(db, "fast", mode=mode)
+    flooded, claimed = claim_buffers(db, "fast", mode=mode, statement=statement)
     assert claimed == set(mine)  # the flood changed nothing it claims...
     # ...nor what that costs: the claim touches no more than one extra page per claimed job
     # (an index a level deeper to read, and each job's index entries written one level
@@ -70,13 +74,16 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     assert flooded <= baseline + 10, (baseline, flooded)
 
 
-def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection) -> None:
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
+def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection,
+                                                           statement: str) -> None:
     ids = {(kind, prio): pgpool.enqueue(db, kind, {}, priority=prio)
            for kind, prio in (("a", 1), ("b", 5), ("a", 3), ("b", 0), ("c", 9))}
     # Highest priority first across the kinds served; c is not served, whatever its priority.
     for limit, taken in ((1, [("b", 5)]), (3, [("b", 5), ("a", 3), ("a", 1)]),
                          (9, [("b", 5), ("a", 3), ("a", 1), ("b", 0)])):
-        assert claim_buffers(db, "a", "b", limit=limit)[1] == {ids[k] for k in taken}
+        assert claim_buffers(db, "a", "b", limit=limit, statement=statement)[1] == {
+            ids[k] for k in taken}
 
 
 def started_kinds(result: Any) -> list[str]:
