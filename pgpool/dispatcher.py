@@ -31,8 +31,9 @@ this host's own retries. `hosts` (the ``pgpool_hosts`` row, and this host's shar
 fleet's claims per second, `hosts.budget`, which the scheduler spends) sits beside that
 path, as do `control` (an operator's paused queues, taken out of the claimer's queues, and
 cancellations, which make the heartbeat beat at once: ``pgpool.control``), `retention`
-(dead-letter pruning) and, when the handler modules declare schedules, `periodic` (their
-ticks: ``pgpool.schedules``). The scheduler owns the room formulas and the two claim loops;
+(dead-letter pruning), `vacuum` (the keeper that vacuums pgpool_jobs before its dead rows
+slow claims) and, when the handler modules declare schedules, `periodic` (their ticks:
+``pgpool.schedules``). The scheduler owns the room formulas and the two claim loops;
 the completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
@@ -66,7 +67,7 @@ from psycopg_pool import AsyncConnectionPool
 from setproctitle import setproctitle
 
 from . import dsn as dsnlib
-from . import schema
+from . import schema, vacuum
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
@@ -93,6 +94,8 @@ log = logging.getLogger("pgpool.dispatcher")
 FINAL_ACK_TIMEOUT: Final = 15.0
 #: Pooled connections: one per claim loop, the completer, heartbeat, reaper, stager,
 #: registry, control poll and dead-letter retention; one more with periodic schedules.
+#: The vacuum keeper's look at the statistics takes one in turn with the others; each of
+#: its vacuums opens a connection of its own.
 CONNECTIONS: Final = CLAIM_LOOPS + 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
@@ -282,6 +285,7 @@ class Dispatcher:
                                    acking=self.completer.pending_jobs)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
         self.stager = Stager(db, interval=cfg.poll)
+        self.vacuum = await vacuum.keeper(db, cfg.dsn)
         self.scheduler = ClaimScheduler(
             procs=cfg.procs, batch=cfg.batch, claimer=self.claimer, workers=self.pool,
             acks=self.completer, lease=self.heartbeat,
@@ -317,6 +321,8 @@ class Dispatcher:
         }
         if self.retention is not None:
             parts["dead-letter retention"] = self.retention.run()
+        if self.vacuum is not None:
+            parts["vacuum keeper"] = self.vacuum.run()
         if self.periodic is not None:
             parts["periodic schedules"] = self.periodic.run()
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")

@@ -566,6 +566,35 @@ WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
 RETURNING j.id
 """
 
+# --- vacuum keeper (pgpool.vacuum): the dead rows claims walk over, removed in time -------
+
+#: Whether this role may vacuum pgpool_jobs: its owner (or a member of the owning role, or
+#: a superuser), or, from PostgreSQL 17, a role granted MAINTAIN on it. VACUUM skips a
+#: table it may not vacuum with a warning instead of failing, so this is asked first.
+CAN_VACUUM: Final = """
+SELECT pg_has_role(c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
+FROM pg_class AS c WHERE c.oid = 'pgpool_jobs'::regclass
+"""
+
+#: pgpool_jobs's dead rows (the server's running estimate, as autovacuum reads it), and
+#: whether there are enough to vacuum now: at least ``min_dead``, and at least ``scale``
+#: of the live rows.
+VACUUM_DUE: Final = """
+SELECT n_dead_tup >= greatest(%(min_dead)s, %(scale)s * n_live_tup), n_dead_tup
+FROM pg_stat_user_tables WHERE relid = 'pgpool_jobs'::regclass
+"""
+
+#: Vacuum pgpool_jobs unless another vacuum (autovacuum's, another host's) has it now.
+#: INDEX_CLEANUP ON: the dead index entries are what claims walk over, and the server's
+#: default may skip them when the dead rows fill few pages. TRUNCATE OFF: giving back the
+#: table's empty tail needs a lock that stops every claim for a moment, and a queue fills
+#: those pages again.
+VACUUM_JOBS: Final = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) pgpool_jobs"
+#: On the vacuum's own connection, first: a vacuum cut off part way loses its work.
+NO_STATEMENT_TIMEOUT: Final = "SET statement_timeout = 0"
+
 # --- stager (pgpool.stager): scheduled jobs become ready when due ---------------------------
 
 #: Make up to ``limit`` scheduled jobs that are due ready, oldest due first, and wake the

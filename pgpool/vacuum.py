@@ -1,0 +1,103 @@
+"""The vacuum keeper: pgpool_jobs is vacuumed as soon as its dead rows would slow claims.
+
+Every claim and every ack leaves dead rows, and a claim reads the ready index in claim
+order: the entries of the jobs claimed since the last vacuum are a dead head that every
+claim walks over before it reaches a ready job, about 2 ms more per claim for each 100,000
+of them. Autovacuum removes them, but it visits a database once per
+``autovacuum_naptime`` (a minute by default), whatever the table's own thresholds say: a
+host draining 10,000 jobs a second leaves over a million dead rows before it comes, and
+the next batch is claimed at a tenth of the speed or less.
+
+Every host runs a keeper. Every `INTERVAL` it reads the table's dead-row estimate
+(`sql.VACUUM_DUE`, what autovacuum reads) and, at `MIN_DEAD` dead rows and `SCALE` of the
+live ones, vacuums it (`sql.VACUUM_JOBS`): with SKIP_LOCKED, so a keeper that finds another
+vacuum at work, autovacuum's or another host's, leaves it to that one. Vacuuming a table
+the size of a busy queue's takes tens of milliseconds; its CPU is the server's.
+
+Each vacuum runs on a connection of its own, opened for it (a few milliseconds, next to a
+vacuum every few seconds at most) and without ``statement_timeout``: the dispatcher's
+statements are bounded to keep a host responsive, but a vacuum cut off part way through
+loses its work, and holds up nothing in the meantime (claims, acks and heartbeats do not
+wait for it). A role that may not vacuum the table (`sql.CAN_VACUUM`) runs no keeper and
+leaves it to autovacuum, which `keeper` says once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Final
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import dsn as dsnlib
+from . import sql
+from .logs import event
+from .retry import Failures
+
+log = logging.getLogger("pgpool.vacuum")
+
+#: Seconds between looks at the dead-row estimate (which the server updates about as often).
+INTERVAL: Final = 1.0
+#: Dead rows (row versions: a job claimed and acked leaves two) worth a vacuum, and the
+#: share of the live rows: with a deep backlog a vacuum reads all of its indexes, so it
+#: comes less often.
+MIN_DEAD: Final = 20_000
+SCALE: Final = 0.05
+
+
+async def keeper(pool: AsyncConnectionPool, dsn: str) -> VacuumKeeper | None:
+    """A keeper for the installation ``pool`` and ``dsn`` reach, or None (logged) when this
+    role may not vacuum pgpool_jobs."""
+    async with pool.connection() as conn:
+        (allowed,) = await (await conn.execute(sql.CAN_VACUUM)).fetchone()
+    if allowed:
+        return VacuumKeeper(pool, dsn)
+    event(log, logging.WARNING, "vacuum_keeper_off",
+          "this role may not vacuum pgpool_jobs, so autovacuum alone removes its dead rows, "
+          "once per autovacuum_naptime: claims slow down as they pile up. Run pgpool as the "
+          "table's owner, GRANT MAINTAIN ON pgpool_jobs (PostgreSQL 17+), or lower "
+          "autovacuum_naptime", reason="not allowed")
+    return None
+
+
+class VacuumKeeper:
+    def __init__(self, pool: AsyncConnectionPool, dsn: str, *, interval: float = INTERVAL,
+                 min_dead: int = MIN_DEAD, scale: float = SCALE) -> None:
+        """Reads the dead-row estimate on ``pool`` every ``interval`` seconds, and vacuums
+        on a new connection to ``dsn`` at ``min_dead`` dead rows and ``scale`` of the live
+        ones."""
+        self._pool = pool
+        self._dsn = dsn
+        self.interval = interval
+        self._params = {"min_dead": min_dead, "scale": scale}
+        #: Vacuums this keeper started (one that found another at work ends at once).
+        self.vacuums = 0
+
+    async def run(self) -> None:
+        failures = Failures(log, "vacuum keeper")
+        while True:
+            try:
+                await self.keep()
+                failures.succeeded()
+            except (psycopg.Error, OSError) as exc:
+                failures.failed(exc)
+            await asyncio.sleep(self.interval)
+
+    async def keep(self) -> bool:
+        """Vacuum pgpool_jobs if its dead rows are due (`sql.VACUUM_DUE`); whether it did."""
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(sql.VACUUM_DUE, self._params)).fetchone()
+        if row is None or not row[0]:
+            return False  # no statistics for the table yet, or not due
+        started = time.monotonic()
+        async with await dsnlib.connect_async(self._dsn, autocommit=True) as conn:
+            await conn.execute(sql.NO_STATEMENT_TIMEOUT)
+            await conn.execute(sql.VACUUM_JOBS)
+        self.vacuums += 1
+        seconds = time.monotonic() - started
+        event(log, logging.DEBUG, "vacuumed", "vacuumed pgpool_jobs (%d dead rows) in %.3fs",
+              row[1], seconds, dead=row[1], seconds=round(seconds, 3))
+        return True
