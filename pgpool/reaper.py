@@ -28,7 +28,7 @@ from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
-from .retry import FREE_INTERRUPTIONS, Failures
+from .retry import FREE_INTERRUPTIONS, Failures, every
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -49,14 +49,7 @@ class Reaper:
         self._lock_misses: dict[int, int] = {}
 
     async def run(self) -> None:
-        failures = Failures(log, "reaper pass")
-        while True:
-            try:
-                await self.reap()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            await asyncio.sleep(self.interval)
+        await every(self.interval, self.reap, Failures(log, "reaper pass"))
 
     async def reap(self) -> tuple[int, int]:
         """One pass, in batches; returns (returned to ready, moved to pgpool_dead). Database

@@ -18,13 +18,12 @@ import asyncio
 import logging
 from typing import Final
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .logs import event
 from .ops import DeadFilter
-from .retry import Failures
+from .retry import Failures, every
 
 log = logging.getLogger("pgpool.retention")
 
@@ -47,14 +46,7 @@ class Retention:
         self._params = {**DeadFilter(older_than=retention).params(), "limit": BATCH}
 
     async def run(self) -> None:
-        failures = Failures(log, "dead-letter retention")
-        while True:
-            try:
-                await self.prune()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            await asyncio.sleep(self.interval)
+        await every(self.interval, self.prune, Failures(log, "dead-letter retention"))
 
     async def prune(self) -> int | None:
         """One pass; how many dead jobs it deleted, or None if another host holds the lock."""

@@ -24,18 +24,16 @@ leaves it to autovacuum, which `keeper` says once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Final
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import dsn as dsnlib
 from . import sql
 from .logs import event
-from .retry import Failures
+from .retry import Failures, every
 
 log = logging.getLogger("pgpool.vacuum")
 
@@ -77,14 +75,7 @@ class VacuumKeeper:
         self.vacuums = 0
 
     async def run(self) -> None:
-        failures = Failures(log, "vacuum keeper")
-        while True:
-            try:
-                await self.keep()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            await asyncio.sleep(self.interval)
+        await every(self.interval, self.keep, Failures(log, "vacuum keeper"))
 
     async def keep(self) -> bool:
         """Vacuum pgpool_jobs if its dead rows are due (`sql.VACUUM_DUE`); whether it did."""
