@@ -92,7 +92,7 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
                                  f"{SUBPROCESS_TIMEOUT:g}s of SIGTERM") from None
             if status != 0:
                 raise BenchError(f"the pickup dispatcher exited with status {status} after "
-                                 f"SIGTERM: {_last_line(log)}")
+                                 f"SIGTERM: {last_line(log)}")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -164,10 +164,11 @@ def _read_stamp(fd: int, proc: subprocess.Popen[bytes], log: IO[bytes],
 def _check_alive(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
     if proc.poll() is not None:
         raise BenchError(f"the pickup dispatcher exited with status {proc.returncode}: "
-                         f"{_last_line(log)}")
+                         f"{last_line(log)}")
 
 
-def _last_line(log: IO[bytes]) -> str:
+def last_line(log: IO[bytes]) -> str:
+    """The last line a subprocess wrote to ``log`` (opened ``w+b``), for an error message."""
     log.seek(0)
     lines = log.read().decode(errors="replace").splitlines()
     return lines[-1] if lines else "(no output)"
