@@ -9,19 +9,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from conftest import (
     UNREACHABLE,
     assert_user_error,
+    explain_prepared,
     pgpool_env,
     run_pgpool,
     without_password_warning,
 )
 
 import pgpool
+from pgpool.bench import queries
+from pgpool.bench.ceilings import bare_claim
+from pgpool.bench.jobs import KIND
 
 BENCH = Path(__file__).parent.parent / "bench"
 BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_bench_%'"
@@ -99,6 +105,29 @@ def test_bench_table_for_the_mixed_profile_and_auto_batch(
     assert "database ceilings (after the drive)" in done.stderr
     assert "before the drive" not in done.stderr
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("statement", ["PICK", "LEASE_CLAIM"])
+def test_hand_written_claims_read_the_ready_index_in_order(db: psycopg.Connection,
+                                                            statement: str, mode: str) -> None:
+    # The ceilings and the pickup floor stand for the best a loop of one's own could do: a
+    # sort of every due job, or a scan of the table, would make them no ceiling at all. The
+    # loops repeat the statement, so psycopg prepares it: the generic plan counts too.
+    pgpool.enqueue_many(db, KIND, ({"do": "noop"} for _ in range(3000)))
+    db.execute("ANALYZE pgpool_jobs")
+    plan = explain_prepared(db, getattr(queries, statement), bare_claim("owner", 50), mode,
+                            "FORMAT JSON")
+    nodes = list(_plan_nodes(plan))
+    assert {"Index Scan", "pgpool_jobs_ready"} <= {
+        v for n in nodes for k, v in n.items() if k in ("Node Type", "Index Name")}, nodes
+    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Seq Scan")], nodes
 
 
 @pytest.mark.parametrize("option", [

@@ -24,15 +24,18 @@ Contract:
   ``pgpool_dead``, which a claim never reads), so rows not yet due are what makes the table
   a claim works on deep. Every later stage runs against that table, and checks at its end
   that no job is left due or running and that the N backlog rows are still there.
-- Ceilings (`ceilings`): no framework, two connections in two threads, each repeating the
-  claim statement (`pgpool.sql.CLAIM`, the drive's batch of rows) then a DELETE of those
-  ids, until no job is due: the database's jobs/s for the cycle, in two forms. "One
-  transaction": claim and delete commit together. "Lease cycle": the claim commits, then
-  the delete commits, the two commits per batch that any lease-based queue needs (a claim
-  must be durable before its work starts). Runs of half a second vary by about 20% on a
-  small VM, so each ceiling is measured before the drive and again after it (on re-seeded
-  jobs) and the mean is reported next to the single runs. With ``--batch auto`` the batch
-  is only known once the drive has settled it, so both runs follow the drive.
+- Ceilings (`ceilings`): no framework, two connections in two threads, each repeating a
+  hand-written claim of the drive's batch of rows (never pgpool's `pgpool.sql.CLAIM`) then
+  a DELETE of those ids, until no job is due: the database's jobs/s for the cycle, in two
+  forms. "One transaction": ``SELECT id ... ORDER BY priority DESC, run_at, id LIMIT n FOR
+  NO KEY UPDATE SKIP LOCKED`` on the ready index (`queries.PICK`) and the delete commit
+  together. "Lease cycle": an ``UPDATE`` of those rows to running with a lease
+  (`queries.LEASE_CLAIM`) commits, then the delete commits, the two commits per batch that
+  any lease-based queue needs (a claim must be durable before its work starts). Runs of
+  half a second vary by about 20% on a small VM, so each ceiling is measured before the
+  drive and again after it (on re-seeded jobs) and the mean is reported next to the single
+  runs. With ``--batch auto`` the batch is only known once the drive has settled it, so
+  both runs follow the drive.
 - Drive (`drive`, CPU samples from `cpu`): an in-process `pgpool.dispatcher.Dispatcher` in
   burst mode with ``--procs`` workers until drained, watched through a
   `pgpool.dispatcher.DispatcherObserver`, with a progress line on stderr (rewritten in place
@@ -60,8 +63,8 @@ Contract:
   min(200, N) jobs (at least 20). Handlers report their start through
   `pgpool.bench.jobs.STAMPS_ENV`, as ``CLOCK_MONOTONIC`` (system-wide on Linux)
   nanoseconds. The subprocess is stopped with SIGTERM and must exit 0. The floor is
-  measured the same way with no framework: a LISTENing connection, then a bare claim
-  committed on a second one.
+  measured the same way with no framework: a LISTENing connection, then the lease cycle's
+  hand-written claim of 1 job (`queries.LEASE_CLAIM`) committed on a second one.
 - Each ceiling run, the drive and the pickup start on a vacuumed table, as autovacuum keeps
   a live queue: the dead rows one stage leaves would otherwise slow the next.
 - Targets from the issue are printed next to their figures (`report`): enqueue_many >= 0.8

@@ -1,9 +1,13 @@
-"""The database's ceilings: bare claim + delete loops with no framework, on two connections.
+"""The database's ceilings: hand-written claim + delete loops, no framework, on two
+connections. They never send pgpool's claim (`pgpool.sql.CLAIM`, with its fairness, tenants
+and concurrency keys), only the simplest statements a loop of one's own would.
 
-"One transaction": claim and delete commit together. "Lease cycle": the claim commits, then
-the delete commits, the two commits per batch that any lease-based queue needs (a claim must
-be durable before its work starts). A run drains freshly seeded jobs; the caller runs this
-twice and reports the mean (`combine_ceilings`), as half-second runs vary by about 20%.
+"One transaction": `queries.PICK` (SELECT ... FOR NO KEY UPDATE SKIP LOCKED) and the DELETE
+of those ids commit together. "Lease cycle": `queries.LEASE_CLAIM` (an UPDATE to running,
+with a lease) commits, then the DELETE commits, the two commits per batch that any
+lease-based queue needs (a claim must be durable before its work starts). A run drains
+freshly seeded jobs; the caller runs this twice and reports the mean (`combine_ceilings`),
+as half-second runs vary by about 20%.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from typing import Any, Final
 import psycopg
 
 from .. import dsn as dsnlib
-from .. import sql
 from ..enqueue import enqueue_many
 from . import queries
 from .jobs import KIND
@@ -34,7 +37,7 @@ def measure_ceilings(conn: psycopg.Connection, dsn: str, payloads: list[dict[str
                      progress: Progress) -> dict[str, dict[str, Any]]:
     """One run of each ceiling loop at ``batch``, each on ``payloads`` freshly seeded into a
     vacuumed table; ``when`` labels the runs ("before the drive")."""
-    progress.step(f"database ceilings ({when}): bare claim + delete loops on "
+    progress.step(f"database ceilings ({when}): hand-written claim + delete loops on "
                   f"{CEILING_THREADS} connections, batch {batch}")
     out = {}
     for cycle in CYCLES:
@@ -55,18 +58,19 @@ def combine_ceilings(runs: list[dict[str, dict[str, Any]]], batch: int) -> dict[
 
 
 def bare_claim(owner: str, limit: int) -> dict[str, Any]:
-    """Parameters for `sql.CLAIM` as a no-framework loop uses it: the bench kind, one
-    attempt, a long lease."""
-    return {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [1],
-            "owner": owner, "lease": 60.0, "limit": limit, "after": "", "tenant_cap": None}
+    """Parameters for `queries.PICK` and `queries.LEASE_CLAIM`: up to ``limit`` bench jobs,
+    leased to ``owner`` (`PICK` takes no owner)."""
+    return {"kind": KIND, "limit": limit, "owner": owner}
 
 
 def _drain(dsn: str, batch: int, *, lease_cycle: bool) -> dict[str, Any]:
-    """Drain the due jobs with bare claim + delete statements on `CEILING_THREADS` threads:
-    in one transaction per batch, or (``lease_cycle``) with a commit after each statement."""
+    """Drain the due jobs with hand-written claim + delete statements on `CEILING_THREADS`
+    threads: `queries.PICK` and the delete in one transaction per batch, or
+    (``lease_cycle``) `queries.LEASE_CLAIM` and the delete, each committed on its own."""
     done = [0] * CEILING_THREADS
     errors: list[BaseException] = []
     stop = threading.Event()
+    claim = queries.LEASE_CLAIM if lease_cycle else queries.PICK
 
     def loop(index: int) -> None:
         params = bare_claim(f"bench-ceiling-{index}", batch)
@@ -74,7 +78,7 @@ def _drain(dsn: str, batch: int, *, lease_cycle: bool) -> dict[str, Any]:
             with dsnlib.connect(dsn, autocommit=True) as conn:
                 while not stop.is_set():
                     with contextlib.nullcontext() if lease_cycle else conn.transaction():
-                        ids = [r[0] for r in conn.execute(sql.CLAIM, params).fetchall()]
+                        ids = [r[0] for r in conn.execute(claim, params).fetchall()]
                         if not ids:
                             return
                         conn.execute(queries.DELETE, {"ids": ids})

@@ -1,5 +1,6 @@
 """Pickup latency on an idle queue, through a real ``pgpool run --procs 1`` subprocess, and
-the floor no framework can beat.
+the floor no framework can beat: a LISTENing connection and a hand-written claim
+(`queries.LEASE_CLAIM`, not pgpool's), committed.
 
 Jobs are enqueued one at a time, each in its own committed transaction, `PICKUP_GAP` apart
 so the queue is idle: latency runs from the commit returning to the handler starting, which
@@ -91,7 +92,7 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
                                  f"{SUBPROCESS_TIMEOUT:g}s of SIGTERM") from None
             if status != 0:
                 raise BenchError(f"the pickup dispatcher exited with status {status} after "
-                                 f"SIGTERM: {_last_line(log)}")
+                                 f"SIGTERM: {last_line(log)}")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -107,8 +108,10 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
 
 
 def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
-    """The latency no framework can beat, in ms: from the enqueue's commit to a bare
-    claim's durable commit, by a connection that was LISTENing (then the job is deleted)."""
+    """The latency no framework can beat, in ms: from the enqueue's commit to the durable
+    commit of a hand-written claim of 1 job (`queries.LEASE_CLAIM`, the lease cycle
+    ceiling's), sent once a LISTENing connection got the notification (then the job is
+    deleted)."""
     params = bare_claim("bench-pickup-floor", 1)
     latencies = []
     with dsnlib.connect(dsn, autocommit=True) as listener, \
@@ -120,8 +123,10 @@ def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[floa
             committed = time.monotonic_ns()
             if not list(listener.notifies(timeout=PICKUP_TIMEOUT, stop_after=1)):
                 raise BenchError(f"no notification within {PICKUP_TIMEOUT:g}s")
-            ids = [r[0] for r in claimer.execute(sql.CLAIM, params).fetchall()]
+            ids = [r[0] for r in claimer.execute(queries.LEASE_CLAIM, params).fetchall()]
             latencies.append((time.monotonic_ns() - committed) / 1e6)
+            if not ids:  # a floor that claimed nothing would be no floor at all
+                raise BenchError("the pickup floor's claim found no job after its notification")
             claimer.execute(queries.DELETE, {"ids": ids})
     return sorted(latencies)
 
@@ -159,10 +164,11 @@ def _read_stamp(fd: int, proc: subprocess.Popen[bytes], log: IO[bytes],
 def _check_alive(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
     if proc.poll() is not None:
         raise BenchError(f"the pickup dispatcher exited with status {proc.returncode}: "
-                         f"{_last_line(log)}")
+                         f"{last_line(log)}")
 
 
-def _last_line(log: IO[bytes]) -> str:
+def last_line(log: IO[bytes]) -> str:
+    """The last line a subprocess wrote to ``log`` (opened ``w+b``), for an error message."""
     log.seek(0)
     lines = log.read().decode(errors="replace").splitlines()
     return lines[-1] if lines else "(no output)"

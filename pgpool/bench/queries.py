@@ -1,8 +1,10 @@
 """The SQL only `pgpool bench` sends, by name: its scratch schema's life (`scratch`), the
 table upkeep and checks between stages, and the server statistics it reads.
 
-The runtime statements it also uses (`pgpool.sql.CLAIM`, `pgpool.sql.CHANNEL`,
-`pgpool.sql.COPY_JOBS`) stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
+The ceilings and the pickup floor claim with hand-written statements of their own
+(`PICK`, `LEASE_CLAIM`), never pgpool's: they are what a loop with no framework would send.
+The runtime statements the bench also uses (`pgpool.sql.CHANNEL`, `pgpool.sql.COPY_JOBS`)
+stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
 """
 
 from __future__ import annotations
@@ -34,6 +36,30 @@ SELECT count(*) FILTER (WHERE state = 'running' OR run_at <= now()),
        count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at > now()),
        (SELECT count(*) FROM pgpool_dead)
 FROM pgpool_jobs
+"""
+
+#: The "one transaction" ceiling's claim, and the subquery of `LEASE_CLAIM`: up to
+#: ``limit`` ready bench jobs in claim order, locked. The simplest claim a hand-written loop
+#: could send: one kind, no tenant, no fairness. The equalities match the ready index's
+#: leading (queue, kind, tenant) and its ORDER BY the rest, so it reads ``limit`` index
+#: entries however deep the queue (tests/test_bench.py checks the plan).
+PICK: Final = """
+SELECT id FROM pgpool_jobs
+WHERE state = 'ready' AND queue = 'default' AND kind = %(kind)s AND tenant = ''
+ORDER BY priority DESC, run_at, id
+LIMIT %(limit)s
+FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+#: The "lease cycle" ceiling's and the pickup floor's claim: `PICK`'s jobs leased to
+#: ``owner``, to commit on its own (a claim must be durable before its work starts).
+#: ``id = ANY(ARRAY(...))``, as in pgpool's claim: a primary key lookup per id in any plan.
+LEASE_CLAIM: Final = f"""
+UPDATE pgpool_jobs
+SET state = 'running', attempts = attempts + 1, locked_by = %(owner)s, claimed_at = now(),
+    lease_until = now() + interval '60 seconds'
+WHERE id = ANY(ARRAY({PICK}))
+RETURNING id, payload
 """
 
 #: The ceiling loops' and the pickup floor's second statement: the claimed jobs are done.

@@ -34,7 +34,8 @@ def render(report: dict[str, Any]) -> str:
                                    f"commit per batch; {_runs(one)})"),
         ("ceiling: lease cycle", f"{lease['jobs_per_s']:,.0f} jobs/s (claim commit, then "
                                  f"delete commit; {_runs(lease)})"),
-        ("", f"both: no framework, {ceil['connections']} connections, batch {ceil['batch']}"),
+        ("", f"both: hand-written SQL, not pgpool's claim; {ceil['connections']} connections, "
+             f"batch {ceil['batch']}"),
         ("drained", f"{d['jobs_drained']} jobs in {d['seconds']:.2f}s"),
         ("wall", f"{d['wall_jobs_per_s']:,.0f} jobs/s (including worker start-up)"),
         ("steady", f"{d['steady_jobs_per_s']:,.0f} jobs/s (first to last completion)"),
@@ -64,8 +65,8 @@ def render(report: dict[str, Any]) -> str:
                                f"{p['p99_ms']:.2f} ms (target <= 3), max {p['max_ms']:.2f} "
                                f"ms; {p['samples']} jobs, `pgpool run --procs {p['procs']}`"),
         ("pickup floor", f"p50 {p['floor_p50_ms']:.2f} ms, p99 {p['floor_p99_ms']:.2f} ms: "
-                         "enqueue commit -> notification -> a bare claim committed, no "
-                         "framework"),
+                         "enqueue commit -> notification -> a hand-written claim committed, "
+                         "no framework"),
         ("CPU seconds", f"dispatcher {cpu['dispatcher']:.2f}, workers {cpu['workers']:.2f}, "
                         f"local postgres {pg_cpu}"),
     ]
