@@ -45,15 +45,20 @@ class RawJsonLoader(Loader):
         return bytes(data)
 
 
-async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None
-                               ) -> None:
-    """Set up a pooled connection for the claimer: payloads stay raw bytes, transactions
-    are read committed (`sql.READ_COMMITTED`). With ``lease`` (the dispatcher's pool),
-    every statement on it runs with `Lease.lock_timeout` and `Lease.statement_timeout`
-    (unless the DSN, role or database sets them): set once per connection, not once per
-    statement."""
+async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None,
+                               *, claims: bool = False) -> None:
+    """Set up a pooled connection of a dispatcher: payloads stay raw bytes, transactions
+    are read committed (`sql.READ_COMMITTED`), no JIT (`sql.NO_JIT`). With ``lease`` (the
+    dispatcher's pools), every statement on it runs with `Lease.lock_timeout` and
+    `Lease.statement_timeout` (unless the DSN, role or database sets them): set once per
+    connection, not once per statement. With ``claims`` (the claim pool, which runs only
+    the claimer's statements), prepared statements keep one generic plan
+    (`sql.GENERIC_PLANS`)."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
     await conn.execute(sql.READ_COMMITTED)
+    await conn.execute(sql.NO_JIT)
+    if claims:
+        await conn.execute(sql.GENERIC_PLANS)
     if lease is not None:
         await conn.execute(sql.SESSION_TIMEOUTS, {
             "lock": f"{round(lease.lock_timeout * 1000)}ms",

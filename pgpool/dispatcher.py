@@ -92,11 +92,12 @@ log = logging.getLogger("pgpool.dispatcher")
 
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
-#: Pooled connections: one per claim loop, the completer, heartbeat, reaper, stager,
-#: registry, control poll and dead-letter retention; one more with periodic schedules.
-#: The vacuum keeper's look at the statistics takes one in turn with the others; each of
-#: its vacuums opens a connection of its own.
-CONNECTIONS: Final = CLAIM_LOOPS + 7
+#: Pooled connections: the completer, heartbeat, reaper, stager, registry, control poll and
+#: dead-letter retention; one more with periodic schedules. The vacuum keeper's look at
+#: the statistics takes one in turn with the others; each of its vacuums opens a
+#: connection of its own. The claims have a pool of their own, one connection per claim
+#: loop, whose prepared claims keep one plan (`pgpool.claimer.configure_connection`).
+CONNECTIONS: Final = 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
 
@@ -203,9 +204,15 @@ class Dispatcher:
             name="pgpool", kwargs={"autocommit": True},
             configure=functools.partial(configure_connection, lease=self.lease),
         )
+        self.claims_db = AsyncConnectionPool(
+            self.config.dsn, min_size=CLAIM_LOOPS, max_size=CLAIM_LOOPS, open=False,
+            name="pgpool-claims", kwargs={"autocommit": True},
+            configure=functools.partial(configure_connection, lease=self.lease, claims=True),
+        )
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.db.open(wait=True, timeout=30)
+            await self.claims_db.open(wait=True, timeout=30)
             await self._build_parts()
             tasks = self._start_parts()
             if not await self._until_hard_stop(self._serve()):
@@ -226,6 +233,7 @@ class Dispatcher:
                 await self._killing
             if not self.pool.closing:
                 await self.pool.kill_all()
+            await self.claims_db.close()
             await self.db.close()
 
     # --- start-up ---------------------------------------------------------------------------
@@ -266,7 +274,7 @@ class Dispatcher:
     async def _build_parts(self) -> None:
         cfg, db = self.config, self.db
         self.claimer = Claimer(
-            db, self.owner, queues=cfg.queues, handlers=self.handlers,
+            self.claims_db, self.owner, queues=cfg.queues, handlers=self.handlers,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             on_claimed=self.metrics.jobs_claimed if self.metrics else None,
             tenant_cap=cfg.tenant_cap,
