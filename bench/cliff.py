@@ -41,7 +41,7 @@ from drains import (  # bench/ is on the path: this script's directory
     Parser,
     at_least,
     check_running,
-    finish_pgpool_run,
+    expect_exit,
     killed_on_exit,
     last_id,
     marker_states,
@@ -178,7 +178,7 @@ def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id
             if now - last_progress > STALL:
                 raise BenchError(f"`pgpool run` made no progress for {STALL:g}s "
                                  f"({fewest:,} jobs left)")
-        finish_pgpool_run(proc, log)
+        expect_exit(proc, log)
     # A marker claimed and done between a poll and the final count: claimed by the end.
     for name in MARKER_NAMES:
         claimed.setdefault(name, samples[-1][0])

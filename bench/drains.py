@@ -134,22 +134,30 @@ def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
     )
 
 
-def check_running(proc: subprocess.Popen[bytes], log: IO[bytes], when: str) -> None:
-    """`BenchError` if the dispatcher has exited (``when``: how far the drain was)."""
+#: How the errors name the dispatcher.
+PGPOOL_RUN: Final = "`pgpool run`"
+
+
+def check_running(proc: subprocess.Popen[Any], log: IO[bytes], when: str,
+                  title: str = PGPOOL_RUN) -> None:
+    """`BenchError` if ``proc`` (``title`` in the message; its output in ``log``) has
+    exited (``when``: how far the drain was)."""
     if proc.poll() is not None:
-        raise BenchError(f"`pgpool run` exited with status {proc.returncode} {when}: "
+        raise BenchError(f"{title} exited with status {proc.returncode} {when}: "
                          f"{last_line(log)}")
 
 
-def finish_pgpool_run(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
-    """Once the jobs are drained: `BenchError` unless the dispatcher exits 0 in time."""
+def expect_exit(proc: subprocess.Popen[Any], log: IO[bytes], title: str = PGPOOL_RUN
+                ) -> None:
+    """Once the jobs are drained: `BenchError` unless ``proc`` (``title`` in the message;
+    its output in ``log``) exits 0 within `STALL` seconds."""
     try:
         status = proc.wait(STALL)
     except subprocess.TimeoutExpired:
-        raise BenchError(f"`pgpool run --burst` did not exit within {STALL:g}s of the "
-                         "jobs being drained") from None
+        raise BenchError(f"{title} did not exit within {STALL:g}s of the jobs being "
+                         "drained") from None
     if status != 0:
-        raise BenchError(f"`pgpool run` exited with status {status}: {last_line(log)}")
+        raise BenchError(f"{title} exited with status {status}: {last_line(log)}")
 
 
 @contextmanager
