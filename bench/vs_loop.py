@@ -37,10 +37,11 @@ claims. (So pgpool's first hand-off to a worker, between its first claim and its
 job, is not timed; the loop has none.)
 
 CPU per job, from the first job to the end: PostgreSQL's, every visible ``postgres``
-process (`pgpool.bench.cpu`; n/a when the server's processes are not visible, and any
-other local server's count too); the client's, the loop's processes or the dispatcher and
-its workers, read from /proc. The loop's processes keep their connections until the end,
-so that the server processes' CPU is still there to read.
+process but the one serving the bench's own lookups (`pgpool.bench.cpu`; n/a when the
+server's processes are not visible, and any other local server's count too); the
+client's, the loop's processes or the dispatcher and its workers, read from /proc. The
+loop's processes keep their connections until the end, so that their server processes'
+CPU is still there to read.
 
 For the cpu profile, the job is also timed in this process right before each side's
 drain (the median of `JOB_TIMINGS` calls): procs ÷ that time is what the side's processes
@@ -287,7 +288,7 @@ def _watch(conn: psycopg.Connection, side: Loop | Pgpool, stamps: Path, last: in
             raise BenchError(f"{side.title} claimed no job within {STALL:g}s of starting")
         time.sleep(POLL)
     roots = [proc.pid for proc in side.procs]
-    postgres, client = postgres_cpu(), tree_cpu(roots)
+    postgres, client = _server_cpu(conn), tree_cpu(roots)
     size, progressed, fewest, last_done = stamps.stat().st_size, time.monotonic(), n, False
     while True:
         time.sleep(POLL)
@@ -308,7 +309,7 @@ def _watch(conn: psycopg.Connection, side: Loop | Pgpool, stamps: Path, last: in
         if time.monotonic() - progressed > STALL:
             raise BenchError(f"{side.title} made no progress for {STALL:g}s "
                              f"({remaining(conn):,} jobs left)")
-    postgres_used = cpu_between(postgres, postgres_cpu())
+    postgres_used = cpu_between(postgres, _server_cpu(conn))
     client_used = cpu_between(client, tree_cpu(roots))
     started = min(map(int, stamps.read_bytes().split())) / 1e9  # monotonic_ns, system-wide
     seconds = end - started
@@ -316,6 +317,14 @@ def _watch(conn: psycopg.Connection, side: Loop | Pgpool, stamps: Path, last: in
             "startup_seconds": started - launched,
             "postgres_us_per_job": _per_job(postgres_used, n),
             "client_us_per_job": _per_job(client_used, n)}
+
+
+def _server_cpu(conn: psycopg.Connection) -> dict[int, float]:
+    """`postgres_cpu` without the server process of ``conn``: the bench's own lookups, a
+    few every poll, are neither side's cost."""
+    cpu = postgres_cpu()
+    cpu.pop(conn.info.backend_pid, None)
+    return cpu
 
 
 def _per_job(cpu_seconds: float | None, n: int) -> float | None:
