@@ -28,42 +28,35 @@ or does not exit once they are drained ends the run with an error (exit 1), kill
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from itertools import pairwise
-from pathlib import Path
 from typing import IO, Any, Final
 
 import psycopg
+from drains import (  # bench/ is on the path: this script's directory
+    STALL,
+    UNTHROTTLED,
+    Parser,
+    at_least,
+    check_running,
+    expect_exit,
+    killed_on_exit,
+    last_id,
+    marker_states,
+    ratio,
+    remaining,
+    script_main,
+    session,
+    start_pgpool_run,
+)
 
 import pgpool
-from pgpool import dsn as dsnlib
-from pgpool.bench import jobs
 from pgpool.bench.jobs import KIND
 from pgpool.bench.options import BenchError
-from pgpool.bench.pickup import last_line
 from pgpool.bench.progress import Progress
-from pgpool.bench.scratch import scratch_schema, server_facts
-from pgpool.errors import PgpoolError
 
-#: Jobs left: every row is a job not yet done (pgpool deletes a job once it succeeds).
-REMAINING: Final = "SELECT count(*) FROM pgpool_jobs"
-#: The id the round's COPY gave its last job (the table's identity hands out consecutive
-#: ids, and nothing else inserts into the scratch schema).
-LAST_ID: Final = (
-    "SELECT pg_sequence_last_value(pg_get_serial_sequence('pgpool_jobs', 'id')::regclass)"
-)
-#: The state of each marker job: 'ready' until claimed, NULL once done (deleted).
-MARKERS: Final = """
-SELECT m.id, j.state
-FROM unnest(%(ids)s::bigint[]) AS m(id) LEFT JOIN pgpool_jobs AS j USING (id)
-"""
 #: What autovacuum did for the jobs table (statistics, so a little behind).
 TABLE_STATS: Final = """
 SELECT n_dead_tup, last_autovacuum, autovacuum_count,
@@ -74,54 +67,26 @@ FROM pg_stat_user_tables WHERE relid = 'pgpool_jobs'::regclass
 #: Seconds between looks at the marker jobs: the resolution of the claim times (a primary
 #: key lookup of four rows, cheap next to the drive's own statements).
 POLL: Final = 0.02
-#: Seconds without progress (or, once drained, without the dispatcher exiting) that fail
-#: the run.
-STALL: Final = 60.0
-#: The largest `pgpool run --max-claims-per-sec` accepts: a budget the drive never meets.
-UNTHROTTLED: Final = 10_000_000
 #: The marker jobs, by their place in the claim order: the first job, the one after the
 #: first tenth, the one before the last tenth, and the last job (see `drive`).
 MARKER_NAMES: Final = ("first", "tenth", "ninth", "last")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: as `pgpool run` resolves it)")
-    parser.add_argument("--jobs", type=_at_least(10), default=400_000,
+    parser.add_argument("--jobs", type=at_least(10), default=400_000,
                         help="jobs loaded per round (default 400000, at least 10)")
-    parser.add_argument("--rounds", type=_at_least(1), default=2, help="(default 2)")
-    parser.add_argument("--procs", type=_at_least(1), default=2,
+    parser.add_argument("--rounds", type=at_least(1), default=2, help="(default 2)")
+    parser.add_argument("--procs", type=at_least(1), default=2,
                         help="worker processes of the dispatcher (default 2)")
-    parser.add_argument("--batch", type=_at_least(1), default=50,
+    parser.add_argument("--batch", type=at_least(1), default=50,
                         help="jobs per claim (default 50)")
     parser.add_argument("--interval", type=_interval, default=4.0,
                         help=f"seconds between counts of the jobs left (default 4, at most "
                              f"{STALL / 2:g}: a stall is noticed at a count)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    args = parser.parse_args()
-    progress = Progress(sys.stderr)
-    try:
-        report = run(args, progress)
-    except (PgpoolError, psycopg.Error) as exc:
-        print(f"cliff: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("cliff: interrupted", file=sys.stderr)
-        return 130
-    print(json.dumps(report) if args.json else render(report))
-    return 0
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
-        return value
-    return parse
+    return script_main(parser, run, render)
 
 
 def _interval(text: str) -> float:
@@ -137,23 +102,17 @@ def _interval(text: str) -> float:
 def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Every round, in a scratch schema; returns the report as a JSON-ready dict. Raises
     `BenchError` if a dispatcher fails or stalls."""
-    base = dsnlib.resolve(args.dsn)
     rounds: list[dict[str, Any]] = []
-    with (dsnlib.connect(base, autocommit=True) as admin,
-          scratch_schema(admin, base, progress) as scratch,
-          dsnlib.connect(scratch.dsn, autocommit=True) as conn,
-          tempfile.TemporaryDirectory(prefix="pgpool-cliff-") as tmp):
-        server = server_facts(admin)
-        pgpool.migrate(conn)
+    with session(args.dsn, progress) as (server, scratch, conn, tmp):
         for number in range(1, args.rounds + 1):
             progress.step(f"round {number}: loading {args.jobs:,} jobs (COPY, no vacuum)")
             started = time.monotonic()
             pgpool.enqueue_many(conn, KIND, ({"do": "noop"} for _ in range(args.jobs)))
             loaded = time.monotonic() - started
-            last = conn.execute(LAST_ID).fetchone()[0]
+            last = last_id(conn)
             progress.step(f"round {number}: draining with `pgpool run --procs {args.procs} "
                           f"--batch {args.batch} --burst`")
-            with open(Path(tmp) / f"round-{number}.log", "w+b") as log:
+            with open(tmp / f"round-{number}.log", "w+b") as log:
                 drained = drive(conn, scratch.dsn, args, last - args.jobs + 1, log, progress)
             rounds.append({"round": number, "load_seconds": loaded, **drained,
                            "table": table_stats(conn)})
@@ -176,23 +135,16 @@ def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id
     # From "first" to "tenth", and from "ninth" to "last", `tenth` jobs are claimed.
     ids = dict(zip(MARKER_NAMES, (first_id, first_id + tenth, first_id + n - 1 - tenth,
                                   first_id + n - 1), strict=True))
-    # The DSN goes in the environment: `ps` shows a command line to every user.
-    env = {**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
-         "--procs", str(args.procs), "--batch", str(args.batch), "--burst",
-         "--max-claims-per-sec", str(UNTHROTTLED)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    try:
+    proc = start_pgpool_run(dsn, args.procs, args.batch, log)
+    with killed_on_exit([proc]):
         launched = time.monotonic()
         claimed: dict[str, float] = {}  # marker -> seconds since the first claim
         samples = [(0.0, n)]  # (seconds since the first claim, jobs left)
         while True:
             time.sleep(POLL)
-            _check_running(proc, log, "before it claimed a job")
+            check_running(proc, log, "before it claimed a job")
             start = time.monotonic()  # a statement sees the table as of its start
-            if _marker_states(conn, ids)["first"] != "ready":
+            if marker_states(conn, ids)["first"] != "ready":
                 break
             if start - launched > STALL:
                 raise BenchError(f"`pgpool run` claimed no job within {STALL:g}s of starting")
@@ -202,7 +154,7 @@ def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id
         while True:
             time.sleep(POLL)
             now = time.monotonic() - start
-            states = _marker_states(conn, ids)
+            states = marker_states(conn, ids)
             for name, state in states.items():
                 if state != "ready" and name not in claimed:
                     claimed[name] = now
@@ -212,7 +164,7 @@ def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id
             # count at every poll, so that the drain's end is seen within one.
             if now >= next_count or states["last"] is None or exited:
                 counted = time.monotonic() - start
-                left = conn.execute(REMAINING).fetchone()[0]
+                left = remaining(conn)
                 if left < fewest:
                     fewest, last_progress = left, counted
                 if now >= next_count or left == 0:
@@ -222,37 +174,15 @@ def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id
                     progress.update(f"{n - left:,}/{n:,} jobs done in {counted:.1f}s")
                 if left == 0:
                     break
-                _check_running(proc, log, f"with {left:,} jobs left")
+                check_running(proc, log, f"with {left:,} jobs left")
             if now - last_progress > STALL:
                 raise BenchError(f"`pgpool run` made no progress for {STALL:g}s "
                                  f"({fewest:,} jobs left)")
-        try:
-            status = proc.wait(STALL)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"`pgpool run --burst` did not exit within {STALL:g}s of the "
-                             "jobs being drained") from None
-        if status != 0:
-            raise BenchError(f"`pgpool run` exited with status {status}: {last_line(log)}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        expect_exit(proc, log)
     # A marker claimed and done between a poll and the final count: claimed by the end.
     for name in MARKER_NAMES:
         claimed.setdefault(name, samples[-1][0])
     return {"startup_seconds": startup, **summarize(n, samples, claimed, args.interval)}
-
-
-def _marker_states(conn: psycopg.Connection, ids: dict[str, int]) -> dict[str, str | None]:
-    states = dict(conn.execute(MARKERS, {"ids": list(ids.values())}).fetchall())
-    return {name: states[i] for name, i in ids.items()}
-
-
-def _check_running(proc: subprocess.Popen[bytes], log: IO[bytes], when: str) -> None:
-    """`BenchError` if the dispatcher has exited (``when``: how far the drain was)."""
-    if proc.poll() is not None:
-        raise BenchError(f"`pgpool run` exited with status {proc.returncode} {when}: "
-                         f"{last_line(log)}")
 
 
 def summarize(n: int, samples: list[tuple[float, int]], claimed: dict[str, float],
@@ -310,9 +240,9 @@ def render(report: dict[str, Any]) -> str:
                            initial_indent="  ", subsequent_indent="    "),
             f"  first 10% rate {_rate(r['first_tenth_jobs_per_s'])}, last 10% rate "
             f"{_rate(r['last_tenth_jobs_per_s'])}, last/first "
-            f"{_ratio(r['last_to_first_tenth'])} (claim rates, by job)",
+            f"{ratio(r['last_to_first_tenth'])} (claim rates, by job)",
             f"  slowest interval {r['slowest_interval_jobs_per_s']:,.0f} jobs/s = "
-            f"{_ratio(r['slowest_to_first_interval'])} of the first",
+            f"{ratio(r['slowest_to_first_interval'])} of the first",
             f"  pgpool_jobs at the end: n_dead_tup {t['n_dead_tup']:,}, last_autovacuum "
             f"{vacuumed}, autovacuum_count {t['autovacuum_count']}",
         ]
@@ -323,10 +253,6 @@ def render(report: dict[str, Any]) -> str:
 
 def _rate(value: float | None) -> str:
     return "n/a (a tenth claimed within one poll)" if value is None else f"{value:,.0f} jobs/s"
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

@@ -114,12 +114,13 @@ def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("statement", ["PICK", "LEASE_CLAIM"])
+@pytest.mark.parametrize("statement", ["PICK", "PICK_JOBS", "LEASE_CLAIM"])
 def test_hand_written_claims_read_the_ready_index_in_order(db: psycopg.Connection,
                                                             statement: str, mode: str) -> None:
-    # The ceilings and the pickup floor stand for the best a loop of one's own could do: a
-    # sort of every due job, or a scan of the table, would make them no ceiling at all. The
-    # loops repeat the statement, so psycopg prepares it: the generic plan counts too.
+    # The ceilings, the pickup floor and bench/vs_loop.py's loop stand for the best a loop
+    # of one's own could do: a sort of every due job, or a scan of the table, would make
+    # them no ceiling at all. The loops repeat the statement, so psycopg prepares it: the
+    # generic plan counts too.
     pgpool.enqueue_many(db, KIND, ({"do": "noop"} for _ in range(3000)))
     db.execute("ANALYZE pgpool_jobs")
     plan = explain_prepared(db, getattr(queries, statement), bare_claim("owner", 50), mode,

@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import psycopg
-from conftest import BENCH, pgpool_env
-
-BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_bench_%'"
+from conftest import BENCH_SCHEMAS, bench_script_error, run_bench_script
 
 
 def cliff(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(BENCH / "cliff.py"), *args],
-                          env=pgpool_env(dsn, **env), capture_output=True, text=True,
-                          timeout=60)
+    return run_bench_script("cliff.py", dsn, *args, **env)
 
 
 def test_cliff_drains_every_round_and_reports_its_figures(dsn: str, db: psycopg.Connection
@@ -70,10 +65,7 @@ def test_cliff_prints_its_table(dsn: str) -> None:
 def test_a_failing_dispatcher_ends_the_run_with_one_line(dsn: str, db: psycopg.Connection
                                                          ) -> None:
     # `pgpool run` reads PGPOOL_KINDS: a kind no handler registers makes it exit at once.
-    done = cliff(dsn, "--jobs", "100", "--rounds", "1", PGPOOL_KINDS="nope")
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr
-    error = done.stderr.strip().splitlines()[-1]
+    error = bench_script_error(
+        cliff(dsn, "--jobs", "100", "--rounds", "1", PGPOOL_KINDS="nope"), db)
     assert error.startswith("cliff: error: `pgpool run` exited with status 2 before it "
                             "claimed a job: "), error
-    assert db.execute(BENCH_SCHEMAS).fetchall() == []

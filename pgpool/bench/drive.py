@@ -26,7 +26,7 @@ from ..dispatcher import Dispatcher, DispatcherObserver
 from ..enqueue import enqueue_many
 from ..job import Outcome
 from . import jobs, queries
-from .cpu import postgres_cpu, postgres_cpu_between, rusage_seconds
+from .cpu import cpu_between, postgres_cpu, rusage_seconds
 from .figures import quantile
 from .jobs import KIND, STAMPS_ENV
 from .options import BenchError, BenchOptions
@@ -177,7 +177,7 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         "queue_lag_p50_ms": quantile(lags, 0.50),
         "queue_lag_p99_ms": quantile(lags, 0.99),
         "cpu_seconds": {"dispatcher": self_cpu, "workers": children_cpu,
-                        "postgres": postgres_cpu_between(pg_before, observer.postgres_cpu_end)},
+                        "postgres": cpu_between(pg_before, observer.postgres_cpu_end)},
     }
 
 

@@ -43,13 +43,17 @@ FROM pgpool_jobs
 #: could send: one kind, no tenant, no fairness. The equalities match the ready index's
 #: leading (queue, kind, tenant) and its ORDER BY the rest, so it reads ``limit`` index
 #: entries however deep the queue (tests/test_bench.py checks the plan).
-PICK: Final = """
-SELECT id FROM pgpool_jobs
+_PICK_COLUMNS: Final = """
+SELECT {} FROM pgpool_jobs
 WHERE state = 'ready' AND queue = 'default' AND kind = %(kind)s AND tenant = ''
 ORDER BY priority DESC, run_at, id
 LIMIT %(limit)s
 FOR NO KEY UPDATE SKIP LOCKED
 """
+PICK: Final = _PICK_COLUMNS.format("id")
+#: The claim of bench/vs_loop.py's hand-written loop, which runs the jobs it picks: `PICK`
+#: with each job's payload.
+PICK_JOBS: Final = _PICK_COLUMNS.format("id, payload")
 
 #: The "lease cycle" ceiling's and the pickup floor's claim: `PICK`'s jobs leased to
 #: ``owner``, to commit on its own (a claim must be durable before its work starts).

@@ -1,0 +1,193 @@
+"""What the bench scripts that drain jobs with a real ``pgpool run`` share (bench/cliff.py,
+bench/vs_loop.py): their command lines and one-line errors, a migrated scratch schema, the
+``pgpool run --burst`` subprocess and its checks, and marker jobs looked up by primary key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Final, NamedTuple, NoReturn
+
+import psycopg
+
+import pgpool
+from pgpool import dsn as dsnlib
+from pgpool.bench import jobs
+from pgpool.bench.options import BenchError
+from pgpool.bench.pickup import last_line
+from pgpool.bench.progress import Progress
+from pgpool.bench.scratch import Scratch, scratch_schema, server_facts
+from pgpool.errors import PgpoolError
+
+#: Jobs left: every row is a job not yet done (pgpool deletes a job once it succeeds, and
+#: the hand-written loops delete what they ran).
+REMAINING: Final = "SELECT count(*) FROM pgpool_jobs"
+#: The id the last COPY gave its last job (the table's identity hands out consecutive ids,
+#: and nothing else inserts into the scratch schema).
+LAST_ID: Final = (
+    "SELECT pg_sequence_last_value(pg_get_serial_sequence('pgpool_jobs', 'id')::regclass)"
+)
+#: The state of each marker job: 'ready' until claimed, NULL once done (deleted).
+MARKERS: Final = """
+SELECT m.id, j.state
+FROM unnest(%(ids)s::bigint[]) AS m(id) LEFT JOIN pgpool_jobs AS j USING (id)
+"""
+
+#: Seconds without progress (or, once drained, without the processes exiting) that fail
+#: the run.
+STALL: Final = 60.0
+#: The largest `pgpool run --max-claims-per-sec` accepts: a budget a drain never meets.
+UNTHROTTLED: Final = 10_000_000
+
+
+class Parser(argparse.ArgumentParser):
+    """The scripts' command line: a bad option is one line, ``<script>: error: ...``, and
+    exit status 2 (argparse would print the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{script_name(self)}: error: {message}\n")
+
+
+def script_name(parser: argparse.ArgumentParser) -> str:
+    """``cliff`` for bench/cliff.py: how the script names itself in its errors."""
+    return Path(parser.prog).stem
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number no less than ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    return parse
+
+
+def script_main(parser: Parser,
+                run: Callable[[argparse.Namespace, Progress], dict[str, Any]],
+                render: Callable[[dict[str, Any]], str]) -> int:
+    """Parse the command line (which has ``--json``), run, print the report (as one JSON
+    object with ``--json``); the exit status. A failure is one line on stderr, no
+    traceback: the run's own checks raise `BenchError`, and the database's errors are the
+    user's to act on too."""
+    args = parser.parse_args()
+    name = script_name(parser)
+    try:
+        report = run(args, Progress(sys.stderr))
+    except (PgpoolError, psycopg.Error) as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    print(json.dumps(report) if args.json else render(report))
+    return 0
+
+
+class Session(NamedTuple):
+    """Where a script drains its jobs."""
+
+    server: dict[str, str]
+    scratch: Scratch
+    #: Autocommit, on the scratch schema, migrated.
+    conn: psycopg.Connection
+    #: A temporary directory for the subprocesses' output.
+    tmp: Path
+
+
+@contextmanager
+def session(cli_dsn: str | None, progress: Progress) -> Iterator[Session]:
+    """A migrated scratch schema on the database ``--dsn`` names (resolved as `pgpool run`
+    resolves it); the schema and the temporary directory are gone on the way out."""
+    base = dsnlib.resolve(cli_dsn)
+    with (dsnlib.connect(base, autocommit=True) as admin,
+          scratch_schema(admin, base, progress) as scratch,
+          dsnlib.connect(scratch.dsn, autocommit=True) as conn,
+          tempfile.TemporaryDirectory(prefix="pgpool-bench-") as tmp):
+        server = server_facts(admin)
+        pgpool.migrate(conn)
+        yield Session(server, scratch, conn, Path(tmp))
+
+
+def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
+                     **env: str) -> subprocess.Popen[bytes]:
+    """``pgpool run --burst`` of the bench jobs on ``dsn``, its claims unthrottled, its
+    output in ``log``, with ``env`` added to its environment."""
+    # The DSN goes in the environment: `ps` shows a command line to every user.
+    env = {**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING", **env}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
+         "--procs", str(procs), "--batch", str(batch), "--burst",
+         "--max-claims-per-sec", str(UNTHROTTLED)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+
+
+#: How the errors name the dispatcher.
+PGPOOL_RUN: Final = "`pgpool run`"
+
+
+def check_running(proc: subprocess.Popen[Any], log: IO[bytes], when: str,
+                  title: str = PGPOOL_RUN) -> None:
+    """`BenchError` if ``proc`` (``title`` in the message; its output in ``log``) has
+    exited (``when``: how far the drain was)."""
+    if proc.poll() is not None:
+        raise BenchError(f"{title} exited with status {proc.returncode} {when}: "
+                         f"{last_line(log)}")
+
+
+def expect_exit(proc: subprocess.Popen[Any], log: IO[bytes], title: str = PGPOOL_RUN
+                ) -> None:
+    """Once the jobs are drained: `BenchError` unless ``proc`` (``title`` in the message;
+    its output in ``log``) exits 0 within `STALL` seconds."""
+    try:
+        status = proc.wait(STALL)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{title} did not exit within {STALL:g}s of the jobs being "
+                         "drained") from None
+    if status != 0:
+        raise BenchError(f"{title} exited with status {status}: {last_line(log)}")
+
+
+@contextmanager
+def killed_on_exit(procs: Iterable[subprocess.Popen[Any]]) -> Iterator[None]:
+    """Kill (and reap) those of ``procs`` still running on the way out, however it goes."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def marker_states(conn: psycopg.Connection, ids: dict[str, int]) -> dict[str, str | None]:
+    """The state of each marker job (named: id), by name; None once done."""
+    states = dict(conn.execute(MARKERS, {"ids": list(ids.values())}).fetchall())
+    return {name: states[i] for name, i in ids.items()}
+
+
+def remaining(conn: psycopg.Connection) -> int:
+    """How many jobs are left."""
+    return conn.execute(REMAINING).fetchone()[0]
+
+
+def last_id(conn: psycopg.Connection) -> int:
+    """The id of the last job loaded: the last in claim order of a COPY just made."""
+    return conn.execute(LAST_ID).fetchone()[0]
+
+
+def ratio(value: float | None) -> str:
+    """A ratio for the text report, or n/a."""
+    return "n/a" if value is None else f"{value:.2f}"

@@ -1,0 +1,436 @@
+"""pgpool against a hand-written loop: the same jobs, the same machine, in turns (issue 20).
+
+    python bench/vs_loop.py [--dsn DSN] [--profile noop|cpu] [--jobs N] [--procs 2]
+                            [--batch 50] [--rounds 2] [--json]
+
+Why: issue 20 measures what pgpool costs against the simplest loop one could write
+oneself, with targets: a no-op drain at >= 0.8 of the loop's jobs/s; 5 ms CPU jobs at
+>= 0.97 of the loop's jobs/s and of procs ÷ job time; PostgreSQL CPU per job <= 1.2x the
+loop's. A small VM's speed drifts by up to 20% over minutes, so the two sides take turns
+within one run and each figure is compared with the other side's of the same round.
+
+Each round, each side gets ``--jobs`` fresh jobs of the bench's ``--profile`` (``noop``
+returns at once; ``cpu`` is a SHA-256 chain calibrated on this host to about 5 ms,
+`pgpool.bench.profiles`; 40,000 and 2,000 jobs by default), COPY-loaded by
+`pgpool.enqueue_many` into the just-vacuumed table of a scratch schema
+(`pgpool.bench.scratch`, dropped at the end). Round 1 runs the loop first, round 2 pgpool,
+and so on, so that neither always goes first.
+
+- The loop: ``--procs`` processes (this script, `LOOP_PROCESS`), each on its own
+  connection, repeating: BEGIN; a pick of ``--batch`` jobs on the ready index, ``SELECT ...
+  FOR NO KEY UPDATE SKIP LOCKED`` (`pgpool.bench.queries.PICK_JOBS`); each job run
+  in-process as a pgpool worker runs it (``orjson.loads`` of the payload, then the
+  registered bench handler); a DELETE of their ids; COMMIT; until the pick comes back
+  empty. The issue's "hand-written loop (two processes, a SKIP LOCKED claim of 50 and a
+  grouped delete)".
+- pgpool: a real ``pgpool run --procs P --batch B --burst`` of the bench handlers, its
+  claim budget lifted, until it exits 0.
+
+Timing, the same for both sides and without process start-up: the clock starts when the
+first job starts and stops when the last is done. One job in 64 of the profile's payloads
+(`pgpool.bench.profiles.LAG_SAMPLE_EVERY`), the first one included, writes its start time
+to a file (`pgpool.bench.jobs.STAMPS_ENV`) on either side; the earliest is the start. The
+end: a primary key lookup of the last job in claim order every `POLL` s, then, once it is
+gone, a count of the jobs left at every poll until there are none. The loop's processes
+connect, then wait for a go, as pgpool's dispatcher waits for its workers before it
+claims. (So pgpool's first hand-off to a worker, between its first claim and its first
+job, is not timed; the loop has none.)
+
+CPU per job, from the first job to the end: PostgreSQL's, every visible ``postgres``
+process but the one serving the bench's own lookups (`pgpool.bench.cpu`; n/a when the
+server's processes are not visible, and any other local server's count too); the
+client's, the loop's processes or the dispatcher and its workers, read from /proc. The
+loop's processes keep their connections until the end, so that their server processes'
+CPU is still there to read.
+
+For the cpu profile, the job is also timed in this process right before each side's
+drain (the median of `JOB_TIMINGS` calls): procs ÷ that time is what the side's processes
+could do if claiming cost nothing, and each side's jobs/s is given as a fraction of it.
+
+Per round and side it prints jobs/s and the CPU per job, per round pgpool/loop of jobs/s
+and of PostgreSQL CPU per job, then the mean of each ratio against its target and the
+command that reproduces the run; ``--json`` prints all of it as one JSON object instead.
+A side that fails, makes no progress for `STALL` seconds or leaves jobs behind ends the
+run with one line (``vs_loop: error: ...``, exit 1), its processes killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any, Final
+
+import drains  # bench/ is on the path: this script's directory
+import orjson
+import psycopg
+from drains import STALL, ratio, remaining
+
+import pgpool
+from pgpool import dsn as dsnlib
+from pgpool import registry
+from pgpool.bench import profiles, queries
+from pgpool.bench.ceilings import bare_claim
+from pgpool.bench.cpu import cpu_between, postgres_cpu, tree_cpu
+from pgpool.bench.jobs import KIND, STAMPS_ENV
+from pgpool.bench.options import BenchError
+from pgpool.bench.progress import Progress
+from pgpool.bench.scratch import expect_empty, vacuum
+from pgpool.claimer import RawJsonLoader
+
+#: Seconds between looks at the last job and the jobs left: the end is seen within this.
+POLL: Final = 0.005
+#: Calls of the cpu job timed before each drain (the median is reported).
+JOB_TIMINGS: Final = 50
+SIDES: Final = ("loop", "pgpool")
+#: What each round compares, pgpool's figure over the loop's.
+RATIOS: Final = ("jobs_per_s", "postgres_cpu_per_job")
+#: ``--jobs`` by profile.
+DEFAULT_JOBS: Final = {"noop": 40_000, "cpu": 2_000}
+#: The issue's targets: pgpool's jobs/s against the loop's (and, for cpu, against procs ÷
+#: job time), at least; its PostgreSQL CPU per job against the loop's, at most.
+JOBS_TARGET: Final = {"noop": 0.8, "cpu": 0.97}
+POSTGRES_TARGET: Final = 1.2
+#: The first argument of the loop's processes (this script run again): not for users.
+LOOP_PROCESS: Final = "--loop-process"
+
+
+def main() -> int:
+    parser = drains.Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: as `pgpool run` resolves it)")
+    parser.add_argument("--profile", choices=tuple(DEFAULT_JOBS), default="noop",
+                        help="noop returns at once, cpu is a ~5 ms SHA-256 chain (default noop)")
+    parser.add_argument("--jobs", type=drains.at_least(1),
+                        help="jobs per side and round (default 40000 for noop, 2000 for cpu)")
+    parser.add_argument("--procs", type=drains.at_least(1), default=2,
+                        help="the loop's processes and pgpool's workers (default 2)")
+    parser.add_argument("--batch", type=drains.at_least(1), default=50,
+                        help="jobs per claim (default 50)")
+    parser.add_argument("--rounds", type=drains.at_least(1), default=2, help="(default 2)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    return drains.script_main(parser, run, render)
+
+
+def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """Every round, in a scratch schema; returns the report as a JSON-ready dict. Raises
+    `BenchError` if a side fails, stalls or leaves jobs behind."""
+    n = args.jobs or DEFAULT_JOBS[args.profile]
+    progress.step(f"calibrating the {args.profile} profile")
+    cpu_rounds, _ = profiles.calibrate(args.profile)
+    payloads = profiles.payloads(args.profile, n, cpu_rounds)
+    job = {"do": "cpu", "rounds": cpu_rounds} if args.profile == "cpu" else None
+    rounds: list[dict[str, Any]] = []
+    with drains.session(args.dsn, progress) as (server, scratch, conn, tmp):
+        for number in range(1, args.rounds + 1):
+            order = SIDES if number % 2 else SIDES[::-1]
+            figures = {}
+            for side in order:
+                progress.step(f"round {number}, {side}: loading {n:,} jobs")
+                vacuum(conn)
+                pgpool.enqueue_many(conn, KIND, payloads)
+                progress.step(f"round {number}, {side}: draining them")
+                with open(tmp / f"{side}.log", "w+b") as log:
+                    runner = RUNNERS[side](scratch.dsn, args.procs, args.batch, log)
+                    figures[side] = drain(conn, runner, n, job, tmp / f"{side}.stamps")
+                progress.step(f"round {number}, {side}: {figures[side]['jobs_per_s']:,.0f} "
+                              "jobs/s")
+            rounds.append({"round": number, "order": list(order), **figures,
+                           "pgpool_to_loop": _ratios(figures["loop"], figures["pgpool"])})
+    means: dict[str, Any] = {"pgpool_to_loop": {
+        key: _mean(r["pgpool_to_loop"][key] for r in rounds) for key in RATIOS}}
+    if job:
+        means["to_reference"] = {side: _mean(r[side]["to_reference"] for r in rounds)
+                                 for side in SIDES}
+    return {"server": server, "schema": scratch.name,
+            "options": {"profile": args.profile, "jobs": n, "procs": args.procs,
+                        "batch": args.batch, "rounds": args.rounds,
+                        "cpu_job_rounds": cpu_rounds, "max_claims_per_sec": drains.UNTHROTTLED},
+            "rounds": rounds, "mean": means,
+            "targets": {"jobs_per_s": JOBS_TARGET[args.profile],
+                        "postgres_cpu_per_job": POSTGRES_TARGET},
+            "command": _command(args, n)}
+
+
+class Loop:
+    """The hand-written loop's processes (`loop_process`), driven through their pipes."""
+
+    title = "the loop"
+    #: How the errors name one of its processes.
+    process = "a loop process"
+
+    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
+        self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
+        self.procs: list[subprocess.Popen[bytes]] = []
+        #: Jobs each process ran, by index, once it found nothing more to claim.
+        self.ran: dict[int, int] = {}
+
+    def start(self, env: dict[str, str]) -> None:
+        """Start the processes; once all are connected, tell them to go."""
+        env = {**os.environ, "PGPOOL_DSN": self.dsn, **env}
+        for _ in range(self.count):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, __file__, LOOP_PROCESS, str(self.batch)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env))
+        for proc in self.procs:
+            self._line(proc, "connecting")
+        for proc in self.procs:
+            # A process that died meanwhile is named by the next `check`.
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(b"go\n")
+                proc.stdin.flush()
+
+    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
+        """`BenchError` if a process has exited, or if all of them found nothing to claim
+        with jobs left."""
+        for proc in self.procs:
+            if proc.poll() is not None:
+                drains.check_running(proc, self.log, _when(conn, claimed), self.process)
+        waiting = {proc.stdout: i for i, proc in enumerate(self.procs) if i not in self.ran}
+        for out in select.select(list(waiting), [], [], 0)[0]:
+            line = out.readline()
+            if line:  # else it has just exited: the next check says so
+                self.ran[waiting[out]] = int(line)
+        if len(self.ran) == self.count and (left := remaining(conn)):
+            raise BenchError(f"the loop's processes found no job to claim with {left:,} "
+                             "jobs left")
+
+    def finish(self, n: int) -> None:
+        """Once the jobs are drained: `BenchError` unless every process says how many jobs
+        it ran, ``n`` in all, and exits 0 when told to."""
+        for i, proc in enumerate(self.procs):
+            if i not in self.ran:
+                self.ran[i] = int(self._line(proc, "finishing its last batch"))
+            proc.stdin.close()  # its cue to disconnect and exit
+        for proc in self.procs:
+            drains.expect_exit(proc, self.log, self.process)
+        if sum(self.ran.values()) != n:
+            raise BenchError(f"the loop's processes ran {sum(self.ran.values()):,} jobs, not "
+                             f"{n:,}")
+
+    def _line(self, proc: subprocess.Popen[bytes], doing: str) -> bytes:
+        """The next line ``proc`` writes; `BenchError` if it exits or takes `STALL`
+        seconds first (``doing``: what it was doing)."""
+        if not select.select([proc.stdout], [], [], STALL)[0]:
+            raise BenchError(f"{self.process} took over {STALL:g}s {doing}")
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            drains.check_running(proc, self.log, f"while {doing}", self.process)
+        return line
+
+
+class Pgpool:
+    """A real ``pgpool run --burst`` (`drains.start_pgpool_run`), with the interface of
+    `Loop`."""
+
+    title = drains.PGPOOL_RUN
+
+    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
+        self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str]) -> None:
+        self.procs.append(
+            drains.start_pgpool_run(self.dsn, self.count, self.batch, self.log, **env))
+
+    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
+        if self.procs[0].poll() is not None:
+            drains.check_running(self.procs[0], self.log, _when(conn, claimed))
+
+    def finish(self, n: int) -> None:
+        # That it ran all n jobs is `expect_empty`'s to check: a failed job is
+        # dead-lettered, not left.
+        drains.expect_exit(self.procs[0], self.log)
+
+
+RUNNERS: Final = {"loop": Loop, "pgpool": Pgpool}
+
+
+def _when(conn: psycopg.Connection, claimed: bool) -> str:
+    return f"with {remaining(conn):,} jobs left" if claimed else "before it claimed a job"
+
+
+def drain(conn: psycopg.Connection, side: Loop | Pgpool, n: int, job: dict[str, Any] | None,
+          stamps: Path) -> dict[str, Any]:
+    """Drain the ``n`` jobs just loaded with ``side``, its jobs' start times in
+    ``stamps``; its figures. Its processes are killed if anything goes wrong. ``job``: the
+    cpu profile's job, timed here first."""
+    job_seconds = _time_job(job) if job else None
+    last = drains.last_id(conn)
+    stamps.write_bytes(b"")
+    with drains.killed_on_exit(side.procs):
+        figures = _watch(conn, side, stamps, last, n)
+        side.finish(n)
+    expect_empty(conn, side.title, 0)
+    if job_seconds is not None:
+        reference = side.count / job_seconds
+        figures |= {"job_seconds": job_seconds, "reference_jobs_per_s": reference,
+                    "to_reference": figures["jobs_per_s"] / reference}
+    return figures
+
+
+def _watch(conn: psycopg.Connection, side: Loop | Pgpool, stamps: Path, last: int,
+           n: int) -> dict[str, Any]:
+    """Start ``side``, wait for its first job to start, then for the table to be empty;
+    the drain's figures: its time, jobs/s and CPU per job."""
+    launched = time.monotonic()
+    side.start({STAMPS_ENV: str(stamps)})
+    while not stamps.stat().st_size:
+        side.check(conn, claimed=False)
+        if time.monotonic() - launched > STALL:
+            raise BenchError(f"{side.title} claimed no job within {STALL:g}s of starting")
+        time.sleep(POLL)
+    roots = [proc.pid for proc in side.procs]
+    postgres, client = _server_cpu(conn), tree_cpu(roots)
+    size, progressed, fewest, last_done = stamps.stat().st_size, time.monotonic(), n, False
+    while True:
+        time.sleep(POLL)
+        # Until the last job in claim order is done, a primary key lookup: a count of the
+        # jobs left at every poll would cost PostgreSQL far more.
+        last_done = last_done or drains.marker_states(conn, {"last": last})["last"] is None
+        if last_done:
+            end = time.monotonic()  # a statement sees the table as of its start
+            left = remaining(conn)
+            if left == 0:
+                break
+            if left < fewest:
+                fewest, progressed = left, end
+        # Jobs starting are progress too (one in 64 writes a stamp).
+        if (grown := stamps.stat().st_size) > size:
+            size, progressed = grown, time.monotonic()
+        side.check(conn, claimed=True)
+        if time.monotonic() - progressed > STALL:
+            raise BenchError(f"{side.title} made no progress for {STALL:g}s "
+                             f"({remaining(conn):,} jobs left)")
+    postgres_used = cpu_between(postgres, _server_cpu(conn))
+    client_used = cpu_between(client, tree_cpu(roots))
+    started = min(map(int, stamps.read_bytes().split())) / 1e9  # monotonic_ns, system-wide
+    seconds = end - started
+    return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds,
+            "startup_seconds": started - launched,
+            "postgres_us_per_job": _per_job(postgres_used, n),
+            "client_us_per_job": _per_job(client_used, n)}
+
+
+def _server_cpu(conn: psycopg.Connection) -> dict[int, float]:
+    """`postgres_cpu` without the server process of ``conn``: the bench's own lookups, a
+    few every poll, are neither side's cost."""
+    cpu = postgres_cpu()
+    cpu.pop(conn.info.backend_pid, None)
+    return cpu
+
+
+def _per_job(cpu_seconds: float | None, n: int) -> float | None:
+    return None if cpu_seconds is None else cpu_seconds / n * 1e6
+
+
+def _time_job(job: dict[str, Any]) -> float:
+    """Median seconds of `JOB_TIMINGS` calls of the bench handler on ``job``, here."""
+    run_job = registry.registered()[KIND].fn
+    times = []
+    for _ in range(JOB_TIMINGS):
+        started = time.perf_counter()
+        run_job(job)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _ratios(loop: dict[str, Any], pgpool: dict[str, Any]) -> dict[str, float | None]:
+    """pgpool's figures over the loop's (`RATIOS`), for one round; None where n/a."""
+    pg_loop, pg_pgpool = loop["postgres_us_per_job"], pgpool["postgres_us_per_job"]
+    return {"jobs_per_s": pgpool["jobs_per_s"] / loop["jobs_per_s"],
+            "postgres_cpu_per_job": pg_pgpool / pg_loop if pg_loop and pg_pgpool else None}
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _command(args: argparse.Namespace, n: int) -> str:
+    """The command line that reproduces the run (the DSN stays out: it may hold a
+    password)."""
+    dsn = " --dsn DSN" if args.dsn else ""
+    return (f"python bench/vs_loop.py{dsn} --profile {args.profile} --jobs {n} "
+            f"--procs {args.procs} --batch {args.batch} --rounds {args.rounds}")
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text: a line per round and side, a line of ratios per round, the
+    means against their targets, and the command."""
+    s, o, t = report["server"], report["options"], report["targets"]
+    lines = [f"pgpool against a hand-written loop: {o['jobs']:,} {o['profile']} jobs per side "
+             f"and round, {o['procs']} processes each, batch {o['batch']}; PostgreSQL "
+             f"{s['version']} (fsync={s['fsync']}, "
+             f"synchronous_commit={s['synchronous_commit']})"]
+    for r in report["rounds"]:
+        for side in r["order"]:
+            f = r[side]
+            line = (f"round {r['round']} {side:<6}  {f['jobs_per_s']:>9,.0f} jobs/s in "
+                    f"{f['seconds']:.2f}s; CPU per job: PostgreSQL "
+                    f"{_us(f['postgres_us_per_job'])}, client {_us(f['client_us_per_job'])}")
+            if "to_reference" in f:
+                line += (f"; {ratio(f['to_reference'])} of procs ÷ job time "
+                         f"({f['reference_jobs_per_s']:,.0f} jobs/s, job "
+                         f"{f['job_seconds'] * 1e3:.2f} ms)")
+            lines.append(line)
+        p = r["pgpool_to_loop"]
+        lines.append(f"round {r['round']} pgpool/loop: jobs/s {ratio(p['jobs_per_s'])}, "
+                     f"PostgreSQL CPU per job {ratio(p['postgres_cpu_per_job'])}")
+    m = report["mean"]["pgpool_to_loop"]
+    lines.append(f"mean pgpool/loop: jobs/s {ratio(m['jobs_per_s'])} (target >= "
+                 f"{t['jobs_per_s']:g}), PostgreSQL CPU per job "
+                 f"{ratio(m['postgres_cpu_per_job'])} (target <= "
+                 f"{t['postgres_cpu_per_job']:g})")
+    if "to_reference" in report["mean"]:
+        m = report["mean"]["to_reference"]
+        lines.append(f"mean of procs ÷ job time: pgpool {ratio(m['pgpool'])} (target >= "
+                     f"{t['jobs_per_s']:g}), loop {ratio(m['loop'])}")
+    lines.append(f"reproduce: {report['command']}")
+    return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} µs"
+
+
+def loop_process(batch: int) -> int:
+    """One process of the hand-written loop, on the DSN in ``PGPOOL_DSN``. On its pipes:
+    it writes a line once connected and starts at the first line it reads; once a pick
+    comes back empty it writes how many jobs it ran, then keeps its connection (whose
+    server process's CPU the bench reads at the end) until its stdin closes."""
+    run_job = registry.registered()[KIND].fn  # what a worker calls
+    params = bare_claim("", batch)
+    with dsnlib.connect(os.environ["PGPOOL_DSN"], autocommit=True) as conn:
+        # Payloads as the raw JSON bytes, as pgpool's claimer has them: decoded by orjson
+        # per job, as a worker does.
+        conn.adapters.register_loader("jsonb", RawJsonLoader)
+        print("connected", flush=True)
+        sys.stdin.readline()
+        ran = 0
+        while True:
+            with conn.transaction():
+                picked = conn.execute(queries.PICK_JOBS, params).fetchall()
+                for _, payload in picked:
+                    run_job(orjson.loads(payload))
+                if picked:
+                    conn.execute(queries.DELETE, {"ids": [id_ for id_, _ in picked]})
+            if not picked:
+                break
+            ran += len(picked)
+        print(ran, flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == [LOOP_PROCESS]:
+        sys.exit(loop_process(int(sys.argv[2])))
+    sys.exit(main())
