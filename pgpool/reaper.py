@@ -28,7 +28,8 @@ from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
-from .retry import FREE_INTERRUPTIONS, Failures, every
+from .repeat import every
+from .retry import FREE_INTERRUPTIONS, Failures
 
 log = logging.getLogger("pgpool.reaper")
 

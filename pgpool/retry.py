@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NoReturn
-
-import psycopg
 
 from .errors import first_line
 from .logs import event
@@ -60,21 +55,6 @@ class Failures:
                   "%s works again after %d failures in %.1fs", self.what, self.count,
                   seconds, what=self.what, failures=self.count, seconds=round(seconds, 3))
             self.count = 0
-
-
-async def every(interval: float, step: Callable[[], Awaitable[object]],
-                failures: Failures) -> NoReturn:
-    """Await ``step`` every ``interval`` seconds, until cancelled. A database or network
-    error is one more of ``failures``, and the next step comes on time as usual: the parts
-    that run this way (the reaper, dead-letter retention, the vacuum keeper) start over at
-    every step."""
-    while True:
-        try:
-            await step()
-            failures.succeeded()
-        except (psycopg.Error, OSError) as exc:
-            failures.failed(exc)
-        await asyncio.sleep(interval)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,16 +46,17 @@ Contract:
   ``--max-claims-per-sec`` (without that option the drive runs unthrottled and is compared
   with run's default); ack flushes, their mean size and latency p50/p99; transactions per
   job (``pg_stat_database.xact_commit`` of the whole database, so other traffic counts);
-  statements per job, counted as checkouts of the dispatcher's connection pool from its
+  statements per job, counted as checkouts of the dispatcher's two connection pools from its
   start-up to its drain (claims, acks, heartbeats and reaper passes send one statement per
-  checkout, a host registry beat two; the LISTEN connection, the start-up schema check and
-  the registration are not counted); queue lag p50/p99 (enqueue commit to handler start,
-  for 1 job in 64, all seeded in one transaction, so the lag of the last ones is about the
-  drain time); CPU seconds of the dispatcher, its workers and the local ``postgres``
-  processes (``n/a`` when none are visible); the formula ``procs * batch / (claim_rtt +
-  batch * handle_time)`` next to what was achieved; and "workers only", procs / the
-  workers' CPU per job, the most they could do with their cores to themselves (the cpu
-  profile's reference).
+  checkout, a host registry beat two, a plain claim that finds tenants or keys waiting and
+  makes way for the fair one two; the LISTEN connection, the vacuum keeper's own
+  connections, the start-up schema check and the registration are not counted); queue lag
+  p50/p99 (enqueue commit to handler start, for 1 job in 64, all seeded in one transaction,
+  so the lag of the last ones is about the drain time); CPU seconds of the dispatcher, its
+  workers and the local ``postgres`` processes (``n/a`` when none are visible); the formula
+  ``procs * batch / (claim_rtt + batch * handle_time)`` next to what was achieved; and
+  "workers only", procs / the workers' CPU per job, the most they could do with their cores
+  to themselves (the cpu profile's reference).
 - Pickup (`pickup`): then a real ``pgpool run --procs 1`` subprocess serves the bench
   schema. Once its LISTEN is in place and a warm-up job ran, jobs are enqueued one at a
   time, each in its own committed transaction, 5-20 ms apart so the queue is idle: pickup

@@ -94,7 +94,9 @@ class DriveObserver(DispatcherObserver):
 
 
 def _checkouts(dispatcher: Dispatcher) -> int:
-    return dispatcher.db.get_stats().get("requests_num", 0)  # absent before the first
+    """Checkouts of the dispatcher's two pools, its claims' and the rest's."""
+    return sum(pool.get_stats().get("requests_num", 0)  # absent before the first
+               for pool in (dispatcher.db, dispatcher.claims_db))
 
 
 def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
