@@ -1,7 +1,7 @@
 """pgpool against a hand-written loop: the same jobs, the same machine, in turns (issue 20).
 
     python bench/vs_loop.py [--dsn DSN] [--profile noop|cpu] [--jobs N] [--procs 2]
-                            [--batch 50] [--rounds 2] [--json]
+                            [--batch 50] [--rounds 2] [--loop transaction|lease] [--json]
 
 Why: issue 20 measures what pgpool costs against the simplest loop one could write
 oneself, with targets: a no-op drain at >= 0.8 of the loop's jobs/s; 5 ms CPU jobs at
@@ -22,7 +22,11 @@ and so on, so that neither always goes first.
   in-process as a pgpool worker runs it (``orjson.loads`` of the payload, then the
   registered bench handler); a DELETE of their ids; COMMIT; until the pick comes back
   empty. The issue's "hand-written loop (two processes, a SKIP LOCKED claim of 50 and a
-  grouped delete)".
+  grouped delete)". With ``--loop lease``, the loop a queue with leases would write
+  instead: the claim (`pgpool.bench.queries.LEASE_CLAIM`, an UPDATE of the picked rows to
+  running) commits before the jobs run, and the DELETE commits after. Its jobs survive the
+  loop's crash, which the one transaction's do not only by rolling back: the two commits
+  and the UPDATE are what any lease costs the database, pgpool's included.
 - pgpool: a real ``pgpool run --procs P --batch B --burst`` of the bench handlers, its
   claim budget lifted, until it exits 0.
 
@@ -98,6 +102,9 @@ DEFAULT_JOBS: Final = {"noop": 40_000, "cpu": 2_000}
 #: job time), at least; its PostgreSQL CPU per job against the loop's, at most.
 JOBS_TARGET: Final = {"noop": 0.8, "cpu": 0.97}
 POSTGRES_TARGET: Final = 1.2
+#: How the loop commits (``--loop``), as the report names it.
+LOOP_CYCLES: Final = {"transaction": "claim, jobs and delete in one transaction",
+                      "lease": "the claim committed, then the delete"}
 #: The first argument of the loop's processes (this script run again): not for users.
 LOOP_PROCESS: Final = "--loop-process"
 
@@ -114,6 +121,9 @@ def main() -> int:
     parser.add_argument("--batch", type=drains.at_least(1), default=50,
                         help="jobs per claim (default 50)")
     parser.add_argument("--rounds", type=drains.at_least(1), default=2, help="(default 2)")
+    parser.add_argument("--loop", choices=LOOP_CYCLES, default="transaction",
+                        help="the loop's claim and delete in one transaction, or each "
+                             "committed (a lease) (default transaction)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return drains.script_main(parser, run, render)
 
@@ -137,7 +147,9 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 pgpool.enqueue_many(conn, KIND, payloads)
                 progress.step(f"round {number}, {side}: draining them")
                 with open(tmp / f"{side}.log", "w+b") as log:
-                    runner = RUNNERS[side](scratch.dsn, args.procs, args.batch, log)
+                    runner = (Loop(scratch.dsn, args.procs, args.batch, log, args.loop)
+                              if side == "loop" else
+                              Pgpool(scratch.dsn, args.procs, args.batch, log))
                     figures[side] = drain(conn, runner, n, job, tmp / f"{side}.stamps")
                 progress.step(f"round {number}, {side}: {figures[side]['jobs_per_s']:,.0f} "
                               "jobs/s")
@@ -150,7 +162,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                                  for side in SIDES}
     return {"server": server, "schema": scratch.name,
             "options": {"profile": args.profile, "jobs": n, "procs": args.procs,
-                        "batch": args.batch, "rounds": args.rounds,
+                        "batch": args.batch, "rounds": args.rounds, "loop": args.loop,
                         "cpu_job_rounds": cpu_rounds, "max_claims_per_sec": drains.UNTHROTTLED},
             "rounds": rounds, "mean": means,
             "targets": {"jobs_per_s": JOBS_TARGET[args.profile],
@@ -165,8 +177,9 @@ class Loop:
     #: How the errors name one of its processes.
     process = "a loop process"
 
-    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
+    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes], cycle: str) -> None:
         self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
+        self.cycle = cycle
         self.procs: list[subprocess.Popen[bytes]] = []
         #: Jobs each process ran, by index, once it found nothing more to claim.
         self.ran: dict[int, int] = {}
@@ -176,7 +189,7 @@ class Loop:
         env = {**os.environ, "PGPOOL_DSN": self.dsn, **env}
         for _ in range(self.count):
             self.procs.append(subprocess.Popen(
-                [sys.executable, __file__, LOOP_PROCESS, str(self.batch)],
+                [sys.executable, __file__, LOOP_PROCESS, str(self.batch), self.cycle],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env))
         for proc in self.procs:
             self._line(proc, "connecting")
@@ -248,9 +261,6 @@ class Pgpool:
         # That it ran all n jobs is `expect_empty`'s to check: a failed job is
         # dead-lettered, not left.
         drains.expect_exit(self.procs[0], self.log)
-
-
-RUNNERS: Final = {"loop": Loop, "pgpool": Pgpool}
 
 
 def _when(conn: psycopg.Connection, claimed: bool) -> str:
@@ -359,15 +369,17 @@ def _command(args: argparse.Namespace, n: int) -> str:
     password)."""
     dsn = " --dsn DSN" if args.dsn else ""
     return (f"python bench/vs_loop.py{dsn} --profile {args.profile} --jobs {n} "
-            f"--procs {args.procs} --batch {args.batch} --rounds {args.rounds}")
+            f"--procs {args.procs} --batch {args.batch} --rounds {args.rounds} "
+            f"--loop {args.loop}")
 
 
 def render(report: dict[str, Any]) -> str:
     """The report as text: a line per round and side, a line of ratios per round, the
     means against their targets, and the command."""
     s, o, t = report["server"], report["options"], report["targets"]
-    lines = [f"pgpool against a hand-written loop: {o['jobs']:,} {o['profile']} jobs per side "
-             f"and round, {o['procs']} processes each, batch {o['batch']}; PostgreSQL "
+    lines = [f"pgpool against a hand-written loop ({LOOP_CYCLES[o['loop']]}): {o['jobs']:,} "
+             f"{o['profile']} jobs per side and round, {o['procs']} processes each, batch "
+             f"{o['batch']}; PostgreSQL "
              f"{s['version']} (fsync={s['fsync']}, "
              f"synchronous_commit={s['synchronous_commit']})"]
     for r in report["rounds"]:
@@ -401,13 +413,14 @@ def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} µs"
 
 
-def loop_process(batch: int) -> int:
-    """One process of the hand-written loop, on the DSN in ``PGPOOL_DSN``. On its pipes:
+def loop_process(batch: int, cycle: str) -> int:
+    """One process of the hand-written loop (``cycle``: `LOOP_CYCLES`), on the DSN in
+    ``PGPOOL_DSN``. On its pipes:
     it writes a line once connected and starts at the first line it reads; once a pick
     comes back empty it writes how many jobs it ran, then keeps its connection (whose
     server process's CPU the bench reads at the end) until its stdin closes."""
     run_job = registry.registered()[KIND].fn  # what a worker calls
-    params = bare_claim("", batch)
+    params = bare_claim("bench-loop", batch)
     with dsnlib.connect(os.environ["PGPOOL_DSN"], autocommit=True) as conn:
         # Payloads as the raw JSON bytes, as pgpool's claimer has them: decoded by orjson
         # per job, as a worker does.
@@ -416,12 +429,19 @@ def loop_process(batch: int) -> int:
         sys.stdin.readline()
         ran = 0
         while True:
-            with conn.transaction():
-                picked = conn.execute(queries.PICK_JOBS, params).fetchall()
+            if cycle == "lease":  # autocommit: the claim commits, then the delete
+                picked = conn.execute(queries.LEASE_CLAIM, params).fetchall()
                 for _, payload in picked:
                     run_job(orjson.loads(payload))
                 if picked:
                     conn.execute(queries.DELETE, {"ids": [id_ for id_, _ in picked]})
+            else:
+                with conn.transaction():
+                    picked = conn.execute(queries.PICK_JOBS, params).fetchall()
+                    for _, payload in picked:
+                        run_job(orjson.loads(payload))
+                    if picked:
+                        conn.execute(queries.DELETE, {"ids": [id_ for id_, _ in picked]})
             if not picked:
                 break
             ran += len(picked)
@@ -432,5 +452,5 @@ def loop_process(batch: int) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [LOOP_PROCESS]:
-        sys.exit(loop_process(int(sys.argv[2])))
+        sys.exit(loop_process(int(sys.argv[2]), sys.argv[3]))
     sys.exit(main())

@@ -11,6 +11,7 @@ import json
 import subprocess
 
 import psycopg
+import pytest
 from conftest import BENCH_SCHEMAS, bench_script_error, run_bench_script
 
 
@@ -18,14 +19,16 @@ def vs_loop(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str
     return run_bench_script("vs_loop.py", dsn, *args, **env)
 
 
-def test_vs_loop_drains_both_sides_and_reports_their_figures(dsn: str, db: psycopg.Connection
-                                                             ) -> None:
-    done = vs_loop(dsn, "--profile", "noop", "--jobs", "600", "--rounds", "1", "--json")
+@pytest.mark.parametrize("loop", ["transaction", "lease"])
+def test_vs_loop_drains_both_sides_and_reports_their_figures(dsn: str, db: psycopg.Connection,
+                                                             loop: str) -> None:
+    done = vs_loop(dsn, "--profile", "noop", "--jobs", "600", "--rounds", "1", "--loop", loop,
+                   "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["options"]["max_claims_per_sec"] == 10_000_000  # never throttled
     assert report["command"] == ("python bench/vs_loop.py --profile noop --jobs 600 "
-                                 "--procs 2 --batch 50 --rounds 1")
+                                 f"--procs 2 --batch 50 --rounds 1 --loop {loop}")
     [r] = report["rounds"]
     assert r["order"] == ["loop", "pgpool"]  # round 1: the loop first
     for side in ("loop", "pgpool"):
