@@ -1,8 +1,10 @@
 """Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
 
 Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
-concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise. Each
-says which the next claim needs, so a queue pays for fairness only while it uses it.
+concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
+queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
+waits, or something needs fairness) is followed at once by a fair one, which says whether
+the next claim can be plain again.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class Claimer:
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
         #: Whether the next claim is the plain one (`sql.CLAIM_PLAIN`): as far as the last
-        #: claim saw, no job waiting has a tenant or a concurrency key. Both claims say.
+        #: fair claim saw, no job waiting has a tenant or a concurrency key.
         self.plain = True
         self._lease = lease
         self._queues = list(queues)
@@ -160,8 +162,8 @@ class Claimer:
         # claim would otherwise wait out the pool's 30 s for a connection, and a stop waits
         # for the claim in flight. Its jobs would be handed back by then anyway.
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
-            rows = await self._claim_plain(conn, params) if self.plain else None
-            if rows is None:
+            rows = await self._claim_plain(conn, params) if self.plain else []
+            if not rows:
                 rows = self._fair_order(await self._claim_fair(conn, params))
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
@@ -180,14 +182,12 @@ class Claimer:
         return jobs
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object]
-                           ) -> list[tuple] | None:
-        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``: its rows, or None when a job
-        with a tenant or a concurrency key is waiting (it claimed nothing then, and this claim
-        and the next are fair ones)."""
+                           ) -> list[tuple]:
+        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``: its rows in claim order
+        (priority, then longest due, then id). None when nothing waits, or when a job with
+        a tenant or a concurrency key does: the fair claim, run next, tells which."""
         rows = await (await conn.execute(sql.CLAIM_PLAIN, params)).fetchall()
-        if rows and rows[0][0] is None:
-            self.plain = False
-            return None
+        rows.sort(key=lambda row: (-row[9], -row[7], row[0]))
         return rows
 
     async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]

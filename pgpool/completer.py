@@ -12,7 +12,8 @@ attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never ac
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
 statement (deletes, retries, hand-backs, interruptions and dead letters, each guarded by
-ownership). Only one flush runs at a time; acks that arrive meanwhile wait for the next.
+ownership), or `sql.ACK_DONE`, its first arm alone, when every attempt succeeded. Only
+one flush runs at a time; acks that arrive meanwhile wait for the next.
 
 Isolation: when the database refuses a flush because of some of its rows (an application's
 foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
@@ -407,8 +408,8 @@ class Completer:
             return [job_id for job_id, in await cur.fetchall()]
 
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int]:
-        """One `sql.ACK` statement for ``acks``: rows (done, retried, released, interrupted,
-        dead)."""
+        """One `sql.ACK` statement for ``acks`` (`sql.ACK_DONE` when all succeeded): rows
+        (done, retried, released, interrupted, dead)."""
         arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
                                       "interrupted": [], "dead": []}
         for a in acks:
@@ -421,6 +422,10 @@ class Completer:
         p["retry_errors"] = [a.error or "" for a in arms["retry"]]
         p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
         p["dead_errors"] = [a.error or "" for a in arms["dead"]]
+        if len(arms["done"]) == len(acks):  # all succeeded: the one arm that has rows
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql.ACK_DONE, p)
+            return cur.rowcount, 0, 0, 0, 0
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.ACK, p)
             done, retried, released, interrupted, dead = await cur.fetchone()

@@ -153,87 +153,71 @@ GENERIC_PLANS: Final = "SET plan_cache_mode = force_generic_plan"
 #: more with a backlog of jobs waiting on its key (README "Fairness", "What it costs").
 TENANT_SKIPS: Final = 100
 
-#: The claims' (queue, kind) pairs: every queue served by every kind this host has handlers
-#: for. Each pair is one LATERAL scan of the ready index, in claim order.
-_PAIRS: Final = """
-    SELECT q.queue, k.kind
-    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
-"""
-
-#: The ready jobs of these pairs that need the fair claim: those with a tenant or a
-#: concurrency key. Read on the partial index pgpool_jobs_ready_fair, which holds only
-#: them: an empty index (a queue that never used either) costs a page per pair. Both claims
-#: say whether there are any (``plain`` when not), so the claimer knows which one the next
-#: claim needs (`pgpool.claimer`).
+#: The ready jobs of the given queues and kinds that need the fair claim: those with a
+#: tenant or a concurrency key. Read on the partial index pgpool_jobs_ready_fair, which
+#: holds only them: an empty index (a queue that never used either) costs a page per
+#: (queue, kind) pair.
 _NEED_FAIR: Final = """
         SELECT FROM pgpool_jobs
         WHERE state = 'ready' AND (tenant <> '' OR concurrency_key IS NOT NULL)
           AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
 """
 
-#: The claims' last step: the picked rows become running under this owner, for one lease.
-#: A job's ``max_attempts`` is fixed at its first claim from the handler's setting when the
-#: producer left it open, so the reaper (which has no handler registry) can decide
-#: retry-or-dead on its own. Updated by ``id = ANY(ARRAY(...))``, not joined: the generic
-#: plan a long-running dispatcher's prepared claim switches to cannot know ``limit``, and
-#: joined it would hash the whole table (2 s a claim with a million jobs queued); an id
-#: array is looked up in the primary key in every plan.
-_CLAIM_UPDATE: Final = """
-    UPDATE pgpool_jobs AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        max_attempts = coalesce(j.max_attempts, k.max_attempts),
-        locked_by = %(owner)s,
-        claimed_at = now(),
-        lease_until = now() + make_interval(secs => %(lease)s),
-        started = false
-    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
-    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at
-"""
-
-#: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, in claim
-#: order (priority, due time, id), when nothing waiting there has a tenant or a concurrency
-#: key (`_NEED_FAIR`): then the fair claim (`CLAIM`) would pick the same jobs, at twice the
-#: cost. One LATERAL scan per (queue, kind) pair on the ready index, in its order, stopped
-#: by its LIMIT; SKIP LOCKED makes concurrent claimers take disjoint rows, NO KEY UPDATE
-#: does not block foreign keys that reference a job. Rows a scan locked but the batch did
-#: not take stay ready when the statement ends.
+#: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, when nothing
+#: waiting there has a tenant or a concurrency key (`_NEED_FAIR`, read once): then the fair
+#: claim (`CLAIM`) would pick the same jobs, at more than twice the cost. It is the claim a
+#: hand-written loop sends, plus that look and ``max_attempts``.
 #:
-#: When something waiting is not plain, it claims nothing and returns one row with no job
-#: and ``plain`` false: the claimer claims again with `CLAIM`. Rows as `CLAIM`'s.
+#: - One LATERAL scan per (queue, kind) pair on the ready index, in claim order (priority,
+#:   due time, id), stopped by its LIMIT; then the pairs' rows merged in that order. SKIP
+#:   LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block
+#:   foreign keys that reference a job. Rows a scan locked but the batch did not take stay
+#:   ready when the statement ends.
+#: - A job's ``max_attempts`` is fixed at its first claim from its handler's setting when
+#:   the producer left it open, so the reaper (which has no handler registry) can decide
+#:   retry-or-dead on its own.
+#: - The picked rows are updated by ``id = ANY(ARRAY(...))``, not joined: a generic plan
+#:   (`GENERIC_PLANS`) cannot know ``limit``, and joined it would hash the whole table (2 s a
+#:   claim with a million jobs queued); an id array is looked up in the primary key in
+#:   every plan.
+#:
+#: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
+#: due, tenant, priority), in no order: the claimer puts them in claim order. None when
+#: something waiting needs the fair claim, and none when nothing waits: then the claimer
+#: claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
-WITH pairs AS (""" + _PAIRS + """), plain AS (
-    SELECT NOT EXISTS (""" + _NEED_FAIR + """) AS plain
-), picked AS (
-    SELECT c.id, c.priority, c.run_at
-    FROM pairs AS p
+UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, (%(kind_max_attempts)s::int[])[
+        array_position(%(kinds)s::text[], j.kind)]),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false
+WHERE j.id = ANY(ARRAY(
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at FROM pgpool_jobs AS j
-        WHERE j.state = 'ready' AND j.queue = p.queue AND j.kind = p.kind AND j.tenant = ''
-          AND j.run_at <= now() AND j.concurrency_key IS NULL
-        ORDER BY j.priority DESC, j.run_at, j.id
+        SELECT p.id, p.priority, p.run_at FROM pgpool_jobs AS p
+        WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = k.kind AND p.tenant = ''
+          AND p.run_at <= now() AND p.concurrency_key IS NULL
+        ORDER BY p.priority DESC, p.run_at, p.id
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
-    WHERE (SELECT plain FROM plain)  -- evaluated once: not plain, no scan at all
+    WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
     ORDER BY c.priority DESC, c.run_at, c.id
-    LIMIT %(limit)s
-), claimed AS (""" + _CLAIM_UPDATE + """)
-SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, c.tenant, p.plain
-FROM plain AS p
-LEFT JOIN claimed AS c ON true
-WHERE c.id IS NOT NULL OR NOT p.plain  -- not plain: one row with no job says so
-ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
+    LIMIT %(limit)s))
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority
 """
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
-#: Locking, the update and the rows as in `CLAIM_PLAIN`; ``plain`` tells the claimer that
-#: the next claim can be the plain one again.
+#: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s but
+#: the last: ``plain``, true when nothing it left behind needs the fair claim (the claimer's
+#: next claim is the plain one then).
 #:
 #: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
 #: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
@@ -269,7 +253,9 @@ ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them 
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
 #: pgpool older than the scheduled state).
 CLAIM: Final = """
-WITH RECURSIVE pairs AS (""" + _PAIRS + """
+WITH RECURSIVE pairs AS (
+    SELECT q.queue, k.kind
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
 ), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
     SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
            %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
@@ -362,7 +348,21 @@ WITH RECURSIVE pairs AS (""" + _PAIRS + """
 ), plain AS (  -- nothing left that needs the fair claim once this one's jobs are taken
     SELECT NOT EXISTS (""" + _NEED_FAIR + """
           AND id <> ALL(ARRAY(SELECT id FROM picked))) AS plain
-), claimed AS (""" + _CLAIM_UPDATE + """)
+), claimed AS (  -- as in CLAIM_PLAIN
+    UPDATE pgpool_jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        max_attempts = coalesce(j.max_attempts, k.max_attempts),
+        locked_by = %(owner)s,
+        claimed_at = now(),
+        lease_until = now() + make_interval(secs => %(lease)s),
+        started = false
+    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
+    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
+              j.run_at
+)
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
        c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain)
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
@@ -416,6 +416,17 @@ SELECT h.id, h.attempt, false FROM h
 WHERE h.id NOT IN (SELECT id FROM extended)
   AND EXISTS (SELECT FROM pgpool_jobs AS j
               WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner)
+"""
+
+#: The grouped ack of a flush in which every attempt succeeded, the usual one: `ACK`'s
+#: first arm alone (deleting a job, guarded by its attempt and owner), at half `ACK`'s cost
+#: to the server. The number of jobs deleted is the cursor's rowcount.
+ACK_DONE: Final = """
+DELETE FROM pgpool_jobs AS j
+USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
+             array_fill(%(owner)s::text, ARRAY[cardinality(%(done_ids)s::bigint[])]))
+      AS a(id, attempt, owner)
+WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
 """
 
 #: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when

@@ -100,13 +100,26 @@ def test_a_waiting_concurrency_key_makes_the_claim_fair(db, dsn):
     assert in_registry(dsn, claims) == ({keyed[0], free}, False)
 
 
-def test_the_plain_claim_claims_nothing_when_fairness_is_needed(db):
+@pytest.mark.parametrize("waiting", [{"tenant": "t"}, {"concurrency_key": "x"}])
+def test_the_plain_claim_claims_nothing_when_fairness_is_needed(db, waiting):
     pgpool.enqueue(db, "k", {})
-    pgpool.enqueue(db, "k", {}, tenant="t")
-    rows = db.execute(sql.CLAIM_PLAIN, claim_params("k", limit=10)).fetchall()
-    assert [(r[0], r[9]) for r in rows] == [(None, False)]
+    pgpool.enqueue(db, "k", {}, **waiting)
+    assert db.execute(sql.CLAIM_PLAIN, claim_params("k", limit=10)).fetchall() == []
     assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
                       ).fetchone()[0] == 0
+
+
+def test_the_plain_claim_takes_the_kinds_it_serves_in_claim_order(db, dsn):
+    a1, b5, a3, _b0, a3_later = (pgpool.enqueue(db, kind, {}, priority=prio)
+                                 for kind, prio in (("a", 1), ("b", 5), ("a", 3), ("b", 0),
+                                                    ("a", 3)))
+    pgpool.enqueue(db, "c", {}, priority=9)  # a kind it does not serve
+
+    async def claim(pool: AsyncConnectionPool) -> list[int]:
+        return [j.id for j in await claimer(pool, "a", "b").claim(4)]
+
+    # Highest priority first across the kinds served, then the longest due, then id.
+    assert in_registry(dsn, claim) == [b5, a3, a3_later, a1]
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
