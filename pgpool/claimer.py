@@ -161,16 +161,20 @@ class Claimer:
         # No longer than claiming goes on without a heartbeat: with the database gone, a
         # claim would otherwise wait out the pool's 30 s for a connection, and a stop waits
         # for the claim in flight. Its jobs would be handed back by then anyway.
+        leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows = await self._claim_plain(conn, params) if self.plain else []
             if not rows:
+                # The fair claim's jobs are leased from its own start: the plain claim
+                # before it took none, however long it waited (for a lock, say).
+                leased = time.monotonic()
                 rows = self._fair_order(await self._claim_fair(conn, params))
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts
-        deadline = self._lease.deadline(started)
+        deadline = self._lease.deadline(leased)
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
                 timeouts[kind], deadline=deadline, waited=waited)

@@ -196,7 +196,7 @@ def test_a_claim_that_took_most_of_the_lease_hands_its_jobs_back(db, dsn, record
         def claim_waits() -> bool:
             return bool(db.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%%WITH %%pairs AS%%'").fetchone()[0])  # either claim's
+                "AND query LIKE '%%SET state = ''running''%%'").fetchone()[0])  # a claim
 
         wait_until(claim_waits, "a claim to wait for the lock")
         # The fault: the claim waits 0.9 of a lease (more than the 0.75 a job may lose
