@@ -147,7 +147,8 @@ class Claimer:
         return count, left.total_seconds() if left is not None else 0.0
 
     async def claim(self, limit: int) -> list[Job]:
-        """Claim up to ``limit`` ready jobs, in one statement and transaction.
+        """Claim up to ``limit`` ready jobs: one statement and transaction, two when a
+        plain claim takes nothing and the fair claim follows it.
 
         Each job's deadline counts from the moment the claim was started (waiting for a
         connection included), not from its answer: a slow claim hands out the lease that is
@@ -188,8 +189,8 @@ class Claimer:
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object]
                            ) -> list[tuple]:
         """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``: its rows in claim order
-        (priority, then longest due, then id). None when nothing waits, or when a job with
-        a tenant or a concurrency key does: the fair claim, run next, tells which."""
+        (priority, then longest due, then id). No rows when nothing waits, or when a job
+        with a tenant or a concurrency key does: the fair claim, run next, tells which."""
         rows = await (await conn.execute(sql.CLAIM_PLAIN, params)).fetchall()
         rows.sort(key=lambda row: (-row[9], -row[7], row[0]))
         return rows

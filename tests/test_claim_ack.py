@@ -407,7 +407,7 @@ def _join_filter_removals(node: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-@pytest.mark.parametrize("statement", ["ack", "heartbeat"])
+@pytest.mark.parametrize("statement", ["ack", "ack_done", "heartbeat"])
 def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement, mode):
     # Statistics gathered while every job waits say no job runs. The ack and the heartbeat
     # must still look each id up once, not compare every held job with every id (that
@@ -421,9 +421,12 @@ def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement
                                   "limit": 1000, "after": "", "tenant_cap": None}).fetchall()
     ids = sql.int_array(r[0] for r in rows)
     attempts = sql.int_array(r[3] for r in rows)
-    if statement == "ack":
-        query = sql.ACK
+    if statement == "ack_done":  # what a flush of successes alone sends
+        query = sql.ACK_DONE
         params: dict[str, Any] = {"owner": "h", "done_ids": ids, "done_attempts": attempts}
+    elif statement == "ack":
+        query = sql.ACK
+        params = {"owner": "h", "done_ids": ids, "done_attempts": attempts}
         for arm in ("retry", "release", "interrupted", "dead"):
             params |= {f"{arm}_ids": "{}", f"{arm}_attempts": "{}"}
         params |= {"retry_delays": [], "retry_errors": [], "interrupted_errors": [],
@@ -436,4 +439,4 @@ def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement
     plan = explain_prepared(db, query, params, mode)
     assert _join_filter_removals(plan) <= len(rows)
     remaining = db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0]
-    assert remaining == (2000 if statement == "ack" else 3000)
+    assert remaining == (3000 if statement == "heartbeat" else 2000)
