@@ -428,20 +428,16 @@ def loop_process(batch: int, cycle: str) -> int:
         print("connected", flush=True)
         sys.stdin.readline()
         ran = 0
+        lease = cycle == "lease"
+        claim = queries.LEASE_CLAIM if lease else queries.PICK_JOBS
         while True:
-            if cycle == "lease":  # autocommit: the claim commits, then the delete
-                picked = conn.execute(queries.LEASE_CLAIM, params).fetchall()
+            # Autocommit for a lease: the claim commits, then the delete.
+            with contextlib.nullcontext() if lease else conn.transaction():
+                picked = conn.execute(claim, params).fetchall()
                 for _, payload in picked:
                     run_job(orjson.loads(payload))
                 if picked:
                     conn.execute(queries.DELETE, {"ids": [id_ for id_, _ in picked]})
-            else:
-                with conn.transaction():
-                    picked = conn.execute(queries.PICK_JOBS, params).fetchall()
-                    for _, payload in picked:
-                        run_job(orjson.loads(payload))
-                    if picked:
-                        conn.execute(queries.DELETE, {"ids": [id_ for id_, _ in picked]})
             if not picked:
                 break
             ran += len(picked)

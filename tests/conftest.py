@@ -26,8 +26,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -567,6 +567,22 @@ def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
     return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
 
 
+@asynccontextmanager
+async def record_claimer(dsn: str, lease: Any, owner: str
+                         ) -> AsyncIterator[tuple[AsyncConnectionPool, Any]]:
+    """A small pool set up as a dispatcher's (`configure_connection`, ``lease``'s timeouts)
+    and a `Claimer` of ``record`` jobs on it, as host ``owner``."""
+    from pgpool.claimer import Claimer, configure_connection
+    from pgpool.registry import Handler
+
+    async with AsyncConnectionPool(
+            dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
+            configure=lambda conn: configure_connection(conn, lease)) as pool:
+        yield pool, Claimer(pool, owner, queues=("default",),
+                            handlers={"record": Handler("record", print, None, None)},
+                            lease=lease, max_attempts=20, timeout=None)
+
+
 def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passes: int,
                   hold: int | None = None) -> list[tuple[tuple[int, int], str]]:
     """Claim ``jobs`` ready ``record`` jobs as a host that then died (owner gone:1:aa), let
@@ -574,17 +590,10 @@ def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passe
     each pass reaped (revived, buried) and the state of the row left after it. With ``hold``,
     another connection holds that job FOR KEY SHARE meanwhile, so deleting it waits on a
     lock."""
-    from pgpool.claimer import Claimer, configure_connection
     from pgpool.reaper import Reaper
-    from pgpool.registry import Handler
 
     async def main() -> list[tuple[tuple[int, int], str]]:
-        async with AsyncConnectionPool(
-                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
-                configure=lambda conn: configure_connection(conn, lease)) as pool:
-            claimer = Claimer(pool, "gone:1:aa", queues=("default",),
-                              handlers={"record": Handler("record", print, None, None)},
-                              lease=lease, max_attempts=20, timeout=None)
+        async with record_claimer(dsn, lease, "gone:1:aa") as (pool, claimer):
             assert len(await claimer.claim(jobs)) == jobs
             async with pool.connection() as conn:
                 await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "

@@ -18,11 +18,11 @@ import pytest
 from conftest import (
     JSON_LOGS,
     RUN,
-    in_registry,
     one,
     only_event,
     read_records,
     reaper_passes,
+    record_claimer,
     run_pgpool,
     start_pgpool,
     status_json,
@@ -32,13 +32,12 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer, configure_connection
+from pgpool.claimer import configure_connection
 from pgpool.completer import LOCK_RETRIES, Ack, Completer
 from pgpool.isolate import Interrupted, isolate, row_error, timed_out, transient
 from pgpool.lease import Lease
 from pgpool.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
 from pgpool.reaper import Reaper
-from pgpool.registry import Handler
 
 # --- the component ------------------------------------------------------------------------
 
@@ -195,12 +194,7 @@ def test_an_ack_refused_on_a_lock_is_tried_alone_again_then_parked(db, dsn):
     lease = Lease(3)  # a 0.1 s lock_timeout
 
     async def main(held_briefly: int, held_long: int) -> list[Any]:
-        async with AsyncConnectionPool(
-                dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
-                configure=lambda conn: configure_connection(conn, lease)) as pool:
-            claimer = Claimer(pool, "host-a", queues=("default",),
-                              handlers={"record": Handler("record", print, None, None)},
-                              lease=lease, max_attempts=20, timeout=None)
+        async with record_claimer(dsn, lease, "host-a") as (pool, claimer):
             acks = [Ack.done(job) for job in await claimer.claim(10)]
             completer = Completer(pool, "host-a")
             brief = await psycopg.AsyncConnection.connect(dsn)
@@ -348,21 +342,19 @@ def test_the_reaper_parks_an_expired_job_it_cannot_return_and_returns_the_others
     db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
                "created_at) VALUES (%s, 'default', 'record', '{}', 0, 1, now())", (collides,))
 
-    async def claim_and_reap(pool: AsyncConnectionPool) -> list[tuple[int, int]]:
-        claimer = Claimer(pool, "gone:1:aa", queues=("default",),
-                          handlers={"record": Handler("record", print, None, None)},
-                          lease=Lease(30), max_attempts=20, timeout=None)
-        assert len(await claimer.claim(10)) == 7
-        # Their host died while running them (a heartbeat recorded their start): every
-        # lease ran out, and each attempt counts.
-        async with pool.connection() as conn:
-            await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval '1s', "
-                               "started = true")
-        reaper = Reaper(pool, interval=1)
-        return [await reaper.reap(), await reaper.reap()]
+    async def claim_and_reap() -> list[tuple[int, int]]:
+        async with record_claimer(dsn, Lease(30), "gone:1:aa") as (pool, claimer):
+            assert len(await claimer.claim(10)) == 7
+            # Their host died while running them (a heartbeat recorded their start): every
+            # lease ran out, and each attempt counts.
+            async with pool.connection() as conn:
+                await conn.execute("UPDATE pgpool_jobs SET lease_until = now() - interval "
+                                   "'1s', started = true")
+            reaper = Reaper(pool, interval=1)
+            return [await reaper.reap(), await reaper.reap()]
 
     # The exhausted jobs are buried but for two: one referenced, one whose id collides.
-    assert in_registry(dsn, claim_and_reap) == [(1, 4), (0, 0)]
+    assert asyncio.run(claim_and_reap()) == [(1, 4), (0, 0)]
     rows = dict(db.execute("SELECT id, state FROM pgpool_jobs").fetchall())
     assert rows == {referenced: "parked", collides: "parked", ids[6]: "ready"}
     errors = dict(db.execute("SELECT id, last_error FROM pgpool_jobs "
