@@ -13,9 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,web]'
 	touch $(STAMP)
 
-## make test: set up and run the test suite against a real, throwaway PostgreSQL
+## make test: set up and run the test suite against a real, throwaway PostgreSQL, in
+## TEST_WORKERS parallel processes (pytest-xdist): twice the cores, as most of a test's time
+## is spent waiting on pgpool processes and the database, not computing
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 ## make soak-test: the soak tier (PostgreSQL stopped, restarted and its connections killed
 ## under real hosts, and the chaos soak at a small size); CI runs it after `make test`

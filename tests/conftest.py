@@ -1,9 +1,16 @@
 """The suite's one helper module: fixtures, and the helpers the test modules share.
 
-A real PostgreSQL for the whole session, a fresh schema for every test:
-``PGPOOL_TEST_DSN`` points the suite at a server you run; otherwise it starts a throwaway
-embedded PostgreSQL in a temporary directory and deletes it at the end. Each test gets its
-own schema (through ``search_path`` in the DSN), so tests never see each other's rows.
+The suite runs in parallel processes (pytest-xdist), each with a real PostgreSQL database
+of its own for the whole session: ``PGPOOL_TEST_DSN`` points the suite at a server you run
+(each process creates a database there and drops it at the end); otherwise each starts a
+throwaway embedded PostgreSQL in a temporary directory and deletes it at the end. A test
+gets its process's migrated schema (through ``search_path`` in the DSN), emptied before it
+starts, so tests never see each other's rows; one that changes the schema's definition
+is marked ``own_schema`` and gets a schema of its own (`dsn`).
+
+The CLI checks run ``cli.main`` in this process (`run_pgpool`), and the commands that start
+processes or servers run as real processes. The tests whose timing is their subject run in
+one process of their own, one after another (the ``xdist_group`` "timing").
 
 Test modules import helpers from here only, never from each other. Tests observe a running
 ``pgpool`` through its structured log events (``--log-format json``), counters and table
@@ -15,7 +22,10 @@ deadline and never blocks past it.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import io
 import json
+import logging
 import os
 import re
 import signal
@@ -27,7 +37,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -39,6 +49,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool import embedded, sql
+from pgpool.cmdline import masked_args
 from pgpool.listener import listen_statement
 
 TESTS = Path(__file__).parent
@@ -54,13 +65,36 @@ UNREACHABLE = f"postgresql://u:{SECRET}@127.0.0.1:1/db"
 MARKER = "PAYLOAD-MARKER-123"
 
 
+def _worker() -> str:
+    """This pytest process's name among the suite's parallel workers (pytest-xdist's
+    ``gw0``, ``gw1``...; ``main`` when the suite runs in one process)."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 @pytest.fixture(scope="session")
-def server_dsn() -> str:
-    given = os.environ.get("PGPOOL_TEST_DSN")
-    if given:
-        return given
+def server_dsn() -> Iterator[str]:
+    """A database of this worker's own, dropped at the end, on the server ``PGPOOL_TEST_DSN``
+    gives, else on the suite's throwaway embedded PostgreSQL (`_embedded_server`)."""
+    server = os.environ.get("PGPOOL_TEST_DSN") or _embedded_server()
+    name = f"pgpool_test_{_worker()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    yield make_conninfo(server, dbname=name)
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+def _embedded_server() -> str:
+    """The DSN of the embedded PostgreSQL that the suite's parallel workers share (in a
+    directory named for the run): the first to call this starts it, the others attach,
+    and the last one to exit stops it and deletes it (`pgpool.embedded`'s handles)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     # A short path: the server's Unix socket lives in its data directory.
-    base = Path(tempfile.mkdtemp(prefix="pgpool-test-", dir="/tmp"))
+    base = (Path("/tmp") / f"pgpool-test-{run[:16]}" if run
+            else Path(tempfile.mkdtemp(prefix="pgpool-test-", dir="/tmp")))
+    # Registered first, so it runs after the server's own exit handler: the last process
+    # to exit deletes the data directory, and then this its parent.
+    atexit.register(lambda: base.rmdir() if base.exists() and not any(base.iterdir()) else None)
     dsn = embedded.start(base / "pg", delete_on_exit=True)
     # The suite's own throwaway server need not survive a crash: no waits on the disk.
     # (Never a server given by PGPOOL_TEST_DSN, nor the clusters whose crashes are a
@@ -100,16 +134,150 @@ def with_options(dsn: str, *settings: str) -> str:
     return make_conninfo(dsn, options=" ".join([options, *(f"-c {s}" for s in settings)]))
 
 
+#: What a test may change in the shared installation and have undone by `_reset`: rows. A
+#: change to its definition (a table, column, index, trigger, function, constraint,
+#: privilege, owner or storage option of its own, or another table's foreign key to it)
+#: is not undone: a test that makes one is marked ``own_schema`` (see `dsn`).
+_DEFINITION = """
+SELECT md5(string_agg(item, ' | ' ORDER BY item)) FROM (
+    SELECT format('rel %%s %%s %%s %%s %%s', relname, relkind, relowner, relacl,
+                  reloptions) AS item
+      FROM pg_class WHERE relnamespace = %(ns)s::regnamespace
+    UNION ALL
+    SELECT format('col %%s %%s %%s %%s %%s', attrelid::regclass, attname, atttypid,
+                  attnotnull, pg_get_expr(d.adbin, d.adrelid))
+      FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE c.relnamespace = %(ns)s::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL
+    SELECT format('con %%s %%s %%s', conrelid::regclass, conname, pg_get_constraintdef(k.oid))
+      FROM pg_constraint k
+     WHERE connamespace = %(ns)s::regnamespace OR confrelid IN (
+           SELECT oid FROM pg_class WHERE relnamespace = %(ns)s::regnamespace)
+    UNION ALL
+    SELECT format('trg %%s %%s %%s', tgrelid::regclass, tgname, tgenabled)
+      FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE c.relnamespace = %(ns)s::regnamespace
+    UNION ALL
+    SELECT format('fn %%s %%s %%s %%s', oid::regprocedure, proowner, proacl, md5(prosrc))
+      FROM pg_proc WHERE pronamespace = %(ns)s::regnamespace
+    UNION ALL
+    SELECT format('ns %%s %%s', nspowner, nspacl) FROM pg_namespace
+     WHERE oid = %(ns)s::regnamespace
+) definition
+"""
+
+
+class _Installation:
+    """This worker's migrated schema, shared by its tests and reset between them.
+
+    Migrating a schema for every test cost more than most tests' own work. Each test gets
+    the one schema instead with its rows put back as `migrate` left them (``TRUNCATE ...
+    RESTART IDENTITY``, then the rows migrate wrote, from a copy): the same state at a
+    fraction of the cost. After each test its definition is compared with the one migrate
+    made (`_DEFINITION`): a test that changed it fails, and the schema is made anew.
+    """
+
+    def __init__(self, server_dsn: str) -> None:
+        self.name = "pgpool_t"
+        self.dsn = make_conninfo(server_dsn, options=f"-c search_path={self.name}")
+        self._admin = server_dsn
+        self._create()
+
+    def _create(self) -> None:
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            for schema in (self.name, f"{self.name}_rows"):
+                conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0}")
+                             .format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET search_path = {}").format(pgsql.Identifier(self.name)))
+            pgpool.migrate(conn)
+            self.tables = [t for (t,) in conn.execute(
+                "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace "
+                "AND relkind IN ('r', 'p') ORDER BY relname", (self.name,))]
+            # Copies of the rows migrate wrote (the versions, the fleet's one row), put back
+            # by `reset`.
+            self.seeded = []
+            for table in self.tables:
+                if conn.execute(pgsql.SQL("SELECT EXISTS (SELECT FROM {})")
+                                .format(pgsql.Identifier(table))).fetchone()[0]:
+                    conn.execute(pgsql.SQL("CREATE TABLE {}.{} AS TABLE {}").format(
+                        pgsql.Identifier(f"{self.name}_rows"), pgsql.Identifier(table),
+                        pgsql.Identifier(table)))
+                    self.seeded.append(table)
+            conn.execute("RESET search_path")  # names as `changed` will see them
+            self.definition = self._definition(conn)
+
+    def _definition(self, conn: psycopg.Connection) -> str:
+        return conn.execute(_DEFINITION, {"ns": self.name}).fetchone()[0]
+
+    def reset(self) -> None:
+        """Every table as migrate left it, waiting out (or ending) the sessions of an
+        earlier test still holding a lock on one."""
+        names = pgsql.SQL(", ").join(pgsql.Identifier(self.name, t) for t in self.tables)
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            for _ in range(5):
+                try:
+                    with conn.transaction():
+                        conn.execute(pgsql.SQL("TRUNCATE {} RESTART IDENTITY").format(names))
+                        for table in self.seeded:
+                            conn.execute(pgsql.SQL("INSERT INTO {} SELECT * FROM {}").format(
+                                pgsql.Identifier(self.name, table),
+                                pgsql.Identifier(f"{self.name}_rows", table)))
+                    return
+                except psycopg.errors.LockNotAvailable:
+                    # The session of a process the test before killed (its server has
+                    # not noticed yet), or a statement it left running: ended.
+                    conn.execute(
+                        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l "
+                        "JOIN pg_class c ON c.oid = l.relation "
+                        "WHERE c.relnamespace = %s::regnamespace "
+                        "AND l.pid <> pg_backend_pid()", (self.name,))
+            raise RuntimeError(f"could not reset the test schema {self.name}: its tables "
+                               "stayed locked")
+
+    def changed(self) -> bool:
+        """Whether the schema's definition is no longer migrate's (then it is made anew)."""
+        with psycopg.connect(self._admin, autocommit=True) as conn:
+            if self._definition(conn) == self.definition:
+                return False
+        self._create()
+        return True
+
+
+@pytest.fixture(scope="session")
+def installation(server_dsn: str) -> _Installation:
+    return _Installation(server_dsn)
+
+
+def _own_schema(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("own_schema") is not None
+
+
 @pytest.fixture
-def dsn(server_dsn: str) -> Iterator[str]:
-    """A DSN whose search_path is a new, empty schema."""
-    with _new_schema(server_dsn) as schema_dsn:
-        yield schema_dsn
+def dsn(request: pytest.FixtureRequest, server_dsn: str) -> Iterator[str]:
+    """A DSN whose search_path is a migrated installation with no jobs, dead letters, hosts,
+    pauses or schedules: this worker's, shared by its tests and reset for each. A test
+    must not change its definition.
+
+    A test marked ``own_schema`` (whose subject is migrating, or that changes the tables'
+    definition: a trigger, a privilege, an application's foreign key) gets a new, empty
+    schema of its own instead, dropped after it; `db` migrates it."""
+    if _own_schema(request):
+        with _new_schema(server_dsn) as schema_dsn:
+            yield schema_dsn
+        return
+    installation = request.getfixturevalue("installation")
+    installation.reset()
+    yield installation.dsn
+    if installation.changed():
+        pytest.fail("this test changed the definition of the shared test schema (a table, "
+                    "trigger, privilege...): mark it `@pytest.mark.own_schema`")
 
 
 @pytest.fixture
 def other_dsn(server_dsn: str) -> Iterator[str]:
-    """Like `dsn`, another new schema of the same database: a second installation."""
+    """Another new, empty schema of the same database: a second installation."""
     with _new_schema(server_dsn) as schema_dsn:
         yield schema_dsn
 
@@ -127,10 +295,12 @@ def fresh_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection to a migrated schema."""
+def db(request: pytest.FixtureRequest, dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to the installation of `dsn` (migrated first when the
+    test has a schema of its own)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        pgpool.migrate(conn)
+        if _own_schema(request):
+            pgpool.migrate(conn)
         yield conn
 
 
@@ -168,14 +338,75 @@ def pgpool_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "pgpool", *args]
 
 
+#: The commands `run_pgpool` runs as a real process: they start worker processes or a
+#: server (`run`, `web`, `bench`), or the embedded PostgreSQL (`dsn`).
+OWN_PROCESS = frozenset({"run", "web", "bench", "dsn"})
+
+
 def run_pgpool(dsn: str, *args: str, record_dir: Path | None = None, timeout: float = 120,
                **env: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, from tests/ so ``--handlers testjobs`` imports.
-    Pass ``**JSON_LOGS`` to read its events with `events` / `only_event`."""
+    """Run the CLI with ``args`` and the environment of `pgpool_env`, from tests/ (so
+    ``--handlers testjobs`` imports): its exit status and output. Pass ``**JSON_LOGS`` to
+    read its events with `events` / `only_event`.
+
+    A command whose subject is its output and what it did to the database runs in this
+    process (`cli_in_process`): the suite pays for importing psycopg once, not once per
+    check. A real subprocess (`run_pgpool_process`) runs the rest: `OWN_PROCESS`, a
+    command with no DSN (which falls back to the embedded server), and one whose ``--dsn``
+    holds a password (the process title is rewritten, and a warning printed)."""
+    full_env = pgpool_env(dsn, record_dir, **env)
+    command = next((a for a in args if not a.startswith("-")), None)
+    has_dsn = full_env.get("PGPOOL_DSN") or any(a.startswith("--d") for a in args)
+    if command in OWN_PROCESS or not has_dsn or masked_args(args) != list(args):
+        return run_pgpool_process(dsn, *args, record_dir=record_dir, timeout=timeout, **env)
+    return cli_in_process(args, full_env)
+
+
+def run_pgpool_process(dsn: str, *args: str, record_dir: Path | None = None,
+                       timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """`run_pgpool` in a real subprocess (``python -m pgpool``), whatever the command: for
+    what only a process shows (its exit status as the shell sees it, its title)."""
     return subprocess.run(
         pgpool_cmd(*args), cwd=TESTS, env=pgpool_env(dsn, record_dir, **env),
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+def cli_in_process(args: Sequence[str], env: dict[str, str]
+                   ) -> subprocess.CompletedProcess[str]:
+    """``cli.main(args)`` in this process as ``python -m pgpool`` would run it: ``env`` as
+    the whole environment, tests/ as the working directory, stdout and stderr captured,
+    and a `SystemExit` (argparse's) turned into the exit status. The environment, the
+    directory and logging are put back afterwards."""
+    from pgpool import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_logging = (root.level, root.handlers[:])
+    root.handlers[:] = []  # as in a new process: else `logs.configure` would add nothing
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(TESTS)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+                code = 1 if isinstance(exc.code, str) else exc.code or 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        for handler in root.handlers:
+            if handler not in saved_logging[1]:
+                handler.close()
+        root.setLevel(saved_logging[0])
+        root.handlers[:] = saved_logging[1]
+    return subprocess.CompletedProcess(["pgpool", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 #: The scratch schemas of the bench scripts, which must be gone once a script ends.

@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import (
     RUN,
     one,
@@ -112,6 +113,7 @@ def test_isolate_halves_untried_every_part_as_large_as_one_the_timeout_cancelled
     assert calls == [8, 4, 2, 2, 2, 2]
 
 
+@pytest.mark.own_schema
 def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_again(
         db, dsn):
     enqueue_records(db, 30)
@@ -143,6 +145,7 @@ def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_a
     assert left(db) == []
 
 
+@pytest.mark.own_schema
 def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
         db, dsn, record_dir):
     ids = enqueue_records(db, 30)
@@ -164,6 +167,7 @@ def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
     assert one(db, "SELECT count(*) FROM app_orders WHERE job IS NOT NULL") == (0,)
 
 
+@pytest.mark.own_schema
 def test_an_ack_that_runs_past_the_statement_timeout_alone_is_kept_done(db, dsn, record_dir):
     ids = enqueue_records(db, 20)
     stuck = ids[7]
@@ -188,6 +192,7 @@ def test_an_ack_that_runs_past_the_statement_timeout_alone_is_kept_done(db, dsn,
     assert runs(record_dir) == Counter(ids + later)
 
 
+@pytest.mark.own_schema
 def test_the_reaper_buries_in_parts_a_batch_that_runs_past_the_statement_timeout(db, dsn):
     ids = enqueue_records(db, 20, max_attempts=1)
     stuck = ids[7]

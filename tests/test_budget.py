@@ -299,6 +299,7 @@ def claiming_status(dsn: str, hosts: int) -> dict | None:
     return report if len(rates) == hosts and all(rates) else None
 
 
+@pytest.mark.own_schema
 def test_two_hosts_on_one_database_together_stay_under_the_fleet_cap(db, dsn):
     cap, lease, jobs = 400, 1.0, 2400
     db.execute(CLAIM_LOG)
@@ -420,6 +421,7 @@ def test_an_idle_host_leaves_the_busy_one_all_of_the_budget_but_its_floor(db, ds
 
 
 @pytest.mark.soak  # a big drain: `make soak-test`
+@pytest.mark.own_schema
 def test_a_crashed_hosts_share_goes_to_the_others_two_beats_after_its_last(db, dsn):
     cap, lease = 200, 3.0
     beat = lease / 3

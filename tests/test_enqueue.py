@@ -43,6 +43,7 @@ def nothing_before_a_marker(ears: psycopg.Connection, db: psycopg.Connection) ->
     return next_notification(ears) == marker
 
 
+@pytest.mark.own_schema
 def test_rolled_back_enqueue_leaves_no_job_and_wakes_nobody(db, dsn):
     ears = listener(dsn)
     with psycopg.connect(dsn) as conn:
@@ -57,6 +58,7 @@ def test_rolled_back_enqueue_leaves_no_job_and_wakes_nobody(db, dsn):
     assert nothing_before_a_marker(ears, db)
 
 
+@pytest.mark.own_schema
 def test_committed_enqueue_commits_with_business_rows_and_notifies_at_commit(db, dsn):
     ears = listener(dsn)
     with psycopg.connect(dsn) as conn:

@@ -69,6 +69,7 @@ def stored(db: psycopg.Connection) -> list[int]:
     return [n for n, in db.execute("SELECT n FROM items ORDER BY n").fetchall()]
 
 
+@pytest.mark.own_schema
 def test_isolate_commits_every_item_but_the_ones_the_database_refuses(db, dsn):
     db.execute(ITEMS_TABLE)
     calls: list[list[int]] = []
@@ -87,6 +88,7 @@ def test_isolate_commits_every_item_but_the_ones_the_database_refuses(db, dsn):
     assert len(calls) <= 1 + 2 * 2 * 6
 
 
+@pytest.mark.own_schema
 def test_isolate_writes_the_items_marked_alone_one_at_a_time_after_the_batch(db, dsn):
     db.execute(ITEMS_TABLE)
     calls: list[list[int]] = []
@@ -101,6 +103,7 @@ def test_isolate_writes_the_items_marked_alone_one_at_a_time_after_the_batch(db,
     assert got.rejected == [] and stored(db) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.own_schema
 def test_isolate_stops_on_a_lost_connection_and_names_exactly_the_items_not_written(
         db, dsn):
     db.execute(ITEMS_TABLE)
@@ -130,6 +133,7 @@ def test_isolate_stops_on_a_lost_connection_and_names_exactly_the_items_not_writ
     assert stopped.done.rejected == []
 
 
+@pytest.mark.own_schema
 def test_row_errors_are_the_ones_about_the_rows_written(db, dsn):
     db.execute("CREATE TABLE parent (id int PRIMARY KEY); CREATE TABLE child "
                "(id int PRIMARY KEY, parent int REFERENCES parent); INSERT INTO parent VALUES (1)")
@@ -240,6 +244,7 @@ def runs(record_dir) -> Counter[int]:
     return Counter(job for job, _, _, what in read_records(record_dir) if what == "end")
 
 
+@pytest.mark.own_schema
 def test_a_job_an_application_row_references_is_kept_done_and_the_host_goes_on(
         db, dsn, record_dir):
     ids = enqueue_records(db, 50)
@@ -293,6 +298,7 @@ def test_a_job_row_held_for_key_share_is_retried_then_kept_done(db, dsn, record_
                        "LockNotAvailable (55P03): canceling statement due to lock timeout")]
 
 
+@pytest.mark.own_schema
 def test_triggers_that_raise_for_one_job_park_it_and_spare_the_others(db, dsn, record_dir):
     ids = enqueue_records(db, 20)
     undeletable = ids[3]
@@ -332,6 +338,7 @@ def test_triggers_that_raise_for_one_job_park_it_and_spare_the_others(db, dsn, r
 # --- the reaper ---------------------------------------------------------------------------
 
 
+@pytest.mark.own_schema
 def test_the_reaper_parks_an_expired_job_it_cannot_return_and_returns_the_others(db, dsn):
     ids = enqueue_records(db, 6, max_attempts=1)
     ids += [pgpool.enqueue(db, "record", {"n": 6}, max_attempts=5)]

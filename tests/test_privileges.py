@@ -73,6 +73,7 @@ def test_the_readme_quotes_the_grants_pgpool_prints(dsn):
     assert done.stdout in README.read_text()
 
 
+@pytest.mark.own_schema
 def test_the_app_role_enqueues_and_reads_and_the_worker_role_runs(db, dsn, roles,
                                                                    record_dir):
     app, worker = roles
@@ -134,6 +135,7 @@ def test_grants_user_errors(db, dsn):
                       "no_such_role_x", "does not exist", "create the role first")
 
 
+@pytest.mark.own_schema
 def test_the_worker_role_runs_periodic_schedules(db, dsn, roles):
     _, worker = roles
     applied = run_pgpool(dsn, "grants", "--worker", worker, "--apply")

@@ -30,6 +30,7 @@ def after(n: int) -> list[int]:
     return [v for v in ALL if v > n]
 
 
+@pytest.mark.own_schema
 def test_migrate_creates_schema_records_version_and_is_idempotent(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert schema.schema_version(conn) is None
@@ -42,6 +43,7 @@ def test_migrate_creates_schema_records_version_and_is_idempotent(dsn):
         assert "fillfactor=80" in options
 
 
+@pytest.mark.own_schema
 def test_concurrent_migrations_apply_once(dsn):
     results: list[list[int]] = []
     errors: list[BaseException] = []
@@ -62,6 +64,7 @@ def test_concurrent_migrations_apply_once(dsn):
     assert sorted(results) == [[], [], [], [], [], ALL]
 
 
+@pytest.mark.own_schema
 def test_migrate_upgrades_a_version_1_schema_keeping_its_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_1_schema(conn)
@@ -91,6 +94,7 @@ SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jo
 """
 
 
+@pytest.mark.own_schema
 def test_migrate_upgrades_a_version_2_schema_in_place_keeping_hosts_and_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_2_schema(conn)
@@ -257,6 +261,7 @@ def open_transaction_on_jobs(dsn: str) -> psycopg.Connection:
 HEARTBEAT = "UPDATE pgpool_jobs SET lease_until = now() + interval '30 s' WHERE id = %s"
 
 
+@pytest.mark.own_schema
 def test_a_migration_waiting_for_a_lock_never_holds_heartbeats_up(db, dsn, monkeypatch):
     version = with_test_migration(monkeypatch)
     job = pgpool.enqueue(db, "record", {})
@@ -326,6 +331,7 @@ def test_a_migration_gives_up_with_one_clear_error_while_the_lock_stays_taken(
 # --- the scheduled state ----------------------------------------------------------------------
 
 
+@pytest.mark.own_schema
 def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch):
     # Before it, a delayed job was ready with a future run_at, in the one ready index.
     index = next(i for i, m in enumerate(schema.MIGRATIONS)

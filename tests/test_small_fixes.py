@@ -212,6 +212,7 @@ def refusals(conn: psycopg.Connection, statements: tuple[str, ...]) -> list[str]
     return out
 
 
+@pytest.mark.own_schema
 def test_the_app_role_cannot_forge_jobs_and_enqueues_with_every_option(
         db, dsn, roles, record_dir):
     app_dsn, worker_dsn = roles
@@ -253,6 +254,7 @@ def test_the_owner_may_still_write_any_row(db):
 # --- pgpool migrate names the migrations that need a drained fleet ----------------------------
 
 
+@pytest.mark.own_schema
 def test_migrate_says_which_pending_migrations_need_a_stopped_fleet_before_it_starts(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_1_schema(conn)

@@ -85,6 +85,7 @@ def test_a_retry_runs_promptly_when_its_backoff_ends(dsn: str, db: psycopg.Conne
     assert host.stop() == 0
 
 
+@pytest.mark.own_schema
 def test_a_job_the_database_refuses_to_make_ready_is_parked_and_spares_the_others(
     db: psycopg.Connection, dsn: str
 ) -> None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 
 import psycopg
+import pytest
 from conftest import (
     RUN,
     TESTS,
@@ -368,6 +369,7 @@ def test_status_of_an_empty_queue(db, dsn):
                   "claims_share": 0, "warnings": []}}
 
 
+@pytest.mark.own_schema
 def test_status_warns_of_vacuum_debt_and_of_lost_autovacuum_settings(db, dsn):
     # The runbook's condition: dead tuples far past the table's autovacuum trigger, and no
     # autovacuum for a while. Autovacuum is held off here so it cannot clear the debt first.
@@ -411,11 +413,13 @@ def test_status_watch_refreshes_until_interrupted(db, dsn):
 # --- pgpool status: user errors ---------------------------------------------------------------
 
 
+@pytest.mark.own_schema
 def test_status_without_schema(dsn):
     assert_user_error(run_pgpool(dsn, "status"), "pgpool migrate")
     assert_user_error(run_pgpool(dsn, "status", "--json"), "pgpool migrate")
 
 
+@pytest.mark.own_schema
 def test_status_with_a_version_1_schema_asks_for_the_upgrade(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_1_schema(conn)

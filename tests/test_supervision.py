@@ -16,6 +16,7 @@ from conftest import RUN, alive, one, read_records, start_pgpool, wait_until
 import pgpool
 
 
+@pytest.mark.own_schema
 def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
         db, dsn, record_dir):
     # A trigger that skips every update of pgpool_hosts: the host registry's upsert then
@@ -42,6 +43,7 @@ def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
     assert p.events("finished"), p.stderr
 
 
+@pytest.mark.own_schema
 def test_a_failed_claim_loop_stops_the_host_loudly_after_a_drain(db, dsn, record_dir):
     # A trigger renames the kind of every job as it is claimed: the claim then returns a
     # kind this host has no handler for, which the claimer cannot expect (it claims only

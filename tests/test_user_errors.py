@@ -123,6 +123,7 @@ def test_cli_user_does_not_exist(server_dsn: str) -> None:
                       '"nope_user" does not exist')
 
 
+@pytest.mark.own_schema
 def test_cli_run_without_schema(dsn: str) -> None:
     assert_user_error(run_pgpool(dsn, "run", "--handlers", "testjobs", "--burst"),
                       "pgpool migrate")
@@ -131,6 +132,7 @@ def test_cli_run_without_schema(dsn: str) -> None:
         assert not has_table(conn, "pgpool_schema_version")
 
 
+@pytest.mark.own_schema
 def test_cli_run_with_older_schema(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE pgpool_schema_version (version integer PRIMARY KEY, "
@@ -139,6 +141,7 @@ def test_cli_run_with_older_schema(dsn: str) -> None:
                       "pgpool migrate")
 
 
+@pytest.mark.own_schema
 def test_cli_enqueue_with_older_schema(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         make_version_1_schema(conn)
@@ -147,6 +150,7 @@ def test_cli_enqueue_with_older_schema(dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
 
 
+@pytest.mark.own_schema
 def test_cli_enqueue_without_schema(dsn: str) -> None:
     assert_user_error(run_pgpool(dsn, "enqueue", "record", "{}"), "pgpool migrate")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -569,6 +573,7 @@ def test_enqueue_many_iterable_that_raises_writes_nothing(db: psycopg.Connection
     assert count(db) == 0
 
 
+@pytest.mark.own_schema
 def test_enqueue_without_schema(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         with pytest.raises(SchemaError, match="pgpool migrate"):

@@ -7,6 +7,7 @@ import logging
 import uuid
 
 import psycopg
+import pytest
 from conftest import in_registry, one, wait_until
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
@@ -68,6 +69,7 @@ def test_the_keeper_counts_live_rows_against_dead_ones(db, dsn):
     assert vacuums(db) == before + 1
 
 
+@pytest.mark.own_schema
 def test_a_role_that_may_not_vacuum_runs_no_keeper_and_says_so(db, dsn, caplog):
     role = f"pgpool_worker_{uuid.uuid4().hex[:8]}"
     schema = one(db, "SELECT current_schema()")[0]

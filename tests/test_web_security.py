@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import psycopg
+import pytest
 from conftest import one, wait_until
 
 import pgpool
@@ -243,6 +244,7 @@ def dead_rows(db: psycopg.Connection, kind: str, count: int, first_id: int) -> l
     return list(range(first_id, first_id + count))
 
 
+@pytest.mark.own_schema
 def test_purge_and_replay_run_in_bounded_batches(db: psycopg.Connection, web: Web) -> None:
     many = 2 * ops.BATCH + ops.BATCH // 2  # three batches
     dead_rows(db, "bulk-replay", many, 1_000_000)
