@@ -57,7 +57,8 @@ from .errors import first_line
 from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
-from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
+from .outage import Failures, backoff
+from .retry import FREE_INTERRUPTIONS, RetryPolicy
 
 log = logging.getLogger("pgpool.completer")
 

@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import sql
 from .logs import event
-from .retry import Failures
+from .outage import Failures
 
 log = logging.getLogger("pgpool.control")
 

@@ -79,11 +79,11 @@ from .lease import STALE_AFTER_LEASES, Lease
 from .listener import Listener
 from .logs import event
 from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
+from .outage import backoff
 from .pool import WorkerPool
 from .reaper import Reaper
 from .registry import Handler
 from .retention import Retention
-from .retry import backoff
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 from .schedules import Periodic, Schedule
 from .stager import Stager

@@ -25,7 +25,7 @@ from . import sql
 from .job import Job
 from .lease import Lease
 from .logs import event
-from .retry import Failures
+from .outage import Failures
 
 log = logging.getLogger("pgpool.heartbeat")
 

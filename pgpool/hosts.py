@@ -34,7 +34,7 @@ from . import sql
 from .budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
 from .lease import STALE_AFTER_LEASES, Lease
 from .logs import event
-from .retry import Failures
+from .outage import Failures
 
 log = logging.getLogger("pgpool.hosts")
 

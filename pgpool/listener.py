@@ -17,7 +17,7 @@ from collections.abc import Callable
 import psycopg
 
 from . import sql
-from .retry import Failures, backoff
+from .outage import Failures, backoff
 
 log = logging.getLogger("pgpool.listener")
 

@@ -28,8 +28,9 @@ from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
+from .outage import Failures
 from .repeat import every
-from .retry import FREE_INTERRUPTIONS, Failures
+from .retry import FREE_INTERRUPTIONS
 
 log = logging.getLogger("pgpool.reaper")
 

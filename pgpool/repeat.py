@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import psycopg
 
-from .retry import Failures
+from .outage import Failures
 
 
 async def every(interval: float, step: Callable[[], Awaitable[object]],

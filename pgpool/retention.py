@@ -23,8 +23,8 @@ from psycopg_pool import AsyncConnectionPool
 from . import sql
 from .logs import event
 from .ops import DeadFilter
+from .outage import Failures
 from .repeat import every
-from .retry import Failures
 
 log = logging.getLogger("pgpool.retention")
 

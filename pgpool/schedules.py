@@ -38,8 +38,8 @@ from . import sql
 from .enqueue import encode_payload, enqueue_async
 from .errors import HandlerError, PgpoolError
 from .logs import event
+from .outage import Failures
 from .registry import check_name
-from .retry import Failures
 
 # zoneinfo, croniter, asyncio and psycopg are imported where used: handler modules import
 # this module in every worker process, which never computes a tick (see pgpool.enqueue).

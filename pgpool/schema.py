@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 from . import sql
 from .errors import SchemaError
 from .logs import event
-from .retry import backoff
+from .outage import backoff
 
 if TYPE_CHECKING:  # imported by `pgpool` itself, so workers too: see pgpool.enqueue
     import psycopg

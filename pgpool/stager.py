@@ -37,7 +37,7 @@ from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
-from .retry import Failures
+from .outage import Failures
 
 log = logging.getLogger("pgpool.stager")
 

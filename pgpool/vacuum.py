@@ -33,8 +33,8 @@ from psycopg_pool import AsyncConnectionPool
 from . import dsn as dsnlib
 from . import sql
 from .logs import event
+from .outage import Failures
 from .repeat import every
-from .retry import Failures
 
 log = logging.getLogger("pgpool.vacuum")
 

@@ -30,7 +30,7 @@ import psycopg
 from .. import sql, status
 from ..errors import PgpoolError, first_line
 from ..listener import listen_statement
-from ..retry import Failures, backoff
+from ..outage import Failures, backoff
 
 log = logging.getLogger("pgpool.web")
 
