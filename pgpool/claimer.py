@@ -19,10 +19,10 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .job import Job
 from .lease import Lease
 from .registry import Handler
+from .sql import jobs as sql
 
 RTT_SAMPLES = 10_000
 RECENT_RTTS = 15

@@ -52,13 +52,14 @@ from typing import Final, Literal
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
 from .outage import Failures, backoff
 from .retry import FREE_INTERRUPTIONS, RetryPolicy
+from .sql import jobs as sql
+from .sql.common import int_array
 
 log = logging.getLogger("pgpool.completer")
 
@@ -399,8 +400,8 @@ class Completer:
         """One `sql.PARK` statement for ``refused``; the ids of the jobs it parked."""
         p = {
             "owner": self._owner,
-            "ids": sql.int_array(a.job.id for a, _ in refused),
-            "attempts": sql.int_array(a.job.attempt for a, _ in refused),
+            "ids": int_array(a.job.id for a, _ in refused),
+            "attempts": int_array(a.job.attempt for a, _ in refused),
             "states": ["done" if a.kind == "done" else "parked" for a, _ in refused],
             "reasons": [_reason(a, exc) for a, exc in refused],
         }
@@ -417,8 +418,8 @@ class Completer:
             arms[a.kind].append(a)
         p: dict[str, object] = {"owner": self._owner}
         for kind, arm in arms.items():
-            p[f"{kind}_ids"] = sql.int_array(a.job.id for a in arm)
-            p[f"{kind}_attempts"] = sql.int_array(a.job.attempt for a in arm)
+            p[f"{kind}_ids"] = int_array(a.job.id for a in arm)
+            p[f"{kind}_attempts"] = int_array(a.job.attempt for a in arm)
         p["retry_delays"] = [a.delay for a in arms["retry"]]
         p["retry_errors"] = [a.error or "" for a in arms["retry"]]
         p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]

@@ -1,9 +1,9 @@
 """Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
 
 One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
-hears `sql.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``): notifications
-make a change act within a round trip or two, the poll within a poll interval when one is
-lost. It reads two things:
+hears `pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``):
+notifications make a change act within a round trip or two, the poll within a poll interval
+when one is lost. It reads two things:
 
 - the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
   leaves those queues out of its claims; running jobs finish);
@@ -29,9 +29,9 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .logs import event
 from .outage import Failures
+from .sql import fleet as sql
 
 log = logging.getLogger("pgpool.control")
 

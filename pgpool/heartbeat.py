@@ -21,11 +21,12 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .job import Job
 from .lease import Lease
 from .logs import event
 from .outage import Failures
+from .sql import jobs as sql
+from .sql.common import int_array
 
 log = logging.getLogger("pgpool.heartbeat")
 
@@ -126,8 +127,8 @@ class Heartbeat:
         started = time.monotonic()
         if jobs:
             params = {
-                "ids": sql.int_array(j.id for j in jobs),
-                "attempts": sql.int_array(j.attempt for j in jobs),
+                "ids": int_array(j.id for j in jobs),
+                "attempts": int_array(j.attempt for j in jobs),
                 "started": "{" + ",".join("t" if j.started else "f" for j in jobs) + "}",
                 "owner": self._owner,
                 "lease": self.lease.seconds,

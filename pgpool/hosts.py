@@ -30,11 +30,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import budget as budgets
-from . import sql
 from .budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
 from .lease import STALE_AFTER_LEASES, Lease
 from .logs import event
 from .outage import Failures
+from .sql import fleet as sql
 
 log = logging.getLogger("pgpool.hosts")
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from . import sql
 from .outage import Failures, backoff
+from .sql import common as sql
 
 log = logging.getLogger("pgpool.listener")
 

@@ -24,13 +24,14 @@ from typing import Final
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
 from .outage import Failures
 from .repeat import every
 from .retry import FREE_INTERRUPTIONS
+from .sql import jobs as sql
+from .sql.common import int_array
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -80,7 +81,7 @@ class Reaper:
 
     async def _reap(self, ids: list[int] | None) -> tuple[int, int]:
         """One `sql.REAP` statement: the next batch, or only ``ids``."""
-        params = {"limit": BATCH, "ids": None if ids is None else sql.int_array(ids),
+        params = {"limit": BATCH, "ids": None if ids is None else int_array(ids),
                   "max_interruptions": FREE_INTERRUPTIONS}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.REAP, params)
@@ -137,7 +138,7 @@ class Reaper:
     async def _write_park(self, refused: list[tuple[int, BaseException]]) -> list[int]:
         """One `sql.PARK_EXPIRED` statement for ``refused``; the ids it parked."""
         params = {
-            "ids": sql.int_array(job_id for job_id, _ in refused),
+            "ids": int_array(job_id for job_id, _ in refused),
             "reasons": [f"the reaper could not return it: {describe(exc)}: {first_line(exc)}"
                         for _, exc in refused],
         }

@@ -20,11 +20,11 @@ from typing import Final
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .logs import event
 from .ops import DeadFilter
 from .outage import Failures
 from .repeat import every
+from .sql import ops as sql
 
 log = logging.getLogger("pgpool.retention")
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from . import sql
 from .enqueue import encode_payload, enqueue_async
 from .errors import HandlerError, PgpoolError
 from .logs import event
 from .outage import Failures
 from .registry import check_name
+from .sql import fleet as sql
 
 # zoneinfo, croniter, asyncio and psycopg are imported where used: handler modules import
 # this module in every worker process, which never computes a tick (see pgpool.enqueue).

@@ -15,11 +15,11 @@ next pass.
 
 A pass learns when the next scheduled job is due, and the stager sleeps until then, at most
 its ``interval`` (the poll interval: a job scheduled by another session for sooner is found
-within it). It wakes earlier on `wake`: the listener calls it when it hears `sql.STAGE`,
-which every enqueue of a scheduled job sends, and the dispatcher when its own acks
-scheduled retries. Every host hears every such enqueue, so a pass that a wake-up starts
-comes at least `MIN_GAP` after the previous one: under a stream of delayed enqueues each
-host runs at most ten passes a second, not one per job.
+within it). It wakes earlier on `wake`: the listener calls it when it hears
+`pgpool.sql.common.STAGE`, which every enqueue of a scheduled job sends, and the dispatcher
+when its own acks scheduled retries. Every host hears every such enqueue, so a pass that a
+wake-up starts comes at least `MIN_GAP` after the previous one: under a stream of delayed
+enqueues each host runs at most ten passes a second, not one per job.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from typing import Final
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, row_error, transient
 from .logs import event
 from .outage import Failures
+from .sql import jobs as sql
+from .sql.common import int_array
 
 log = logging.getLogger("pgpool.stager")
 
@@ -101,7 +102,7 @@ class Stager:
 
     async def _stage(self, ids: list[int] | None) -> tuple[int, float | None]:
         """One `sql.STAGE_DUE` statement: the next batch, or only ``ids``."""
-        params = {"limit": BATCH, "ids": None if ids is None else sql.int_array(ids)}
+        params = {"limit": BATCH, "ids": None if ids is None else int_array(ids)}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.STAGE_DUE, params)
             staged, _, next_due = await cur.fetchone()
@@ -122,7 +123,7 @@ class Stager:
 
     async def _park(self, refused: list[tuple[int, BaseException]]) -> None:
         params = {
-            "ids": sql.int_array(job_id for job_id, _ in refused),
+            "ids": int_array(job_id for job_id, _ in refused),
             "reasons": [f"the stager could not make it ready: {describe(exc)}: "
                         f"{first_line(exc)}" for _, exc in refused],
         }

@@ -31,10 +31,10 @@ from typing import Final
 from psycopg_pool import AsyncConnectionPool
 
 from . import dsn as dsnlib
-from . import sql
 from .logs import event
 from .outage import Failures
 from .repeat import every
+from .sql import jobs as sql
 
 log = logging.getLogger("pgpool.vacuum")
 

@@ -38,8 +38,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import embedded, sql
+from pgpool import embedded
 from pgpool.listener import listen_statement
+from pgpool.sql import common as sql
 
 TESTS = Path(__file__).parent
 BENCH = TESTS.parent / "bench"

@@ -30,7 +30,8 @@ import psycopg
 from conftest import one, wait_until
 
 import pgpool
-from pgpool import ops, sql
+from pgpool import ops
+from pgpool.sql import ops as sql
 from pgpool.web import server
 from pgpool.web.snapshots import APPLICATION_NAME
 

@@ -25,9 +25,9 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from .. import dsn as dsnlib
-from .. import sql
 from ..enqueue import enqueue
 from ..listener import listen_statement
+from ..sql import common as sql
 from . import jobs, queries
 from .ceilings import bare_claim
 from .figures import quantile

@@ -27,10 +27,11 @@ from typing import Any, Final
 import orjson
 import psycopg
 
-from .. import sql, status
+from .. import status
 from ..errors import PgpoolError, first_line
 from ..listener import listen_statement
 from ..outage import Failures, backoff
+from ..sql import common as sql
 
 log = logging.getLogger("pgpool.web")
 
