@@ -127,7 +127,8 @@ class Claimer:
         return recent[len(recent) // 2] if recent else 0.0
 
     def pause(self, paused: frozenset[str]) -> None:
-        """Claim from none of the ``paused`` queues (`pgpool.control`), until the next call."""
+        """Claim from none of the ``paused`` queues (`pgpool.parts.control`), until the next
+        call."""
         self._params["queues"] = [q for q in self._queues if q not in paused]
 
     def p99_ms(self, last: int = P99_SAMPLES) -> float | None:

@@ -7,7 +7,7 @@ backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_d
 and `Ack.interrupted` (cut off by this host's shutdown: ready again now, not counted, up to
 `FREE_INTERRUPTIONS` times per job; after that such an attempt fails like any other).
 `Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
-attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never acked.
+attempt whose lease was lost (see `pgpool.parts.heartbeat`) is dropped there, never acked.
 
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`

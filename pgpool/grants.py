@@ -51,7 +51,7 @@ WORKER: Final = (
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
-    # DELETE: dead-letter retention (`pgpool.retention`) runs on the hosts.
+    # DELETE: dead-letter retention (`pgpool.parts.retention`) runs on the hosts.
     ("SELECT, INSERT, DELETE", ("pgpool_dead",)),
 )
 

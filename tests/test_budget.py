@@ -27,8 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool.budget import COUNTED_BEATS, ClaimBudget, Peer, demand, fair_shares, floor, share
-from pgpool.hosts import HostRegistry
 from pgpool.lease import Lease
+from pgpool.parts.hosts import HostRegistry
 from pgpool.sql import fleet as sql
 
 

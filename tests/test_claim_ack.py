@@ -20,10 +20,10 @@ from psycopg_pool import AsyncConnectionPool
 import pgpool
 from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer, decide
-from pgpool.heartbeat import Heartbeat
 from pgpool.job import Job, Outcome
 from pgpool.lease import Lease
-from pgpool.reaper import Reaper
+from pgpool.parts.heartbeat import Heartbeat
+from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.retry import FREE_INTERRUPTIONS, RetryPolicy
 

@@ -33,7 +33,7 @@ import pgpool
 from pgpool import ops, schema
 from pgpool.claimer import Claimer
 from pgpool.lease import Lease
-from pgpool.reaper import Reaper
+from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.sql import jobs as sql
 

@@ -31,10 +31,16 @@ CHANNEL_OF: Final = """(
 OUR_CHANNEL: Final = CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
 CHANNEL: Final = "SELECT " + OUR_CHANNEL
 
-#: Format with the channel `CHANNEL` returned, quoted (`pgpool.listener.listen_statement`).
+#: Format with the channel `CHANNEL` returned, quoted (`listen_statement`).
 LISTEN: Final = "LISTEN {}"
 
-#: The notification payload that tells every host's stager (`pgpool.stager`) to read the
+
+def listen_statement(channel: str) -> str:
+    """``LISTEN`` on ``channel`` (as `CHANNEL` returns it), quoted as an identifier: a
+    schema name may hold any character."""
+    return LISTEN.format('"' + channel.replace('"', '""') + '"')
+
+#: The notification payload that tells every host's stager (`pgpool.parts.stager`) to read the
 #: next due time now: a job was scheduled that may be due before the time it knew. No queue
 #: name starts with "!".
 STAGE: Final = "!stage"

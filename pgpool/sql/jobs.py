@@ -488,7 +488,7 @@ RETURNING j.id
 #: expired attempt counts. A cancelled attempt (running, no owner: `ops.CANCEL`) is over once its
 #: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
 #: it has left. SKIP LOCKED lets every host run this concurrently without two of
-#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.reaper`
+#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.parts.reaper`
 #: isolating a job it cannot return).
 REAP: Final = """
 WITH expired AS (

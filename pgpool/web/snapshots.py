@@ -29,7 +29,6 @@ import psycopg
 
 from .. import status
 from ..errors import PgpoolError, first_line
-from ..listener import listen_statement
 from ..outage import Failures, backoff
 from ..sql import common as sql
 
@@ -126,7 +125,7 @@ class Hub:
                         self._dsn, autocommit=True, application_name=APPLICATION_NAME
                 ) as conn:
                     row = await (await conn.execute(sql.CHANNEL)).fetchone()
-                    await conn.execute(listen_statement(row[0]))
+                    await conn.execute(sql.listen_statement(row[0]))
                     failures.succeeded()
                     self._poke.set()  # anything sent while it was down was lost
                     async for _ in conn.notifies():

@@ -24,21 +24,18 @@ enqueues each host runs at most ten passes a second, not one per job.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from typing import Final
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from .errors import first_line
-from .isolate import Interrupted, describe, isolate, row_error, transient
-from .logs import event
-from .outage import Failures
-from .sql import jobs as sql
-from .sql.common import int_array
+from ..errors import first_line
+from ..isolate import Interrupted, describe, isolate, row_error, transient
+from ..logs import event
+from ..sql import jobs as sql
+from ..sql.common import int_array
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.stager")
 
@@ -49,42 +46,28 @@ BATCH: Final = 1000
 MIN_GAP: Final = 0.1
 
 
-class Stager:
+class Stager(LoopPart):
+    """A pass (`stage`) when the next scheduled job falls due, at most ``interval`` seconds
+    after the last, and when woken: a job was scheduled that may be due before the time the
+    last pass read."""
+
+    name = "stager"
+
     def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
         self._pool = pool
-        self.interval = interval
-        self._woken = asyncio.Event()
+        # A wake-up arriving during a pass is for a job that pass may not have seen, so it
+        # makes the next pass run at once.
+        self._loop = Loop(log, "stager pass", interval=interval, min_gap=MIN_GAP)
         #: Jobs this stager has made ready since it started.
         self.staged = 0
 
-    def wake(self) -> None:
-        """A job was scheduled that may be due before the time the last pass read."""
-        self._woken.set()
-
-    async def run(self) -> None:
-        failures = Failures(log, "stager pass")
-        while True:
-            wait = self.interval
-            began = time.monotonic()
-            try:
-                next_due = await self.stage()
-                failures.succeeded()
-                if next_due is not None:
-                    wait = min(wait, next_due)
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._woken.wait()
-                    # Woken: wake-ups that arrive meanwhile are served by the same pass.
-                    await asyncio.sleep(began + MIN_GAP - time.monotonic())
+    async def step(self) -> float:
+        next_due = await self.stage()
+        return self._loop.interval if next_due is None else min(self._loop.interval, next_due)
 
     async def stage(self) -> float | None:
         """One pass: make every due scheduled job ready, in batches. Returns the seconds
         until the next scheduled job is due, or None when none is scheduled."""
-        # Cleared before reading: a wake-up arriving during the pass is for a job this
-        # pass may not have seen, so it makes the next pass run at once.
-        self._woken.clear()
         while True:
             try:
                 staged, next_due = await self._stage(None)
