@@ -19,7 +19,7 @@ from psycopg.conninfo import make_conninfo
 
 import pgpool
 from pgpool import dsn as dsnlib
-from pgpool import sql
+from pgpool.sql import jobs as sql
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ from psycopg.conninfo import make_conninfo
 
 import pgpool
 from pgpool import dsn as dsnlib
-from pgpool import sql
+from pgpool.sql import jobs as sql
 
 BENCH = Path(__file__).parent
 KIND = "tenants.work"

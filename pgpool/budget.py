@@ -4,7 +4,7 @@ host's share.
 A single primary sustains roughly 10k claims/s (WAL and vacuum, not the claim query, are
 the limit), so the whole fleet shares one budget of claims per second: the one set with
 ``pgpool budget set`` (a row in ``pgpool_fleet``), else the host's ``--max-claims-per-sec``
-(default 10,000). The hosts share it by demand, at every registry beat (`pgpool.hosts`):
+(default 10,000). The hosts share it by demand, at every registry beat (`pgpool.parts.hosts`):
 
 - A host's **demand** is what it asks for: unbounded if its budget held it back (it was
   throttled while jobs were known to wait) at any time since its last beat, else

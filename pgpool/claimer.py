@@ -19,10 +19,10 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .job import Job
 from .lease import Lease
 from .registry import Handler
+from .sql import jobs as sql
 
 RTT_SAMPLES = 10_000
 RECENT_RTTS = 15
@@ -127,7 +127,8 @@ class Claimer:
         return recent[len(recent) // 2] if recent else 0.0
 
     def pause(self, paused: frozenset[str]) -> None:
-        """Claim from none of the ``paused`` queues (`pgpool.control`), until the next call."""
+        """Claim from none of the ``paused`` queues (`pgpool.parts.control`), until the next
+        call."""
         self._params["queues"] = [q for q in self._queues if q not in paused]
 
     def p99_ms(self, last: int = P99_SAMPLES) -> float | None:

@@ -20,12 +20,14 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, registry, schema, sql
+from . import logs, registry, schema
 from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
 from .lease import STALE_AFTER_LEASES
+from .sql import fleet as sql
+from .sql.install import INSTALLED_SCHEMA
 
 # psycopg (through pgpool.dsn) is imported by the commands, not here: the worker processes
 # of `pgpool run` import this module again (multiprocessing's "spawn" re-runs the main
@@ -718,7 +720,7 @@ def cmd_grants(args: argparse.Namespace) -> int:
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         schema.check_version(schema.schema_version(conn))
-        found, owner = conn.execute(sql.INSTALLED_SCHEMA).fetchone()
+        found, owner = conn.execute(INSTALLED_SCHEMA).fetchone()
         where = args.schema or found
         statements = grants.statements(where, app=args.app, worker=args.worker)
         if not args.apply:

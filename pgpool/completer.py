@@ -7,7 +7,7 @@ backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_d
 and `Ack.interrupted` (cut off by this host's shutdown: ready again now, not counted, up to
 `FREE_INTERRUPTIONS` times per job; after that such an attempt fails like any other).
 `Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
-attempt whose lease was lost (see `pgpool.heartbeat`) is dropped there, never acked.
+attempt whose lease was lost (see `pgpool.parts.heartbeat`) is dropped there, never acked.
 
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
@@ -52,12 +52,14 @@ from typing import Final, Literal
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
 from .errors import first_line
 from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
-from .retry import FREE_INTERRUPTIONS, Failures, RetryPolicy, backoff
+from .outage import Failures, backoff
+from .retry import FREE_INTERRUPTIONS, RetryPolicy
+from .sql import jobs as sql
+from .sql.common import int_array
 
 log = logging.getLogger("pgpool.completer")
 
@@ -398,8 +400,8 @@ class Completer:
         """One `sql.PARK` statement for ``refused``; the ids of the jobs it parked."""
         p = {
             "owner": self._owner,
-            "ids": sql.int_array(a.job.id for a, _ in refused),
-            "attempts": sql.int_array(a.job.attempt for a, _ in refused),
+            "ids": int_array(a.job.id for a, _ in refused),
+            "attempts": int_array(a.job.attempt for a, _ in refused),
             "states": ["done" if a.kind == "done" else "parked" for a, _ in refused],
             "reasons": [_reason(a, exc) for a, exc in refused],
         }
@@ -416,8 +418,8 @@ class Completer:
             arms[a.kind].append(a)
         p: dict[str, object] = {"owner": self._owner}
         for kind, arm in arms.items():
-            p[f"{kind}_ids"] = sql.int_array(a.job.id for a in arm)
-            p[f"{kind}_attempts"] = sql.int_array(a.job.attempt for a in arm)
+            p[f"{kind}_ids"] = int_array(a.job.id for a in arm)
+            p[f"{kind}_attempts"] = int_array(a.job.attempt for a in arm)
         p["retry_delays"] = [a.delay for a in arms["retry"]]
         p["retry_errors"] = [a.error or "" for a in arms["retry"]]
         p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]

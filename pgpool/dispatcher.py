@@ -1,7 +1,7 @@
 """The dispatcher: one process per host that keeps that host's workers fed.
 
-How one job travels through a host, by the attributes of a running `Dispatcher` (each part
-is a small module of its own)::
+How one job travels through a host, by the attributes of a running `Dispatcher` (the data
+path's modules sit in ``pgpool``, the side parts in ``pgpool.parts``)::
 
   enqueue(): INSERT + pg_notify ──▶ pgpool_jobs ◀── reaper.run(): expired leases to ready
                                         │    ▲
@@ -26,18 +26,19 @@ is a small module of its own)::
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
 
 `stager` makes scheduled jobs (delayed, or waiting out a retry backoff) ready when they fall
-due and notifies their queues: the listener wakes it on `sql.STAGE`, `_acks_flushed` after
+due and notifies their queues: the listener wakes it on `sql.common.STAGE`, `_acks_flushed` after
 this host's own retries. `hosts` (the ``pgpool_hosts`` row, and this host's share of the
 fleet's claims per second, `hosts.budget`, which the scheduler spends) sits beside that
 path, as do `control` (an operator's paused queues, taken out of the claimer's queues, and
-cancellations, which make the heartbeat beat at once: ``pgpool.control``), `retention`
+cancellations, which make the heartbeat beat at once: ``pgpool.parts.control``), `retention`
 (dead-letter pruning), `vacuum` (the keeper that vacuums pgpool_jobs before its dead rows
 slow claims) and, when the handler modules declare schedules, `periodic` (their ticks:
-``pgpool.schedules``). The scheduler owns the room formulas and the two claim loops;
+``pgpool.parts.periodic``). The scheduler owns the room formulas and the two claim loops;
 the completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
-opens the connections and starts the parts, serves (the claim loops) until stopped or
+opens the connections and starts the parts (the completer, the watchdog, and the side
+parts: `side`, each a `pgpool.parts.loop.Part`), serves (the claim loops) until stopped or
 drained, drains (workers finish or hand back their jobs, the last acks are written), and
 shuts down. It watches every part it started: one that dies on an exception it does not
 expect stops the host (`_part_failed`: logged, drained, exit 1), never leaving it up and
@@ -67,26 +68,29 @@ from psycopg_pool import AsyncConnectionPool
 from setproctitle import setproctitle
 
 from . import dsn as dsnlib
-from . import schema, vacuum
+from . import schema
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
-from .control import Control
-from .heartbeat import Heartbeat
-from .hosts import HostRegistry
 from .job import Job, Outcome
 from .lease import STALE_AFTER_LEASES, Lease
-from .listener import Listener
 from .logs import event
 from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
+from .outage import backoff
+from .parts import vacuum
+from .parts.control import Control
+from .parts.heartbeat import Heartbeat
+from .parts.hosts import HostRegistry
+from .parts.listener import Listener
+from .parts.loop import Part
+from .parts.periodic import Periodic
+from .parts.reaper import Reaper
+from .parts.retention import Retention
+from .parts.stager import Stager
 from .pool import WorkerPool
-from .reaper import Reaper
 from .registry import Handler
-from .retention import Retention
-from .retry import backoff
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
-from .schedules import Periodic, Schedule
-from .stager import Stager
+from .schedules import Schedule
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -156,7 +160,9 @@ class Dispatcher:
         self._started = 0.0
         #: Built once the database is open; a signal may arrive before that.
         self.scheduler: ClaimScheduler | None = None
-        #: The supervised parts' tasks, by name (`_start_parts`).
+        #: The side parts (`pgpool.parts`), once built.
+        self.side: list[Part] = []
+        #: The supervised tasks, by name (`_start_parts`).
         self._parts: dict[str, asyncio.Task[None]] = {}
         self._killing: asyncio.Task[None] | None = None  # a dead watchdog's kill_all
         #: With ``metrics_port``: the instruments and their HTTP server.
@@ -303,7 +309,7 @@ class Dispatcher:
         if self._stopping.is_set():
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
-                               on_cancelled=self.heartbeat.kick)
+                               on_cancelled=self.heartbeat.wake)
         self.retention = (None if cfg.dead_retention is None
                           else Retention(db, cfg.dead_retention))
         # Declared like a host row: refreshed every beat, stale after as many leases.
@@ -313,28 +319,18 @@ class Dispatcher:
                          if self.schedules else None)
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
                                  self.control.wake, self.stager.wake)
+        optional = (self.retention, self.vacuum, self.periodic)
+        self.side = [self.heartbeat, self.reaper, self.stager, self.listener, self.hosts,
+                     self.control, *(part for part in optional if part is not None)]
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
-        """Start the parts that run beside the claim loops, each supervised (`_part_ended`)."""
-        parts = {
-            "completer": self.completer.run(),
-            "heartbeat": self.heartbeat.run(),
-            "reaper": self.reaper.run(),
-            "stager": self.stager.run(),
-            "listener": self.listener.run(),
-            "host registry": self.hosts.run(),
-            "control poll": self.control.run(),
-            WATCHDOG: self._watch(),
-        }
-        if self.retention is not None:
-            parts["dead-letter retention"] = self.retention.run()
-        if self.vacuum is not None:
-            parts["vacuum keeper"] = self.vacuum.run()
-        if self.periodic is not None:
-            parts["periodic schedules"] = self.periodic.run()
+        """Start what runs beside the claim loops, each supervised (`_part_ended`): the
+        completer's flushes, the watchdog and the side parts."""
+        runs = {"completer": self.completer.run(), WATCHDOG: self._watch(),
+                **{part.name: part.run() for part in self.side}}
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
-                       for name, run in parts.items()}
+                       for name, run in runs.items()}
         if self.metrics_server is not None:
             self.metrics_server.start()
             event(log, logging.INFO, "metrics", "serving /metrics and /healthz on %s:%d",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from . import sql
 from .errors import ConfigError, PayloadError, SchemaError
 from .registry import check_name
+from .sql import jobs as sql
 
 # psycopg is imported where it is used, not here: worker processes import pgpool (for
 # @pgpool.handler) and never enqueue, and importing psycopg would add about 0.15 s of CPU

@@ -30,13 +30,13 @@ from typing import Final
 
 from psycopg import sql as pgsql
 
-from . import sql
+from .sql import install as sql
 
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
                  "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
 
-#: The columns of ``pgpool_jobs`` a producer writes (`sql.ENQUEUE`, `sql.COPY_JOBS_AT`).
+#: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
                            "unique_key, tenant, concurrency_key")
 
@@ -51,7 +51,7 @@ WORKER: Final = (
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
-    # DELETE: dead-letter retention (`pgpool.retention`) runs on the hosts.
+    # DELETE: dead-letter retention (`pgpool.parts.retention`) runs on the hosts.
     ("SELECT, INSERT, DELETE", ("pgpool_dead",)),
 )
 

@@ -6,7 +6,7 @@ application's foreign key or trigger, a unique violation, a lock held past
 ``lock_timeout``), `isolate` bisects it: each half is written on its own, and so on down to
 the single rows that still fail. Everything else commits, in ``log2(batch)`` extra
 statements per bad row. The caller decides what a rejected row becomes (see
-`pgpool.completer` and `pgpool.reaper`: it is parked, visibly).
+`pgpool.completer` and `pgpool.parts.reaper`: it is parked, visibly).
 
 A batch cancelled by ``statement_timeout`` is bisected too: its rows may each cost a scan
 (an application's foreign key to a job on an unindexed column), so that halves fit where

@@ -20,7 +20,7 @@ class Job:
     max_attempts: int
     payload: bytes  # raw JSON text as stored; only the worker parses it
     timeout: float | None
-    #: This dispatcher no longer owns the attempt: never ack it. Only `pgpool.heartbeat`
+    #: This dispatcher no longer owns the attempt: never ack it. Only `pgpool.parts.heartbeat`
     #: sets it.
     lost: bool = False
     #: When a worker must stop running it (`time.monotonic()`, see `Lease.deadline`): set

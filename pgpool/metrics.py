@@ -45,9 +45,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from . import sql
 from .errors import ConfigError
 from .lease import STALE_AFTER_LEASES
+from .sql import observe as sql
 
 if TYPE_CHECKING:
     import psycopg

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
-from . import sql
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, PgpoolError
 from .registry import check_name
+from .sql import ops as sql
+from .sql.common import int_array
+from .sql.jobs import OPEN_TRANSACTION
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
     import psycopg
@@ -215,7 +217,7 @@ class DeadFilter:
 
     def params(self) -> dict[str, Any]:
         return {
-            "ids": None if self.ids is None else sql.int_array(self.ids),
+            "ids": None if self.ids is None else int_array(self.ids),
             "queue": self.queue, "kind": self.kind, "error": self.error,
             "signature": self.signature, "reason": self.reason, "since": self.since,
             "older_than": self.older_than, "after_died": None, "after_id": None,
@@ -279,7 +281,7 @@ def _list_jobs(where: JobFilter, limit: int, payload: bool) -> Plan[Listing[Live
 
 def _show_job(job_id: int, payload: bool) -> Plan[LiveJob]:
     _check_ids([job_id])
-    rows = yield _Query(sql.JOBS_BY_ID, {"ids": sql.int_array([job_id]), "full": True,
+    rows = yield _Query(sql.JOBS_BY_ID, {"ids": int_array([job_id]), "full": True,
                                          "payload": payload})
     if not rows:
         yield from _not_found([job_id], "live")
@@ -368,7 +370,7 @@ def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool) -> Plan[Pur
 
 def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
     wanted = _check_ids(ids)
-    rows = yield _Query(sql.CANCEL_LOCK, {"ids": sql.int_array(wanted)})
+    rows = yield _Query(sql.CANCEL_LOCK, {"ids": int_array(wanted)})
     found = {r[0] for r in rows}
     if len(found) < len(wanted):
         yield from _not_found([i for i in wanted if i not in found], "live")
@@ -384,7 +386,7 @@ def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
                           "its attempt may run until its lease ends, then it moves to the "
                           "dead jobs (`pgpool dead list --reason cancelled`); nothing was "
                           "changed")
-    yield _Query(sql.CANCEL, {"ids": sql.int_array(wanted)})
+    yield _Query(sql.CANCEL, {"ids": int_array(wanted)})
     if any(state == "running" for _, state, _ in rows):
         yield _Query(sql.NOTIFY_CONTROL, {})  # its host stops the worker now, not at a poll
     return [Cancelled(*r) for r in rows]
@@ -392,7 +394,7 @@ def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
 
 def _retry(ids: Iterable[int]) -> Plan[Retried]:
     wanted = _check_ids(ids)
-    rows = yield _Query(sql.JOBS_LOCK, {"ids": sql.int_array(wanted)})
+    rows = yield _Query(sql.JOBS_LOCK, {"ids": int_array(wanted)})
     states = dict(rows)
     if len(states) < len(wanted):
         yield from _not_found([i for i in wanted if i not in states], "waiting")
@@ -407,7 +409,7 @@ def _retry(ids: Iterable[int]) -> Plan[Retried]:
                           "retry; delete it once nothing references it")
     scheduled = [i for i, state in states.items() if state in ("scheduled", "parked")]
     if scheduled:
-        yield _Query(sql.RETRY_NOW, {"ids": sql.int_array(scheduled)})
+        yield _Query(sql.RETRY_NOW, {"ids": int_array(scheduled)})
     return Retried(scheduled, [i for i, state in states.items() if state == "ready"])
 
 
@@ -442,7 +444,7 @@ def _check_queue_known(queue: str) -> Plan[None]:
 
 def _not_found(ids: list[int], what: str) -> Plan[None]:
     """Raise `JobNotFound` for ``ids``, saying which are dead jobs."""
-    rows = yield _Query(sql.DEAD_IDS, {"ids": sql.int_array(ids)})
+    rows = yield _Query(sql.DEAD_IDS, {"ids": int_array(ids)})
     dead = [r[0] for r in rows]
     missing = [i for i in ids if i not in set(dead)]
     parts = []
@@ -468,7 +470,7 @@ def _run(conn: psycopg.Connection, plan: Plan[R], *, dry_run: bool = False,
     """Execute ``plan`` in ``conn``'s transaction (a savepoint; rolled back for a dry run),
     or, ``batched`` on an autocommit connection, each statement in a transaction of its own."""
     if outside_a_transaction(conn):
-        conn.execute(sql.OPEN_TRANSACTION)  # the caller commits, as after enqueue
+        conn.execute(OPEN_TRANSACTION)  # the caller commits, as after enqueue
     each = batched and _batched(conn, dry_run)
     with schema_required(), (contextlib.nullcontext() if each
                               else conn.transaction(force_rollback=dry_run)):
@@ -493,7 +495,7 @@ async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: b
     import asyncio  # here: worker processes import pgpool.cli, and so this module
 
     if outside_a_transaction(conn):
-        await conn.execute(sql.OPEN_TRANSACTION)
+        await conn.execute(OPEN_TRANSACTION)
     each = batched and _batched(conn, dry_run)
     with schema_required():
         async with (contextlib.nullcontext() if each

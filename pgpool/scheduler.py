@@ -46,7 +46,7 @@ import psycopg
 
 from .budget import ClaimBudget
 from .job import Job
-from .retry import Failures, backoff
+from .outage import Failures, backoff
 from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.scheduler")

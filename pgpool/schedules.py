@@ -1,15 +1,8 @@
 """Periodic jobs: cron schedules declared in code, each tick enqueued once across the fleet.
 
 A handler module declares a schedule with `periodic` at import, beside its handlers. Every
-dispatcher that imports the module runs a `Periodic` part: it wakes at the schedule's next
-tick, enqueues the due ticks and sleeps again. Whichever hosts are up, each tick is enqueued
-exactly once, by the database, not by timing: a schedule's ``pgpool_schedules`` row holds
-``last_tick`` (every tick up to it is handled), and a host enqueues ticks only in the
-transaction in which its compare-and-set moves ``last_tick`` from the value it read to the
-latest due tick (`sql.PERIODIC_ADVANCE`), holding the row's lock. Of two hosts racing for
-one tick, the second finds the row locked (`sql.PERIODIC_LOCK` skips it rather than wait)
-and looks again shortly, or finds ``last_tick`` moved and enqueues nothing. The jobs table
-cannot remember past ticks itself: done jobs are deleted.
+dispatcher that imports the module runs a periodic part (`pgpool.parts.periodic`), which
+enqueues each tick exactly once across the hosts that declare the schedule.
 
 After downtime (every host down, or the schedule's part failing), the missed ticks collapse:
 by default only the latest due tick is enqueued (``catch_up="latest"``); ``catch_up=N``
@@ -17,39 +10,21 @@ enqueues the latest N. Ticks are computed in the schedule's time zone (`zoneinfo
 croniter; around DST changes a wall-clock time the clock skips fires once, when the clock
 jumps, and in the repeated hour of a fall-back only schedules whose hour field is a wildcard
 fire again (fixed-time schedules fire once, as Debian's cron does).
-
-Each dispatcher refreshes its schedules' rows (definition, ``declared_until``) every beat
-interval; ``pgpool status`` shows a row no live host declares any more as not declared, and
-no host enqueues it: removing a schedule from the code stops it. The row and its
-``last_tick`` stay, so declaring the name again resumes it (with the usual catch-up).
 """
-
 from __future__ import annotations
 
-import logging
-import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from . import sql
-from .enqueue import encode_payload, enqueue_async
+from .enqueue import encode_payload
 from .errors import HandlerError, PgpoolError
-from .logs import event
 from .registry import check_name
-from .retry import Failures
 
-# zoneinfo, croniter, asyncio and psycopg are imported where used: handler modules import
-# this module in every worker process, which never computes a tick (see pgpool.enqueue).
+# zoneinfo and croniter are imported where used: handler modules import this module in every
+# worker process, which never computes a tick.
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
-
-    import psycopg
-    from psycopg_pool import AsyncConnectionPool
-
-log = logging.getLogger("pgpool.schedules")
 
 #: ``catch_up`` after downtime: only the latest due tick.
 LATEST: Final = "latest"
@@ -58,10 +33,6 @@ MAX_CATCH_UP: Final = 1000
 #: Cron aliases whose hour is fixed (they fire once in a repeated fall-back hour).
 _FIXED_HOUR_ALIASES: Final = frozenset(
     {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight"})
-#: After a wake-up the database's clock may lag the host's by this much: wake this late.
-_WAKE_SLACK: Final = 0.005
-#: Seconds before looking again at a schedule whose row another transaction held.
-_BUSY_RETRY: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -282,118 +253,3 @@ def due_ticks(cron: str, zone: ZoneInfo, last: datetime, now: datetime,
         if tick <= now:
             found.append(tick)
     return found[::-1]
-
-
-# --- the dispatcher's part ------------------------------------------------------------------
-
-
-class Periodic:
-    """One dispatcher's periodic part: `run` enqueues its schedules' due ticks, once across
-    the fleet, and keeps their rows declared."""
-
-    def __init__(self, pool: AsyncConnectionPool, owner: str,
-                 schedules: dict[str, Schedule], *, refresh: float, declared_for: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``refresh``: seconds between declarations; ``declared_for``: how long one holds
-        (`pgpool status` shows the schedule as not declared after that)."""
-        self._pool = pool
-        self.owner = owner
-        self.schedules = dict(sorted(schedules.items()))  # one lock order for every host
-        self.refresh = refresh
-        self.declared_for = declared_for
-        self._clock = clock
-        self._declared_at = -math.inf
-        #: (name, the other definition) pairs already warned about.
-        self._warned: set[tuple[str, tuple[str, ...]]] = set()
-
-    async def run(self) -> None:
-        """`step` until cancelled; database failures are logged and retried."""
-        import asyncio
-
-        import psycopg
-
-        failures = Failures(log, "periodic schedules")
-        while True:
-            try:
-                wait = await self.step()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-                wait = min(self.refresh, 1.0)
-            await asyncio.sleep(wait)
-
-    async def step(self) -> float:
-        """Declare if due, enqueue every due tick; the seconds until the next thing to do."""
-        async with self._pool.connection() as conn:
-            if self._clock() - self._declared_at >= self.refresh:
-                await self._declare(conn)
-            cur = await conn.execute(sql.PERIODIC_STATE, {"names": list(self.schedules),
-                                                           "owner": self.owner})
-            rows = await cur.fetchall()
-            read_at = self._clock()
-            wake = self.refresh - (read_at - self._declared_at)
-            for name, last, other, definition, now in rows:
-                schedule = self.schedules[name]
-                self._check_version(schedule, other, tuple(definition))
-                due = schedule.due(last, now)
-                if due and not await self._enqueue(conn, schedule, last, due):
-                    wake = min(wake, _BUSY_RETRY)
-                    continue
-                until = (schedule.next_after(due[-1] if due else last) - now).total_seconds()
-                wake = min(wake, until - (self._clock() - read_at))
-        return max(0.0, wake) + _WAKE_SLACK
-
-    async def _declare(self, conn: psycopg.AsyncConnection) -> None:
-        s = list(self.schedules.values())
-        await conn.execute(sql.PERIODIC_DECLARE, {
-            "names": [x.name for x in s], "crons": [x.cron for x in s],
-            "zones": [x.timezone for x in s], "kinds": [x.kind for x in s],
-            "queues": [x.queue for x in s], "catch_ups": [x.catch_up for x in s],
-            "owner": self.owner, "seconds": self.declared_for,
-        })
-        self._declared_at = self._clock()
-
-    def _check_version(self, schedule: Schedule, other: str | None,
-                       definition: tuple[str, ...]) -> None:
-        """Warn (once) when another live host declares this name differently: the hosts
-        run different code versions, and either definition's ticks may fire meanwhile."""
-        if other is None or definition == schedule.definition():
-            return
-        if (schedule.name, definition) in self._warned:
-            return
-        self._warned.add((schedule.name, definition))
-        event(log, logging.WARNING, "periodic_mismatch",
-              "schedule %r: another live host (%s) declares it as %r in %s (kind %s, queue "
-              "%s), this one as %r in %s: the hosts run different code; each tick is still "
-              "enqueued at most once", schedule.name, other, definition[0], definition[1],
-              definition[2], definition[3], schedule.cron, schedule.timezone,
-              schedule=schedule.name, other=other)
-
-    async def _enqueue(self, conn: psycopg.AsyncConnection, schedule: Schedule,
-                       last: datetime, due: list[datetime]) -> bool:
-        """Move ``last_tick`` from ``last`` to ``due[-1]`` and enqueue ``due``, in one
-        transaction; nothing if another host moved it first. False when the row was
-        locked: whether these ticks get enqueued is not settled yet."""
-        ids: list[int | None] = []
-        async with conn.transaction():
-            cur = await conn.execute(sql.PERIODIC_LOCK, {"name": schedule.name})
-            row = await cur.fetchone()
-            if row is None:
-                return False  # another transaction holds the row: look again shortly
-            cur = await conn.execute(sql.PERIODIC_ADVANCE, {
-                "name": schedule.name, "seen": last, "tick": due[-1]})
-            if await cur.fetchone() is None:
-                return True  # another host enqueued these ticks since they were read
-            for tick in due:
-                ids.append(await enqueue_async(
-                    conn, schedule.kind, schedule.payload_for(tick), queue=schedule.queue,
-                    priority=schedule.priority, max_attempts=schedule.max_attempts))
-        missed = schedule.next_after(last) < due[0]
-        event(log, logging.INFO, "periodic_enqueued",
-              "schedule %r: enqueued %s as %s (kind %s)%s", schedule.name,
-              ", ".join(t.isoformat() for t in due), ", ".join(f"job {i}" for i in ids),
-              schedule.kind, " after missed ticks (catch-up)" if missed else "",
-              schedule=schedule.name, kind=schedule.kind,
-              ticks=[t.isoformat() for t in due], jobs=ids, missed=missed)
-        return True
-

@@ -28,10 +28,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from . import sql
 from .errors import SchemaError
 from .logs import event
-from .retry import backoff
+from .outage import backoff
+from .sql import install as sql
 
 if TYPE_CHECKING:  # imported by `pgpool` itself, so workers too: see pgpool.enqueue
     import psycopg

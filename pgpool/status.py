@@ -15,9 +15,12 @@ from typing import Any
 
 import psycopg
 
-from . import schedules, sql
+from . import schedules
 from .budget import COUNTED_LEASES
 from .lease import STALE_AFTER_LEASES
+from .sql import observe as sql
+from .sql.fleet import FLEET_BUDGET
+from .sql.ops import PAUSED
 
 
 def collect(conn: psycopg.Connection) -> dict[str, Any]:
@@ -58,12 +61,12 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
         conn.execute(sql.STATUS_SNAPSHOT)
-        fleet = conn.execute(sql.FLEET_BUDGET).fetchone()
+        fleet = conn.execute(FLEET_BUDGET).fetchone()
         hosts = conn.execute(sql.STATUS_HOSTS, params).fetchall()
         queues = conn.execute(sql.STATUS_QUEUES, params).fetchall()
         vacuum = conn.execute(sql.STATUS_VACUUM).fetchone()
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
-        paused = dict(conn.execute(sql.PAUSED).fetchall())
+        paused = dict(conn.execute(PAUSED).fetchall())
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
     host_list = [
         {

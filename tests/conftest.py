@@ -48,9 +48,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import embedded, sql
+from pgpool import embedded
 from pgpool.cmdline import masked_args
-from pgpool.listener import listen_statement
+from pgpool.sql import common as sql
+from pgpool.sql.common import listen_statement
 
 TESTS = Path(__file__).parent
 BENCH = TESTS.parent / "bench"
@@ -821,7 +822,7 @@ def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passe
     each pass reaped (revived, buried) and the state of the row left after it. With ``hold``,
     another connection holds that job FOR KEY SHARE meanwhile, so deleting it waits on a
     lock."""
-    from pgpool.reaper import Reaper
+    from pgpool.parts.reaper import Reaper
 
     async def main() -> list[tuple[tuple[int, int], str]]:
         async with record_claimer(dsn, lease, "gone:1:aa") as (pool, claimer):

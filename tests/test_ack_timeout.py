@@ -37,7 +37,7 @@ from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer
 from pgpool.isolate import isolate
 from pgpool.lease import Lease
-from pgpool.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
+from pgpool.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
 from pgpool.registry import Handler
 
 #: The hosts' statement timeout, seconds, and the sleep each job's delete adds to it.

@@ -26,10 +26,10 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import sql
 from pgpool.budget import COUNTED_BEATS, ClaimBudget, Peer, demand, fair_shares, floor, share
-from pgpool.hosts import HostRegistry
 from pgpool.lease import Lease
+from pgpool.parts.hosts import HostRegistry
+from pgpool.sql import fleet as sql
 
 
 class Clock:

@@ -20,10 +20,10 @@ from psycopg_pool import AsyncConnectionPool
 import pgpool
 from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer, decide
-from pgpool.heartbeat import Heartbeat
 from pgpool.job import Job, Outcome
 from pgpool.lease import Lease
-from pgpool.reaper import Reaper
+from pgpool.parts.heartbeat import Heartbeat
+from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.retry import FREE_INTERRUPTIONS, RetryPolicy
 
@@ -389,7 +389,7 @@ def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues, statement):
     db.execute("ANALYZE pgpool_jobs")
     params = {"queues": queues, "kinds": ["k"], "kind_max_attempts": [20], "owner": "h",
               "lease": 30, "limit": 10, "after": "", "tenant_cap": None}
-    from pgpool import sql
+    from pgpool.sql import jobs as sql
 
     (plan,) = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(sql, statement),
                          params).fetchone()[0]
@@ -411,16 +411,17 @@ def _join_filter_removals(node: dict[str, Any]) -> int:
 def test_ack_and_heartbeat_plans_stay_linear_with_stale_statistics(db, statement, mode):
     # Statistics gathered while every job waits say no job runs. The ack and the heartbeat
     # must still look each id up once, not compare every held job with every id (that
-    # plan took 200 ms for 1,000 acks; see "ownership" in pgpool.sql).
-    from pgpool import sql
+    # plan took 200 ms for 1,000 acks; see "ownership" in pgpool.sql.jobs).
+    from pgpool.sql import jobs as sql
+    from pgpool.sql.common import int_array
 
     pgpool.enqueue_many(db, "k", ({"n": i} for i in range(3000)))
     db.execute("ANALYZE pgpool_jobs")
     rows = db.execute(sql.CLAIM, {"queues": ["default"], "kinds": ["k"],
                                   "kind_max_attempts": [20], "owner": "h", "lease": 30,
                                   "limit": 1000, "after": "", "tenant_cap": None}).fetchall()
-    ids = sql.int_array(r[0] for r in rows)
-    attempts = sql.int_array(r[3] for r in rows)
+    ids = int_array(r[0] for r in rows)
+    attempts = int_array(r[3] for r in rows)
     if statement == "ack_done":  # what a flush of successes alone sends
         query = sql.ACK_DONE
         params: dict[str, Any] = {"owner": "h", "done_ids": ids, "done_attempts": attempts}

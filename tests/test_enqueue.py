@@ -12,7 +12,8 @@ from conftest import listen_sql
 from psycopg import sql as pgsql
 
 import pgpool
-from pgpool import sql
+from pgpool.sql import jobs as sql
+from pgpool.sql.common import STAGE
 
 
 def count(db: psycopg.Connection, where: str = "true") -> int:
@@ -79,7 +80,7 @@ def test_delayed_job_is_scheduled_and_wakes_only_the_stagers(db, dsn):
         pgpool.enqueue(db, "k", {}, delay=timedelta(minutes=3))
     # Not its queue's claimers: the stagers, which learn of a job due sooner than they knew
     # (once: PostgreSQL folds a transaction's identical notifications into one).
-    assert next_notification(ears) == sql.STAGE
+    assert next_notification(ears) == STAGE
     assert nothing_before_a_marker(ears, db)
     assert count(db, "run_at > now() + interval '50 seconds' AND state = 'scheduled'") == 3
 

@@ -214,7 +214,7 @@ def test_two_claims_racing_for_one_key_run_one_and_the_loser_retries(db, dsn):
     x1 = pgpool.enqueue(db, "k", {}, concurrency_key="x")
     x2 = pgpool.enqueue(db, "k", {}, concurrency_key="x")
     free = pgpool.enqueue(db, "k", {})
-    from pgpool import sql
+    from pgpool.sql import jobs as sql
 
     holder = psycopg.connect(dsn)
     try:
@@ -298,7 +298,8 @@ def test_no_two_jobs_of_a_key_ever_run_at_once_across_hosts_and_worker_kills(
 def test_heartbeats_of_tenant_and_keyed_jobs_stay_hot(db, dsn):
     # No index of migration 9 covers a column a heartbeat writes: the lease extension of a
     # running job with a tenant and a key is a HOT update (no index entry written).
-    from pgpool import sql
+    from pgpool.sql import jobs as sql
+    from pgpool.sql.common import int_array
 
     pgpool.enqueue(db, "k", {}, tenant="acme", concurrency_key="x")
     pgpool.enqueue(db, "k", {}, tenant="acme")
@@ -306,8 +307,8 @@ def test_heartbeats_of_tenant_and_keyed_jobs_stay_hot(db, dsn):
     assert len(jobs) == 2
     with db.transaction():  # the statistics of this transaction, read before it ends
         beaten = db.execute(sql.HEARTBEAT, {
-            "ids": sql.int_array(j.id for j in jobs),
-            "attempts": sql.int_array(j.attempt for j in jobs), "owner": "host-a",
+            "ids": int_array(j.id for j in jobs),
+            "attempts": int_array(j.attempt for j in jobs), "owner": "host-a",
             "started": [True, True], "lease": 30}).fetchall()
         hot = one(db, "SELECT pg_stat_get_xact_tuples_hot_updated('pgpool_jobs'::regclass)")
     assert len(beaten) == 2

@@ -1,6 +1,8 @@
 """The import graph of pgpool, its benchmarks and its tests: no cycles between pgpool's
-modules, and no module reaching into another's private names (``from m import _x`` or
-``m._x`` on an imported module)."""
+modules, no module reaching into another's private names (``from m import _x`` or
+``m._x`` on an imported module), and the layers: the core never imports a front end (the
+CLI, the dashboard, the bench), only the dispatcher imports the side parts, and what a
+worker process imports leaves out psycopg and asyncio."""
 
 from __future__ import annotations
 
@@ -19,20 +21,44 @@ def module_name(path: Path) -> str:
 
 def imports(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names taken from it) for every import in ``path``, relative ones resolved."""
+    return [found for node in ast.walk(ast.parse(path.read_text()))
+            for found in _resolved(path, node)]
+
+
+def imports_on_load(path: Path) -> set[str]:
+    """The modules importing ``path`` imports: those of its body, not the ones inside its
+    functions or under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            found.update(module for module, _ in _resolved(path, node))
+            if isinstance(node, ast.If) and ast.unparse(node.test) != "TYPE_CHECKING":
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody,
+                              *(handler.body for handler in node.handlers)):
+                    visit(block)
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def _resolved(path: Path, node: ast.AST) -> list[tuple[str, list[str]]]:
+    """(module, names taken from it) for ``node`` if it is an import in ``path``."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, []) for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, []) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            for alias in node.names:  # `from . import x` may name a submodule
-                found.append((f"{module}.{alias.name}", []))
-            found.append((module, [alias.name for alias in node.names]))
-    return found
+    base = package[: len(package) - node.level + 1] if node.level else []
+    module = ".".join([*base, *([node.module] if node.module else [])])
+    # `from . import x` may name a submodule.
+    return [*((f"{module}.{alias.name}", []) for alias in node.names),
+            (module, [alias.name for alias in node.names])]
 
 
 def _ours(node: ast.Import | ast.ImportFrom, name: str) -> bool:
@@ -80,3 +106,59 @@ def test_no_module_uses_another_modules_private_names() -> None:
             and not node.attr.startswith("__")
         ]
     assert not crossings, "\n".join(crossings)
+
+
+#: pgpool's front ends: the CLI, the dashboard and the bench. They may import any of
+#: pgpool's modules; no other module imports them (the CLI imports them lazily, by command).
+FRONTS = ("pgpool.__main__", "pgpool.cli", "pgpool.ops_cli", "pgpool.web", "pgpool.bench")
+#: The side parts a dispatcher runs (`pgpool.parts`), and the one module that builds them.
+PARTS, SUPERVISOR = "pgpool.parts", "pgpool.dispatcher"
+#: What a worker process imports first: pgpool (handler modules use ``@pgpool.handler``),
+#: pgpool.cli (the ``pgpool`` script's main module, which "spawn" imports again), the
+#: worker's own module, and the bench's handler module.
+WORKER_ENTRIES = ("pgpool", "pgpool.cli", "pgpool.worker", "pgpool.bench.jobs")
+#: What a worker must never import: psycopg adds about 0.15 s of CPU to each worker's
+#: start, and a worker never talks to the database (tests/test_pool.py checks the same at
+#: run time).
+NOT_IN_WORKERS = ("psycopg", "psycopg_pool", "asyncio")
+
+
+def _within(name: str, places: tuple[str, ...] | str) -> bool:
+    places = (places,) if isinstance(places, str) else places
+    return any(name == p or name.startswith(p + ".") for p in places)
+
+
+def test_the_core_never_imports_a_front_end_and_only_the_dispatcher_imports_the_parts() -> None:
+    # The side parts are core modules too: they import no front end either.
+    crossings = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if _within(name, FRONTS):
+            continue
+        for module, _ in imports(path):
+            if _within(module, FRONTS):
+                crossings.append(f"{name} imports the front end {module}")
+            if (_within(module, PARTS) and not _within(name, PARTS)
+                    and name not in (SUPERVISOR, PARTS)):
+                crossings.append(f"{name} imports the side part {module}")
+    assert not crossings, "\n".join(crossings)
+
+
+def test_what_a_worker_imports_leaves_out_psycopg_and_asyncio() -> None:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    reached: dict[str, str] = {}  # module -> the module that imported it first
+    todo = [(entry, "a worker") for entry in WORKER_ENTRIES]
+    while todo:
+        name, by = todo.pop()
+        if name in reached:
+            continue
+        reached[name] = by
+        if name not in paths:
+            continue
+        # Importing a module runs its packages' __init__ first.
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        todo += [(parent, name) for parent in parents]
+        todo += [(module, name) for module in imports_on_load(paths[name])]
+    found = [f"{name} (imported by {reached[name]})" for name in sorted(reached)
+             if _within(name, NOT_IN_WORKERS)]
+    assert not found, found

@@ -36,8 +36,8 @@ from pgpool.claimer import configure_connection
 from pgpool.completer import LOCK_RETRIES, Ack, Completer
 from pgpool.isolate import Interrupted, isolate, row_error, timed_out, transient
 from pgpool.lease import Lease
-from pgpool.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
-from pgpool.reaper import Reaper
+from pgpool.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
+from pgpool.parts.reaper import Reaper
 
 # --- the component ------------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ from psycopg_pool import AsyncConnectionPool
 from test_routing import buffers
 
 import pgpool
-from pgpool import sql
 from pgpool.claimer import Claimer
 from pgpool.lease import Lease
 from pgpool.registry import Handler
+from pgpool.sql import jobs as sql
 
 #: A hand-written claim of the same jobs, what a user without a framework would write: the
 #: floor the plain claim is held to.

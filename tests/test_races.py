@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 import pgpool
 from pgpool.claimer import Claimer, configure_connection
 from pgpool.completer import Ack, Completer
-from pgpool.heartbeat import Heartbeat
 from pgpool.job import Job
 from pgpool.lease import Lease
+from pgpool.parts.heartbeat import Heartbeat
 from pgpool.registry import Handler
 
 #: Every wait on the server's state gives up after this long (a failure, never a pass).

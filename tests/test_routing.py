@@ -12,7 +12,7 @@ import pytest
 from conftest import JSON_LOGS, RUN, assert_user_error, explain_prepared, only_event, run_pgpool
 
 import pgpool
-from pgpool import sql
+from pgpool.sql import jobs as sql
 
 #: What every claim below sends but its kinds and limit: one queue.
 CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", "tenant_cap": None}

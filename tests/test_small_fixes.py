@@ -30,11 +30,12 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import ops, schema, sql
+from pgpool import ops, schema
 from pgpool.claimer import Claimer
 from pgpool.lease import Lease
-from pgpool.reaper import Reaper
+from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
+from pgpool.sql import jobs as sql
 
 
 def starts(record_dir: Path) -> dict[int, list[int]]:

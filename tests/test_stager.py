@@ -14,8 +14,8 @@ from conftest import in_registry, listen_sql, read_records, start_pgpool, wait_u
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import stager
-from pgpool.stager import Stager
+from pgpool.parts import stager
+from pgpool.parts.stager import Stager
 
 
 def states(db: psycopg.Connection) -> dict[int, str]:

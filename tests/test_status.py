@@ -36,8 +36,8 @@ from psycopg_pool import AsyncConnectionPool
 import pgpool
 from pgpool import registry
 from pgpool.dispatcher import make_owner
-from pgpool.hosts import HostRegistry
 from pgpool.lease import STALE_AFTER_LEASES, Lease
+from pgpool.parts.hosts import HostRegistry
 
 HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
 

@@ -21,7 +21,8 @@ from conftest import (
 )
 
 import pgpool
-from pgpool import retention, sql
+from pgpool.parts import retention
+from pgpool.sql import ops as sql
 
 
 def attempts(record_dir: Path, event: str) -> dict[int, list[int]]:

@@ -16,7 +16,7 @@ import pgpool
 from pgpool.claimer import Claimer
 from pgpool.lease import Lease
 from pgpool.registry import Handler
-from pgpool.sql import TENANT_SKIPS
+from pgpool.sql.jobs import TENANT_SKIPS
 
 
 def claimer(pool: AsyncConnectionPool, *, tenant_cap: int | None = None,

@@ -31,7 +31,8 @@ import pytest
 from conftest import one, wait_until
 
 import pgpool
-from pgpool import ops, sql
+from pgpool import ops
+from pgpool.sql import ops as sql
 from pgpool.web import server
 from pgpool.web.snapshots import APPLICATION_NAME
 

@@ -25,9 +25,9 @@ Contract:
   a claim works on deep. Every later stage runs against that table, and checks at its end
   that no job is left due or running and that the N backlog rows are still there.
 - Ceilings (`ceilings`): no framework, two connections in two threads, each repeating a
-  hand-written claim of the drive's batch of rows (never pgpool's `pgpool.sql.CLAIM`) then
-  a DELETE of those ids, until no job is due: the database's jobs/s for the cycle, in two
-  forms. "One transaction": ``SELECT id ... ORDER BY priority DESC, run_at, id LIMIT n FOR
+  hand-written claim of the drive's batch of rows (never pgpool's `pgpool.sql.jobs.CLAIM`)
+  then a DELETE of those ids, until no job is due: the database's jobs/s for the cycle, in
+  two forms. "One transaction": ``SELECT id ... ORDER BY priority DESC, run_at, id LIMIT n FOR
   NO KEY UPDATE SKIP LOCKED`` on the ready index (`queries.PICK`) and the delete commit
   together. "Lease cycle": an ``UPDATE`` of those rows to running with a lease
   (`queries.LEASE_CLAIM`) commits, then the delete commits, the two commits per batch that

@@ -1,6 +1,6 @@
 """The database's ceilings: hand-written claim + delete loops, no framework, on two
-connections. They never send pgpool's claim (`pgpool.sql.CLAIM`, with its fairness, tenants
-and concurrency keys), only the simplest statements a loop of one's own would.
+connections. They never send pgpool's claim (`pgpool.sql.jobs.CLAIM`, with its fairness,
+tenants and concurrency keys), only the simplest statements a loop of one's own would.
 
 "One transaction": `queries.PICK` (SELECT ... FOR NO KEY UPDATE SKIP LOCKED) and the DELETE
 of those ids commit together. "Lease cycle": `queries.LEASE_CLAIM` (an UPDATE to running,

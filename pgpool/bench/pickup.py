@@ -25,9 +25,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from .. import dsn as dsnlib
-from .. import sql
 from ..enqueue import enqueue
-from ..listener import listen_statement
+from ..sql import common as sql
 from . import jobs, queries
 from .ceilings import bare_claim
 from .figures import quantile
@@ -116,7 +115,7 @@ def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[floa
     latencies = []
     with dsnlib.connect(dsn, autocommit=True) as listener, \
             dsnlib.connect(dsn, autocommit=True) as claimer:
-        listener.execute(listen_statement(listener.execute(sql.CHANNEL).fetchone()[0]))
+        listener.execute(sql.listen_statement(listener.execute(sql.CHANNEL).fetchone()[0]))
         for _ in range(samples):
             time.sleep(random.uniform(*PICKUP_GAP))
             enqueue(conn, KIND, _STAMP_JOB)
@@ -136,7 +135,7 @@ def _await_listener(conn: psycopg.Connection, app: str, proc: subprocess.Popen[b
     """Wait until the pickup dispatcher's LISTEN is in place: before that, a job enqueued
     would wait for its poll, not its notification."""
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    listen = listen_statement(conn.execute(sql.CHANNEL).fetchone()[0])
+    listen = sql.listen_statement(conn.execute(sql.CHANNEL).fetchone()[0])
     while not conn.execute(queries.LISTENING, {"app": app, "listen": listen}).fetchone():
         _check_alive(proc, log)
         if time.monotonic() > deadline:

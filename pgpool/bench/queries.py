@@ -3,8 +3,8 @@ table upkeep and checks between stages, and the server statistics it reads.
 
 The ceilings and the pickup floor claim with hand-written statements of their own
 (`PICK`, `LEASE_CLAIM`), never pgpool's: they are what a loop with no framework would send.
-The runtime statements the bench also uses (`pgpool.sql.CHANNEL`, `pgpool.sql.COPY_JOBS`)
-stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
+The runtime statements the bench also uses (`pgpool.sql.common.CHANNEL`,
+`pgpool.sql.jobs.COPY_JOBS`) stay in `pgpool.sql`, next to the rest of pgpool's runtime SQL.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 import psycopg
 
-from .. import sql
 from ..enqueue import copy_rows, enqueue_many
+from ..sql import jobs as sql
 from . import queries
 from .jobs import KIND
 

@@ -356,8 +356,8 @@ def _row(request: web.Request, row: ops.LiveJob | ops.DeadJob) -> dict[str, Any]
     return d
 
 
-#: How a group's token starts. An error signature has no digit (`sql.SIGNATURE` makes each
-#: run of digits "#"), so a value with this prefix is never one.
+#: How a group's token starts. An error signature has no digit (`pgpool.sql.ops.SIGNATURE`
+#: makes each run of digits "#"), so a value with this prefix is never one.
 TOKEN_PREFIX: Final = "hmac256:"
 #: What a hidden error's filters answer.
 ERRORS_HIDDEN: Final = ("error text is hidden (it may quote payloads): start `pgpool web "

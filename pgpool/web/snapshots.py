@@ -27,10 +27,10 @@ from typing import Any, Final
 import orjson
 import psycopg
 
-from .. import sql, status
+from .. import status
 from ..errors import PgpoolError, first_line
-from ..listener import listen_statement
-from ..retry import Failures, backoff
+from ..outage import Failures, backoff
+from ..sql import common as sql
 
 log = logging.getLogger("pgpool.web")
 
@@ -125,7 +125,7 @@ class Hub:
                         self._dsn, autocommit=True, application_name=APPLICATION_NAME
                 ) as conn:
                     row = await (await conn.execute(sql.CHANNEL)).fetchone()
-                    await conn.execute(listen_statement(row[0]))
+                    await conn.execute(sql.listen_statement(row[0]))
                     failures.succeeded()
                     self._poke.set()  # anything sent while it was down was lost
                     async for _ in conn.notifies():

@@ -24,12 +24,13 @@ from typing import Final
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
-from .errors import first_line
-from .isolate import Interrupted, describe, isolate, row_error, transient
-from .logs import event
-from .repeat import every
-from .retry import FREE_INTERRUPTIONS, Failures
+from ..errors import first_line
+from ..isolate import Interrupted, describe, isolate, row_error, transient
+from ..logs import event
+from ..retry import FREE_INTERRUPTIONS
+from ..sql import jobs as sql
+from ..sql.common import int_array
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -39,18 +40,22 @@ BATCH = 1000
 LOCK_RETRIES: Final = 3
 
 
-class Reaper:
+class Reaper(LoopPart):
+    """Every ``interval`` seconds, a pass (`reap`) over the expired leases."""
+
+    name = "reaper"
+
     def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
         self._pool = pool
-        self.interval = interval
+        self._loop = Loop(log, "reaper pass", interval=interval)
         # One pass at a time per process: a caller that reaps on demand (``--burst``) then
         # knows that every revival the periodic pass made is committed when it returns.
         self._lock = asyncio.Lock()
         #: Lock and statement timeouts so far of the jobs refused on them, by id.
         self._lock_misses: dict[int, int] = {}
 
-    async def run(self) -> None:
-        await every(self.interval, self.reap, Failures(log, "reaper pass"))
+    async def step(self) -> None:
+        await self.reap()
 
     async def reap(self) -> tuple[int, int]:
         """One pass, in batches; returns (returned to ready, moved to pgpool_dead). Database
@@ -79,7 +84,7 @@ class Reaper:
 
     async def _reap(self, ids: list[int] | None) -> tuple[int, int]:
         """One `sql.REAP` statement: the next batch, or only ``ids``."""
-        params = {"limit": BATCH, "ids": None if ids is None else sql.int_array(ids),
+        params = {"limit": BATCH, "ids": None if ids is None else int_array(ids),
                   "max_interruptions": FREE_INTERRUPTIONS}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.REAP, params)
@@ -136,7 +141,7 @@ class Reaper:
     async def _write_park(self, refused: list[tuple[int, BaseException]]) -> list[int]:
         """One `sql.PARK_EXPIRED` statement for ``refused``; the ids it parked."""
         params = {
-            "ids": sql.int_array(job_id for job_id, _ in refused),
+            "ids": int_array(job_id for job_id, _ in refused),
             "reasons": [f"the reaper could not return it: {describe(exc)}: {first_line(exc)}"
                         for _, exc in refused],
         }

@@ -15,29 +15,27 @@ next pass.
 
 A pass learns when the next scheduled job is due, and the stager sleeps until then, at most
 its ``interval`` (the poll interval: a job scheduled by another session for sooner is found
-within it). It wakes earlier on `wake`: the listener calls it when it hears `sql.STAGE`,
-which every enqueue of a scheduled job sends, and the dispatcher when its own acks
-scheduled retries. Every host hears every such enqueue, so a pass that a wake-up starts
-comes at least `MIN_GAP` after the previous one: under a stream of delayed enqueues each
-host runs at most ten passes a second, not one per job.
+within it). It wakes earlier on `wake`: the listener calls it when it hears
+`pgpool.sql.common.STAGE`, which every enqueue of a scheduled job sends, and the dispatcher
+when its own acks scheduled retries. Every host hears every such enqueue, so a pass that a
+wake-up starts comes at least `MIN_GAP` after the previous one: under a stream of delayed
+enqueues each host runs at most ten passes a second, not one per job.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from typing import Final
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
-from .errors import first_line
-from .isolate import Interrupted, describe, isolate, row_error, transient
-from .logs import event
-from .retry import Failures
+from ..errors import first_line
+from ..isolate import Interrupted, describe, isolate, row_error, transient
+from ..logs import event
+from ..sql import jobs as sql
+from ..sql.common import int_array
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.stager")
 
@@ -48,42 +46,28 @@ BATCH: Final = 1000
 MIN_GAP: Final = 0.1
 
 
-class Stager:
+class Stager(LoopPart):
+    """A pass (`stage`) when the next scheduled job falls due, at most ``interval`` seconds
+    after the last, and when woken: a job was scheduled that may be due before the time the
+    last pass read."""
+
+    name = "stager"
+
     def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
         self._pool = pool
-        self.interval = interval
-        self._woken = asyncio.Event()
+        # A wake-up arriving during a pass is for a job that pass may not have seen, so it
+        # makes the next pass run at once.
+        self._loop = Loop(log, "stager pass", interval=interval, min_gap=MIN_GAP)
         #: Jobs this stager has made ready since it started.
         self.staged = 0
 
-    def wake(self) -> None:
-        """A job was scheduled that may be due before the time the last pass read."""
-        self._woken.set()
-
-    async def run(self) -> None:
-        failures = Failures(log, "stager pass")
-        while True:
-            wait = self.interval
-            began = time.monotonic()
-            try:
-                next_due = await self.stage()
-                failures.succeeded()
-                if next_due is not None:
-                    wait = min(wait, next_due)
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._woken.wait()
-                    # Woken: wake-ups that arrive meanwhile are served by the same pass.
-                    await asyncio.sleep(began + MIN_GAP - time.monotonic())
+    async def step(self) -> float:
+        next_due = await self.stage()
+        return self._loop.interval if next_due is None else min(self._loop.interval, next_due)
 
     async def stage(self) -> float | None:
         """One pass: make every due scheduled job ready, in batches. Returns the seconds
         until the next scheduled job is due, or None when none is scheduled."""
-        # Cleared before reading: a wake-up arriving during the pass is for a job this
-        # pass may not have seen, so it makes the next pass run at once.
-        self._woken.clear()
         while True:
             try:
                 staged, next_due = await self._stage(None)
@@ -101,7 +85,7 @@ class Stager:
 
     async def _stage(self, ids: list[int] | None) -> tuple[int, float | None]:
         """One `sql.STAGE_DUE` statement: the next batch, or only ``ids``."""
-        params = {"limit": BATCH, "ids": None if ids is None else sql.int_array(ids)}
+        params = {"limit": BATCH, "ids": None if ids is None else int_array(ids)}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.STAGE_DUE, params)
             staged, _, next_due = await cur.fetchone()
@@ -122,7 +106,7 @@ class Stager:
 
     async def _park(self, refused: list[tuple[int, BaseException]]) -> None:
         params = {
-            "ids": sql.int_array(job_id for job_id, _ in refused),
+            "ids": int_array(job_id for job_id, _ in refused),
             "reasons": [f"the stager could not make it ready: {describe(exc)}: "
                         f"{first_line(exc)}" for _, exc in refused],
         }

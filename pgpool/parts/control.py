@@ -1,9 +1,9 @@
 """Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
 
 One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
-hears `sql.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``): notifications
-make a change act within a round trip or two, the poll within a poll interval when one is
-lost. It reads two things:
+hears `pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``):
+notifications make a change act within a round trip or two, the poll within a poll interval
+when one is lost. It reads two things:
 
 - the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
   leaves those queues out of its claims; running jobs finish);
@@ -22,53 +22,50 @@ that is away at start-up delays the first claim instead of failing the start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+from typing import Final
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
-from .logs import event
-from .retry import Failures
+from ..logs import event
+from ..sql import fleet as sql
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.control")
 
 
-class Control:
+#: Seconds between polls at most until the first one worked: the claim loops wait for it.
+FIRST_POLL_RETRY: Final = 0.5
+
+
+class Control(LoopPart):
+    """A `poll` every ``interval`` seconds, and when woken (a control notification)."""
+
+    name = "control poll"
+
     def __init__(self, pool: AsyncConnectionPool, interval: float, *,
                  on_paused: Callable[[frozenset[str]], None],
                  on_cancelled: Callable[[], None]) -> None:
         self._pool = pool
-        self.interval = interval
         self._on_paused = on_paused
         self._on_cancelled = on_cancelled
-        self._woken = asyncio.Event()
+        self._loop = Loop(log, "control poll", interval=interval,
+                          retry=lambda _failures: self._pause())
         self.paused: frozenset[str] = frozenset()
         self._cancelled: str | None = None
         self._polled = False
         #: Set once a poll has read the paused queues.
         self.loaded = asyncio.Event()
 
-    def wake(self) -> None:
-        """A control notification arrived: poll now."""
-        self._woken.set()
+    async def step(self) -> float:
+        await self.poll()
+        return self._pause()
 
-    async def run(self) -> None:
-        failures = Failures(log, "control poll")
-        while True:
-            try:
-                await self.poll()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
-            # Until the first poll worked, retry soon: the claim loops wait for it.
-            wait = self.interval if self.loaded.is_set() else min(self.interval, 0.5)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._woken.wait()
-            self._woken.clear()
+    def _pause(self) -> float:
+        """Seconds to the next poll: the interval, shorter until the first poll worked."""
+        interval = self._loop.interval
+        return interval if self.loaded.is_set() else min(interval, FIRST_POLL_RETRY)
 
     async def poll(self) -> None:
         """Read the paused queues and the cancelled attempts; act on changes."""

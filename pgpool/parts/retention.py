@@ -20,11 +20,10 @@ from typing import Final
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
-from .logs import event
-from .ops import DeadFilter
-from .repeat import every
-from .retry import Failures
+from ..logs import event
+from ..ops import DeadFilter
+from ..sql import ops as sql
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.retention")
 
@@ -39,15 +38,19 @@ def interval(retention: float) -> float:
     return min(60.0, max(1.0, retention / 3600))
 
 
-class Retention:
+class Retention(LoopPart):
+    """A pass (`prune`) when started, then every `interval` of ``retention`` seconds."""
+
+    name = "dead-letter retention"
+
     def __init__(self, pool: AsyncConnectionPool, retention: float) -> None:
         self._pool = pool
         self.retention = retention
-        self.interval = interval(retention)
         self._params = {**DeadFilter(older_than=retention).params(), "limit": BATCH}
+        self._loop = Loop(log, "dead-letter retention", interval=interval(retention))
 
-    async def run(self) -> None:
-        await every(self.interval, self.prune, Failures(log, "dead-letter retention"))
+    async def step(self) -> None:
+        await self.prune()
 
     async def prune(self) -> int | None:
         """One pass; how many dead jobs it deleted, or None if another host holds the lock."""

@@ -12,25 +12,23 @@ pool tells its workers, whose fence would otherwise end them at the old deadline
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import sql
-from .job import Job
-from .lease import Lease
-from .logs import event
-from .retry import Failures
+from ..job import Job
+from ..lease import Lease
+from ..logs import event
+from ..sql import jobs as sql
+from ..sql.common import int_array
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.heartbeat")
 
 
-class Heartbeat:
+class Heartbeat(LoopPart):
     """Every `Lease.beat_interval`, extend the leases of ``held()`` jobs.
 
     Jobs the database no longer shows as ours are marked lost, then ``on_lost`` is called;
@@ -38,11 +36,16 @@ class Heartbeat:
     written: the beat may simply have found that ack written), nor a row another
     transaction was changing (judged at the next beat).
     When heartbeats fail (an error, or no answer within a beat interval), they are retried
-    every `Lease.retry_interval`; `at_risk` turns True after `Lease.at_risk_after` without
-    one (stop claiming), and `check_expiry` marks every held job lost once
+    every `Lease.retry_interval` (only a beat that sent a statement ends such an outage);
+    `at_risk` turns True after `Lease.at_risk_after` without one (stop claiming), and
+    `check_expiry` marks every held job lost once
     `Lease.abandon_after` has passed: before the lease can expire on the server and the
     reaper can hand the job to another host, so two attempts of a job never run at once.
+    `wake` beats at once: a job may have been cancelled, and the beat that finds it gone
+    stops its worker (`pgpool.parts.control`).
     """
+
+    name = "heartbeat"
 
     def __init__(
         self,
@@ -62,7 +65,9 @@ class Heartbeat:
         self._on_lost = on_lost
         self._on_extended = on_extended
         self._acking = acking
-        self._kicked = asyncio.Event()
+        self._loop = Loop(log, "heartbeat", interval=lease.beat_interval,
+                          retry=lease.retry_interval, timeout=lease.beat_interval,
+                          wait_first=True, reached=lambda: self.reached)
         self.last_ok = time.monotonic()
         #: The last successful beat sent a statement (it holds jobs).
         self.reached = False
@@ -92,28 +97,8 @@ class Heartbeat:
             self.abandoned += len(lost)
             self._lose(lost)
 
-    def kick(self) -> None:
-        """Beat now rather than at the next interval: a job may have been cancelled, and
-        the beat that finds it gone stops its worker (`pgpool.control`)."""
-        self._kicked.set()
-
-    async def run(self) -> None:
-        pause = self.lease.beat_interval
-        failures = Failures(log, "heartbeat")
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(pause):
-                    await self._kicked.wait()
-            self._kicked.clear()
-            try:
-                async with asyncio.timeout(self.lease.beat_interval):
-                    await self.beat()
-                pause = self.lease.beat_interval
-                if self.reached:  # with nothing held, nothing was sent to the database
-                    failures.succeeded()
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                failures.failed(exc)
-                pause = self.lease.retry_interval
+    async def step(self) -> None:
+        await self.beat()
 
     async def beat(self) -> set[tuple[int, int]]:
         """Extend the leases of every held job; return the (id, attempt) pairs found lost.
@@ -126,8 +111,8 @@ class Heartbeat:
         started = time.monotonic()
         if jobs:
             params = {
-                "ids": sql.int_array(j.id for j in jobs),
-                "attempts": sql.int_array(j.attempt for j in jobs),
+                "ids": int_array(j.id for j in jobs),
+                "attempts": int_array(j.attempt for j in jobs),
                 "started": "{" + ",".join("t" if j.started else "f" for j in jobs) + "}",
                 "owner": self._owner,
                 "lease": self.lease.seconds,

@@ -29,12 +29,12 @@ from typing import Final
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import budget as budgets
-from . import sql
-from .budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
-from .lease import STALE_AFTER_LEASES, Lease
-from .logs import event
-from .retry import Failures
+from .. import budget as budgets
+from ..budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
+from ..lease import STALE_AFTER_LEASES, Lease
+from ..logs import event
+from ..sql import fleet as sql
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.hosts")
 
@@ -44,7 +44,7 @@ DEREGISTER_TIMEOUT: Final = 5.0
 LOCK_WAIT: Final = 0.25
 
 
-class HostRegistry:
+class HostRegistry(LoopPart):
     """This dispatcher's row in ``pgpool_hosts``, and its claim `budget`.
 
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
@@ -54,8 +54,10 @@ class HostRegistry:
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
     once deregistered the registry never writes the row again, so a beat in flight cannot
-    resurrect it.
+    resurrect it. Once registered, it beats and prunes every beat interval (`step`).
     """
+
+    name = "host registry"
 
     def __init__(
         self,
@@ -100,29 +102,19 @@ class HostRegistry:
         #: When a beat last reached the database (``clock()``; the dispatcher checked the
         #: database just before building the registry).
         self.last_ok = clock()
+        # The interval runs from one beat's start to the next (not from its end), so the
+        # share a beat grants (`GRANT_BEATS` long) is renewed in time.
+        self._loop = Loop(log, "host registry update", interval=self.interval,
+                          wait_first=True, fixed_rate=True)
 
     async def register(self) -> None:
         """Prune stale hosts, then insert this host's row. Database errors propagate."""
         await self.prune()
         await self.beat()
 
-    async def run(self) -> None:
-        """Beat and prune every beat interval until cancelled; failures are logged and retried.
-
-        The interval runs from one beat's start to the next (not from its end), so the
-        share a beat grants (`GRANT_BEATS` long) is renewed in time.
-        """
-        failures = Failures(log, "host registry update")
-        started = self._clock()
-        while True:
-            await asyncio.sleep(max(0.0, started + self.interval - self._clock()))
-            started = self._clock()
-            try:
-                await self.beat()
-                await self.prune()
-                failures.succeeded()
-            except (psycopg.Error, OSError) as exc:
-                failures.failed(exc)
+    async def step(self) -> None:
+        await self.beat()
+        await self.prune()
 
     async def beat(self) -> None:
         """Upsert this host's row (``last_seen = now()``, the current counters, the jobs

@@ -30,11 +30,10 @@ from typing import Final
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import dsn as dsnlib
-from . import sql
-from .logs import event
-from .repeat import every
-from .retry import Failures
+from .. import dsn as dsnlib
+from ..logs import event
+from ..sql import jobs as sql
+from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.vacuum")
 
@@ -62,7 +61,9 @@ async def keeper(pool: AsyncConnectionPool, dsn: str) -> VacuumKeeper | None:
     return None
 
 
-class VacuumKeeper:
+class VacuumKeeper(LoopPart):
+    name = "vacuum keeper"
+
     def __init__(self, pool: AsyncConnectionPool, dsn: str, *, interval: float = INTERVAL,
                  min_dead: int = MIN_DEAD, scale: float = SCALE) -> None:
         """Reads the dead-row estimate on ``pool`` every ``interval`` seconds, and vacuums
@@ -70,13 +71,13 @@ class VacuumKeeper:
         ones."""
         self._pool = pool
         self._dsn = dsn
-        self.interval = interval
         self._params = {"min_dead": min_dead, "scale": scale}
         #: Vacuums this keeper started (one that found another at work ends at once).
         self.vacuums = 0
+        self._loop = Loop(log, "vacuum keeper", interval=interval)
 
-    async def run(self) -> None:
-        await every(self.interval, self.keep, Failures(log, "vacuum keeper"))
+    async def step(self) -> None:
+        await self.keep()
 
     async def keep(self) -> bool:
         """Vacuum pgpool_jobs if its dead rows are due (`sql.VACUUM_DUE`); whether it did."""

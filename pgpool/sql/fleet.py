@@ -1,0 +1,158 @@
+"""The fleet: what the hosts of one installation share. Their rows in ``pgpool_hosts``,
+the claim budget they divide, operator steering as a host reads it, and the periodic
+schedules they enqueue exactly once between them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- host registry (pgpool.parts.hosts) ---------------------------------------------------
+
+#: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
+#: pruned while it was cut off from the database reappears at its next beat; ``started_at``
+#: is the first registration's time, kept across both. Runs in the budget transaction
+#: (`BUDGET_LOCK`), with the share and demand that beat worked out.
+HOST_UPSERT: Final = """
+INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
+                               started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
+                               claims_per_sec, max_claims_per_sec, claims_share,
+                               claims_demand, claim_p99_ms, batch)
+VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
+        %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
+        %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
+        %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
+        %(claim_p99_ms)s, %(batch)s)
+ON CONFLICT (owner) DO UPDATE
+SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
+    jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
+    max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
+    claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms,
+    batch = excluded.batch
+RETURNING h.started_at
+"""
+
+#: A clean exit: remove this dispatcher's own row.
+HOST_DELETE: Final = "DELETE FROM pgpool_hosts WHERE owner = %(owner)s"
+
+#: Remove hosts not seen for ``stale_leases`` of their own leases. SKIP LOCKED: every host
+#: prunes, and a row being beaten right now is alive anyway. Their jobs are the reaper's.
+HOST_PRUNE: Final = """
+DELETE FROM pgpool_hosts
+WHERE owner IN (
+    SELECT owner FROM pgpool_hosts
+    WHERE last_seen < now() - make_interval(secs => %(stale_leases)s * lease)
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING owner
+"""
+
+#: Whether a live host serves ``queue`` and has a handler for ``kind`` (`pgpool enqueue`'s
+#: notice that a job will wait); live as in `observe.STATUS_HOSTS`.
+KIND_SERVED: Final = """
+SELECT EXISTS (
+    SELECT FROM pgpool_hosts
+    WHERE %(queue)s = ANY(queues) AND %(kind)s = ANY(kinds)
+      AND last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+)
+"""
+
+# --- the fleet's claim budget (pgpool.budget) ---------------------------------------------
+
+#: Serialises the hosts' budget beats, so that no two hosts grow into the same free share.
+#: Keyed on the installation's pgpool_fleet table: installations in other schemas of the
+#: database never wait on each other. An advisory lock, so it needs no write privilege.
+BUDGET_LOCK: Final = """
+SELECT pg_advisory_xact_lock(hashtextextended('pgpool.budget:' || 'pgpool_fleet'::regclass::oid,
+                                              0))
+"""
+
+#: How long the rest of this transaction waits for a lock (``ms``: milliseconds, as text).
+#: A set_config, not SET LOCAL: SET takes no parameters.
+LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
+#: The fleet's budget, NULL when `FLEET_SET` set none (each host then uses its own).
+FLEET_BUDGET: Final = "SELECT max_claims_per_sec FROM pgpool_fleet"
+
+#: The other hosts the budget is shared with: those beaten within ``counted_leases`` of
+#: their own lease (about two beats; a crashed host stops counting after that, long
+#: before it is pruned). NULLs come from rows of a pgpool older than schema version 4.
+BUDGET_PEERS: Final = """
+SELECT claims_demand, claims_share FROM pgpool_hosts
+WHERE owner <> %(owner)s
+  AND last_seen >= now() - make_interval(secs => %(counted_leases)s * lease)
+"""
+
+#: Set the fleet's budget (``pgpool budget set``), or clear it with NULL. An upsert, so a
+#: deleted row comes back. The hosts read it at their next beat.
+FLEET_SET: Final = """
+INSERT INTO pgpool_fleet AS f (singleton, max_claims_per_sec, updated_at)
+VALUES (true, %(max_claims_per_sec)s, now())
+ON CONFLICT (singleton) DO UPDATE
+SET max_claims_per_sec = excluded.max_claims_per_sec, updated_at = now()
+"""
+
+#: The fleet's budget and when it was last set (no row: never set).
+FLEET_SHOW: Final = "SELECT max_claims_per_sec, updated_at FROM pgpool_fleet"
+
+# --- steering, as a host reads it (pgpool.parts.control) ----------------------------------
+
+#: What a host polls (and re-reads on a `common.CONTROL` notification): the paused queues, and a
+#: digest of the cancelled attempts still in flight (running rows with no owner, `ops.CANCEL`),
+#: whose change makes the host check its jobs at once. A set, not a high-water mark: a
+#: cancel shows in it as soon as it commits, whatever order cancels commit in. (The latest
+#: ``died_at`` missed a cancel made in a transaction that started before an earlier-committed
+#: one: now() is the transaction's start; a sequence would miss it the same way, nextval
+#: order is not commit order.) The set is read on the running index (``locked_by IS
+#: NULL``), and holds only cancels whose lease has not run out yet.
+CONTROL_POLL: Final = """
+SELECT ARRAY(SELECT queue FROM pgpool_paused ORDER BY queue),
+       (SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM pgpool_jobs
+        WHERE state = 'running' AND locked_by IS NULL)
+"""
+
+# --- periodic jobs (pgpool.parts.periodic) ------------------------------------------------
+
+#: A dispatcher's schedules, declared (or declared again) every beat interval: the definition
+#: for `pgpool status`, and who declared it until when. A new row starts at ``now()``: its
+#: first tick is the first after it was first declared. ``last_tick`` is never touched here.
+PERIODIC_DECLARE: Final = """
+INSERT INTO pgpool_schedules AS s (name, cron, timezone, kind, queue, catch_up, last_tick,
+                                   declared_by, declared_until)
+SELECT d.name, d.cron, d.timezone, d.kind, d.queue, d.catch_up, now(), %(owner)s,
+       now() + make_interval(secs => %(seconds)s)
+FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[], %(kinds)s::text[],
+            %(queues)s::text[], %(catch_ups)s::int[])
+     AS d(name, cron, timezone, kind, queue, catch_up)
+ORDER BY d.name
+ON CONFLICT (name) DO UPDATE
+SET cron = excluded.cron, timezone = excluded.timezone, kind = excluded.kind,
+    queue = excluded.queue, catch_up = excluded.catch_up,
+    declared_by = excluded.declared_by, declared_until = excluded.declared_until
+"""
+
+#: The schedules' last handled tick and the database's clock (every host computes ticks from
+#: this one clock); ``other`` is the owner of another live host when it declared the row
+#: last, with its definition, to spot hosts running different code.
+PERIODIC_STATE: Final = """
+SELECT name, last_tick,
+       CASE WHEN declared_by <> %(owner)s AND declared_until > now() THEN declared_by END,
+       ARRAY[cron, timezone, kind, queue], now()
+FROM pgpool_schedules WHERE name = ANY(%(names)s::text[]) ORDER BY name
+"""
+
+#: First statement of a host's transaction that enqueues a schedule's ticks: lock its row, or
+#: get nothing while another host's transaction holds it (enqueueing the same ticks, or
+#: declaring), instead of waiting on the lock; it looks again shortly.
+PERIODIC_LOCK: Final = """
+SELECT last_tick FROM pgpool_schedules WHERE name = %(name)s FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+#: The exactly-once guarantee: in the transaction that enqueues the ticks, compare-and-set
+#: ``last_tick`` from the value this host read to the latest due tick. Ticks move it only
+#: forward, and each tick is enqueued only by the transaction that moved it past that tick.
+PERIODIC_ADVANCE: Final = """
+UPDATE pgpool_schedules
+SET last_tick = %(tick)s, last_run = %(tick)s, last_run_at = now()
+WHERE name = %(name)s AND last_tick = %(seen)s AND %(tick)s > last_tick
+RETURNING name
+"""

@@ -1,0 +1,635 @@
+"""The job protocol: enqueue, claim, heartbeat, ack, reap and stage, and the vacuum keeper
+that keeps claims from walking over dead rows.
+
+Ownership of a running job is the pair (``locked_by``, ``attempts``): the dispatcher id that
+claimed it and the attempt number that claim produced. Every statement that changes a
+running job checks both, so a dispatcher whose lease expired (and whose job was re-claimed,
+possibly by itself) can never ack, retry or extend the newer attempt.
+
+How those checks are written matters for speed. Statistics are gathered while jobs wait,
+not while they run, so PostgreSQL estimates "running jobs of this owner" at about one row.
+Written as a filter on ``pgpool_jobs`` (``locked_by = %(owner)s``, ``state = 'running'``),
+that estimate lets the planner start from those rows and rescan the id list once per row:
+quadratic, 200 ms for an ack of 1,000 jobs instead of 6. So the statements that take a
+list of ids repeat the owner once per id (``array_fill``) and compare it as a join
+condition, with no ``state`` test (``locked_by`` is set exactly while a job runs: the claim
+sets it and every way out of running clears it, and so does a cancel, which ends the
+attempt's ownership at once: `pgpool.sql.ops.CANCEL`). Nothing then narrows ``pgpool_jobs``
+before the join, and the plan is one primary-key lookup per id (or one hash join).
+
+Lists of ids and attempts go out as array literals built by `pgpool.sql.common.int_array`:
+psycopg would adapt a Python list element by element, about 1.7 µs each, most of an ack
+flush's cost.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .common import CHANNEL_OF, OUR_CHANNEL, STAGE
+
+# --- enqueue ------------------------------------------------------------------------------
+
+#: Opens the caller's transaction (psycopg begins one lazily), so that pgpool's own
+#: ``conn.transaction()`` inside it is a savepoint, not a transaction of its own.
+OPEN_TRANSACTION: Final = "SELECT 1"
+
+#: One job: ``ready`` when due now, else ``scheduled`` (the stager makes it ready when it is
+#: due), so the claim's index holds only due jobs. Notifies the job's queue when it is ready,
+#: the stagers (`common.STAGE`) when it is scheduled. The channel is that of the table the row went
+#: into (``tableoid``), at no extra round trip. With a unique key that a live job already
+#: holds, no row is inserted and no row returns.
+ENQUEUE: Final = """
+WITH due AS (
+    SELECT coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
+           AS run_at
+), job AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             unique_key, tenant, concurrency_key)
+    SELECT %(queue)s, %(kind)s, %(payload)s, %(priority)s, run_at,
+           CASE WHEN run_at <= now() THEN 'ready' ELSE 'scheduled' END,
+           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s
+    FROM due
+    ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING id, state, tableoid
+)
+SELECT id, pg_notify(""" + CHANNEL_OF.format(table="job.tableoid") + """,
+                     CASE WHEN state = 'ready' THEN %(queue)s ELSE '""" + STAGE + """' END)
+FROM job
+"""
+
+#: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`. With a given
+#: ``run_at`` the rows go in as scheduled, whether that time has passed or not (COPY cannot
+#: compare it with the server's clock): the stager makes the due ones ready at once, woken
+#: by `NOTIFY_STAGE`.
+COPY_JOBS: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key) "
+    "FROM STDIN"
+)
+COPY_JOBS_AT: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "run_at, state) FROM STDIN"
+)
+
+#: After a COPY: wake the dispatchers of the installation the rows went to.
+NOTIFY: Final = "SELECT pg_notify(" + OUR_CHANNEL + ", %(queue)s)"
+#: After a COPY of scheduled rows: wake the installation's stagers.
+NOTIFY_STAGE: Final = "SELECT pg_notify(" + OUR_CHANNEL + ", '" + STAGE + "')"
+
+# --- dispatcher: claim, heartbeat, ack, reap ----------------------------------------------
+
+#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): how
+#: long its statements may wait for a lock and run (`Lease.lock_timeout`,
+#: `Lease.statement_timeout`). Session settings, so no statement pays a round trip for them.
+#: A value set on purpose for the connection (the DSN's options or PGOPTIONS, the role, the
+#: database) is kept: the operator's choice wins.
+SESSION_TIMEOUTS: Final = """
+SELECT set_config(name, CASE name WHEN 'lock_timeout' THEN %(lock)s ELSE %(statement)s END,
+                  false)
+FROM pg_settings
+WHERE name IN ('lock_timeout', 'statement_timeout')
+  AND source NOT IN ('client', 'user', 'database', 'database user')
+"""
+
+#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): its
+#: statements are written for read committed, whatever the role, the database or the DSN
+#: make the default. Under repeatable read or serializable, a claim that meets a job taken
+#: since its snapshot, or an ack or a heartbeat that meets a row changed since, fails with
+#: a serialization error instead of looking again (read committed's re-check).
+READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
+
+#: Once per pooled connection of a dispatcher: no JIT compilation. Its statements are short;
+#: JIT starts where the planner's estimate passes ``jit_above_cost``, and the estimates of a
+#: generic plan, made without its parameters' values, can: a claim then spent 35 ms
+#: compiling itself, against 1.4 ms to run.
+NO_JIT: Final = "SET jit = off"
+
+#: Once per connection of a dispatcher's claim pool (`pgpool.claimer.configure_connection`):
+#: the prepared claims are planned once, not at every claim. PostgreSQL keeps re-planning
+#: them otherwise (its estimate of a generic plan, which cannot know ``limit``, stays above
+#: the custom plans'), and planning the plain claim took 0.7 ms of the 2.7 it cost the
+#: server. Both claims' generic plans are tested to read what their custom plans read
+#: (tests/test_routing.py, tests/test_plain_claim.py).
+GENERIC_PLANS: Final = "SET plan_cache_mode = force_generic_plan"
+
+#: Tenants that give nothing now (at --tenant-cap, or their first job waiting on a running
+#: concurrency key) that `CLAIM`'s walk goes past in each (queue, kind) pair, beyond the
+#: ``limit`` that can give a job: a bound on what one claim reads. Each costs about three
+#: index descents (finding it, probing its key, the scan of its jobs that finds nothing),
+#: more with a backlog of jobs waiting on its key (README "Fairness", "What it costs").
+TENANT_SKIPS: Final = 100
+
+#: The ready jobs of the given queues and kinds that need the fair claim: those with a
+#: tenant or a concurrency key. Read on the partial index pgpool_jobs_ready_fair, which
+#: holds only them: an empty index (a queue that never used either) costs a page per
+#: (queue, kind) pair.
+_NEED_FAIR: Final = """
+        SELECT FROM pgpool_jobs
+        WHERE state = 'ready' AND (tenant <> '' OR concurrency_key IS NOT NULL)
+          AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, when nothing
+#: waiting there has a tenant or a concurrency key (`_NEED_FAIR`, read once): then the fair
+#: claim (`CLAIM`) would pick the same jobs, at more than twice the cost. It is the claim a
+#: hand-written loop sends, plus that look and ``max_attempts``.
+#:
+#: - One LATERAL scan per (queue, kind) pair on the ready index, in claim order (priority,
+#:   due time, id), stopped by its LIMIT; then the pairs' rows merged in that order. SKIP
+#:   LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block
+#:   foreign keys that reference a job. Rows a scan locked but the batch did not take stay
+#:   ready when the statement ends.
+#: - A job's ``max_attempts`` is fixed at its first claim from its handler's setting when
+#:   the producer left it open, so the reaper (which has no handler registry) can decide
+#:   retry-or-dead on its own.
+#: - The picked rows are updated by ``id = ANY(ARRAY(...))``, not joined: a generic plan
+#:   (`GENERIC_PLANS`) cannot know ``limit``, and joined it would hash the whole table (2 s a
+#:   claim with a million jobs queued); an id array is looked up in the primary key in
+#:   every plan.
+#:
+#: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
+#: due, tenant, priority), in no order: the claimer puts them in claim order. None when
+#: something waiting needs the fair claim, and none when nothing waits: then the claimer
+#: claims with `CLAIM`, which tells the two apart.
+CLAIM_PLAIN: Final = """
+UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, (%(kind_max_attempts)s::int[])[
+        array_position(%(kinds)s::text[], j.kind)]),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false
+WHERE j.id = ANY(ARRAY(
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT p.id, p.priority, p.run_at FROM pgpool_jobs AS p
+        WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = k.kind AND p.tenant = ''
+          AND p.run_at <= now() AND p.concurrency_key IS NULL
+        ORDER BY p.priority DESC, p.run_at, p.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s))
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority
+"""
+
+#: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
+#: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
+#: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s but
+#: the last: ``plain``, true when nothing it left behind needs the fair claim (the claimer's
+#: next claim is the plain one then).
+#:
+#: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
+#: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
+#: after its LIMIT, however deep the backlog. (``queue = ANY(...)`` would make PostgreSQL
+#: sort every due row first: 350 ms instead of 1.4 ms per claim with a million jobs due.)
+#: Rows a scan locked but the batch did not take stay ready when the statement ends.
+#:
+#: Fairness (README "Fairness"; the parts marked "fair:" below):
+#: - ``walk``: a loose index scan (one index descent per tenant) lists the tenants with
+#:   ready jobs in each pair, starting after the claimer's cursor ``after`` and wrapping
+#:   round, until ``limit`` of them can give a job: its cost grows with the number of
+#:   tenants waiting, never with any tenant's backlog. Jobs without a tenant are the group
+#:   ''. A tenant that gives nothing now does not count (no room under the cap, or its
+#:   first job's concurrency key is running, read off the descent's own index entry plus
+#:   one probe of pgpool_jobs_key_running), up to `TENANT_SKIPS` of them: without that, a
+#:   window of such tenants right after the cursor made every claim come back empty while
+#:   other tenants waited. A claim that takes nothing after a walk went past that many
+#:   returns one row with no job, naming where that walk stopped (the least far round):
+#:   the claimer's next walk starts there.
+#: - ``room``: with ``tenant_cap``, how many more of a tenant's jobs may run now (its
+#:   running jobs in any queue counted on an index, at most the cap's worth of them).
+#: - ``fair``: each tenant's equal share of the batch first; ``spare``: what the others did
+#:   not need goes to the tenants that filled their share (a lone tenant gets it all).
+#: - ``picked``: round-robin, the first job of every tenant, then the second, ...; priority
+#:   orders the jobs within a tenant and breaks ties within a round.
+#: - ``concurrency_key``: jobs whose key is running are skipped, and a batch takes at most
+#:   one job per key. Two claims racing for one key both see it idle (each statement's
+#:   snapshot predates the other's commit), but the unique index pgpool_jobs_key_running
+#:   makes the second one fail with a unique violation, rolled back whole: the claimer
+#:   tries again (`pgpool.claimer`), and then sees the key running.
+#:
+#: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
+#: (``run_at <= now()`` only guards against a ready row written with a future time by a
+#: pgpool older than the scheduled state).
+CLAIM: Final = """
+WITH RECURSIVE pairs AS (
+    SELECT q.queue, k.kind
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
+    SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
+           %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
+    FROM pairs AS p  -- n = 0: the cursor, where the walk starts, not a tenant
+    CROSS JOIN LATERAL (  -- where the walk wraps round to, found once
+        SELECT tenant AS lowest, concurrency_key AS lowest_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS f
+    UNION ALL
+    SELECT t.queue, t.kind, t.lowest, t.lowest_key, coalesce(t.first, x.tenant), x.tenant,
+           t.n + 1, t.skipped + CASE  -- a tenant that gives nothing now: go on past it
+               WHEN r.room = 0 THEN 1 WHEN x.key IS NULL THEN 0
+               WHEN EXISTS (SELECT FROM pgpool_jobs AS k  -- its first job's key runs
+                            WHERE k.concurrency_key = x.key AND k.state = 'running') THEN 1
+               ELSE 0 END,
+           r.room
+    FROM walk AS t
+    LEFT JOIN LATERAL (  -- the next tenant's first job, in claim order
+        SELECT tenant, concurrency_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS nx ON true
+    CROSS JOIN LATERAL (SELECT coalesce(nx.tenant, t.lowest) AS tenant,
+        CASE WHEN nx.tenant IS NULL THEN t.lowest_key ELSE nx.concurrency_key END AS key
+        ) AS x
+    CROSS JOIN LATERAL (SELECT  -- --tenant-cap: how many more of its jobs may run now
+        CASE WHEN %(tenant_cap)s::int IS NULL OR x.tenant = '' THEN %(limit)s
+             ELSE greatest(0, %(tenant_cap)s::int - (
+                 SELECT count(*) FROM (
+                     SELECT FROM pgpool_jobs AS r
+                     WHERE r.tenant = x.tenant AND r.state = 'running' AND r.tenant <> ''
+                     LIMIT %(tenant_cap)s) AS r))::int END AS room
+        OFFSET 0) AS r  -- not inlined: its subquery runs once, not per use
+    WHERE (t.n = 0 OR x.tenant <> t.first)
+      AND t.n - t.skipped < %(limit)s AND t.skipped < """ + str(TENANT_SKIPS) + """
+), tenants AS (
+    SELECT queue, kind, tenant, room FROM walk WHERE n > 0
+), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
+    SELECT DISTINCT tenant, room FROM tenants
+), share AS (  -- fair: the equal share of the batch of each tenant with room
+    SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
+    FROM room WHERE room > 0
+), fair AS MATERIALIZED (
+    SELECT c.* FROM tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
+        FROM pgpool_jobs AS j
+        WHERE j.state = 'ready' AND j.queue = t.queue AND j.kind = t.kind
+          AND j.tenant = t.tenant AND j.run_at <= now()
+          AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                          WHERE k.concurrency_key = j.concurrency_key
+                            AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(s.share, r.room)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE r.room > 0
+), spare AS (  -- fair: the rest of the batch, to the tenants that filled their share
+    SELECT c.*
+    FROM (SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
+          FROM fair GROUP BY queue, kind, tenant) AS f
+    JOIN room AS r USING (tenant) CROSS JOIN share AS s
+    CROSS JOIN (SELECT count(*)::int AS got FROM fair) AS total
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
+        FROM pgpool_jobs AS j
+        WHERE j.state = 'ready' AND j.queue = f.queue AND j.kind = f.kind
+          AND j.tenant = f.tenant AND j.run_at <= now() AND j.id <> ALL(f.ids)
+          AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                          WHERE k.concurrency_key = j.concurrency_key
+                            AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(r.room - f.got, %(limit)s - total.got)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    WHERE f.got = least(s.share, r.room) AND f.got < r.room AND total.got < %(limit)s
+), one_per_key AS (  -- concurrency_key: at most one job per key in a batch
+    SELECT *, row_number() OVER (PARTITION BY concurrency_key
+                                 ORDER BY priority DESC, run_at, id) AS key_rank
+    FROM (SELECT * FROM fair UNION ALL SELECT * FROM spare) AS candidates
+), picked AS (  -- fair: round-robin over tenants, within the cap
+    SELECT x.id FROM (
+        SELECT id, tenant, priority, run_at,
+               row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id)
+                   AS tenant_rank
+        FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1
+    ) AS x JOIN room AS r USING (tenant)
+    WHERE x.tenant_rank <= r.room
+    ORDER BY x.tenant_rank, x.priority DESC, x.run_at, x.id
+    LIMIT %(limit)s
+), plain AS (  -- nothing left that needs the fair claim once this one's jobs are taken
+    SELECT NOT EXISTS (""" + _NEED_FAIR + """
+          AND id <> ALL(ARRAY(SELECT id FROM picked))) AS plain
+), claimed AS (  -- as in CLAIM_PLAIN
+    UPDATE pgpool_jobs AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        max_attempts = coalesce(j.max_attempts, k.max_attempts),
+        locked_by = %(owner)s,
+        claimed_at = now(),
+        lease_until = now() + make_interval(secs => %(lease)s),
+        started = false
+    FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
+    RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+              extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
+              j.run_at
+)
+SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain)
+FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
+      FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
+LEFT JOIN claimed AS c ON true
+WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a row with no job
+ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
+"""
+
+#: Jobs of the given queues and kinds that any host (this one too) is running now, and when
+#: the last of their leases ends: a burst host is not drained while any could still come
+#: back to it.
+RUNNING: Final = """
+SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
+WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: Extend the leases of every job this dispatcher holds, in one statement, and record which
+#: attempts have started in a worker (the reaper does not count an attempt that never
+#: started). Returns (id, attempt, extended) for each attempt still owned: extended, or
+#: owned as of the statement's snapshot but skipped; the caller treats the rest as lost.
+#:
+#: It never waits for a row lock (SKIP LOCKED): a row another transaction is changing
+#: (this host's own ack flush, whose order of locking rows differs, or an application's
+#: transaction) is skipped, returned not extended, and judged at the next beat. Waiting
+#: could deadlock with the ack flush, or hold every other lease up for ``lock_timeout``.
+#: The skipped rows are looked up only among the ids not extended (``NOT IN`` a hashed
+#: set): usually none.
+HEARTBEAT: Final = """
+WITH h AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+                         array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+                         %(started)s::bool[])
+                  AS h(id, attempt, owner, started)
+), free AS (
+    SELECT j.id, h.started
+    FROM h JOIN pgpool_jobs AS j
+         ON j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), extended AS (
+    UPDATE pgpool_jobs AS j
+    SET lease_until = now() + make_interval(secs => %(lease)s),
+        started = j.started OR f.started
+    FROM free AS f
+    WHERE j.id = f.id
+    RETURNING j.id, j.attempts
+)
+SELECT id, attempts, true FROM extended
+UNION ALL
+SELECT h.id, h.attempt, false FROM h
+WHERE h.id NOT IN (SELECT id FROM extended)
+  AND EXISTS (SELECT FROM pgpool_jobs AS j
+              WHERE j.id = h.id AND j.attempts = h.attempt AND j.locked_by = h.owner)
+"""
+
+#: The grouped ack of a flush in which every attempt succeeded, the usual one: `ACK`'s
+#: first arm alone (deleting a job, guarded by its attempt and owner), at half `ACK`'s cost
+#: to the server. The number of jobs deleted is the cursor's rowcount.
+ACK_DONE: Final = """
+DELETE FROM pgpool_jobs AS j
+USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
+             array_fill(%(owner)s::text, ARRAY[cardinality(%(done_ids)s::bigint[])]))
+      AS a(id, attempt, owner)
+WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+"""
+
+#: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
+#: their delay is 0), hand back unstarted jobs, return attempts cut off by this host's
+#: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
+#: pgpool_dead. Each arm is guarded by ownership. Returns how many rows each arm changed.
+#: A hand-back is ready at once and not counted either (``interruptions`` + 1): it keeps
+#: ``attempts``, so the next claim's (owner, attempt) is a new one, which the same
+#: hand-back sent again (its first answer lost, its commit not) cannot match.
+ACK: Final = """
+WITH done AS (
+    DELETE FROM pgpool_jobs AS j
+    USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
+                 array_fill(%(owner)s::text, ARRAY[cardinality(%(done_ids)s::bigint[])]))
+          AS a(id, attempt, owner)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
+), retried AS (
+    UPDATE pgpool_jobs AS j
+    SET state = CASE WHEN a.delay > 0 THEN 'scheduled' ELSE 'ready' END,
+        locked_by = NULL, lease_until = NULL, last_error = a.error,
+        run_at = now() + make_interval(secs => a.delay)
+    FROM unnest(%(retry_ids)s::bigint[], %(retry_attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(retry_ids)s::bigint[])]),
+                %(retry_delays)s::float8[], %(retry_errors)s::text[])
+         AS a(id, attempt, owner, delay, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
+), released AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', locked_by = NULL, lease_until = NULL,
+        interruptions = j.interruptions + 1
+    FROM unnest(%(release_ids)s::bigint[], %(release_attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(release_ids)s::bigint[])]))
+         AS a(id, attempt, owner)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
+), interrupted AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', locked_by = NULL, lease_until = NULL, last_error = a.error,
+        run_at = now(), interruptions = j.interruptions + 1
+    FROM unnest(%(interrupted_ids)s::bigint[], %(interrupted_attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(interrupted_ids)s::bigint[])]),
+                %(interrupted_errors)s::text[])
+         AS a(id, attempt, owner, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
+), buried AS (
+    DELETE FROM pgpool_jobs AS j
+    USING unnest(%(dead_ids)s::bigint[], %(dead_attempts)s::int[],
+                 array_fill(%(owner)s::text, ARRAY[cardinality(%(dead_ids)s::bigint[])]),
+                 %(dead_errors)s::text[])
+          AS a(id, attempt, owner, error)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
+              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
+              a.error
+), dead AS (
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
+                             max_attempts, unique_key, created_at, tenant, concurrency_key,
+                             last_error)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
+           unique_key, created_at, tenant, concurrency_key, error
+    FROM buried
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
+       (SELECT count(*) FROM released), (SELECT count(*) FROM interrupted),
+       (SELECT count(*) FROM dead)
+"""
+
+#: Park attempts whose ack the database refused even alone (`pgpool.isolate`): an
+#: application's foreign key or trigger, a lock held too long. ``state`` is 'done' for a
+#: job that succeeded but could not be deleted (kept; its unique key is freed, as deleting
+#: it would have), 'parked' for any other ack; ``reason`` goes to ``last_error``. The claim
+#: takes only 'ready' jobs, so neither runs again until someone changes it. An UPDATE of
+#: non-key columns: FOR KEY SHARE holders (foreign key checks) do not block it.
+PARK: Final = """
+UPDATE pgpool_jobs AS j
+SET state = a.state, locked_by = NULL, lease_until = NULL, last_error = a.reason,
+    unique_key = CASE WHEN a.state = 'done' THEN NULL ELSE j.unique_key END
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+            %(states)s::text[], %(reasons)s::text[])
+     AS a(id, attempt, owner, state, reason)
+WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+RETURNING j.id
+"""
+
+#: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
+#: or bury them when that attempt was their last. An attempt that never started in a worker
+#: (no heartbeat recorded it) does not count, up to ``max_interruptions`` per job; any other
+#: expired attempt counts. A cancelled attempt (running, no owner: `ops.CANCEL`) is over once its
+#: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
+#: it has left. SKIP LOCKED lets every host run this concurrently without two of
+#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.parts.reaper`
+#: isolating a job it cannot return).
+REAP: Final = """
+WITH expired AS (
+    SELECT id FROM pgpool_jobs
+    WHERE state = 'running' AND lease_until < now()
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), judged AS (
+    SELECT j.id, j.locked_by, j.locked_by IS NULL AS cancelled,
+           NOT j.started AND j.interruptions < %(max_interruptions)s AS uncounted,
+           j.attempts - j.interruptions < j.max_attempts AS attempts_left
+    FROM pgpool_jobs AS j JOIN expired AS e USING (id)
+), revived AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'ready', run_at = now(), lease_until = NULL, locked_by = NULL,
+        interruptions = j.interruptions + CASE WHEN g.uncounted THEN 1 ELSE 0 END,
+        last_error = 'lease expired while '
+                     || CASE WHEN g.uncounted THEN 'waiting to start on '
+                             ELSE 'running on ' END
+                     || coalesce(j.locked_by, '?')
+    FROM judged AS g
+    WHERE j.id = g.id AND NOT g.cancelled AND (g.uncounted OR g.attempts_left)
+    RETURNING j.id
+), buried AS (
+    DELETE FROM pgpool_jobs AS j
+    USING judged AS g
+    WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
+    RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
+              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
+              j.locked_by, j.last_error, g.cancelled
+), dead AS (
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
+                             max_attempts, unique_key, created_at, tenant, concurrency_key,
+                             last_error, reason)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
+           unique_key, created_at, tenant, concurrency_key,
+           CASE WHEN cancelled THEN last_error
+                ELSE 'lease expired while running on ' || locked_by END,
+           CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END
+    FROM buried
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
+"""
+
+#: The jobs `REAP` would take next, without locking them: the batch the reaper bisects
+#: (`pgpool.isolate`) when REAP fails on one of its rows.
+REAP_CANDIDATES: Final = """
+SELECT id FROM pgpool_jobs
+WHERE state = 'running' AND lease_until < now()
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+#: Park expired jobs the reaper could not return or bury, even alone; ``reason`` says why.
+#: Guarded like `REAP`, so a job another host returned meanwhile is left alone.
+PARK_EXPIRED: Final = """
+UPDATE pgpool_jobs AS j
+SET state = 'parked', lease_until = NULL, locked_by = NULL,
+    last_error = coalesce('lease expired while running on ' || j.locked_by, j.last_error)
+                 || '; ' || a.reason
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
+WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
+RETURNING j.id
+"""
+
+# --- stager (pgpool.parts.stager): scheduled jobs become ready when due -------------------
+
+#: Make up to ``limit`` scheduled jobs that are due ready, oldest due first, and wake the
+#: hosts of their queues. Reads the scheduled index (run_at) WHERE state = 'scheduled' in
+#: order and stops at the batch: its cost follows the jobs due, not the jobs waiting. SKIP
+#: LOCKED: every host stages, and two never move one row. Returns how many it made ready,
+#: and the seconds until the next scheduled job is due (NULL: none is scheduled), so the
+#: stager can sleep until then. ``ids`` is NULL, or the only jobs to consider (the stager
+#: isolating a job the database refuses to make ready).
+STAGE_DUE: Final = f"""
+WITH due AS (
+    SELECT id FROM pgpool_jobs
+    WHERE state = 'scheduled' AND run_at <= now()
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), staged AS (
+    UPDATE pgpool_jobs AS j SET state = 'ready'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))  -- a key lookup in any plan: see CLAIM
+    RETURNING j.queue
+)
+SELECT (SELECT count(*) FROM staged),
+       (SELECT count(pg_notify({OUR_CHANNEL}, queue))
+        FROM (SELECT DISTINCT queue FROM staged) AS q),
+       (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM pgpool_jobs
+        WHERE state = 'scheduled' AND run_at > now())
+"""
+
+#: The jobs `STAGE_DUE` would take next, without locking them: the batch the stager
+#: bisects (`pgpool.isolate`) when STAGE_DUE fails on one of its rows.
+STAGE_CANDIDATES: Final = """
+SELECT id FROM pgpool_jobs
+WHERE state = 'scheduled' AND run_at <= now()
+ORDER BY run_at
+LIMIT %(limit)s
+"""
+
+#: Park due scheduled jobs the database refused to make ready (an application's trigger or
+#: constraint); ``reason`` goes to ``last_error``. Returns the ids parked.
+PARK_SCHEDULED: Final = """
+UPDATE pgpool_jobs AS j
+SET state = 'parked', last_error = a.reason
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
+WHERE j.id = a.id AND j.state = 'scheduled'
+RETURNING j.id
+"""
+
+# --- vacuum keeper (pgpool.parts.vacuum): the dead rows claims walk over, removed in time -
+
+#: Whether this role may vacuum pgpool_jobs: its owner (or a member of the owning role, or
+#: a superuser), or, from PostgreSQL 17, a role granted MAINTAIN on it. VACUUM skips a
+#: table it may not vacuum with a warning instead of failing, so this is asked first.
+CAN_VACUUM: Final = """
+SELECT pg_has_role(c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
+FROM pg_class AS c WHERE c.oid = 'pgpool_jobs'::regclass
+"""
+
+#: pgpool_jobs's dead rows (the server's running estimate, as autovacuum reads it), and
+#: whether there are enough to vacuum now: at least ``min_dead``, and at least ``scale``
+#: of the live rows.
+VACUUM_DUE: Final = """
+SELECT n_dead_tup >= greatest(%(min_dead)s, %(scale)s * n_live_tup), n_dead_tup
+FROM pg_stat_user_tables WHERE relid = 'pgpool_jobs'::regclass
+"""
+
+#: Vacuum pgpool_jobs unless another vacuum (autovacuum's, another host's) has it now.
+#: INDEX_CLEANUP ON: the dead index entries are what claims walk over, and the server's
+#: default may skip them when the dead rows fill few pages. TRUNCATE OFF: giving back the
+#: table's empty tail needs a lock that stops every claim for a moment, and a queue fills
+#: those pages again.
+VACUUM_JOBS: Final = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) pgpool_jobs"
+#: On the vacuum's own connection, first: a vacuum cut off part way loses its work.
+NO_STATEMENT_TIMEOUT: Final = "SET statement_timeout = 0"

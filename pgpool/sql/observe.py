@@ -1,0 +1,152 @@
+"""Observation: what ``pgpool status``, the metrics and the dashboard read. Nothing here
+writes a job."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- status (pgpool.status) ---------------------------------------------------------------
+
+#: First statement of the status transaction: one consistent, read-only snapshot.
+STATUS_SNAPSHOT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+#: Every registered host; ``live`` is false once it is stale (pruned at the next pass);
+#: ``counted`` as in `fleet.BUDGET_PEERS`: whether the others still leave it its share.
+STATUS_HOSTS: Final = """
+SELECT owner, hostname, pid, procs, queues, kinds, lease, started_at, last_seen,
+       extract(epoch FROM now() - last_seen)::float8 AS seen_ago,
+       last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live,
+       last_seen >= now() - make_interval(secs => %(counted_leases)s * lease) AS counted,
+       jobs_done, jobs_failed, jobs_claimed, claims_per_sec, max_claims_per_sec,
+       claims_share, claims_demand, claim_p99_ms, batch
+FROM pgpool_hosts
+ORDER BY hostname, started_at, owner
+"""
+
+#: Per queue: jobs by state, and the age of the oldest job due now (the lag, seconds;
+#: NULL when none is). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`. Due is by
+#: ``run_at``, not by state: a scheduled job the stager has not made ready yet is due, and
+#: lags.
+_JOBS_PER_QUEUE: Final = """
+    SELECT queue,
+           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at <= now()) AS ready,
+           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at > now())
+               AS scheduled,
+           count(*) FILTER (WHERE state = 'running')                   AS running,
+           count(*) FILTER (WHERE state = 'parked')                    AS parked,
+           count(*) FILTER (WHERE state = 'done')                      AS done,
+           extract(epoch FROM now() - min(run_at) FILTER (
+               WHERE state IN ('ready', 'scheduled') AND run_at <= now()))::float8 AS lag
+    FROM pgpool_jobs
+    GROUP BY queue
+"""
+
+#: Per queue: due now, due later, claimed, dead-lettered, parked (see `jobs.PARK`) and kept
+#: done; the age of the oldest job due now (the lag, seconds; NULL when none is); dead
+#: letters added in the last 24 hours; and, from the live hosts serving it, their claims per
+#: second together and the worst of their claim p99s (ms). Lists every queue that has jobs,
+#: dead letters or a registered host serving it.
+STATUS_QUEUES: Final = """
+WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
+    SELECT queue, count(*) AS dead,
+           count(*) FILTER (WHERE died_at >= now() - interval '24 hours') AS dead_24h
+    FROM pgpool_dead GROUP BY queue
+), served AS (
+    SELECT q.queue,
+           sum(h.claims_per_sec) FILTER (WHERE h.live)::float8 AS claims_per_sec,
+           max(h.claim_p99_ms) FILTER (WHERE h.live) AS claim_p99_ms
+    FROM (SELECT queues, claims_per_sec, claim_p99_ms,
+                 last_seen >= now() - make_interval(secs => %(stale_leases)s * lease) AS live
+          FROM pgpool_hosts) AS h
+    CROSS JOIN LATERAL unnest(h.queues) AS q(queue)
+    GROUP BY q.queue
+)
+SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
+       coalesce(dead, 0), coalesce(parked, 0), coalesce(done, 0), lag,
+       coalesce(dead_24h, 0), claims_per_sec, claim_p99_ms
+FROM jobs FULL JOIN dead USING (queue) FULL JOIN served USING (queue)
+ORDER BY queue
+"""
+
+#: Autovacuum debt on pgpool_jobs: dead and live tuples, seconds since autovacuum last
+#: finished on it (NULL: never), and whether the per-table autovacuum settings the schema
+#: sets are still there (a migration or a hand-made ALTER may have reset them).
+STATUS_VACUUM: Final = """
+SELECT coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+       extract(epoch FROM now() - s.last_autovacuum)::float8,
+       coalesce('autovacuum_vacuum_scale_factor=0.02' = ANY(c.reloptions), false)
+FROM pg_class AS c LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass('pgpool_jobs')
+"""
+
+#: (queue, kind) pairs with jobs due now that no live host both serves and handles.
+STATUS_UNHANDLED: Final = """
+WITH waiting AS (
+    SELECT queue, kind, count(*) AS ready, min(run_at) AS oldest
+    FROM pgpool_jobs
+    WHERE state IN ('ready', 'scheduled') AND run_at <= now()
+    GROUP BY queue, kind
+)
+SELECT w.queue, w.kind, w.ready, extract(epoch FROM now() - w.oldest)::float8
+FROM waiting AS w
+WHERE NOT EXISTS (
+    SELECT FROM pgpool_hosts AS h
+    WHERE w.queue = ANY(h.queues) AND w.kind = ANY(h.kinds)
+      AND h.last_seen >= now() - make_interval(secs => %(stale_leases)s * h.lease)
+)
+ORDER BY w.queue, w.kind
+"""
+
+#: Every schedule row: ``declared`` while a host's declaration holds (a schedule removed
+#: from every host's code stops being declared within `pgpool.schedules` ``declared_for``).
+STATUS_SCHEDULES: Final = """
+SELECT s.name, s.cron, s.timezone, s.kind, s.queue, s.catch_up, s.last_tick, s.last_run,
+       s.last_run_at, s.declared_until > now(), s.declared_until, h.hostname, now()
+FROM pgpool_schedules AS s LEFT JOIN pgpool_hosts AS h ON h.owner = s.declared_by
+ORDER BY s.name
+"""
+
+# --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ----------
+
+#: Become the host that serves the queue metrics, if none is: a session-level lock, held
+#: for as long as the scrape connection lives. Keyed like `fleet.BUDGET_LOCK`, on the
+#: installation's own table (found through search_path, wherever it is on it), so
+#: installations in other schemas have reporters of their own.
+METRICS_TAKE_REPORTER: Final = """
+SELECT pg_try_advisory_lock(hashtextextended('pgpool.queue-metrics:'
+                                             || 'pgpool_jobs'::regclass::oid, 0))
+"""
+
+#: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
+#: due now (seconds; NULL when none is), dead-lettered, and whether it is paused.
+METRICS_QUEUES: Final = """
+WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
+    SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+), paused AS (
+    SELECT queue, true AS paused FROM pgpool_paused
+)
+SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
+       coalesce(parked, 0), coalesce(done, 0), lag, coalesce(dead, 0),
+       coalesce(paused, false)
+FROM jobs FULL JOIN dead USING (queue) FULL JOIN paused USING (queue)
+ORDER BY queue
+"""
+
+#: Live hosts, their claims per second together, and the budget in force: the fleet's
+#: (`pgpool budget set`), else the largest any live host runs with.
+METRICS_FLEET: Final = """
+SELECT count(*), coalesce(sum(claims_per_sec), 0)::float8,
+       coalesce((SELECT max_claims_per_sec FROM pgpool_fleet), max(max_claims_per_sec),
+                'NaN')::float8
+FROM pgpool_hosts
+WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""
+
+#: Autovacuum debt of the jobs table: dead and live tuples, seconds since its last
+#: autovacuum (NaN: never).
+METRICS_VACUUM: Final = """
+SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),
+       coalesce(extract(epoch FROM now() - last_autovacuum)::float8, 'NaN')
+FROM pg_stat_user_tables
+WHERE relid = to_regclass('pgpool_jobs')
+"""

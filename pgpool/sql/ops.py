@@ -1,0 +1,252 @@
+"""Operations: the operators' commands, to inspect, repair and steer (`pgpool.ops`, which
+the CLI and the dashboard call), and dead-letter retention, which prunes with the same
+purge."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .common import CONTROL, OUR_CHANNEL
+
+NOTIFY_CONTROL: Final = f"SELECT pg_notify({OUR_CHANNEL}, '{CONTROL}')"
+
+# The summary line of a stored error: its last non-blank line, which for a handler's
+# exception is "ExceptionType: message" (the traceback's first line says nothing).
+_ERROR_LINE = r"substring(rtrim(coalesce(last_error, ''), E' \n\r\t') from '[^\n]*$')"
+
+#: A dead job's error signature, by which ``pgpool dead list --group`` counts: the error's
+#: summary line with every hex word (0x1f, ab12cd) and then every run of digits made "#",
+#: at most 200 characters. Jobs that failed the same way share it though the ids, counts,
+#: pids or addresses in their messages differ.
+SIGNATURE: Final = (
+    r"left(regexp_replace(regexp_replace(" + _ERROR_LINE
+    + r", '0[xX][0-9a-fA-F]+|\m[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M', '#', 'g'),"
+    r" '[0-9]+', '#', 'g'), 200)"
+)
+
+# A job's state as operators see it: ready (due), scheduled (due later: delayed or waiting
+# out a retry's backoff), running, or parked / done (its ack or reap was refused: see
+# `jobs.PARK`). Due is by ``run_at``: a scheduled job the stager has not staged yet is ready, a
+# ready row an older pgpool wrote with a future time is scheduled.
+_JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done') THEN state "
+              "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END")
+
+# The columns `pgpool.ops` reads of a live job, in `ops.Job` order.
+_JOB_COLUMNS = f"""
+    id, kind, queue, {_JOB_STATE} AS op_state, attempts, max_attempts, priority, run_at,
+    extract(epoch FROM lease_until - now())::float8, locked_by, nullif({_ERROR_LINE}, ''),
+    created_at,
+    CASE WHEN %(full)s THEN last_error END, CASE WHEN %(payload)s THEN payload END
+"""
+
+#: Live jobs, filtered (a NULL filter matches all), oldest first; one more than ``limit``,
+#: so the caller can say that more are left. ``after_*`` is a keyset cursor on (run_at, id),
+#: the listing's order, for the next page (the dashboard's).
+JOBS_LIST: Final = f"""
+SELECT {_JOB_COLUMNS} FROM pgpool_jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(state)s::text IS NULL OR {_JOB_STATE} = %(state)s)
+  AND (%(older_than)s::float8 IS NULL
+       OR created_at < now() - make_interval(secs => %(older_than)s))
+  AND (%(after_run_at)s::timestamptz IS NULL
+       OR (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY run_at, id
+LIMIT %(limit)s + 1
+"""
+
+#: Live jobs by id.
+JOBS_BY_ID: Final = f"SELECT {_JOB_COLUMNS} FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])"
+
+# The filter every dead-job statement shares (a NULL parameter matches all); ``after_*``
+# is a keyset cursor on (died_at, id), the order replays and purges go in.
+_DEAD_FILTER = f"""
+    (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+    AND (%(error)s::text IS NULL OR strpos(coalesce(last_error, ''), %(error)s) > 0)
+    AND (%(signature)s::text IS NULL OR {SIGNATURE} = %(signature)s)
+    AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+    AND (%(since)s::float8 IS NULL OR died_at >= now() - make_interval(secs => %(since)s))
+    AND (%(older_than)s::float8 IS NULL
+         OR died_at < now() - make_interval(secs => %(older_than)s))
+    AND (%(after_died)s::timestamptz IS NULL
+         OR (died_at, id) > (%(after_died)s::timestamptz, %(after_id)s::bigint))
+"""
+
+# The columns `pgpool.ops` reads of a dead job, in `ops.DeadJob` order.
+_DEAD_COLUMNS = f"""
+    id, kind, queue, reason, attempts, max_attempts, priority, died_at, created_at,
+    {SIGNATURE}, nullif({_ERROR_LINE}, ''), CASE WHEN %(full)s THEN last_error END,
+    CASE WHEN %(payload)s THEN payload END
+"""
+
+#: Dead jobs, newest first; one more than ``limit`` (see `JOBS_LIST`).
+DEAD_LIST: Final = f"""
+SELECT {_DEAD_COLUMNS} FROM pgpool_dead
+WHERE {_DEAD_FILTER}
+ORDER BY died_at DESC, id DESC
+LIMIT %(limit)s + 1
+"""
+
+#: Dead jobs counted by (kind, error signature), the largest group first: the triage view.
+DEAD_GROUPS: Final = f"""
+SELECT kind, {SIGNATURE} AS signature, count(*), min(died_at), max(died_at), min(id)
+FROM pgpool_dead
+WHERE {_DEAD_FILTER}
+GROUP BY 1, 2
+ORDER BY 3 DESC, 1, 2
+LIMIT %(limit)s + 1
+"""
+
+#: How many dead jobs match (a dry run of a replay or purge), at most ``limit``.
+DEAD_COUNT: Final = f"""
+SELECT count(*) FROM (SELECT FROM pgpool_dead WHERE {_DEAD_FILTER} LIMIT %(limit)s) AS d
+"""
+
+#: Which of these ids are dead jobs (to explain why a live-job command did not find them).
+DEAD_IDS: Final = "SELECT id FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"
+
+#: Move up to ``limit`` matching dead jobs back to ready, oldest death first: same id,
+#: attempts from 0, due now; the last error is kept for reference. One whose unique key a
+#: live job holds stays dead (ON CONFLICT). SKIP LOCKED: two replays never move one job
+#: twice. Wakes the hosts of each queue. Returns how many were picked and moved, and the
+#: (died_at, id) cursor of the last picked, from which the next batch goes on.
+REPLAY_DEAD: Final = f"""
+WITH picked AS (
+    SELECT id, died_at FROM pgpool_dead
+    WHERE {_DEAD_FILTER}
+    ORDER BY died_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), revived AS (
+    INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
+                             last_error, created_at, tenant, concurrency_key)
+    OVERRIDING SYSTEM VALUE
+    SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
+           d.last_error, d.created_at, d.tenant, d.concurrency_key
+    FROM pgpool_dead AS d JOIN picked USING (id)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+), gone AS (
+    DELETE FROM pgpool_dead AS d USING revived WHERE d.id = revived.id RETURNING d.id
+), last AS (
+    SELECT died_at, id FROM picked ORDER BY died_at DESC, id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
+       (SELECT died_at FROM last), (SELECT id FROM last),
+       (SELECT count(pg_notify({OUR_CHANNEL}, queue))
+        FROM (SELECT DISTINCT queue FROM revived) AS q)
+"""
+
+#: Delete up to ``limit`` matching dead jobs, oldest death first (a purge's or the
+#: retention's batch): bounded, so no delete holds many locks or leaves a vacuum storm.
+#: No FOR UPDATE: it needs UPDATE on the table, which the worker role (which prunes) does
+#: not have. A row another purge deletes first is waited for, then skipped.
+PURGE_DEAD: Final = f"""
+WITH doomed AS (
+    SELECT id FROM pgpool_dead
+    WHERE {_DEAD_FILTER}
+    ORDER BY died_at, id
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM pgpool_dead AS d USING doomed WHERE d.id = doomed.id RETURNING d.id
+)
+SELECT count(*) FROM gone
+"""
+
+#: Taken by the retention pass, per schema: of all live hosts, the one that gets it prunes,
+#: the others skip this pass. Held until that batch's transaction ends.
+RETENTION_LOCK: Final = (
+    "SELECT pg_try_advisory_xact_lock(hashtext('pgpool.retention:' || current_schema()))"
+)
+
+#: Lock live jobs by id and say what each is doing and who runs it (NULL for a running job:
+#: cancelled already), before a cancel changes any. FOR UPDATE: the cancel may delete them.
+CANCEL_LOCK: Final = f"""
+SELECT id, {_JOB_STATE}, locked_by FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+FOR UPDATE
+"""
+
+_CANCELLED_AT = ("'cancelled by operator at ' "
+                 """|| to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')""")
+
+#: Cancel live jobs (`CANCEL_LOCK` first; never a job kept as done): a waiting one moves to
+#: pgpool_dead with reason 'cancelled' and a last_error that says when and what it was
+#: doing. A running one loses its owner at once but keeps its row, state running, until its
+#: lease ends: its attempt may run until then (its host stops it at its next heartbeat, sent
+#: at once after `NOTIFY_CONTROL`, but a frozen host's worker runs on until its lease
+#: fence), so the unique indexes on its keys still hold. Its heartbeat and ack match no
+#: row (they need the owner), and when the lease has expired, `jobs.REAP` buries it as
+#: cancelled. Returns how many were dead-lettered and how many stopped.
+CANCEL: Final = f"""
+WITH gone AS (
+    DELETE FROM pgpool_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
+    RETURNING id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
+              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state
+), dead AS (
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
+                             unique_key, created_at, tenant, concurrency_key, reason,
+                             last_error)
+    SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
+           created_at, tenant, concurrency_key, 'cancelled',
+           {_CANCELLED_AT} || ' while ' || op_state
+    FROM gone
+    RETURNING id
+), stopped AS (
+    UPDATE pgpool_jobs
+    SET locked_by = NULL,
+        last_error = {_CANCELLED_AT} || ' while running attempt ' || attempts || ' on '
+                     || locked_by
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running' AND locked_by IS NOT NULL
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM stopped)
+"""
+
+#: Lock live jobs by id and say what each is doing (a retry's first step).
+JOBS_LOCK: Final = f"""
+SELECT id, {_JOB_STATE} FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+FOR NO KEY UPDATE
+"""
+
+#: Make scheduled jobs (delayed, or waiting out a retry's backoff) and parked jobs ready and
+#: due now, and wake their queues' hosts. Returns the ids changed.
+RETRY_NOW: Final = f"""
+WITH due AS (
+    UPDATE pgpool_jobs SET state = 'ready', run_at = now()
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND (state IN ('parked', 'scheduled') OR (state = 'ready' AND run_at > now()))
+    RETURNING id, queue
+)
+SELECT id, (SELECT count(pg_notify({OUR_CHANNEL}, queue))
+            FROM (SELECT DISTINCT queue FROM due) AS q)
+FROM due ORDER BY id
+"""
+
+#: Whether any job, dead job, registered host or pause names this queue. The cheap tests
+#: first (the ready index, the small tables): only a name none of them knows scans the rest.
+QUEUE_KNOWN: Final = """
+SELECT EXISTS (SELECT FROM pgpool_jobs WHERE queue = %(queue)s AND state = 'ready')
+    OR EXISTS (SELECT FROM pgpool_hosts WHERE %(queue)s = ANY(queues))
+    OR EXISTS (SELECT FROM pgpool_paused WHERE queue = %(queue)s)
+    OR EXISTS (SELECT FROM pgpool_jobs WHERE queue = %(queue)s)
+    OR EXISTS (SELECT FROM pgpool_dead WHERE queue = %(queue)s)
+"""
+
+#: Pause a queue; returns a row only if it was not paused already.
+PAUSE: Final = """
+INSERT INTO pgpool_paused (queue) VALUES (%(queue)s) ON CONFLICT DO NOTHING RETURNING queue
+"""
+
+#: Resume a queue; returns a row only if it was paused. Wakes its hosts.
+RESUME: Final = f"""
+WITH gone AS (DELETE FROM pgpool_paused WHERE queue = %(queue)s RETURNING queue)
+SELECT queue, pg_notify({OUR_CHANNEL}, queue) FROM gone
+"""
+
+#: The paused queues and since when.
+PAUSED: Final = "SELECT queue, paused_at FROM pgpool_paused ORDER BY queue"
