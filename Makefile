@@ -23,7 +23,7 @@ test: $(STAMP)
 ## make soak-test: the soak tier (PostgreSQL stopped, restarted and its connections killed
 ## under real hosts, and the chaos soak at a small size); CI runs it after `make test`
 soak-test: $(STAMP)
-	$(BIN)/python -m pytest -q -m soak
+	$(BIN)/python -m pytest -q -m soak -n $(TEST_WORKERS) --dist loadgroup
 
 ## make web-test: the dashboard in headless Chromium (Debian's /usr/bin/chromium: `apt-get
 ## install chromium`), driven by Playwright, which uses it as is and downloads no browser

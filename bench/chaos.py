@@ -34,8 +34,9 @@ exits 0 only if: nothing lost, nothing overlapping, everything drained, no unexp
 re-runs, re-runs within the bound, the same attempt never started twice, no dispatcher died
 on its own, and every dispatcher exited 0 on the final SIGTERM. A dispatcher that could not
 connect at start-up because PostgreSQL was restarting at that moment (exit 2, "cannot
-connect") is not a failure: pgpool documents that start-up needs the database; it is
-restarted like a supervisor would, and counted.
+connect"), or lost its connection before it started serving (backends terminated: exit 2,
+"lost the database", with no start line of its own) is not a failure: pgpool documents
+that start-up needs the database; it is restarted like a supervisor would, and counted.
 """
 
 from __future__ import annotations
@@ -106,10 +107,12 @@ WEIGHTS = {WORKER_KILL: 0.35, DISPATCHER_KILL: 0.25, POSTGRES_RESTART: 0.15,
 
 @dataclass
 class Host:
-    """One dispatcher process, and when the soak started it (monotonic s)."""
+    """One dispatcher process, when the soak started it (monotonic s), and where its output
+    begins in its slot's log."""
 
     proc: subprocess.Popen[bytes]
     started: float
+    log_from: int
 
 
 class Soak:
@@ -155,10 +158,24 @@ class Soak:
         cmd = tied_python("-m", "pgpool", "run", "--handlers", "chaosjobs",
                           "--lease", f"{LEASE:g}", "--procs", str(PROCS), "--batch", str(BATCH))
         with (self.run_dir / f"dispatcher-{slot}.log").open("ab") as log:
+            log_from = log.tell()
             proc = subprocess.Popen(cmd, cwd=BENCH, env=self.env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT)
-        self.hosts[slot] = Host(proc, time.monotonic())
+        self.hosts[slot] = Host(proc, time.monotonic(), log_from)
         self.starts += 1
+
+    def refused_at_start_up(self, slot: int, host: Host) -> bool:
+        """Whether ``host`` exited on pgpool's user error for a database it cannot reach
+        (it started while the server was restarting), or lost (its sessions were
+        terminated) before it served: its own output has no start line."""
+        with (self.run_dir / f"dispatcher-{slot}.log").open("rb") as log:
+            log.seek(host.log_from)
+            own = log.read().decode(errors="replace").splitlines()
+        last = own[-1] if own else ""
+        if last.startswith("pgpool: error: cannot connect to PostgreSQL"):
+            return True
+        return (last.startswith("pgpool: error: lost the database")
+                and not any("pgpool.dispatcher: dispatcher " in line for line in own))
 
     def log_tail(self, slot: int, lines: int = 15) -> str:
         text = (self.run_dir / f"dispatcher-{slot}.log").read_text(errors="replace")
@@ -204,10 +221,8 @@ class Soak:
             if code is None:
                 continue
             tail = self.log_tail(slot)
-            last = tail.splitlines()[-1] if tail else ""
-            # pgpool's user error for a server it cannot reach at start-up (exit status 2).
-            if code == 2 and last.startswith("pgpool: error: cannot connect to PostgreSQL"):
-                self.refused += 1  # started while the server was restarting
+            if code == 2 and self.refused_at_start_up(slot, host):
+                self.refused += 1
             else:
                 self.crashes += 1
                 self.problems.append(
@@ -376,7 +391,7 @@ class Soak:
             "re-runs": f"at most {verdict.bound} interruptible: "
                        f"{breakdown(verdict.interruptible)}",
             "attempts never run": "claimed, then lost before a worker started them",
-            "dispatcher starts": f"refused at start-up while the server restarted: "
+            "dispatcher starts": f"refused at start-up while the server was away: "
                                  f"{self.refused}; exited by themselves: {self.crashes}",
         }
         for name, value in figures.items():

@@ -226,6 +226,8 @@ class _Installation:
                                 pgsql.Identifier(self.name, table),
                                 pgsql.Identifier(f"{self.name}_rows", table)))
                     return
+                except psycopg.errors.DeadlockDetected:
+                    continue  # with a kept `web`'s snapshot, which locks in another order
                 except psycopg.errors.LockNotAvailable:
                     # The session of a process the test before killed (its server has
                     # not noticed yet), or a statement it left running: ended.
@@ -268,6 +270,8 @@ def dsn(request: pytest.FixtureRequest, server_dsn: str) -> Iterator[str]:
         with _new_schema(server_dsn) as schema_dsn:
             yield schema_dsn
         return
+    if "web" not in request.fixturenames:
+        _stop_kept_webs()  # their sessions would count as listening, as readers...
     installation = request.getfixturevalue("installation")
     installation.reset()
     yield installation.dsn
@@ -474,6 +478,7 @@ class Pgpool:
         self._out: list[str] = []
         self._err: list[str] = []
         self._err_ended = False
+        self._err_from = 0  # `forget_output`: the lines before are an earlier test's
         self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
                          for pipe, lines in ((self.proc.stdout, self._out),
                                              (self.proc.stderr, self._err))]
@@ -515,7 +520,13 @@ class Pgpool:
     @property
     def stderr(self) -> str:
         with self._changed:
-            return "".join(self._err)
+            return "".join(self._err[self._err_from:])
+
+    def forget_output(self) -> None:
+        """From now on `stderr`, `events` and the waits see only what it writes next: a
+        process kept for the next test shows that test its own lines only."""
+        with self._changed:
+            self._err_from = len(self._err)
 
     def wait_for_line(self, matches: Callable[[str], object], what: str,
                       timeout: float = 30, *, end_ok: bool = False) -> str | None:
@@ -523,8 +534,8 @@ class Pgpool:
         naming ``what`` after ``timeout`` seconds, or as soon as stderr ends without one
         (with ``end_ok``, returns None then: the process exited first)."""
         deadline = time.monotonic() + timeout
-        seen = 0
         with self._changed:
+            seen = self._err_from
             while True:
                 for line in self._err[seen:]:
                     if matches(line):
@@ -591,24 +602,91 @@ def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
     return proc
 
 
+#: The ``pgpool web`` processes kept from one test to the next, by (DSN, arguments,
+#: environment): starting one costs more than most web tests' own work.
+_kept_webs: dict[tuple[Any, ...], tuple[Pgpool, str]] = {}
+
+
+def _stop_kept_webs(keep: object = None) -> None:
+    for key in [k for k in _kept_webs if k != keep]:
+        proc, _ = _kept_webs.pop(key)
+        if proc.poll() is None:
+            proc.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kept_webs_stop() -> Iterator[None]:
+    yield
+    _stop_kept_webs()
+
+
+def _fresh_snapshot(dsn: str, base: str, env: dict[str, str]) -> None:
+    """Wait until the ``pgpool web`` at ``base`` serves a snapshot taken after the reset
+    of its installation: it keeps the last one it took, which shows the test before's rows.
+    A notification on the installation's channel makes it take one at once."""
+    import base64
+    import urllib.request
+
+    since = time.time()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"SELECT pg_notify({sql.OUR_CHANNEL}, 'default')")
+    request = urllib.request.Request(base + "/api/snapshot")
+    if "PGPOOL_WEB_USER" in env:
+        user = f"{env['PGPOOL_WEB_USER']}:{env['PGPOOL_WEB_PASSWORD']}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(user.encode()).decode())
+
+    def taken_since() -> bool:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer).get("taken_at", 0) > since
+
+    wait_until(taken_since, "the kept pgpool web's snapshot of the reset installation")
+
+
 @pytest.fixture
-def web(dsn: str) -> Iterator[Callable[..., tuple[Pgpool, str]]]:
+def web(request: pytest.FixtureRequest, dsn: str
+        ) -> Iterator[Callable[..., tuple[Pgpool, str]]]:
     """``web(*args, **env)`` starts ``pgpool web`` on `dsn`, on a free port of 127.0.0.1,
     with ``args`` (``--read-write``...) and returns (the process, its base URL) once it
-    serves. Each is stopped before the test's schema is dropped (a snapshot in flight would
-    deadlock with the DROP)."""
+    serves.
+
+    On the shared installation the process is kept for the next test that asks for the
+    same configuration, which sees only the log lines written from then on; the first
+    request of a test stops those kept with any other (a test may count the sessions
+    listening). A test that stops its web gets a new one next time. With ``own_schema``
+    each is stopped after the test, before the schema is dropped (a snapshot in flight
+    would deadlock with the DROP)."""
+    shared = not _own_schema(request)
     started: list[Pgpool] = []
 
     def start(*args: str, **env: str) -> tuple[Pgpool, str]:
-        proc = start_pgpool(dsn, "web", "--port", "0", *args, **env)
+        key = (dsn, args, tuple(sorted(env.items())))
+        if shared:
+            if not started:
+                _stop_kept_webs(keep=key)
+            kept = _kept_webs.get(key)
+            if kept is not None and kept[0].poll() is None:
+                kept[0].forget_output()
+                _fresh_snapshot(dsn, kept[1], env)
+                started.append(kept[0])
+                return kept
+        proc = Pgpool([*pgpool_cmd("web", "--port", "0", *args)],
+                      pgpool_env(dsn, **{**JSON_LOGS, **env}))
         started.append(proc)
-        port = proc.event("web_started")["port"]
-        return proc, f"http://127.0.0.1:{port}"
+        try:
+            port = proc.event("web_started")["port"]
+        except BaseException:
+            proc.kill()
+            raise
+        base = f"http://127.0.0.1:{port}"
+        if shared:
+            _kept_webs[key] = (proc, base)
+        return proc, base
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.stop()
+    if not shared:
+        for proc in started:
+            if proc.poll() is None:
+                proc.stop()
 
 
 @pytest.fixture(autouse=True)
