@@ -146,6 +146,7 @@ def test_bench_unreachable_database(dsn: str) -> None:
     assert_user_error(without_password_warning(done), "cannot connect")
 
 
+@pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
 def test_flood_bench_prints_its_table_at_a_small_size(dsn: str, db: psycopg.Connection
                                                       ) -> None:
     # bench/flood.py --quick: depths 0, 2,000 and 20,000, 20 pickups each, fewer enqueues.

@@ -31,6 +31,9 @@ from pgpool.lease import Lease
 from pgpool.parts.hosts import HostRegistry
 from pgpool.sql import fleet as sql
 
+#: Its timing is its subject: these run one after another (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("timing")
+
 
 class Clock:
     def __init__(self) -> None:

@@ -10,6 +10,7 @@ import json
 import subprocess
 
 import psycopg
+import pytest
 from conftest import BENCH_SCHEMAS, bench_script_error, run_bench_script
 
 
@@ -17,6 +18,7 @@ def cliff(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return run_bench_script("cliff.py", dsn, *args, **env)
 
 
+@pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
 def test_cliff_drains_every_round_and_reports_its_figures(dsn: str, db: psycopg.Connection
                                                           ) -> None:
     # Batch 5: a tenth of the jobs takes 40 claims, far more than one 20 ms poll.
@@ -52,6 +54,7 @@ def test_cliff_drains_every_round_and_reports_its_figures(dsn: str, db: psycopg.
     assert db.execute(BENCH_SCHEMAS).fetchall() == []  # its scratch schema is gone
 
 
+@pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
 def test_cliff_prints_its_table(dsn: str) -> None:
     done = cliff(dsn, "--jobs", "500", "--rounds", "2", "--batch", "5", "--interval", "0.5")
     assert done.returncode == 0, done.stderr

@@ -31,6 +31,7 @@ from conftest import (
     clean_env,
     only_event,
     pgpool_cmd,
+    run_cli,
     start_pgpool,
     wait_until,
 )
@@ -45,6 +46,8 @@ UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
 
 
 def cli(*args: str, cwd: Path = TESTS, **env: str) -> subprocess.CompletedProcess[str]:
+    if cwd == TESTS:
+        return run_cli(args, {**clean_env(), **env})
     return subprocess.run(pgpool_cmd(*args), cwd=cwd, env={**clean_env(), **env},
                           capture_output=True, text=True, timeout=120)
 

@@ -49,6 +49,9 @@ JOB_SECONDS = 4
 RECLAIM = 20
 TICK_NS = int(TICK * 1e9)
 
+#: Its timing is its subject: these run one after another (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("timing")
+
 
 def running_on(where: Path, host: Pgpool, jobs: list[int]) -> bool:
     """Whether an attempt of each of ``jobs`` has ticked under ``host``."""

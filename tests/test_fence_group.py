@@ -31,6 +31,9 @@ LEASE = 4
 #: and anything left of the group would write on for the two leases after it.
 FREEZE = 3 * LEASE
 
+#: Its timing is its subject: these run one after another (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("timing")
+
 
 def start_loop(db: psycopg.Connection, dsn: str, tmp_path: Path) -> tuple[Pgpool, int, int, Path]:
     """A host with one worker running a `spawner` job whose loop has written at least

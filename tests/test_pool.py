@@ -209,6 +209,7 @@ def run_fenced(jobs: list[Job], *, deadline_in: dict[int, float] | None = None,
     return asyncio.run(main())
 
 
+@pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 @pytest.mark.parametrize("how", ["sleep", "gil"])
 def test_a_worker_past_its_deadline_is_ended_by_the_kernel_and_its_job_not_acked(
         record_dir: Path, monkeypatch, how: str):

@@ -408,6 +408,7 @@ def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, r
         wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
+@pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, record_dir):
     # A notification is usually one job: it wakes one of the two claim loops, whose claim
     # takes it; waking both would add an empty claim per job. A fixed batch of 2 makes a

@@ -351,6 +351,7 @@ def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_dif
     assert "\nfleet: 0.0 claims/s; no live host reports a budget\n" in done.stdout
 
 
+@pytest.mark.own_schema  # a new table: "last autovacuum never"
 def test_status_of_an_empty_queue(db, dsn):
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr

@@ -38,6 +38,7 @@ def jobs_left(db: psycopg.Connection, queue: str) -> int:
     return one(db, "SELECT count(*) FROM pgpool_jobs WHERE queue = %s", queue)[0]
 
 
+@pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 @pytest.mark.parametrize("how", ["notified", "polled"])
 def test_cancelling_a_running_job_stops_exactly_its_worker_and_never_retries_it(
         db, dsn, record_dir, how):
@@ -132,14 +133,18 @@ def test_a_pause_holds_across_two_hosts_and_a_restart(db, dsn, record_dir):
     assert c.stop() == 0
 
 
-def test_retention_prunes_old_dead_jobs_in_batches_while_a_run_goes_on(db, dsn, record_dir):
-    # About 5 s of work on two workers: the prune below happens while it runs.
-    pgpool.enqueue_many(db, "record", ({"sleep": 0.025} for _ in range(400)))
+def test_retention_prunes_old_dead_jobs_in_batches_while_a_run_goes_on(db, dsn, record_dir,
+                                                                       tmp_path):
+    # The run goes on until the test releases its gated job: the prune below happens while
+    # it runs, however fast or slow the machine.
+    release = tmp_path / "release"
+    gated = pgpool.enqueue(db, "gated", {"release": str(release)})
+    pgpool.enqueue_many(db, "record", ({} for _ in range(20)))
     # A 1 h retention makes a pass every second (retention.interval), so rows buried after
     # the host started are pruned by a later pass, during the run.
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--dead-retention", "1h",
                         record_dir=record_dir)
-    wait_until(lambda: len(attempts(record_dir, "end")) >= 10, "jobs to be running")
+    wait_until(lambda: gated in attempts(record_dir, "start"), "the gated job to start")
     db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
                "created_at, died_at) SELECT g, 'default', 'k', '{}', 0, 1, now(), "
                "now() - interval '2 hours' FROM generate_series(100001, 102500) g")
@@ -150,7 +155,8 @@ def test_retention_prunes_old_dead_jobs_in_batches_while_a_run_goes_on(db, dsn, 
     # All 2,500 in one pass, which went in batches of retention.BATCH.
     assert pruned["deleted"] == 2500 and pruned["batches"] == 3
     assert db.execute("SELECT id FROM pgpool_dead").fetchall() == [(200001,)]
-    assert jobs_left(db, "default") > 0, "the run ended before the prune: not concurrent"
+    assert gated not in attempts(record_dir, "end"), "the run ended before the prune"
+    release.touch()
     wait_until(lambda: jobs_left(db, "default") == 0, "the run to finish", timeout=60)
     assert host.stop() == 0
 
@@ -172,6 +178,7 @@ def test_only_the_host_holding_the_retention_lock_prunes(db, dsn):
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
 
 
+@pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 def test_retry_and_replay_wake_the_hosts_and_the_jobs_run(db, dsn, record_dir):
     # A 30 s poll: a start within the bound below comes from the commands' notifications.
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--poll", "30", record_dir=record_dir)

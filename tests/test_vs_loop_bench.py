@@ -19,6 +19,7 @@ def vs_loop(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str
     return run_bench_script("vs_loop.py", dsn, *args, **env)
 
 
+@pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
 @pytest.mark.parametrize("loop", ["transaction", "lease"])
 def test_vs_loop_drains_both_sides_and_reports_their_figures(dsn: str, db: psycopg.Connection,
                                                              loop: str) -> None:
