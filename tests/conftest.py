@@ -259,7 +259,9 @@ class _Installation:
                 conn.execute(
                     "SELECT pg_terminate_backend(l.pid) FROM pg_locks l "
                     "JOIN pg_class c ON c.oid = l.relation "
-                    "WHERE c.relnamespace = %s::regnamespace "
+                    "WHERE l.database = (SELECT oid FROM pg_database "
+                    "                    WHERE datname = current_database()) "
+                    "AND c.relnamespace = %s::regnamespace "
                     "AND l.pid <> pg_backend_pid()", (self.name,))
         raise RuntimeError(f"could not reset the test schema {self.name}: its tables stayed "
                            "locked")
@@ -801,7 +803,8 @@ def listen_sql(db: psycopg.Connection) -> str:
 def listeners(db: psycopg.Connection) -> list[int]:
     """The pids of the sessions LISTENing on the channel of ``db``'s installation."""
     return [pid for (pid,) in db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE query = %s ORDER BY pid", (listen_sql(db),))]
+        "SELECT pid FROM pg_stat_activity WHERE query = %s AND datname = current_database() "
+        "ORDER BY pid", (listen_sql(db),))]
 
 
 # --- what the test handlers did, and waiting --------------------------------------------------

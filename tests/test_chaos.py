@@ -161,6 +161,7 @@ def listening(db: Db, app: str | None = None, not_pids: Collection[int] = ()) ->
     what a dispatcher's listener shows in ``pg_stat_activity`` once it has (re)connected."""
     return bool(db.poll(
         "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%' "
+        "AND datname = current_database() "
         "AND (%s::text IS NULL OR application_name = %s) AND NOT pid = ANY(%s)",
         (app, app, list(not_pids))))
 

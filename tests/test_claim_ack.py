@@ -344,7 +344,8 @@ def test_completer_keeps_acks_across_a_killed_connection(db, dsn, server_dsn):
         with psycopg.connect(server_dsn, autocommit=True) as admin:
             killed = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = 'pgpool-test-pool'").fetchone()[0]
+                "WHERE application_name = 'pgpool-test-pool' "
+                "AND datname = current_database()").fetchone()[0]
         completer = Completer(pool, "host-a", max_batch=10, interval=0.001)
         task = asyncio.create_task(completer.run())
         for job in jobs:

@@ -226,7 +226,8 @@ def test_two_claims_racing_for_one_key_run_one_and_the_loser_retries(db, dsn):
             def waiting() -> bool:
                 # The statement as sent has $1... for %(name)s: match its opening.
                 return one(db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
-                               "= 'Lock' AND starts_with(ltrim(query, E' \\n'), %s)",
+                               "= 'Lock' AND datname = current_database() "
+                               "AND starts_with(ltrim(query, E' \\n'), %s)",
                            sql.CLAIM.lstrip()[:30])[0] == 1
             await asyncio.to_thread(wait_until, waiting, "claim B to wait for claim A")
             threading.Thread(target=holder.commit).start()

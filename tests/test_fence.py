@@ -199,6 +199,7 @@ def test_a_claim_that_took_most_of_the_lease_hands_its_jobs_back(db, dsn, record
         def claim_waits() -> bool:
             return bool(db.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() "
                 "AND query LIKE '%%SET state = ''running''%%'").fetchone()[0])  # a claim
 
         wait_until(claim_waits, "a claim to wait for the lock")
