@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pgpool"
 
 
+#: The top-level names of our own modules: pgpool, the benchmarks' and the tests'.
+OURS = frozenset({"pgpool", *(p.stem for p in [*(ROOT / "bench").glob("*.py"),
+                                                *(ROOT / "tests").glob("*.py")])})
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -67,8 +72,7 @@ def _ours(node: ast.Import | ast.ImportFrom, name: str) -> bool:
         if node.level:
             return True
         name = node.module or name
-    local = {p.stem for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "tests").glob("*.py")]}
-    return name.split(".")[0] in {"pgpool", *local}
+    return name.split(".")[0] in OURS
 
 
 def test_pgpool_modules_import_no_cycle() -> None:
@@ -89,18 +93,18 @@ def test_no_module_uses_another_modules_private_names() -> None:
     crossings = []
     for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
                         *(ROOT / "tests").glob("*.py")]):
-        tree = ast.parse(path.read_text())
-        for module, names in imports(path):
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        for module, names in (found for node in nodes for found in _resolved(path, node)):
             crossings += [f"{path.relative_to(ROOT)}: from {module} import {n}"
                           for n in names if n.startswith("_") and n != "__future__"
                           and module != "__future__"]
         # Local names bound to our modules (not the standard library's `os._exit`...).
-        modules = {alias.asname or alias.name for node in ast.walk(tree)
+        modules = {alias.asname or alias.name for node in nodes
                    if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
                    if _ours(node, alias.name)}
         crossings += [
             f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}"
-            for node in ast.walk(tree)
+            for node in nodes
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
             and node.value.id in modules and node.attr.startswith("_")
             and not node.attr.startswith("__")
