@@ -107,6 +107,7 @@ def owners(db: psycopg.Connection) -> list[str]:
 
 # --- the tests ------------------------------------------------------------------------------
 
+@pytest.mark.own_schema  # it takes pgpool_jobs' autovacuum settings away
 def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_page):
     # alpha: 3 ready, 2 scheduled, no host. busy: a host that ran 2 jobs into the dead
     # letters and now runs a long one.
