@@ -66,6 +66,14 @@ UNREACHABLE = f"postgresql://u:{SECRET}@127.0.0.1:1/db"
 MARKER = "PAYLOAD-MARKER-123"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job with SIGINT ignored, and every process the suite
+    # starts would inherit that: `pgpool status --watch` could not be interrupted. The
+    # suite's processes start as from a terminal.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _worker() -> str:
     """This pytest process's name among the suite's parallel workers (pytest-xdist's
     ``gw0``, ``gw1``...; ``main`` when the suite runs in one process)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from conftest import (
     start_pgpool,
     wait_until,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 import pgpool
 from pgpool.retry import FREE_INTERRUPTIONS
@@ -408,7 +410,6 @@ def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, r
         wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
-@pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, record_dir):
     # A notification is usually one job: it wakes one of the two claim loops, whose claim
     # takes it; waking both would add an empty claim per job. A fixed batch of 2 makes a
@@ -417,22 +418,33 @@ def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, recor
     # time stays above 10 claim round trips, which preemption on a loaded machine can
     # cause) makes every claim a full one, followed by more, whatever the wake-up policy.
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "2", "--poll", "600",
+                        "--metrics-port", "0", "--metrics-host", "127.0.0.1",
                         record_dir=record_dir)
+    port = host.event("metrics")["port"]
     wait_until(lambda: listeners(db), "LISTEN")
+    claims_after_first = None
     for n in range(1, 21):
         pgpool.enqueue(db, "record", {})
         wait_until(lambda n=n: len(ended(record_dir)) == n, f"job {n} to run", 20)
+        if n == 1:
+            claims_after_first = claims_sent(port)
+    # Counted wake-ups, not timing: job n+1 is enqueued only after job n ended, and by then
+    # both loops wait for work (nothing else wakes them: no poll for 10 minutes, always
+    # room), so its notification wakes one loop for one claim. Waking both loops on every
+    # notification would make it 38. (Before job 1 ran, each loop's first claim, the
+    # listener's wake as it connects and the first notification race on a loaded machine:
+    # not counted here.)
+    assert claims_sent(port) - claims_after_first == 19, host.stderr
     assert host.stop() == 0, host.stderr
-    claims = only_event(host.stderr, "finished")["claims"]
-    # Counted wake-ups, not timing: job n+1 is enqueued only after job n ended, so each job
-    # needs a claim of its own (at least 20), and between jobs both loops wait for work
-    # (nothing else wakes them: no poll for 10 minutes, always room). On top: each loop's
-    # first claim (2); the listener's wake as it connects, which reaches both loops if both
-    # are still claiming (2); and the first notification, which makes both claim again if it
-    # arrives while both are still in those claims (a loaded machine makes claims slow):
-    # 2 more, since one of the claims in flight may already have taken job 1. Waking both
-    # loops on every notification makes it at least 40.
-    assert 20 <= claims <= 20 + 6, host.stderr
+
+
+def claims_sent(port: int) -> float:
+    """A dispatcher's ``pgpool_claims_total``, read from its metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    (total,) = [sample.value for family in text_string_to_metric_families(text)
+                for sample in family.samples if sample.name == "pgpool_claims_total"]
+    return total
 
 
 def test_polling_is_the_backstop_for_a_lost_notification(db, dsn, record_dir):
