@@ -51,17 +51,24 @@ def statement_buffers(db: psycopg.Connection, query: str, params: dict[str, Any]
     """(shared buffers ``query`` touches as a prepared statement of plan ``mode``, rows it
     claimed), rolled back, on a table made afresh for it: ``ready`` jobs of kind k behind
     ``dead`` ones already claimed and deleted since the last vacuum (the ready index's dead
-    head, which every claim in claim order walks over until the next vacuum)."""
-    db.execute("TRUNCATE pgpool_jobs")
-    pgpool.enqueue_many(db, "k", ({"n": i} for i in range(dead + ready)))
-    db.execute("VACUUM ANALYZE pgpool_jobs")
-    if dead:
-        db.execute("DELETE FROM pgpool_jobs WHERE id IN "
-                   "(SELECT id FROM pgpool_jobs ORDER BY id LIMIT %s)", (dead,))
-    with db.transaction(force_rollback=True):
-        top = explain_prepared(db, query, params, mode, "ANALYZE, BUFFERS, FORMAT JSON")
-        (claimed,) = db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
-                                ).fetchone()
+    head, which every claim in claim order walks over until the next vacuum).
+
+    Autovacuum is off meanwhile: the dead head trips its thresholds, and a run in the
+    middle of one measurement but not of another would make them differ."""
+    db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
+    try:
+        db.execute("TRUNCATE pgpool_jobs")
+        pgpool.enqueue_many(db, "k", ({"n": i} for i in range(dead + ready)))
+        db.execute("VACUUM ANALYZE pgpool_jobs")
+        if dead:
+            db.execute("DELETE FROM pgpool_jobs WHERE id IN "
+                       "(SELECT id FROM pgpool_jobs ORDER BY id LIMIT %s)", (dead,))
+        with db.transaction(force_rollback=True):
+            top = explain_prepared(db, query, params, mode, "ANALYZE, BUFFERS, FORMAT JSON")
+            (claimed,) = db.execute("SELECT count(*) FROM pgpool_jobs "
+                                    "WHERE state = 'running'").fetchone()
+    finally:
+        db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
     return buffers(top), claimed
 
 
