@@ -425,15 +425,17 @@ def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, recor
     claims_after_first = None
     for n in range(1, 21):
         pgpool.enqueue(db, "record", {})
-        wait_until(lambda n=n: len(ended(record_dir)) == n, f"job {n} to run", 20)
+        wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs") == (0,),
+                   f"job {n} to be acked", 20)
         if n == 1:
             claims_after_first = claims_sent(port)
-    # Counted wake-ups, not timing: job n+1 is enqueued only after job n ended, and by then
-    # both loops wait for work (nothing else wakes them: no poll for 10 minutes, always
-    # room), so its notification wakes one loop for one claim. Waking both loops on every
-    # notification would make it 38. (Before job 1 ran, each loop's first claim, the
-    # listener's wake as it connects and the first notification race on a loaded machine:
-    # not counted here.)
+    assert len(ended(record_dir)) == 20
+    # Counted wake-ups, not timing: job n+1 is enqueued only once job n is acked, so its
+    # worker slot is free again and both loops wait for work (nothing else wakes them: no
+    # poll for 10 minutes), and its notification wakes one loop for one claim, a short one.
+    # Waking both loops on every notification would make it 38. (Until job 1 is acked, each
+    # loop's first claim, the listener's wake as it connects and the first notification
+    # race on a loaded machine: not counted here.)
     assert claims_sent(port) - claims_after_first == 19, host.stderr
     assert host.stop() == 0, host.stderr
 
