@@ -37,14 +37,15 @@ web-test: $(WEB_STAMP)
 
 ## make docs: build the documentation site (mkdocs.yml) into build/site, strictly: a broken
 ## link, a page left out of the nav or an unreadable docstring fails it; make docs-serve
-## serves it at http://127.0.0.1:8000 with live reload
+## serves it at http://127.0.0.1:8000 with live reload. (Not --quiet: it hides the warnings
+## from --strict, and a broken link would pass.)
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,web,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
