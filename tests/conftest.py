@@ -143,7 +143,7 @@ def with_options(dsn: str, *settings: str) -> str:
     return make_conninfo(dsn, options=" ".join([options, *(f"-c {s}" for s in settings)]))
 
 
-#: What a test may change in the shared installation and have undone by `_reset`: rows. A
+#: What a test may change in the shared installation and have undone by `reset`: rows. A
 #: change to its definition (a table, column, index, trigger, function, constraint,
 #: privilege, owner or storage option of its own, or another table's foreign key to it)
 #: is not undone: a test that makes one is marked ``own_schema`` (see `dsn`).
@@ -420,16 +420,6 @@ def _refused_by_the_parser(args: Sequence[str]) -> bool:
         except SystemExit:
             return True
     return False
-
-
-def run_pgpool_process(dsn: str, *args: str, record_dir: Path | None = None,
-                       timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    """`run_pgpool` in a real subprocess (``python -m pgpool``), whatever the command: for
-    what only a process shows (its exit status as the shell sees it, its title)."""
-    return subprocess.run(
-        pgpool_cmd(*args), cwd=TESTS, env=pgpool_env(dsn, record_dir, **env),
-        capture_output=True, text=True, timeout=timeout,
-    )
 
 
 def cli_in_process(args: Sequence[str], env: dict[str, str]
