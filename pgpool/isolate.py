@@ -140,3 +140,20 @@ async def isolate(items: Sequence[T], write: Callable[[list[T]], Awaitable[R]], 
                 mid = len(part) // 2
                 todo += [part[mid:], part[:mid]]
     return out
+
+
+async def whole_or_bisected(whole: Callable[[], Awaitable[R]],
+                            bisected: Callable[[], Awaitable[R]]) -> R:
+    """``whole()``, the next batch in one statement; if the database refuses it for a row's
+    sake (`row_error`), ``bisected()``, the same batch written by `isolate`. Any other
+    error propagates, as does the one that interrupted the bisection: nothing is kept, the
+    caller's next pass reads the batch again (the reaper's and the stager's passes)."""
+    try:
+        return await whole()
+    except psycopg.Error as exc:
+        if not row_error(exc):
+            raise
+    try:
+        return await bisected()
+    except Interrupted as stopped:
+        raise stopped.error from None

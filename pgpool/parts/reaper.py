@@ -21,11 +21,10 @@ import asyncio
 import logging
 from typing import Final
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import first_line
-from ..isolate import Interrupted, describe, isolate, row_error, transient
+from ..isolate import describe, isolate, transient, whole_or_bisected
 from ..logs import event
 from ..retry import FREE_INTERRUPTIONS
 from ..sql import jobs as sql
@@ -63,16 +62,7 @@ class Reaper(LoopPart):
         revived = buried = 0
         async with self._lock:
             while True:
-                try:
-                    r, d = await self._reap(None)
-                    handled = r + d
-                except psycopg.Error as exc:
-                    if not row_error(exc):
-                        raise
-                    try:
-                        r, d, handled = await self._isolate()
-                    except Interrupted as stopped:  # nothing to keep: the next pass re-reads
-                        raise stopped.error from None
+                r, d, handled = await whole_or_bisected(self._reap_batch, self._isolate)
                 revived += r
                 buried += d
                 if handled < BATCH:
@@ -81,6 +71,11 @@ class Reaper(LoopPart):
             log.warning("reaper: %d expired jobs returned to the queue, %d dead-lettered",
                         revived, buried)
         return revived, buried
+
+    async def _reap_batch(self) -> tuple[int, int, int]:
+        """The next batch in one statement: (revived, buried, jobs handled)."""
+        r, d = await self._reap(None)
+        return r, d, r + d
 
     async def _reap(self, ids: list[int] | None) -> tuple[int, int]:
         """One `sql.REAP` statement: the next batch, or only ``ids``."""

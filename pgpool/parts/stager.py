@@ -27,11 +27,10 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import first_line
-from ..isolate import Interrupted, describe, isolate, row_error, transient
+from ..isolate import describe, isolate, transient, whole_or_bisected
 from ..logs import event
 from ..sql import jobs as sql
 from ..sql.common import int_array
@@ -69,19 +68,17 @@ class Stager(LoopPart):
         """One pass: make every due scheduled job ready, in batches. Returns the seconds
         until the next scheduled job is due, or None when none is scheduled."""
         while True:
-            try:
-                staged, next_due = await self._stage(None)
-                handled = staged
-            except psycopg.Error as exc:
-                if not row_error(exc):
-                    raise
-                try:
-                    staged, next_due, handled = await self._isolate()
-                except Interrupted as stopped:  # nothing to keep: the next pass re-reads
-                    raise stopped.error from None
+            staged, next_due, handled = await whole_or_bisected(self._stage_batch,
+                                                                self._isolate)
             self.staged += staged
             if handled < BATCH:
                 return None if next_due is None else max(0.0, next_due)
+
+    async def _stage_batch(self) -> tuple[int, float | None, int]:
+        """The next batch in one statement: (staged, seconds to the next due job, jobs
+        handled)."""
+        staged, next_due = await self._stage(None)
+        return staged, next_due, staged
 
     async def _stage(self, ids: list[int] | None) -> tuple[int, float | None]:
         """One `sql.STAGE_DUE` statement: the next batch, or only ``ids``."""
