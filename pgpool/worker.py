@@ -18,16 +18,12 @@ cannot. See `pgpool.pool` for the whole picture.
 
 from __future__ import annotations
 
-import array
 import ctypes
-import fcntl
 import inspect
 import os
 import resource
-import select
 import signal
 import sys
-import termios
 import threading
 import time
 import traceback
@@ -171,10 +167,6 @@ class _Inbox:
     `ipc.Drop` acts on which: a dropped job is skipped if it is still pending, ended with
     the worker if it is running, and left alone once it is over (its outcome is on its way;
     the dispatcher drops the result).
-
-    What the dispatcher wrote before the next job starts is acted on before it starts: a
-    `Stop` or a `Drop` sent while a job ran never races the next one. `next` waits while
-    the pipe holds bytes or the thread is between reading some and acting on them.
     """
 
     def __init__(self, rfd: int, timer: fence.Fence) -> None:
@@ -188,9 +180,6 @@ class _Inbox:
         self._drops = False  # a Drop has come: see finished()
         self.stopping = False
         self._closed = False
-        #: Set by the thread before it reads the pipe, cleared once it has acted on what it
-        #: read: with the bytes still in the pipe, what `next` waits on.
-        self._reading = False
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {fence.SIGNAL})
         try:  # the thread inherits this thread's mask, blocked at its first instruction
             threading.Thread(target=self._read, name="pgpool-inbox", daemon=True).start()
@@ -201,13 +190,13 @@ class _Inbox:
         """The next job to run, waiting for one; None once Stop came or the pipe closed."""
         with self._ready:
             while True:
-                # The pipe first, then the flag: the thread sets the flag before it takes
-                # bytes out of the pipe, so one of the two shows a message not acted on.
-                while not (self.pending or self.stopping or self._closed) or (
-                        self._unread() and not (self.stopping or self._closed)):
+                while not (self.pending or self.stopping or self._closed):
                     self._ready.wait()
                 if self.stopping or self._closed:
                     return None
+                # A Drop still in the pipe is not waited for: a job it names that starts
+                # meanwhile is running when the Drop is handled, and `_drop` ends the worker
+                # for it (the pool then reports it lost). Rare, and no check on every job.
                 seq, item = self.pending.popleft()
                 if seq not in self._dropped:
                     self._running = item
@@ -241,25 +230,13 @@ class _Inbox:
             self.pending.clear()
             return ids
 
-    def _unread(self) -> bool:
-        """Whether a message sent is not acted on yet: still in the pipe, or read and not
-        yet handled (in this order: see `_read`)."""
-        waiting = array.array("i", [0])
-        fcntl.ioctl(self._rfd, termios.FIONREAD, waiting)
-        return waiting[0] > 0 or self._reading
-
     def _read(self) -> None:
         decoder = ipc.Decoder()
-        readable = select.poll()
-        readable.register(self._rfd, select.POLLIN)
         while True:
-            readable.poll()  # releases the GIL while it waits
-            self._reading = True  # before the bytes leave the pipe: see `_unread`
-            data = os.read(self._rfd, 1 << 16)
+            data = os.read(self._rfd, 1 << 16)  # releases the GIL while it waits
             if not data:
                 with self._ready:
                     self._closed = True
-                    self._reading = False
                     self._ready.notify()
                 return
             for message in decoder.feed(data):
@@ -278,9 +255,6 @@ class _Inbox:
                             self._ready.notify()
                     case ipc.Drop():
                         self._drop(set(message.jobs))
-            with self._ready:
-                self._reading = False
-                self._ready.notify()
 
     def _drop(self, lost: set[tuple[int, int]]) -> None:
         self._drops = True  # before `_running` is read: see finished()

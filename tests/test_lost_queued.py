@@ -174,8 +174,10 @@ class RawWorker:
         self._messages: deque[ipc.Message] = deque()
         assert isinstance(self.receive(), ipc.Ready)
 
-    def send(self, message: ipc.ToWorker) -> None:
-        ipc.write_all(self._tasks.fileno(), ipc.encode(message))
+    def send(self, *messages: ipc.ToWorker) -> None:
+        """``messages`` in one write: the worker's reader takes them in one read, and acts on
+        each before it waits for more."""
+        ipc.write_all(self._tasks.fileno(), b"".join(ipc.encode(m) for m in messages))
 
     def receive(self, timeout: float = 30) -> ipc.Message | None:
         """The next message it writes; None once its result pipe is closed (it exited)."""
@@ -214,12 +216,13 @@ def test_a_dropped_job_waiting_in_a_worker_is_skipped_in_its_place_and_the_worke
         raw_worker: RawWorker, record_dir: Path, tmp_path: Path) -> None:
     release = tmp_path / "release"
     # Job 2's first attempt loses its lease while it waits; its second attempt, sent to
-    # the same worker, is another job as far as a drop goes.
+    # the same worker, is another job as far as a drop goes. The drop comes in the same
+    # read as the jobs: it has been acted on before job 1 (held until released) can end.
     raw_worker.send(ipc.Jobs([item(1, "gated", {"release": str(release)}), item(2, "whoami"),
-                              item(2, "whoami", attempt=2), item(3, "whoami")]))
+                              item(2, "whoami", attempt=2), item(3, "whoami")]),
+                    ipc.Drop([(2, 1)]))
     wait_until(lambda: events_of(record_dir), "job 1 to start")
-    raw_worker.send(ipc.Drop([(2, 1)]))
-    release.touch()  # job 1 can end now: the drop was sent before
+    release.touch()
     answers = [raw_worker.receive() for _ in range(4)]
     assert [type(a).__name__ for a in answers] == ["Done", "Skipped", "Done", "Done"]
     assert [a.id for a in answers] == [1, 2, 2, 3]

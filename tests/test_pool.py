@@ -327,9 +327,9 @@ def new_pool(calls: Callbacks, modules: list[str], **options: Any) -> WorkerPool
 
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A handler module ``gatejobs`` on the workers' path: kind "gate" touches its payload's
-    "started" file, then runs until its "release" file exists. Importing the module exits
-    the process with code 3 while the returned path exists."""
+    """A handler module ``gatejobs`` on the workers' path: kind "gate" writes its worker's
+    pid to its payload's "started" file, then runs until its "release" file exists.
+    Importing the module exits the process with code 3 while the returned path exists."""
     (tmp_path / "gatejobs.py").write_text(textwrap.dedent('''
         import os, time
         from pathlib import Path
@@ -340,7 +340,7 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
         @pgpool.handler("gate")
         def gate(payload):
-            Path(payload["started"]).touch()
+            Path(payload["started"]).write_text(str(os.getpid()))
             deadline = time.monotonic() + 60
             while not Path(payload["release"]).exists() and time.monotonic() < deadline:
                 time.sleep(0.005)
@@ -349,6 +349,13 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     closed = tmp_path / "closed"
     monkeypatch.setenv("GATE_CLOSED", str(closed))
     return closed
+
+
+def bytes_read(pid: int) -> int:
+    """What process ``pid`` has read so far (``rchar``: pipes included; a handler waiting on
+    a file's existence reads nothing)."""
+    io = Path(f"/proc/{pid}/io").read_text()
+    return int(next(line.split()[1] for line in io.splitlines() if line.startswith("rchar:")))
 
 
 async def file_appears(path: Path, timeout: float = 30) -> None:
@@ -370,8 +377,16 @@ def test_a_stopping_worker_finishes_its_job_hands_back_the_rest_and_is_not_repla
         await pool.start()
         pool.submit([job(1, "gate", payload), *(job(i, "gate", payload) for i in (2, 3, 4))])
         await file_appears(started)  # job 1 runs; 2, 3 and 4 wait in the worker's pipe
-        stopping = asyncio.create_task(pool.stop(grace=30))
-        await asyncio.sleep(0)  # stop() has written Stop before job 1 can end
+        async with asyncio.timeout(30):
+            while not (pid := started.read_text()):  # created, its pid not yet written
+                await asyncio.sleep(0.001)
+            before = bytes_read(int(pid))
+            stopping = asyncio.create_task(pool.stop(grace=30))
+            await asyncio.sleep(0)  # stop() has written Stop
+            # Job 1 ends only once the worker has read it: a Stop still in the pipe when a
+            # job ends is not waited for (worker._Inbox), and the next job would start.
+            while bytes_read(int(pid)) < before + len(ipc.encode(ipc.Stop())):
+                await asyncio.sleep(0.001)
         release.touch()
         await asyncio.wait_for(stopping, 60)
         return calls, pool
