@@ -117,6 +117,11 @@ class Loop:
                 if self._reached is None or self._reached():
                     self._failures.succeeded()
             except self._errors as exc:
+                if asyncio.current_task().cancelling():
+                    # The host is stopping this part: a cancel that came with the failure
+                    # (asyncio.timeout turns one that meets its deadline into TimeoutError)
+                    # must end the loop, or the dispatcher waits for it forever.
+                    raise asyncio.CancelledError from exc
                 self._failures.failed(exc)
                 wait = self._after_failure()
             if wait is None:
