@@ -535,10 +535,12 @@ def children(pid: int) -> list[tuple[int, str]]:
 
 def test_dead_workers_are_reaped_and_replaced_while_the_dispatcher_runs(db, dsn, record_dir):
     with serving(dsn, record_dir, "--procs", "2") as host:
-        pgpool.enqueue_many(db, "crash", [{"how": "kill"}, {"how": "exit"}])
-        # Each crash is a failed attempt: scheduled for its retry's backoff.
-        wait_until(lambda: one(db, "SELECT count(*) = 2 FROM pgpool_jobs WHERE attempts = 1 "
-                                   "AND state = 'scheduled'")[0], "both crashes to be recorded")
+        # One attempt each: a retry's backoff (0.5 to 1 s) would come due during the checks
+        # below and crash a replacement worker, whose zombie the last check could then see
+        # in the moment before the dispatcher reaps it.
+        pgpool.enqueue_many(db, "crash", [{"how": "kill"}, {"how": "exit"}], max_attempts=1)
+        wait_until(lambda: one(db, "SELECT count(*) = 2 FROM pgpool_dead WHERE attempts = 1")[0],
+                   "both crashes to be recorded")
         crashed = {r[2] for r in starts(record_dir)}
         # Two live workers again, none of them a crashed one, and no zombie left behind.
         wait_until(lambda: len(workers(host.pid)) == 2, "two replacement workers")
