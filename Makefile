@@ -61,7 +61,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) .pgpool build
 
-# --- container image (podman; see README "Running in containers") ---------------------------
+# --- container image (podman; see docs/guides/containers.md) ---------------------------
 # runc: crun fails on hybrid cgroup hosts. No registry is needed: the base image is a Debian
 # root filesystem made by mmdebstrap and imported, and the wheels are built here (build
 # containers may not reach PyPI), for this Python, which must match the base's (3.11).

@@ -90,8 +90,8 @@ class Claimer:
         tenant_cap: int | None = None,
     ) -> None:
         """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs.
-        ``tenant_cap``: the most running jobs of one tenant across the fleet (README
-        "Fairness"), None for no cap."""
+        ``tenant_cap``: the most running jobs of one tenant across the fleet
+        (docs/guides/fairness.md), None for no cap."""
         self._pool = pool
         self._on_claimed = on_claimed
         kinds = sorted(handlers)

@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{DEFAULT_MAX_CLAIMS_PER_SEC:g})")
     _add_run_option(run, "--tenant-cap", type=tenant_cap, metavar="N",
                     help="start no job of a tenant that has N jobs running anywhere in the "
-                         "fleet (concurrent claims may overshoot: README \"Fairness\"; "
+                         "fleet (concurrent claims may overshoot it: see the Fairness guide; "
                          "default: no cap)")
     _add_run_option(run, "--burst", action="store_true", default=None,
                     help="exit 0 once no runnable job is ready and nothing is in flight")
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="attempts before the job is dead-lettered (default: the "
                           "handler's setting, else 20)")
     enq.add_argument("--tenant", metavar="NAME",
-                     help="the job's fairness group (README \"Fairness\"; default: none)")
+                     help="the job's fairness group (see the Fairness guide; default: none)")
     enq.add_argument("--concurrency-key", metavar="KEY",
                      help="run no two jobs of this key at once, fleet-wide (default: none)")
     enq.add_argument("--dsn", help=dsn_help)

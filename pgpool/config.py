@@ -56,8 +56,8 @@ class RunConfig:
     #: Claims per second for the whole fleet when ``pgpool budget set`` set none (None:
     #: pgpool.budget.DEFAULT_MAX_CLAIMS_PER_SEC); the hosts share it by demand.
     max_claims_per_sec: float | None = None
-    #: The most running jobs of one tenant across the fleet (None: no cap; README
-    #: "Fairness" says how far concurrent claims can overshoot it).
+    #: The most running jobs of one tenant across the fleet (None: no cap;
+    #: docs/guides/fairness.md says how far concurrent claims can overshoot it).
     tenant_cap: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS

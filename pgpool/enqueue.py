@@ -342,11 +342,12 @@ def enqueue(
 
     Higher ``priority`` runs first. ``run_at`` (timezone-aware) or ``delay`` (seconds or a
     timedelta) defers it. With ``unique_key``, nothing is inserted and None is returned while
-    a job of the same kind and key is still ready or running. ``max_attempts`` overrides
-    the handler's limit. ``tenant`` puts it in a fairness group (claims interleave tenants;
-    README "Fairness"); with ``concurrency_key``, no two jobs of one key run at once
-    anywhere in the fleet. Raises `PayloadError` or `ConfigError` before sending anything
-    when an argument is invalid.
+    a job of the same kind and key is in ``pgpool_jobs``: waiting (also for a retry),
+    running, or parked; one that succeeded or was dead-lettered has left it and freed the
+    key. ``max_attempts`` overrides the handler's limit. ``tenant`` puts it in a fairness
+    group (claims interleave tenants: docs/guides/fairness.md); with ``concurrency_key``,
+    no two jobs of one key run at once anywhere in the fleet. Raises `PayloadError` or
+    `ConfigError` before sending anything when an argument is invalid.
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key)

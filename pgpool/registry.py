@@ -11,6 +11,7 @@ packages' ``pgpool.handlers`` entry points.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import inspect
@@ -19,7 +20,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Final, TypeVar
@@ -167,6 +168,19 @@ def _ignore_result(kind: str, result: object) -> None:
 def registered() -> dict[str, Handler]:
     """A copy of this process's registry: kind -> Handler."""
     return dict(_registry)
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Handlers registered inside are forgotten on leaving, and the registry is as it was:
+    for code that declares handlers of its own in a process that goes on (the examples of
+    the documentation, run by the test suite)."""
+    kept = dict(_registry)
+    try:
+        yield
+    finally:
+        _registry.clear()
+        _registry.update(kept)
 
 
 def resolve_modules(cli_modules: Iterable[str] | None) -> list[str]:

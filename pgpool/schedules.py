@@ -13,6 +13,8 @@ fire again (fixed-time schedules fire once, as Debian's cron does).
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -145,6 +147,18 @@ def periodic(
 def declared() -> dict[str, Schedule]:
     """A copy of this process's declared schedules: name -> Schedule."""
     return dict(_schedules)
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Schedules declared inside are forgotten on leaving (`pgpool.registry.isolated`'s
+    twin)."""
+    kept = dict(_schedules)
+    try:
+        yield
+    finally:
+        _schedules.clear()
+        _schedules.update(kept)
 
 
 def skip_time_checks() -> None:

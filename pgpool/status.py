@@ -160,7 +160,7 @@ def _vacuum(row: tuple[Any, ...] | None) -> dict[str, Any] | None:
                    "(long transactions, cost limits); do not scale the host or add an index")
     elif not kept:
         warning = ("pgpool_jobs lost its autovacuum settings (autovacuum_vacuum_scale_factor "
-                   "= 0.02 and others, see the README's Tables section): a migration or an "
+                   "= 0.02 and others, see Tables and SQL in the docs): a migration or an "
                    "ALTER TABLE reset them; set them again")
     return {"dead_tuples": dead, "live_tuples": live,
             "last_autovacuum_ago": _round(ago), "settings_kept": kept, "warning": warning}

@@ -1,7 +1,7 @@
 """An ack or a reap that runs past ``statement_timeout`` is written in parts, never retried
 whole forever (`pgpool.isolate`).
 
-The trigger the README warns about: an application table with a foreign key to
+The trigger the docs warn about: an application table with a foreign key to
 ``pgpool_jobs(id)`` on an unindexed column, so that each job's delete scans that table. A
 batch of deletes then takes many times as long as one, and past the statement timeout.
 Here the table is real (unindexed, ``ON DELETE SET NULL``, every job referenced by one of

@@ -446,7 +446,7 @@ def test_a_crashed_hosts_share_goes_to_the_others_two_beats_after_its_last(db, d
     # Both times are the database's. The survivor leaves the dead host its share while
     # that host could still be applying it (a share lapses 1.5 beats after its beat; the
     # others count a row for COUNTED_BEATS, 2), and takes it at its first beat after that:
-    # within the three beat intervals the README promises, plus 1 s for a beat delayed on
+    # within the three beat intervals the docs promise, plus 1 s for a beat delayed on
     # a loaded machine. (Under the old rule the dead host counted for three leases: nine
     # beats.)
     assert COUNTED_BEATS * beat <= took - last <= 3 * beat + 1.0, took - last

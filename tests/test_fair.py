@@ -1,4 +1,4 @@
-"""Fairness (README "Fairness"): tenants interleaved round-robin in every claim and capped
+"""Fairness (docs/guides/fairness.md): tenants interleaved round-robin in every claim and capped
 across the fleet, and concurrency keys: at most one running job per key, backed by a
 unique index.
 

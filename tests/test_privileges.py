@@ -15,7 +15,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
 
-README = Path(__file__).parent.parent / "README.md"
+#: The page that quotes `pgpool grants` output.
+SECURITY_PAGE = Path(__file__).parent.parent / "docs" / "guides" / "security.md"
 
 #: What neither role may do: change the schema, or write the fleet's budget.
 FORBIDDEN_TO_BOTH = (
@@ -65,12 +66,13 @@ def refused(conn: psycopg.Connection, statements: tuple[str, ...]) -> list[str]:
     return out
 
 
-def test_the_readme_quotes_the_grants_pgpool_prints(dsn):
+def test_the_security_page_quotes_the_grants_pgpool_prints(dsn):
     done = run_pgpool(dsn, "grants", "--app", "pgpool_app", "--worker", "pgpool_worker",
                       "--schema", "app")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith('REVOKE ALL ON "app"."pgpool_jobs"'), done.stdout
-    assert done.stdout in README.read_text()
+    # Whole, as one block of output on the page.
+    assert f"```text\n{done.stdout}```\n" in SECURITY_PAGE.read_text()
 
 
 @pytest.mark.own_schema

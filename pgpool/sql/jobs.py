@@ -116,7 +116,7 @@ GENERIC_PLANS: Final = "SET plan_cache_mode = force_generic_plan"
 #: concurrency key) that `CLAIM`'s walk goes past in each (queue, kind) pair, beyond the
 #: ``limit`` that can give a job: a bound on what one claim reads. Each costs about three
 #: index descents (finding it, probing its key, the scan of its jobs that finds nothing),
-#: more with a backlog of jobs waiting on its key (README "Fairness", "What it costs").
+#: more with a backlog of jobs waiting on its key (docs/concepts/claim.md).
 TENANT_SKIPS: Final = 100
 
 #: The ready jobs of the given queues and kinds that need the fair claim: those with a
@@ -191,7 +191,7 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.
 #: sort every due row first: 350 ms instead of 1.4 ms per claim with a million jobs due.)
 #: Rows a scan locked but the batch did not take stay ready when the statement ends.
 #:
-#: Fairness (README "Fairness"; the parts marked "fair:" below):
+#: Fairness (docs/guides/fairness.md, docs/concepts/claim.md; the parts marked "fair:" below):
 #: - ``walk``: a loose index scan (one index descent per tenant) lists the tenants with
 #:   ready jobs in each pair, starting after the claimer's cursor ``after`` and wrapping
 #:   round, until ``limit`` of them can give a job: its cost grows with the number of

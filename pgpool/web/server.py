@@ -135,7 +135,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                                    "is up and reachable, then try again"}, 503)
     except web.HTTPException as exc:  # the router's: no such path, or not that method
         response = _json({"error": f"{exc.reason}: {request.method} {request.path} (the "
-                                   "API is under /api/, see the README)"}, exc.status)
+                                   "API is under /api/: see the dashboard guide in the docs)"},
+                         exc.status)
     except Exception as exc:  # a bug: logged with its traceback, answered in one line
         log.exception("internal error answering %s %s", request.method, request.path)
         response = _json({"error": f"internal error: {type(exc).__name__} (the server's "

@@ -1,5 +1,5 @@
 // The pgpool dashboard: plain JavaScript, no build step, no dependency. It reads the
-// server's snapshot stream (/api/events) and its JSON API (see README "Web dashboard").
+// server's snapshot stream (/api/events) and its JSON API (see docs/guides/dashboard.md).
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
