@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,web]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,web,pydantic]'
 	touch $(STAMP)
 
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL, in
@@ -41,7 +41,7 @@ web-test: $(WEB_STAMP)
 ## from --strict, and a broken link would pass.)
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,web,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,web,pydantic,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
@@ -55,8 +55,11 @@ docs-serve: $(DOCS_STAMP)
 demo: $(STAMP)
 	PGPOOL_HOME="$(CURDIR)/.pgpool" $(BIN)/python bench/demo.py
 
+## make lint: ruff, and mypy strict on the public API (pyproject.toml's [tool.mypy] says
+## which modules)
 lint: $(STAMP)
 	$(BIN)/ruff check pgpool tests bench handlers
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pgpool build

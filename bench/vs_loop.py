@@ -343,7 +343,7 @@ def _per_job(cpu_seconds: float | None, n: int) -> float | None:
 
 def _time_job(job: dict[str, Any]) -> float:
     """Median seconds of `JOB_TIMINGS` calls of the bench handler on ``job``, here."""
-    run_job = registry.registered()[KIND].fn
+    run_job = registry.registered()[KIND].run
     times = []
     for _ in range(JOB_TIMINGS):
         started = time.perf_counter()
@@ -419,7 +419,7 @@ def loop_process(batch: int, cycle: str) -> int:
     it writes a line once connected and starts at the first line it reads; once a pick
     comes back empty it writes how many jobs it ran, then keeps its connection (whose
     server process's CPU the bench reads at the end) until its stdin closes."""
-    run_job = registry.registered()[KIND].fn  # what a worker calls
+    run_job = registry.registered()[KIND].run  # what a worker calls
     params = bare_claim("bench-loop", batch)
     with dsnlib.connect(os.environ["PGPOOL_DSN"], autocommit=True) as conn:
         # Payloads as the raw JSON bytes, as pgpool's claimer has them: decoded by orjson

@@ -2,7 +2,8 @@
 
 The public API::
 
-    @pgpool.handler(kind, *, timeout=None, max_attempts=None)   register fn(payload) -> None
+    @pgpool.handler(kind, *, timeout=None, ...)                 register fn(payload) -> None
+    thumbnail.enqueue(conn, payload, ...) -> int | None         the Handler: its kind's jobs
     pgpool.periodic(name, cron, *, kind, payload=None, ...)     a schedule: jobs at its ticks
     pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
     pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
@@ -25,7 +26,7 @@ from .errors import (
     PgpoolError,
     SchemaError,
 )
-from .registry import handler
+from .registry import Handler, handler
 from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
 from .worker import JobInfo, current_job
@@ -36,6 +37,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ConfigError",
     "ConnectError",
+    "Handler",
     "HandlerError",
     "JobInfo",
     "PayloadError",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, registry, schema
+from . import logs, names, registry, schema
 from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
@@ -91,11 +91,11 @@ def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | Literal["auto
 
 
 def _queue_list(text: str) -> list[str]:
-    return [registry.name_arg("queue")(name.strip()) for name in text.split(",")]
+    return [names.name_arg("queue")(name.strip()) for name in text.split(",")]
 
 
 def _kind_list(text: str) -> list[str]:
-    return [registry.name_arg("kind")(name.strip()) for name in text.split(",")]
+    return [names.name_arg("kind")(name.strip()) for name in text.split(",")]
 
 
 def _boolean(text: str) -> bool:
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dsn", help=dsn_help)
     run.add_argument("--handlers", action="append", metavar="MODULE",
                      help="handler module to import (repeatable; default $PGPOOL_HANDLERS)")
-    _add_run_option(run, "--queue", action="append", type=registry.name_arg("queue"),
+    _add_run_option(run, "--queue", action="append", type=names.name_arg("queue"),
                     metavar="NAME", help="queue to serve (repeatable; default: default)")
     _add_run_option(run, "--kinds", type=_kind_list, metavar="KIND,...",
                     help="serve only these of the kinds the handler modules register "
@@ -234,11 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
-    enq.add_argument("kind", type=registry.name_arg("kind"),
+    enq.add_argument("kind", type=names.name_arg("kind"),
                      help="the job's kind (its handler's name)")
     enq.add_argument("payload", metavar="JSON",
                      help="the payload, a JSON object; - reads it from stdin, @FILE from FILE")
-    enq.add_argument("--queue", type=registry.name_arg("queue"), default="default",
+    enq.add_argument("--queue", type=names.name_arg("queue"), default="default",
                      help="queue to put the job in (default: default)")
     enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     enq.add_argument("--delay", type=seconds, help="run no sooner than this many seconds")

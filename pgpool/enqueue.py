@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from .errors import ConfigError, PayloadError, SchemaError
-from .registry import check_name
+from .names import check_name
 from .sql import jobs as sql
 
 # psycopg is imported where it is used, not here: worker processes import pgpool (for

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, PgpoolError
-from .registry import check_name
+from .names import check_name
 from .sql import ops as sql
 from .sql.common import int_array
 from .sql.jobs import OPEN_TRANSACTION

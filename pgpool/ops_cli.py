@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from . import ops, registry, schema
+from . import names, ops, schema
 from .config import parse_duration
 from .errors import ConfigError
 
@@ -80,8 +80,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
     jobs_sub = jobs.add_subparsers(dest="jobs_command", parser_class=type(jobs),
                                    help="without one: list jobs")
     jobs.add_argument("--dsn", help=dsn_help)
-    jobs.add_argument("--queue", type=registry.name_arg("queue"), help="only this queue")
-    jobs.add_argument("--kind", type=registry.name_arg("kind"), help="only this kind")
+    jobs.add_argument("--queue", type=names.name_arg("queue"), help="only this queue")
+    jobs.add_argument("--kind", type=names.name_arg("kind"), help="only this kind")
     jobs.add_argument("--state", choices=ops.JOB_STATES,
                       help="only jobs that are ready (due), scheduled (due later) or running")
     jobs.add_argument("--older-than", type=duration, metavar="DURATION",
@@ -144,20 +144,20 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
     dry_run(retry)
     pause = command("pause", "stop claiming from a queue on every host (running jobs "
                     "finish) until `pgpool resume`", cmd_pause)
-    pause.add_argument("queue", type=registry.name_arg("queue"), help="the queue")
+    pause.add_argument("queue", type=names.name_arg("queue"), help="the queue")
     pause.add_argument("--force", action="store_true",
                        help="pause a queue no job, dead job or host names yet")
     dry_run(pause)
     resume = command("resume", "claim from a paused queue again", cmd_resume)
-    resume.add_argument("queue", type=registry.name_arg("queue"), help="the queue")
+    resume.add_argument("queue", type=names.name_arg("queue"), help="the queue")
     dry_run(resume)
 
 
 def _dead_filters(p: argparse.ArgumentParser, *, older_than_required: bool = False) -> None:
     p.add_argument("--id", type=_job_id, action="append", dest="ids", metavar="ID",
                    help="only this dead job (repeatable)")
-    p.add_argument("--queue", type=registry.name_arg("queue"), help="only this queue")
-    p.add_argument("--kind", type=registry.name_arg("kind"), help="only this kind")
+    p.add_argument("--queue", type=names.name_arg("queue"), help="only this queue")
+    p.add_argument("--kind", type=names.name_arg("kind"), help="only this kind")
     p.add_argument("--error", metavar="TEXT", help="only jobs whose last error contains TEXT")
     p.add_argument("--signature", metavar="SIG",
                    help="only jobs with this error signature (as `dead list --group` shows)")

@@ -20,7 +20,7 @@ types of `pgpool.ipc`::
      │                                                                │   handler modules   │
      │                                                                │   imported once;    │
      │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
-     │                  Done | Failed | Skipped; Returned | Retiring  │   handler.fn()      │
+     │                  Done | Failed | Skipped; Returned | Retiring  │   handler.run()     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
      │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)

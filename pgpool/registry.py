@@ -1,16 +1,16 @@
-"""Handler registration and handler-module loading.
+"""Handlers: the `Handler` object, registration, and handler-module loading.
 
-A handler module is a plain module whose functions carry ``@pgpool.handler(kind)``.
-Importing it registers those functions in this process's registry. Both the dispatcher
-(to know which kinds it may claim, and their timeouts and attempt limits) and every worker
-(to run them) import the same modules. A job's kind never causes an import: only the
-configured modules are loaded, from ``--handlers``, ``PGPOOL_HANDLERS`` or installed
-packages' ``pgpool.handlers`` entry points.
+A handler module is a plain module whose functions carry ``@pgpool.handler(kind)``, which
+replaces each with a `Handler`: still callable as the function, and with the kind's
+enqueue methods and defaults. Importing the module registers those handlers in this
+process's registry. Both the dispatcher (to know which kinds it may claim, and their
+timeouts and attempt limits) and every worker (to run them) import the same modules. A
+job's kind never causes an import: only the configured modules are loaded, from
+``--handlers``, ``PGPOOL_HANDLERS`` or installed packages' ``pgpool.handlers`` entry points.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import importlib
@@ -21,73 +21,226 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from datetime import datetime, timedelta
 from importlib.metadata import entry_points
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
-from .errors import ConfigError, HandlerError
+from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from .errors import ConfigError, HandlerError, PayloadError
+from .names import check_name
+
+if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
+    import psycopg
+
+    from .payloads import Codec
 
 ENTRY_POINT_GROUP: Final = "pgpool.handlers"
 
 log = logging.getLogger("pgpool.registry")
 
-#: Kinds and queue names: short, printable, no whitespace; safe in logs and process titles.
-NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
+#: The payload type of a handler: what its function takes (``dict[str, Any]`` for a plain
+#: handler, a TypedDict, a dataclass or a pydantic model for a typed one).
+P = TypeVar("P")
 
-F = TypeVar("F", bound=Callable[[dict[str, Any]], None])
+#: A handler's default key: a string, or a function of the payload computing one per job.
+Key: TypeAlias = str | Callable[[Any], str | None] | None
 
 
-@dataclass(frozen=True)
-class Handler:
-    """A registered handler. ``fn`` is what a worker calls: the decorated function, wrapped
-    (by `handler`) so that a value it returns is dropped with a warning."""
+class EnqueueOptions(TypedDict, total=False):
+    """The options of `Handler.enqueue`: those of `pgpool.enqueue`."""
 
-    kind: str
-    fn: Callable[[dict[str, Any]], Any]  # None, or a coroutine for the worker to run
-    timeout: float | None
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay: float | timedelta | None
+    unique_key: str | None
     max_attempts: int | None
+    tenant: str | None
+    concurrency_key: str | None
+
+
+class ManyOptions(TypedDict, total=False):
+    """The options of `Handler.enqueue_many`: those of `pgpool.enqueue_many`."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int | None
+    tenant: str | None
+    concurrency_key: str | None
+
+
+class Handler(Generic[P]):
+    """A registered handler: what ``@pgpool.handler(kind)`` turns a function into.
+
+    Calling it calls the function as written (``thumbnail(payload)``). ``enqueue``,
+    ``enqueue_many`` and their async twins put jobs of its kind in the table with its
+    defaults (``queue``, ``priority``, ``tenant``, ``unique_key``, ``concurrency_key``),
+    each overridable per call; for a typed handler they check and encode the payload first.
+    ``timeout`` and ``max_attempts`` are the kind's limits, which hosts apply (see
+    `handler`). Generic in the payload type ``P``, so a type checker sees a wrong payload.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        fn: Callable[[P], Any],
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        tenant: str | None = None,
+        unique_key: Key = None,
+        concurrency_key: Key = None,
+        codec: Codec | None = None,
+    ) -> None:
+        self.kind = kind
+        #: The function as written.
+        self.fn = fn
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.queue = queue
+        self.priority = priority
+        self.tenant = tenant
+        self.unique_key = unique_key
+        self.concurrency_key = concurrency_key
+        #: The payload's declared type (a TypedDict, dataclass or pydantic model); None for
+        #: a plain handler, whose payload is the JSON object as stored.
+        self.payload_type: type | None = None if codec is None else codec.type
+        self._codec = codec
+        #: What a worker calls with a job's payload as decoded from JSON: the function,
+        #: with the payload decoded into its type first (typed handlers), and a returned
+        #: value dropped with a warning. An ``async def``'s coroutine comes back to be run.
+        self.run: Callable[[Any], Any] = _returning_none(
+            kind, fn if codec is None else _decoding(fn, codec))
+        # The defaults enqueue applies (max_attempts is not one: hosts apply the kind's
+        # limit at claim, as for jobs enqueued by kind).
+        self._defaults: dict[str, Any] = {
+            name: value for name, value in (
+                ("queue", queue), ("priority", priority), ("tenant", tenant),
+                ("unique_key", unique_key), ("concurrency_key", concurrency_key))
+            if value is not None}
+        functools.update_wrapper(self, fn)  # its name, module, docstring, __wrapped__
 
     @property
     def qualname(self) -> str:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
+    def __call__(self, payload: P) -> Any:
+        """Call the function as written, with ``payload`` as given."""
+        return self.fn(payload)
 
-_registry: dict[str, Handler] = {}
+    def __repr__(self) -> str:
+        return f"<pgpool.Handler {self.kind!r}: {self.qualname}>"
+
+    def enqueue(self, conn: psycopg.Connection[Any], payload: P,
+                **options: Unpack[EnqueueOptions]) -> int | None:
+        """`pgpool.enqueue` of a job of this kind: its id, or None for a duplicate
+        ``unique_key``. The handler's defaults apply unless an option is given; a typed
+        payload is checked and encoded first (`PayloadError` naming the field, nothing
+        sent)."""
+        data, chosen = self._one(payload, dict(options))
+        return enqueue(conn, self.kind, data, **chosen)
+
+    async def enqueue_async(self, conn: psycopg.AsyncConnection[Any], payload: P,
+                            **options: Unpack[EnqueueOptions]) -> int | None:
+        """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
+        data, chosen = self._one(payload, dict(options))
+        return await enqueue_async(conn, self.kind, data, **chosen)
+
+    def enqueue_many(self, conn: psycopg.Connection[Any], payloads: Iterable[P],
+                     **options: Unpack[ManyOptions]) -> int:
+        """`pgpool.enqueue_many` of jobs of this kind, through COPY, all or none: how many
+        were inserted. A typed payload that does not fit fails the call (`PayloadError`
+        naming its position and field) and none is inserted.
+
+        Raises `ConfigError` for a handler with a ``unique_key`` (COPY does not
+        deduplicate), and for one whose ``concurrency_key`` is a function unless the call
+        gives the one key all its jobs get."""
+        data, chosen = self._many(payloads, dict(options))
+        return enqueue_many(conn, self.kind, data, **chosen)
+
+    async def enqueue_many_async(self, conn: psycopg.AsyncConnection[Any],
+                                 payloads: Iterable[P],
+                                 **options: Unpack[ManyOptions]) -> int:
+        """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
+        data, chosen = self._many(payloads, dict(options))
+        return await enqueue_many_async(conn, self.kind, data, **chosen)
+
+    def _one(self, payload: P, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """(the payload to store, the options): the defaults under the given options, and
+        the keys computed from the payload where a default is a function."""
+        data: Any = payload
+        typed: Any = payload
+        if self._codec is not None:
+            data, typed = self._codec.encode(payload)
+        chosen = self._defaults | options
+        for name in ("unique_key", "concurrency_key"):
+            if callable(chosen.get(name)):
+                chosen[name] = chosen[name](typed)
+        return data, chosen
+
+    def _many(self, payloads: Iterable[P],
+              options: dict[str, Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+        if self.unique_key is not None:
+            raise ConfigError(
+                f"handler {self.kind!r} has a unique_key, which enqueue_many cannot apply "
+                "(COPY does not deduplicate): enqueue its jobs one by one with .enqueue"
+            )
+        chosen = {k: v for k, v in self._defaults.items() if k != "unique_key"} | options
+        if callable(chosen.get("concurrency_key")):
+            raise ConfigError(
+                f"handler {self.kind!r} computes its concurrency_key per payload, and "
+                "enqueue_many gives all its jobs one: pass concurrency_key= to this call, or "
+                "enqueue the jobs one by one with .enqueue"
+            )
+        codec = self._codec
+        return (payloads if codec is None else _encoded(codec, payloads)), chosen
+
+
+def _encoded(codec: Codec, payloads: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """The payloads checked and encoded one by one, as COPY consumes them."""
+    for i, payload in enumerate(payloads):
+        try:
+            yield codec.encode(payload)[0]
+        except PayloadError as exc:
+            raise PayloadError(f"payload #{i} (0-based): {exc}") from None
+
+
+_registry: dict[str, Handler[Any]] = {}
 #: Kinds whose handler returned a value in this process: the warning is given once per kind.
 _returned_values: set[str] = set()
 
 
-def check_name(what: str, value: object) -> str:
-    """Validate a kind or queue name; raise `ConfigError` naming the rule otherwise."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise ConfigError(
-            f"invalid {what} {value!r}: use 1-128 characters from letters, digits and _ . : / -"
-            ", starting with a letter, digit or _"
-        )
-    return value
-
-
-def name_arg(what: str) -> Callable[[str], str]:
-    """`check_name` as an argparse ``type``: a bad name is the parser's one-line error."""
-    def parse(text: str) -> str:
-        try:
-            return check_name(what, text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
 def handler(
-    kind: str, *, timeout: float | None = None, max_attempts: int | None = None
-) -> Callable[[F], F]:
-    """Register ``fn(payload: dict) -> None`` as the handler for jobs of ``kind``.
+    kind: str,
+    *,
+    timeout: float | None = None,
+    max_attempts: int | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    tenant: str | None = None,
+    unique_key: Key = None,
+    concurrency_key: Key = None,
+) -> Callable[[Callable[[P], Any]], Handler[P]]:
+    """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
     ``timeout`` (seconds) is a hard limit per attempt: past it the worker running the job is
     killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
     of this kind gets when its producer did not say; after the last failure it moves to
     ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
+
+    ``queue``, ``priority``, ``tenant``, ``unique_key`` and ``concurrency_key`` are what the
+    handler's ``enqueue`` methods use when a call does not say; ``unique_key`` and
+    ``concurrency_key`` may be functions of the payload, called per job.
+
+    When ``fn``'s payload parameter is annotated with a TypedDict, a dataclass or a
+    pydantic v2 model, the payload is typed: the enqueue methods check and encode it, and
+    workers decode the stored JSON into that type before calling ``fn`` (see
+    docs/guides/handlers.md for the supported field types; another raises `HandlerError`
+    here, naming it). Any other annotation, or none, leaves the payload a plain dict.
 
     A value the handler returns is ignored (the attempt still succeeds), and a warning
     naming the kind and the value's type, never the value, is logged once per kind and
@@ -102,11 +255,20 @@ def handler(
         raise HandlerError(f"handler {kind!r}: timeout must be a positive number of seconds")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
+    _check_defaults(kind, queue, priority, tenant, unique_key, concurrency_key)
 
-    def register(fn: F) -> F:
+    def register(fn: Callable[[P], Any]) -> Handler[P]:
+        if isinstance(fn, Handler):  # stacked: one function for two kinds
+            fn = fn.fn
         _check_function(kind, fn)
-        new = Handler(kind, _returning_none(kind, fn), float(timeout) if timeout else None,
-                      max_attempts)
+        codec = None
+        if _maybe_typed(fn):
+            from .payloads import codec_for  # only typed handlers' processes import it
+
+            codec = codec_for(kind, fn)
+        new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts,
+                      queue=queue, priority=priority, tenant=tenant, unique_key=unique_key,
+                      concurrency_key=concurrency_key, codec=codec)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(
@@ -114,9 +276,28 @@ def handler(
                 "give one of them another kind"
             )
         _registry[kind] = new
-        return fn
+        return new
 
     return register
+
+
+def _check_defaults(kind: str, queue: object, priority: object, tenant: object,
+                    unique_key: object, concurrency_key: object) -> None:
+    """Refuse enqueue defaults of the wrong type at registration, not at the first enqueue
+    (their values are checked there, as any enqueue's)."""
+    if queue is not None:
+        try:
+            check_name("queue", queue)
+        except ConfigError as exc:
+            raise HandlerError(f"handler {kind!r}: {exc}") from None
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise HandlerError(f"handler {kind!r}: priority must be an integer")
+    if tenant is not None and not isinstance(tenant, str):
+        raise HandlerError(f"handler {kind!r}: tenant must be a string")
+    for name, value in (("unique_key", unique_key), ("concurrency_key", concurrency_key)):
+        if value is not None and not isinstance(value, str) and not callable(value):
+            raise HandlerError(f"handler {kind!r}: {name} must be a string or a function "
+                               "of the payload that returns one")
 
 
 def _check_function(kind: str, fn: object) -> None:
@@ -137,11 +318,34 @@ def _check_function(kind: str, fn: object) -> None:
                            f"name: {fix}")
 
 
-def _returning_none(kind: str, fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+def _maybe_typed(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s payload parameter has an annotation that may be a payload type (a
+    TypedDict, dataclass or pydantic model); False, at a glance, for none, a dict or Any."""
+    code = fn.__code__
+    raw = fn.__annotations__.get(code.co_varnames[0]) if code.co_argcount else None
+    if raw is None:
+        return False
+    if isinstance(raw, str):  # from __future__ import annotations
+        head = raw.replace("typing.", "").split("[", 1)[0].strip()
+        return head not in ("dict", "Dict", "Mapping", "Any", "object")
+    return raw not in (dict, Any, object) and getattr(raw, "__origin__", None) is not dict
+
+
+def _decoding(fn: Callable[[Any], Any], codec: Codec) -> Callable[[Any], Any]:
+    """``fn`` taking the stored JSON, decoded into its payload type (`PayloadError` naming
+    the field when it does not fit)."""
+
+    def call(payload: Any) -> Any:
+        return fn(codec.decode(payload))
+
+    return call
+
+
+def _returning_none(kind: str, fn: Callable[..., Any]) -> Callable[[Any], Any]:
     """``fn``, with a returned value (also an ``async def``'s) dropped with a warning."""
 
     @functools.wraps(fn)
-    def call(payload: dict[str, Any]) -> Any:
+    def call(payload: Any) -> Any:
         result = fn(payload)
         if inspect.iscoroutine(result):  # the worker runs it to completion
             return _awaited(kind, result)
@@ -165,7 +369,7 @@ def _ignore_result(kind: str, result: object) -> None:
                 type(result).__name__)
 
 
-def registered() -> dict[str, Handler]:
+def registered() -> dict[str, Handler[Any]]:
     """A copy of this process's registry: kind -> Handler."""
     return dict(_registry)
 
@@ -198,7 +402,7 @@ def resolve_modules(cli_modules: Iterable[str] | None) -> list[str]:
     return modules
 
 
-def load(modules: Iterable[str]) -> dict[str, Handler]:
+def load(modules: Iterable[str]) -> dict[str, Handler[Any]]:
     """Import the handler modules and entry points; return the registry.
 
     The current directory is importable first, as with ``python -m``. Raises `HandlerError`
@@ -220,8 +424,9 @@ def load(modules: Iterable[str]) -> dict[str, Handler]:
             f"{ENTRY_POINT_GROUP!r} entry point"
         )
     for h in _registry.values():
-        module = sys.modules.get(h.fn.__module__)
-        if getattr(module, h.fn.__qualname__, None) is None:
+        found = getattr(sys.modules.get(h.fn.__module__), h.fn.__qualname__, None)
+        # The Handler, or its function (registered by a call rather than as a decorator).
+        if (found.fn if isinstance(found, Handler) else found) is not h.fn:
             raise HandlerError(
                 f"handler {h.kind!r} ({h.qualname}) cannot be imported by its module and name "
                 "once the module is loaded: keep the decorated function under its own name"
@@ -229,7 +434,8 @@ def load(modules: Iterable[str]) -> dict[str, Handler]:
     return registered()
 
 
-def select(handlers: dict[str, Handler], kinds: Iterable[str] | None) -> dict[str, Handler]:
+def select(handlers: dict[str, Handler[Any]],
+           kinds: Iterable[str] | None) -> dict[str, Handler[Any]]:
     """The handlers of ``kinds`` only (``pgpool run --kinds``: a pool serving some of the
     kinds its modules register); all of them when ``kinds`` is None. Raises `ConfigError`
     naming the registered kinds when one of ``kinds`` is not among them."""

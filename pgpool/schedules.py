@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .enqueue import encode_payload
 from .errors import HandlerError, PgpoolError
-from .registry import check_name
+from .names import check_name
 
 # zoneinfo and croniter are imported where used: handler modules import this module in every
 # worker process, which never computes a tick.
@@ -230,7 +230,7 @@ def _repeated(tick: datetime, zone: ZoneInfo) -> bool:
     return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
 
 
-def _ticks(cron: str, zone: ZoneInfo, start: datetime, forward: bool) -> Any:
+def _ticks(cron: str, zone: ZoneInfo, start: datetime, forward: bool) -> Iterator[datetime]:
     """croniter's ticks from ``start`` (UTC), in UTC, without the fall-back repeats that a
     fixed-hour schedule skips."""
     from croniter import croniter

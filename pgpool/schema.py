@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .errors import SchemaError
 from .logs import event
@@ -491,7 +491,7 @@ def migrate(conn: psycopg.Connection, *, lock_timeout: float = LOCK_TIMEOUT,
 def _migrate_once(conn: psycopg.Connection, lock_timeout: float) -> list[int]:
     schema = locate(conn).schema
     if schema is None:
-        schema = conn.execute(sql.CURRENT_SCHEMA).fetchone()[0]
+        schema = _row(conn.execute(sql.CURRENT_SCHEMA).fetchone())[0]
         if schema is None:
             raise SchemaError(
                 "the connection's search_path names no existing schema to create pgpool's "
@@ -503,13 +503,13 @@ def _migrate_once(conn: psycopg.Connection, lock_timeout: float) -> list[int]:
 
     applied: list[int] = []
     with conn.transaction():
-        saved = conn.execute(sql.MIGRATE_SAVED).fetchone()
+        saved = _row(conn.execute(sql.MIGRATE_SAVED).fetchone())
         conn.execute(sql.MIGRATE_SEARCH_PATH,
                      {"search_path": Identifier(schema).as_string(conn)})
         conn.execute(sql.MIGRATE_LOCK)
         conn.execute(sql.MIGRATE_LOCK_TIMEOUT, {"lock_timeout": f"{lock_timeout * 1000:.0f}ms"})
         conn.execute(BOOKKEEPING)
-        current = conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
+        current = _row(conn.execute(sql.SCHEMA_VERSION).fetchone())[0]
         if current > SCHEMA_VERSION:
             raise SchemaError(_too_new(current))
         for m in MIGRATIONS:
@@ -523,7 +523,7 @@ def _migrate_once(conn: psycopg.Connection, lock_timeout: float) -> list[int]:
 
 
 def _locked_out(conn: psycopg.Connection, lock_timeout: float, tries: int) -> SchemaError:
-    schema = locate(conn).schema or conn.execute(sql.CURRENT_SCHEMA).fetchone()[0]
+    schema = locate(conn).schema or _row(conn.execute(sql.CURRENT_SCHEMA).fetchone())[0]
     holders = [pid for (pid,) in conn.execute(sql.LOCK_HOLDERS, {"schema": schema})]
     who = (f"sessions with pid {', '.join(map(str, holders))} hold locks on them now"
            if holders else "the sessions holding them have let go since")
@@ -560,12 +560,19 @@ async def check_async(conn: psycopg.AsyncConnection) -> None:
     found = await locate_async(conn)
     version = None
     if found.schema is not None:
-        version = (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
+        version = _row(await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
     check_version(version, found.elsewhere)
 
 
 def _version(conn: psycopg.Connection) -> int:
-    return conn.execute(sql.SCHEMA_VERSION).fetchone()[0]
+    version: int = _row(conn.execute(sql.SCHEMA_VERSION).fetchone())[0]
+    return version
+
+
+def _row(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """The row of a statement that always returns one."""
+    assert row is not None
+    return row
 
 
 def check_version(found: int | None, elsewhere: tuple[str, ...] = ()) -> None:

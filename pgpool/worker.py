@@ -30,6 +30,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import orjson
 from setproctitle import setproctitle
@@ -269,7 +270,7 @@ class _Inbox:
                                  if (item.id, item.attempt) in lost)
 
 
-def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,
+def _run(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
          streams: tuple[output.JobStream, ...]) -> ipc.Done | ipc.Failed:
     global _current
     started = time.perf_counter()
@@ -281,7 +282,7 @@ def _run(handlers: dict[str, registry.Handler], job: ipc.WorkItem,
         handler = handlers.get(job.kind)
         if handler is None:
             raise LookupError(f"no handler for kind {job.kind!r} in this worker")
-        result = handler.fn(orjson.loads(job.payload))
+        result = handler.run(orjson.loads(job.payload))
         if inspect.iscoroutine(result):  # an ``async def`` handler
             import asyncio  # only async handlers need it: keeps worker start-up light
 

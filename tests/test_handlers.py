@@ -90,15 +90,19 @@ def test_a_returned_value_is_ignored_with_one_warning_per_kind(
     handlers = registry.registered()
     with caplog.at_level(logging.WARNING, logger="pgpool"):
         for _ in range(3):
-            assert handlers["test-returns"].fn({"secret": MARKER}) is None
-            assert asyncio.run(handlers["test-returns-async"].fn({"secret": MARKER})) is None
+            assert handlers["test-returns"].run({"secret": MARKER}) is None
+            assert asyncio.run(handlers["test-returns-async"].run({"secret": MARKER})) is None
     assert [r.getMessage()[:48] for r in caplog.records] == [
         "handler 'test-returns' returned a dict, which pg",
         "handler 'test-returns-async' returned a list, wh",
     ]
     assert MARKER not in caplog.text
-    # Registration hands back the function itself: callers and tests see it unchanged.
-    assert pgpool.handler("test-returns")(returns_a_value) is returns_a_value
+    # Registration hands back a Handler, which calls the function as written: callers and
+    # tests see its value.
+    returning = pgpool.handler("test-returns")(returns_a_value)
+    assert isinstance(returning, pgpool.Handler) and returning.fn is returns_a_value
+    assert returning({"n": 1}) == {"echo": {"n": 1}}
+    assert returning.__name__ == "returns_a_value" and returning.__wrapped__ is returns_a_value
     assert handlers["test-returns"].qualname == "test_handlers.returns_a_value"
 
 
@@ -133,6 +137,9 @@ MISTAKEN_MODULES = {
     "renamed": ("@pgpool.handler('renamed')\ndef first(payload):\n    pass\n\n"
                 "second = first\ndel first\n",
                 ["mistaken_renamed.first", "keep the decorated function under its own name"]),
+    "rebound": ("@pgpool.handler('rebound')\ndef first(payload):\n    pass\n\n"
+                "def first(payload):\n    pass\n",
+                ["mistaken_rebound.first", "keep the decorated function under its own name"]),
 }
 
 

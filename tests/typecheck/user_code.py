@@ -1,0 +1,72 @@
+"""A user's typed code, checked by ``mypy --strict`` in ``make lint`` (pyproject.toml's
+[tool.mypy]): what pgpool's public API lets a type checker see. Never run.
+
+The lines marked ``# type: ignore[...]`` are mistakes mypy must report: with
+``warn_unused_ignores`` (part of strict), an ignore that silences nothing fails the check,
+so each of them proves that the mistake is caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import psycopg
+
+import pgpool
+
+
+@dataclass
+class Thumb:
+    image_id: int
+    size: int
+
+
+class Report(TypedDict):
+    report_id: int
+
+
+@pgpool.handler("thumbnail", timeout=120, max_attempts=5, queue="images",
+                concurrency_key=lambda p: f"image-{p.image_id}")
+def thumbnail(payload: Thumb) -> None:
+    print(payload.image_id * payload.size)
+
+
+@pgpool.handler("report", unique_key=lambda p: f"report-{p['report_id']}")
+async def report(payload: Report) -> None:
+    await asyncio.sleep(payload["report_id"])
+
+
+@pgpool.handler("plain")
+def plain(payload: dict[str, Any]) -> None:
+    print(payload["anything"])
+
+
+def produce(conn: psycopg.Connection[Any]) -> None:
+    job: int | None = thumbnail.enqueue(conn, Thumb(image_id=1, size=256), priority=3)
+    count: int = thumbnail.enqueue_many(conn, [Thumb(2, 64), Thumb(3, 64)],
+                                        concurrency_key=None)
+    report.enqueue(conn, {"report_id": 7}, unique_key=None, delay=30)
+    plain.enqueue(conn, {"anything": [1, 2]}, queue="other", tenant="acme")
+    thumbnail(Thumb(4, 32))  # the function itself
+    handler: pgpool.Handler[Thumb] = thumbnail
+    print(job, count, handler.kind, handler.timeout, pgpool.enqueue(conn, "plain", {}))
+
+    # Mistakes a type checker catches:
+    thumbnail.enqueue(conn, Report(report_id=1))  # type: ignore[arg-type]
+    thumbnail.enqueue(conn, {"image_id": 1, "size": 2})  # type: ignore[arg-type]
+    report.enqueue(conn, {"report_id": "7"})  # type: ignore[typeddict-item]
+    thumbnail.enqueue(conn, Thumb(1, 2), priority="high")  # type: ignore[arg-type]
+    thumbnail.enqueue(conn, Thumb(1, 2), qeue="images")  # type: ignore[call-arg]
+    thumbnail.enqueue_many(conn, [Thumb(1, 2)], delay=5)  # type: ignore[call-arg]
+    thumbnail(Report(report_id=1))  # type: ignore[arg-type]
+    wrong: pgpool.Handler[Report] = thumbnail  # type: ignore[assignment]
+    print(wrong)
+
+
+async def produce_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    job: int | None = await thumbnail.enqueue_async(conn, Thumb(1, 2))
+    count: int = await report.enqueue_many_async(conn, [{"report_id": 1}])
+    await thumbnail.enqueue_async(conn, Report(report_id=1))  # type: ignore[arg-type]
+    print(job, count)
