@@ -96,24 +96,32 @@ class Handler(Generic[P]):
         codec: Codec | None = None,
     ) -> None:
         self.kind = kind
-        #: The function as written.
+        """The kind of job it runs."""
         self.fn = fn
+        """The function as written."""
         self.timeout = timeout
+        """Seconds an attempt may run before its worker is killed; None: the host's."""
         self.max_attempts = max_attempts
+        """Attempts a job of this kind gets when its producer did not say; None: 20."""
         self.queue = queue
+        """An enqueue default, as are ``priority`` and ``tenant``: None when not set (then
+        `pgpool.enqueue`'s own default applies)."""
         self.priority = priority
         self.tenant = tenant
         self.unique_key = unique_key
+        """A string, or a function of the (typed) payload called per job."""
         self.concurrency_key = concurrency_key
-        #: The payload's declared type (a TypedDict, dataclass or pydantic model); None for
-        #: a plain handler, whose payload is the JSON object as stored.
+        """A string, or a function of the (typed) payload called per job."""
         self.payload_type: type | None = None if codec is None else codec.type
+        """The payload's declared type (a TypedDict, a dataclass or a pydantic model); None
+        for a plain handler, whose payload is the JSON object as stored."""
         self._codec = codec
-        #: What a worker calls with a job's payload as decoded from JSON: the function,
-        #: with the payload decoded into its type first (typed handlers), and a returned
-        #: value dropped with a warning. An ``async def``'s coroutine comes back to be run.
         self.run: Callable[[Any], Any] = _returning_none(
             kind, fn if codec is None else _decoding(fn, codec))
+        """What a worker calls with a job's payload as decoded from JSON: the function, with
+        the payload decoded into its type first (typed handlers: `PayloadError` naming the
+        field when it does not fit), and a returned value dropped with a warning. An
+        ``async def``'s coroutine comes back, to be run."""
         # The defaults enqueue applies (max_attempts is not one: hosts apply the kind's
         # limit at claim, as for jobs enqueued by kind).
         self._defaults: dict[str, Any] = {

@@ -19,7 +19,7 @@ import textwrap
 import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NewType, NotRequired, TypedDict
 
 import psycopg
 import pytest
@@ -101,7 +101,7 @@ REFUSED = {
     "float-as-str": ({"ratio": "2.5"}, "field 'ratio': expected float, got str"),
     "int-for-bool": ({"flag": 1}, "field 'flag': expected bool, got int"),
     "optional": ({"label": 3}, "field 'label': expected str, got int"),
-    "naive-str-date": ({"when": "2024-05-01"}, "field 'when': expected datetime, got str"),
+    "str-for-datetime": ({"when": "2024-05-01"}, "field 'when': expected datetime, got str"),
     "datetime-for-date": ({"day": datetime(2024, 5, 2)},
                           "field 'day': expected date, got datetime"),
     "uuid": ({"ref": "not a uuid"}, "field 'ref': expected UUID, got str"),
@@ -147,6 +147,47 @@ def test_instances_are_checked_too_and_nested_fields_are_named(
     assert str(caught.value).startswith("payload for 'typed.invoice': field 'invoice_id': "
                                         "Input should be a valid integer")
     assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone() == (0,)
+
+
+UserId = NewType("UserId", int)
+RECEIVED: list[Any] = []
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    children: list[Node] = dataclasses.field(default_factory=list)
+    weight: Annotated[int, "grams"] | str = 0
+    owner: UserId | None = None
+    invoice: Invoice | None = None
+    extra: Any = None
+
+
+def tree(payload: Node) -> None:
+    RECEIVED.append(payload)
+
+
+def flat_received(payload: Flat) -> None:
+    RECEIVED.append(payload)
+
+
+def test_payloads_come_back_from_the_table_as_they_went_in(db: psycopg.Connection) -> None:
+    sent = Node("root", [Node("a", weight="heavy"), Node("b", [Node("c", owner=UserId(5))])],
+                invoice=Invoice(invoice_id=1, total=2, issued=datetime(2024, 1, 1, tzinfo=UTC)),
+                extra={"x": [1, None]})
+    RECEIVED.clear()
+    with registry.isolated():
+        for fn, payload, expected in [
+                (tree, sent, sent),
+                (flat_received, GOOD_FLAT, Flat(**{**GOOD_FLAT, "ratio": 2.0})),  # type: ignore[arg-type]
+        ]:
+            handler = pgpool.handler(f"typed.{fn.__name__}")(fn)  # type: ignore[type-var]
+            job = handler.enqueue(db, payload)
+            stored = db.execute("SELECT payload FROM pgpool_jobs WHERE id = %s",
+                                (job,)).fetchone()[0]
+            handler.run(stored)  # as a worker does, with the JSON it read
+            got = RECEIVED.pop()
+            assert got == expected and type(got) is type(expected)
 
 
 @pytest.mark.own_schema
