@@ -186,9 +186,13 @@ class _Float(_Type):
     def dump(self, value: Any) -> Any:
         if not isinstance(value, int | float) or isinstance(value, bool):
             _expected("float", value)
-        return float(value)
+        return value  # an int is stored as it is, and arrives as a float
 
-    load = dump
+    def load(self, data: Any) -> Any:
+        try:
+            return float(self.dump(data))
+        except OverflowError:
+            raise _Mismatch("expected float, got an int too large for one") from None
 
 
 class _Bool(_Type):
