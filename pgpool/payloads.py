@@ -263,14 +263,16 @@ class _Enum(_Type):
 
 class _Literal(_Type):
     def __init__(self, values: tuple[Any, ...]) -> None:
-        self.values = values
+        self.allowed = {(type(v), v) for v in values}  # 1 == True: the type must match too
         self.name = " or ".join(map(repr, values))
 
     def dump(self, value: Any) -> Any:
-        # 1 == True: the type must match too.
-        if not any(value == v and type(value) is type(v) for v in self.values):
-            raise _Mismatch(f"expected {self.name}, got another {_type_name(type(value))}")
-        return value
+        try:
+            if (type(value), value) in self.allowed:
+                return value
+        except TypeError:  # unhashable: not one of them
+            pass
+        raise _Mismatch(f"expected {self.name}, got another {_type_name(type(value))}")
 
     load = dump
 
@@ -350,29 +352,36 @@ class _Union(_Type):
         self.name = " | ".join(m.name for m in members)
 
     def dump(self, value: Any) -> Any:
-        return self._first(value, [m.dump for m in self.members])
+        return self._first(value, dumping=True)
 
     def load(self, data: Any) -> Any:
-        return self._first(data, [m.load for m in self.members])
+        return self._first(data, dumping=False)
 
-    def _first(self, value: Any, converts: list[Callable[[Any], Any]]) -> Any:
-        for convert in converts:
+    def _first(self, value: Any, *, dumping: bool) -> Any:
+        for member in self.members:
             try:
-                return convert(value)
+                return member.dump(value) if dumping else member.load(value)
             except _Mismatch:
                 pass
         _expected(self.name, value)
 
 
 class _Fields(_Type):
-    """A TypedDict's or a dataclass's fields: (name, converter, required). Filled after the
-    converter is made, so that a type may contain itself."""
+    """A TypedDict's or a dataclass's fields. Filled (`add`) after the converter is made, so
+    that a type may contain itself."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.name = cls.__name__
-        self.fields: list[tuple[str, _Type, bool]] = []
-        self.names: frozenset[str] = frozenset()
+        self.names: set[str] = set()
+        # (name, the converter's dump or load, required): bound once, used per job.
+        self._dumps: list[tuple[str, Callable[[Any], Any], bool]] = []
+        self._loads: list[tuple[str, Callable[[Any], Any], bool]] = []
+
+    def add(self, name: str, conv: _Type, required: bool) -> None:
+        self.names.add(name)
+        self._dumps.append((name, conv.dump, required))
+        self._loads.append((name, conv.load, required))
 
     def _dump_mapping(self, value: Mapping[Any, Any]) -> dict[str, Any]:
         """A dict given for the type: unknown keys are refused (a typo is caught where it is
@@ -380,22 +389,22 @@ class _Fields(_Type):
         for key in value:
             if key not in self.names:
                 raise _Mismatch(f"not a field of {self.name}").at(str(key))
-        return self._convert(value, dumping=True)
+        return self._convert(value, self._dumps)
 
     def _load_mapping(self, data: Any) -> dict[str, Any]:
         """Stored data: keys the type does not have are ignored, so that a producer of a
         newer version may add a field with a default before the workers have it."""
         if not isinstance(data, dict):
             _expected(f"{self.name} (a JSON object)", data)
-        return self._convert(data, dumping=False)
+        return self._convert(data, self._loads)
 
-    def _convert(self, source: Mapping[Any, Any], *, dumping: bool) -> dict[str, Any]:
+    def _convert(self, source: Mapping[Any, Any],
+                 converts: list[tuple[str, Callable[[Any], Any], bool]]) -> dict[str, Any]:
         out = {}
-        for name, conv, required in self.fields:
+        for name, convert, required in converts:
             if name in source:
                 try:
-                    value = source[name]
-                    out[name] = conv.dump(value) if dumping else conv.load(value)
+                    out[name] = convert(source[name])
                 except _Mismatch as exc:
                     raise exc.at(name) from None
             elif required:
@@ -417,9 +426,9 @@ class _Dataclass(_Fields):
     def dump(self, value: Any) -> Any:
         if isinstance(value, self.cls):
             out = {}
-            for name, conv, _ in self.fields:
+            for name, dump, _ in self._dumps:
                 try:
-                    out[name] = conv.dump(getattr(value, name))
+                    out[name] = dump(getattr(value, name))
                 except _Mismatch as exc:
                     raise exc.at(name) from None
             return out
@@ -550,10 +559,9 @@ def _compile_class(tp: type, seen: dict[type, _Type]) -> _Type | None:
         declared = [(name, hint, _key_required(tp, name, hint)) for name, hint in hints.items()]
     for name, hint, required in declared:
         try:
-            fields.fields.append((name, _compile(hint, seen), required))
+            fields.add(name, _compile(hint, seen), required)
         except _Unsupported as exc:
             raise exc.at(name) from None
-    fields.names = frozenset(name for name, _, _ in fields.fields)
     return fields
 
 
