@@ -190,7 +190,6 @@ def test_payloads_come_back_from_the_table_as_they_went_in(db: psycopg.Connectio
             assert got == expected and type(got) is type(expected)
 
 
-@pytest.mark.own_schema
 def test_enqueue_refuses_a_bad_payload_and_inserts_nothing(db: psycopg.Connection,
                                                             dsn: str) -> None:
     bad = {"image_id": "x", "size": Size.SMALL}
@@ -213,7 +212,6 @@ def test_enqueue_refuses_a_bad_payload_and_inserts_nothing(db: psycopg.Connectio
 # --- defaults, overrides, keys --------------------------------------------------------------
 
 
-@pytest.mark.own_schema
 def test_defaults_and_per_call_overrides_land_in_the_row(db: psycopg.Connection) -> None:
     taken = datetime(2024, 5, 1, 12, tzinfo=UTC)
     first = typedjobs.thumb.enqueue(db, Thumb(7, Size.LARGE, taken=taken))
@@ -233,7 +231,6 @@ def test_defaults_and_per_call_overrides_land_in_the_row(db: psycopg.Connection)
     ]
 
 
-@pytest.mark.own_schema
 def test_a_unique_key_computed_from_the_payload_deduplicates(db: psycopg.Connection) -> None:
     first = typedjobs.report.enqueue(db, {"report_id": 3, "pages": [1]})
     again = typedjobs.report.enqueue(db, {"report_id": 3, "pages": [2], "format": "csv"})
@@ -244,7 +241,6 @@ def test_a_unique_key_computed_from_the_payload_deduplicates(db: psycopg.Connect
         ("report-3",), ("report-4",), (None,)]
 
 
-@pytest.mark.own_schema
 def test_enqueue_many_refuses_keys_it_cannot_apply(db: psycopg.Connection) -> None:
     with pytest.raises(pgpool.ConfigError, match="has a unique_key, which enqueue_many "
                        "cannot apply"):
@@ -261,7 +257,6 @@ def test_enqueue_many_refuses_keys_it_cannot_apply(db: psycopg.Connection) -> No
         ("typed.thumb", "thumbs", 9, "acme", "batch-1", 2)]
 
 
-@pytest.mark.own_schema
 def test_the_async_twins(dsn: str, db: psycopg.Connection) -> None:
     async def main() -> tuple[int | None, int]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
@@ -376,7 +371,6 @@ def received(record_dir: Path, job_id: int | None) -> Any:
         return pickle.load(f)
 
 
-@pytest.mark.own_schema
 def test_a_real_worker_gets_the_payload_decoded_into_its_type(
         db: psycopg.Connection, dsn: str, record_dir: Path) -> None:
     sent_thumb = Thumb(7, Size.LARGE, 0.5, Owner("ann", ["x"]),
@@ -414,7 +408,6 @@ def test_a_real_worker_gets_the_payload_decoded_into_its_type(
     assert MARKER not in done.stderr
 
 
-@pytest.mark.own_schema
 def test_a_stored_payload_that_does_not_fit_fails_with_a_payload_error(
         db: psycopg.Connection, dsn: str, record_dir: Path) -> None:
     # Written by hand (or by an older version): the worker cannot decode it.
