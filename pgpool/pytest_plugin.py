@@ -27,7 +27,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -49,12 +49,17 @@ def _pgpool_server(request: pytest.FixtureRequest) -> str:
     session's throwaway embedded PostgreSQL."""
     configured = os.environ.get(TEST_DSN)
     if configured:
-        return configured
+        from pgpool.dsn import normalise
+        from pgpool.errors import PgpoolError
+
+        try:
+            return normalise(configured, TEST_DSN)
+        except PgpoolError as exc:
+            error = str(exc)
+        _fail(error)
     if os.environ.get("PGPOOL_EMBEDDED") == "0":
-        pytest.fail(f"pgpool's fixtures need a PostgreSQL: {TEST_DSN} is not set, and "
-                    "PGPOOL_EMBEDDED=0 refuses the embedded server: set "
-                    f"{TEST_DSN} to a server whose database the tests may create schemas in",
-                    pytrace=False)
+        _fail(f"{TEST_DSN} is not set, and PGPOOL_EMBEDDED=0 refuses the embedded server: "
+              f"set {TEST_DSN} to a server whose database the tests may create schemas in")
     return _throwaway_server(getattr(request.config, "workerinput", None))
 
 
@@ -78,10 +83,11 @@ def _throwaway_server(workerinput: dict[str, Any] | None) -> str:
     # process has deleted the data directory, this removes its parent.
     atexit.register(_remove_if_empty, base)
     try:
-        dsn = embedded.start(base / "pg", delete_on_exit=True)
+        dsn, error = embedded.start(base / "pg", delete_on_exit=True), None
     except PgpoolError as exc:
-        pytest.fail(f"pgpool's fixtures need a PostgreSQL: {exc}; for the tests, {TEST_DSN} "
-                    "may name one instead", pytrace=False)
+        dsn, error = "", str(exc)
+    if error is not None:
+        _fail(f"{error}; for the tests, {TEST_DSN} may name a server instead")
     with psycopg.connect(dsn, autocommit=True) as conn:
         for setting in tsql.THROWAWAY_SETTINGS:
             conn.execute(sql.SQL(tsql.SETTING_OFF).format(sql.Identifier(setting)))
@@ -103,11 +109,20 @@ def pgpool_dsn(_pgpool_server: str) -> Iterator[str]:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     import pgpool
+    from pgpool.dsn import describe
+    from pgpool.errors import first_line
     from pgpool.sql import testing as tsql
 
     schema = f"pgpool_test_{uuid.uuid4().hex[:12]}"
     with _connect(_pgpool_server) as admin:
-        admin.execute(sql.SQL(tsql.CREATE_SCHEMA).format(sql.Identifier(schema)))
+        try:
+            admin.execute(sql.SQL(tsql.CREATE_SCHEMA).format(sql.Identifier(schema)))
+            error = None
+        except psycopg.Error as exc:
+            error = first_line(exc)
+    if error is not None:
+        _fail(f"cannot create a schema in the database at {describe(_pgpool_server)} "
+              f"({error}): grant the role CREATE on it, or point {TEST_DSN} at another")
     options = conninfo_to_dict(_pgpool_server).get("options") or ""
     dsn = make_conninfo(_pgpool_server, options=f"{options} -c search_path={schema}".strip())
     try:
@@ -145,7 +160,14 @@ def _connect(server: str) -> psycopg.Connection:
     try:
         return connect(server, autocommit=True)
     except ConnectError as exc:
-        pytest.fail(f"pgpool's fixtures: {exc}", pytrace=False)
+        error = str(exc)
+    _fail(error)
+
+
+def _fail(error: str) -> NoReturn:
+    """Fail the test with one line, no traceback (called outside the ``except`` block, so
+    that pytest shows no chained exception either)."""
+    pytest.fail(f"pgpool's fixtures: {error}", pytrace=False)
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from .config import DEFAULT_MAX_ATTEMPTS
 from .enqueue import encode_payload, schema_required
 from .errors import HandlerError
 from .job import Job, Outcome
+from .ops import JobState
 from .retry import RetryPolicy
 from .sql import jobs as sql
 from .sql import testing as tsql
@@ -72,7 +73,7 @@ class EnqueuedJob:
     payload: dict[str, Any]
     priority: int
     run_at: datetime
-    state: str
+    state: JobState
     attempts: int
     max_attempts: int | None
     tenant: str | None
@@ -168,7 +169,8 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
     goes on (a KeyboardInterrupt still stops it).
 
     Raises `HandlerError` when no handler is registered in this process (import the
-    module that defines them first), or none for one of ``kinds``.
+    module that defines them first), or none for one of ``kinds``; `pgpool.SchemaError`
+    when ``conn`` leads to no pgpool installation.
     """
     handlers = _handlers(kinds)
     policy = RetryPolicy(base=0.0, cap=0.0) if retries else RetryPolicy()

@@ -22,7 +22,7 @@ from typing import Any
 import kitjobs
 import psycopg
 import pytest
-from conftest import JSON_LOGS, run_pgpool
+from conftest import JSON_LOGS, SECRET, UNREACHABLE, run_pgpool
 
 import pgpool
 from pgpool import ops
@@ -444,38 +444,53 @@ def test_the_plugin_starts_a_throwaway_embedded_server_and_deletes_it(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGPOOL_TEST_DSN", raising=False)
     pytester.makepyfile('''
+        import os
         import pathlib
 
         import pgpool
         from pgpool.testing import enqueued
 
-        def test_a_job(pgpool_conn, pgpool_dsn):
+        def record(dsn):
             with pathlib.Path("dsns").open("a") as f:
-                print(pgpool_dsn, file=f)
+                print(os.environ["PYTEST_XDIST_WORKER"], dsn, file=f)
+
+        def test_a_job(pgpool_conn, pgpool_dsn):
+            record(pgpool_dsn)
             pgpool.enqueue(pgpool_conn, "nobody", {})
             assert len(enqueued(pgpool_conn)) == 1
 
-        def test_the_same_server(pgpool_dsn):
-            with pathlib.Path("dsns").open("a") as f:
-                print(pgpool_dsn, file=f)
+        def test_another(pgpool_conn, pgpool_dsn):
+            record(pgpool_dsn)
+            assert enqueued(pgpool_conn) == []
         ''')
 
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    # Two xdist workers, one test each (fewer tests than twice the workers: round-robin).
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2").assert_outcomes(passed=2)
 
-    dsns = (pytester.path / "dsns").read_text().splitlines()
-    [data] = {Path(re.search(r"host=(\S+)", dsn)[1]) for dsn in dsns}  # one server
+    lines = [line.split(" ", 1) for line in (pytester.path / "dsns").read_text().splitlines()]
+    assert sorted(worker for worker, _ in lines) == ["gw0", "gw1"]
+    [data] = {Path(re.search(r"host=(\S+)", dsn)[1]) for _, dsn in lines}  # one server
     assert data.parent.name.startswith("pgpool-kit-")
     assert not data.parent.exists()  # stopped, and its directory deleted, at the end
 
 
-def test_the_plugin_refuses_the_embedded_server_when_told_to(pytester, monkeypatch) -> None:
+@pytest.mark.parametrize(("env", "said"), [
+    ({"PGPOOL_EMBEDDED": "0"},
+     "*PGPOOL_TEST_DSN is not set, and PGPOOL_EMBEDDED=0 refuses the embedded server*"),
+    ({"PGPOOL_TEST_DSN": UNREACHABLE}, "*cannot connect to PostgreSQL at u@127.0.0.1:1/db*"),
+    ({"PGPOOL_TEST_DSN": "postgresql://host:99999/db"},
+     "*PGPOOL_TEST_DSN is not a valid PostgreSQL connection string*"),
+], ids=["embedded-refused", "unreachable", "invalid"])
+def test_the_fixtures_fail_with_one_line_saying_what_to_do(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+        said: str) -> None:
     monkeypatch.delenv("PGPOOL_TEST_DSN", raising=False)
-    monkeypatch.setenv("PGPOOL_EMBEDDED", "0")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     pytester.makepyfile("def test_it(pgpool_conn): pass")
 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*PGPOOL_TEST_DSN is not set, and PGPOOL_EMBEDDED=0 "
-                                 "refuses the embedded server*"])
-    assert "Traceback" not in result.stdout.str()
+    result.stdout.fnmatch_lines([said])
+    assert "Traceback" not in result.stdout.str() and SECRET not in result.stdout.str()
