@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 try:  # pytest-asyncio runs only the async fixtures marked as its own in its strict mode
     from pytest_asyncio import fixture as _async_fixture
 except ImportError:  # anyio's plugin runs any async fixture its tests ask for
-    _async_fixture = pytest.fixture
+    _async_fixture = pytest.fixture  # type: ignore[assignment]  # the same, less a keyword
 
 #: Where the fixtures look for a server of the user's.
 TEST_DSN = "PGPOOL_TEST_DSN"

@@ -190,7 +190,8 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
         ack = decide(_outcome(job, result), policy)
         host.ack(ack)
         counts[_COUNTED[ack.kind]] += 1
-        if raised and (raise_errors or isinstance(raised[0], KeyboardInterrupt)):
+        failed = isinstance(result, ipc.Failed) and raised
+        if failed and (raise_errors or isinstance(raised[0], KeyboardInterrupt)):
             raise raised[0]
 
 

@@ -49,3 +49,8 @@ def answer(payload: dict) -> int:
 async def async_answer(payload: dict) -> dict:
     job = pgpool.current_job()
     return {"id": job.id, "attempt": job.attempt, "payload": payload}
+
+
+@pgpool.handler("kit.interrupt", max_attempts=1)
+def interrupt(payload: dict) -> None:
+    raise KeyboardInterrupt

@@ -86,6 +86,15 @@ def test_drain_raises_the_handlers_own_exception_once_its_failure_is_recorded(db
     assert [(j.id, j.state) for j in enqueued(db)] == [(job_id, "scheduled"), (2, "ready")]
 
 
+def test_drain_stops_at_a_keyboard_interrupt_even_without_raise_errors(db) -> None:
+    pgpool.enqueue(db, "kit.interrupt", {})
+    pgpool.enqueue(db, "kit.ok", {}, priority=-1)
+
+    with pytest.raises(KeyboardInterrupt):
+        drain(db, raise_errors=False)
+    assert [j.kind for j in enqueued(db)] == ["kit.ok"]  # the interrupted one is dead
+
+
 def test_drain_with_retries_runs_a_failing_job_until_it_is_dead(db) -> None:
     pgpool.enqueue(db, "kit.fail", {})
 
