@@ -412,26 +412,33 @@ class Completer:
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int]:
         """One `sql.ACK` statement for ``acks`` (`sql.ACK_DONE` when all succeeded): rows
         (done, retried, released, interrupted, dead)."""
-        arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
-                                      "interrupted": [], "dead": []}
-        for a in acks:
-            arms[a.kind].append(a)
-        p: dict[str, object] = {"owner": self._owner}
-        for kind, arm in arms.items():
-            p[f"{kind}_ids"] = int_array(a.job.id for a in arm)
-            p[f"{kind}_attempts"] = int_array(a.job.attempt for a in arm)
-        p["retry_delays"] = [a.delay for a in arms["retry"]]
-        p["retry_errors"] = [a.error or "" for a in arms["retry"]]
-        p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
-        p["dead_errors"] = [a.error or "" for a in arms["dead"]]
-        if len(arms["done"]) == len(acks):  # all succeeded: the one arm that has rows
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql.ACK_DONE, p)
-            return cur.rowcount, 0, 0, 0, 0
+        query, params = ack_statement(acks, self._owner)
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.ACK, p)
+            cur = await conn.execute(query, params)
+            if query is sql.ACK_DONE:  # the jobs it deleted are its rowcount
+                return cur.rowcount, 0, 0, 0, 0
             done, retried, released, interrupted, dead = await cur.fetchone()
         return done, retried, released, interrupted, dead
+
+
+def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
+    """The one statement that writes ``acks`` as host ``owner``, and its parameters:
+    `sql.ACK_DONE` when every attempt succeeded (the one arm with rows), else `sql.ACK`.
+    Its rows: ACK_DONE's rowcount is the jobs deleted; ACK returns (done, retried,
+    released, interrupted, dead). `pgpool.testing.drain` writes its acks with it too."""
+    arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
+                                  "interrupted": [], "dead": []}
+    for a in acks:
+        arms[a.kind].append(a)
+    p: dict[str, object] = {"owner": owner}
+    for kind, arm in arms.items():
+        p[f"{kind}_ids"] = int_array(a.job.id for a in arm)
+        p[f"{kind}_attempts"] = int_array(a.job.attempt for a in arm)
+    p["retry_delays"] = [a.delay for a in arms["retry"]]
+    p["retry_errors"] = [a.error or "" for a in arms["retry"]]
+    p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
+    p["dead_errors"] = [a.error or "" for a in arms["dead"]]
+    return (sql.ACK_DONE if len(arms["done"]) == len(acks) else sql.ACK), p
 
 
 def _reason(ack: Ack, exc: BaseException) -> str:

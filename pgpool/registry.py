@@ -142,6 +142,20 @@ class Handler(Generic[P]):
     def __repr__(self) -> str:
         return f"<pgpool.Handler {self.kind!r}: {self.qualname}>"
 
+    def encode(self, payload: P) -> dict[str, Any]:
+        """``payload`` as it is stored: checked against a typed handler's payload type
+        (`PayloadError` naming the field), given back as is for a plain handler."""
+        if self._codec is None:
+            return payload  # type: ignore[return-value]  # a plain handler's is the dict
+        return self._codec.encode(payload)[0]
+
+    def decode(self, stored: Any) -> P:
+        """A stored payload (the JSON object) as the function receives it: decoded into a
+        typed handler's payload type (`PayloadError` naming the field when it does not
+        fit), as is for a plain handler."""
+        decoded: P = stored if self._codec is None else self._codec.decode(stored)
+        return decoded
+
     def enqueue(self, conn: psycopg.Connection[Any], payload: P,
                 **options: Unpack[EnqueueOptions]) -> int | None:
         """`pgpool.enqueue` of a job of this kind: its id, or None for a duplicate

@@ -140,7 +140,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
             # would have, so the pool reads it the same way.
             os.kill(os.getpid(), fence.SIGNAL)
         setproctitle(f"{prefix}: {item.kind}#{item.id}")
-        outcome = _run(handlers, item, streams)
+        outcome = run_job(handlers, item, streams)
         inbox.finished()
         ipc.write_all(wfd, ipc.encode(outcome))
         finished += 1
@@ -270,8 +270,13 @@ class _Inbox:
                                  if (item.id, item.attempt) in lost)
 
 
-def _run(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
-         streams: tuple[output.JobStream, ...]) -> ipc.Done | ipc.Failed:
+def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
+            streams: tuple[output.JobStream, ...] = (),
+            raised: list[BaseException] | None = None) -> ipc.Done | ipc.Failed:
+    """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
+    its outcome; whatever the handler raises fails the attempt. ``streams``: what prints
+    go to (`output.install`). ``raised``: if given, gets the exception that failed the
+    attempt (`pgpool.testing` runs jobs with this, and re-raises it in the test)."""
     global _current
     started = time.perf_counter()
     _current = JobInfo(job.id, job.kind, job.queue, job.attempt - job.interruptions,
@@ -288,6 +293,8 @@ def _run(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
 
             asyncio.run(result)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
+        if raised is not None:
+            raised.append(exc)
         return ipc.Failed(job.id, format_error(exc), type(exc).__name__,
                           time.perf_counter() - started)
     finally:
