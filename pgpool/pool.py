@@ -21,10 +21,11 @@ types of `pgpool.ipc`::
      │                                                                │   imported once;    │
      │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
      │                  Done | Failed | Skipped; Returned | Retiring  │   handler.fn()      │
+     │                  (Snoozed | Ended: what a handler asked for)   │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
-     │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)
-     │                                  (the dispatcher's `_job_finished`: to its completer)
+     │        _on_done / _on_failed / _on_snoozed / _on_ended: assigned.popleft()
+     │            ─▶ on_outcome(Outcome)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
@@ -443,6 +444,10 @@ class WorkerPool:
                 self._on_done(w, message)
             case ipc.Failed():
                 self._on_failed(w, message)
+            case ipc.Snoozed():
+                self._on_snoozed(w, message)
+            case ipc.Ended():
+                self._on_ended(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
             case ipc.Ready():
@@ -462,6 +467,16 @@ class WorkerPool:
     def _on_failed(self, w: _Worker, message: ipc.Failed) -> None:
         job = self._front_job(w, message.id)
         self._finished(w, Outcome(job, message.error, message.elapsed, cause=message.cause))
+
+    def _on_snoozed(self, w: _Worker, message: ipc.Snoozed) -> None:
+        job = self._front_job(w, message.id)
+        self._finished(w, Outcome(job, f"snoozed for {message.seconds:g}s", message.elapsed,
+                                  cause="Snooze", verdict="snooze", delay=message.seconds))
+
+    def _on_ended(self, w: _Worker, message: ipc.Ended) -> None:
+        job = self._front_job(w, message.id)
+        self._finished(w, Outcome(job, message.error, message.elapsed, cause=message.cause,
+                                  verdict=message.verdict))
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).

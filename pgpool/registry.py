@@ -26,6 +26,7 @@ from importlib.metadata import entry_points
 from typing import Any, Final, TypeVar
 
 from .errors import ConfigError, HandlerError
+from .retry import Retry
 
 ENTRY_POINT_GROUP: Final = "pgpool.handlers"
 
@@ -46,6 +47,8 @@ class Handler:
     fn: Callable[[dict[str, Any]], Any]  # None, or a coroutine for the worker to run
     timeout: float | None
     max_attempts: int | None
+    #: The handler's retry schedule; None: the dispatcher's default.
+    retry: Retry | None = None
 
     @property
     def qualname(self) -> str:
@@ -79,7 +82,8 @@ def name_arg(what: str) -> Callable[[str], str]:
 
 
 def handler(
-    kind: str, *, timeout: float | None = None, max_attempts: int | None = None
+    kind: str, *, timeout: float | None = None, max_attempts: int | None = None,
+    retry: Retry | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn(payload: dict) -> None`` as the handler for jobs of ``kind``.
 
@@ -87,6 +91,8 @@ def handler(
     killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
     of this kind gets when its producer did not say; after the last failure it moves to
     ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
+    ``retry`` (a `pgpool.Retry`) replaces the default retry schedule for this kind's jobs;
+    its ``attempts`` is then the handler's ``max_attempts`` (give one or the other).
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
 
     A value the handler returns is ignored (the attempt still succeeds), and a warning
@@ -102,11 +108,20 @@ def handler(
         raise HandlerError(f"handler {kind!r}: timeout must be a positive number of seconds")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
+    if retry is not None:
+        if not isinstance(retry, Retry):
+            raise HandlerError(f"handler {kind!r}: retry must be a pgpool.Retry(...), got a "
+                               f"{type(retry).__name__}")
+        if retry.attempts is not None:
+            if max_attempts is not None:
+                raise HandlerError(f"handler {kind!r}: max_attempts and retry=Retry(attempts="
+                                   "...) both set the attempts: give only one of them")
+            max_attempts = retry.attempts
 
     def register(fn: F) -> F:
         _check_function(kind, fn)
         new = Handler(kind, _returning_none(kind, fn), float(timeout) if timeout else None,
-                      max_attempts)
+                      max_attempts, retry)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(
