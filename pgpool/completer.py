@@ -165,7 +165,7 @@ def decide(outcome: Outcome, retry: Retry) -> Ack:
             if job.snoozes < MAX_SNOOZES:
                 return Ack.snooze(job, outcome.delay)
             error = (f"its handler snoozed it again after {job.snoozes} snoozes, the most a "
-                     f"job may: this snooze counts as a failed attempt")
+                     "job may: this snooze counts as a failed attempt")
         case "discard":
             return Ack.discard(job, error)
         case "cancel":
