@@ -40,11 +40,17 @@ MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
 MAX_REASON_CHARS: Final = 4000
 
 
+#: What `Retry`'s ``on`` and ``never`` take: an exception type or a tuple of them (stored
+#: as a tuple).
+ExceptionTypes = type[BaseException] | tuple[type[BaseException], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """A retry schedule: ``attempts`` attempts at most (None: the job's producer's, else
-    the default, 20), the n-th failure retried after ``base * 2**(n-1)`` seconds capped at
-    ``cap``, with "equal jitter" unless ``jitter`` is False.
+    """A retry schedule: ``attempts`` attempts at most (the handler's ``max_attempts``,
+    which a producer's ``max_attempts`` at enqueue overrides; None: the handler's
+    ``max_attempts=``, else 20), the n-th failure retried after ``base * 2**(n-1)`` seconds
+    capped at ``cap``, with "equal jitter" unless ``jitter`` is False.
 
     With jitter, half of the delay is fixed and half is random, so retries of jobs that
     failed together (a database blip, a downstream outage) spread out instead of returning
@@ -63,8 +69,8 @@ class Retry:
     base: float = 1.0
     cap: float = 600.0
     jitter: bool = True
-    on: tuple[type[BaseException], ...] = ()
-    never: tuple[type[BaseException], ...] = ()
+    on: ExceptionTypes = ()
+    never: ExceptionTypes = ()
 
     def __post_init__(self) -> None:
         if self.attempts is not None and (not isinstance(self.attempts, int)
@@ -111,7 +117,7 @@ class Retry:
 
 
 def _exception_types(what: str, value: object) -> tuple[type[BaseException], ...]:
-    """``value`` (an exception type, or a tuple or list of them) as a tuple; a
+    """``value`` (an exception type, or a tuple or a list of them) as a tuple; a
     `HandlerError` naming the culprit otherwise."""
     types = tuple(value) if isinstance(value, tuple | list) else (value,)
     for t in types:
