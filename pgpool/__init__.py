@@ -2,14 +2,18 @@
 
 The public API::
 
-    @pgpool.handler(kind, *, timeout=None, ...)                 register fn(payload) -> None
+    @pgpool.handler(kind, *, timeout=None, retry=None, ...)     register fn(payload) -> None
     thumbnail.enqueue(conn, payload, ...) -> int | None         the Handler: its kind's jobs
+    pgpool.Retry(attempts=None, base=1.0, cap=600.0, jitter=True, on=(), never=())
+                                                                a handler's retry schedule
     pgpool.periodic(name, cron, *, kind, payload=None, ...)     a schedule: jobs at its ticks
     pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
     pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
     await pgpool.enqueue_async(aconn, ...), enqueue_many_async  the same on AsyncConnection
     pgpool.migrate(conn)                                        create or upgrade the schema
     pgpool.current_job()                                        inside a handler: id, attempt...
+    raise pgpool.Snooze(seconds) / Discard(reason) / Cancel(reason)
+                                 inside a handler: run later, unattempted / dead-letter now
 
 Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
 installed distribution's version (pyproject.toml is its one source).
@@ -27,6 +31,7 @@ from .errors import (
     SchemaError,
 )
 from .registry import Handler, handler
+from .retry import Cancel, Discard, Retry, Snooze
 from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
 from .worker import JobInfo, current_job
@@ -35,14 +40,18 @@ __version__: str = _version("pgpool")
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Cancel",
     "ConfigError",
     "ConnectError",
+    "Discard",
     "Handler",
     "HandlerError",
     "JobInfo",
     "PayloadError",
     "PgpoolError",
+    "Retry",
     "SchemaError",
+    "Snooze",
     "__version__",
     "current_job",
     "enqueue",

@@ -1,19 +1,25 @@
 """What happens to a finished attempt, and writing that back as grouped acks.
 
-Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of five
-typed acks: `Ack.done` (delete it), `Ack.retry` (ready again after a capped exponential
-backoff with jitter), `Ack.dead` (its last attempt failed: move it to ``pgpool_dead``),
-`Ack.release` (claimed but never started: ready again, the claim not counted as an attempt)
-and `Ack.interrupted` (cut off by this host's shutdown: ready again now, not counted, up to
-`FREE_INTERRUPTIONS` times per job; after that such an attempt fails like any other).
+Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of these
+typed acks: `Ack.done` (delete it), `Ack.retry` (ready again after its kind's backoff,
+`pgpool.Retry`), `Ack.dead` (its last attempt failed, or it failed in a way its handler's
+`Retry` does not retry: move it to ``pgpool_dead``), `Ack.release` (claimed but never
+started: ready again, the claim not counted as an attempt) and `Ack.interrupted` (cut off
+by this host's shutdown: ready again now, not counted, up to `FREE_INTERRUPTIONS` times per
+job; after that such an attempt fails like any other); and what a handler asked for:
+`Ack.snooze` (`pgpool.Snooze`: scheduled again, not counted, up to `MAX_SNOOZES` times per
+job; after that a snooze fails like any error), `Ack.discard` and `Ack.cancel`
+(`pgpool.Discard`, `pgpool.Cancel`: moved to ``pgpool_dead`` now, with that reason).
 `Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
 attempt whose lease was lost (see `pgpool.parts.heartbeat`) is dropped there, never acked.
 
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
 statement (deletes, retries, hand-backs, interruptions and dead letters, each guarded by
-ownership), or `sql.ACK_DONE`, its first arm alone, when every attempt succeeded. Only
-one flush runs at a time; acks that arrive meanwhile wait for the next.
+ownership), or `sql.ACK_DONE`, its first arm alone, when every attempt succeeded, or
+`sql.ACK_CONTROL`, `sql.ACK` with snoozes and dead letters' reasons, when a handler asked
+for one of those. Only one flush runs at a time; acks that arrive meanwhile wait for the
+next.
 
 Isolation: when the database refuses a flush because of some of its rows (an application's
 foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
@@ -46,7 +52,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -57,13 +63,14 @@ from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
 from .outage import Failures, backoff
-from .retry import FREE_INTERRUPTIONS, RetryPolicy
+from .retry import FREE_INTERRUPTIONS, MAX_SNOOZES, Retry
 from .sql import jobs as sql
 from .sql.common import int_array
 
 log = logging.getLogger("pgpool.completer")
 
-AckKind = Literal["done", "retry", "release", "interrupted", "dead"]
+AckKind = Literal["done", "retry", "release", "interrupted", "dead", "snooze", "discard",
+                  "cancel"]
 
 #: How many more times an ack refused on a row lock, or that ran past the statement
 #: timeout alone, is tried, alone, before it is parked.
@@ -75,13 +82,19 @@ _REFUSED: dict[AckKind, str] = {
     "release": "was handed back unstarted, and the database refused to make it ready",
     "interrupted": "was cut off by the shutdown, and the database refused to make it ready",
     "dead": "failed its last attempt, and the database refused to move it to pgpool_dead",
+    "snooze": "was snoozed, and the database refused to schedule it again",
+    "discard": "was discarded, and the database refused to move it to pgpool_dead",
+    "cancel": "was cancelled, and the database refused to move it to pgpool_dead",
 }
+#: ``pgpool_dead.reason`` of the acks that move a job there (`sql.ACK_CONTROL`).
+_DEAD_REASONS: dict[AckKind, str] = {"dead": "failed", "discard": "discarded",
+                                     "cancel": "cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
 class Ack:
     """A job's next state, to be written by the completer. Build one with `done`,
-    `retry`, `release`, `interrupted` or `dead`."""
+    `retry`, `release`, `interrupted`, `dead`, `snooze`, `discard` or `cancel`."""
 
     kind: AckKind
     job: Job
@@ -111,28 +124,66 @@ class Ack:
 
     @classmethod
     def dead(cls, job: Job, error: str) -> Ack:
-        """The last attempt failed: move the job to ``pgpool_dead`` with ``error``."""
+        """The job failed for good: move it to ``pgpool_dead`` with ``error`` (reason
+        'failed')."""
         return cls("dead", job, error=error)
 
+    @classmethod
+    def snooze(cls, job: Job, delay: float) -> Ack:
+        """Its handler snoozed (`pgpool.Snooze`): scheduled again in ``delay`` seconds, the
+        attempt not counted against ``max_attempts`` (``snoozes`` + 1)."""
+        return cls("snooze", job, delay)
 
-def decide(outcome: Outcome, retry: RetryPolicy) -> Ack:
-    """The next state of a job after ``outcome``: done; interrupted when this host's
+    @classmethod
+    def discard(cls, job: Job, reason: str) -> Ack:
+        """Its handler discarded it (`pgpool.Discard`): move it to ``pgpool_dead`` now,
+        reason 'discarded', ``last_error`` the handler's ``reason``."""
+        return cls("discard", job, error=reason)
+
+    @classmethod
+    def cancel(cls, job: Job, reason: str) -> Ack:
+        """Its handler cancelled it (`pgpool.Cancel`): move it to ``pgpool_dead`` now,
+        reason 'cancelled', ``last_error`` the handler's ``reason``."""
+        return cls("cancel", job, error=reason)
+
+
+def decide(outcome: Outcome, retry: Retry) -> Ack:
+    """The next state of a job after ``outcome``: done; what its handler asked for (a
+    snooze while the job has snoozed fewer than `MAX_SNOOZES` times, a discard, a cancel,
+    or dead for an error its ``retry`` does not retry); interrupted when this host's
     shutdown cut it off and the job has had fewer than `FREE_INTERRUPTIONS` uncounted
     attempts; otherwise retry after ``retry``'s delay for this attempt, or dead when it was
     the last one counted against ``max_attempts``."""
     job = outcome.job
-    if outcome.error is None:
+    error = outcome.error
+    if error is None:
         return Ack.done(job)
+    match outcome.verdict:
+        case None:
+            pass
+        case "snooze":
+            if job.snoozes < MAX_SNOOZES:
+                return Ack.snooze(job, outcome.delay)
+            error = (f"its handler snoozed it again after {job.snoozes} snoozes, the most a "
+                     "job may: this snooze counts as a failed attempt")
+        case "discard":
+            return Ack.discard(job, error)
+        case "cancel":
+            return Ack.cancel(job, error)
+        case "final":
+            return Ack.dead(job, error)
     if outcome.interrupted and job.interruptions < FREE_INTERRUPTIONS:
-        return Ack.interrupted(job, outcome.error)
+        return Ack.interrupted(job, error)
     if job.counted >= job.max_attempts:
-        return Ack.dead(job, outcome.error)
-    return Ack.retry(job, retry.delay(job.counted), outcome.error)
+        return Ack.dead(job, error)
+    return Ack.retry(job, retry.delay(job.counted), error)
 
 
 #: The `Completer.counts` key of each ack kind.
 _COUNTED: dict[AckKind, str] = {"done": "done", "retry": "retried", "release": "released",
-                                "interrupted": "interrupted", "dead": "dead"}
+                                "interrupted": "interrupted", "dead": "dead",
+                                "snooze": "snoozed", "discard": "discarded",
+                                "cancel": "cancelled"}
 
 
 @dataclass(slots=True)
@@ -141,7 +192,8 @@ class FlushResult:
     retried: int = 0
     released: int = 0
     interrupted: int = 0
-    dead: int = 0
+    dead: int = 0  # discarded and cancelled jobs too
+    snoozed: int = 0
     #: Acks the database refused because this host no longer owned the attempt.
     stale: int = 0
     #: Acks refused because of their row, parked instead (`sql.PARK`).
@@ -170,8 +222,12 @@ class Completer:
     grouped transactions.
 
     ``counts`` tallies what was decided: "done", "retried", "dead", "released",
-    "interrupted", and "lost" (results dropped because the lease was lost); and "parked",
-    acks the database refused for their row (`sql.PARK`), counted under their decision too.
+    "interrupted", "snoozed", "discarded", "cancelled", and "lost" (results dropped because
+    the lease was lost); and "parked", acks the database refused for their row
+    (`sql.PARK`), counted under their decision too.
+
+    ``retry`` is the default retry schedule, ``retries`` the kinds' own (a handler's
+    ``retry=``).
     """
 
     def __init__(
@@ -182,7 +238,8 @@ class Completer:
         max_batch: int = 50,
         interval: float = 0.01,
         high_water: int = 1000,
-        retry: RetryPolicy | None = None,
+        retry: Retry | None = None,
+        retries: Mapping[str, Retry] | None = None,
         on_flushed: Callable[[FlushResult], None] | None = None,
     ) -> None:
         self._pool = pool
@@ -190,7 +247,8 @@ class Completer:
         self.max_batch = max(1, max_batch)
         self.interval = interval
         self.high_water = high_water
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or Retry()
+        self._retries = dict(retries or {})
         self._on_flushed = on_flushed
         self.counts: Counter[str] = Counter()
         self._buffer: list[Ack] = []
@@ -219,11 +277,13 @@ class Completer:
             event(log, logging.WARNING, "job_lost",
                   "%s ended after its lease was lost; result dropped", job, **fields)
             return None
-        ack = decide(outcome, self._retry)
+        ack = decide(outcome, self._retry if outcome.error is None
+                     else self._retries.get(job.kind, self._retry))
         if ack.kind == "dead":
-            event(log, logging.ERROR, "job_dead",
-                  "%s failed (%s), no attempts left: moved to pgpool_dead", job,
-                  outcome.cause, **fields)
+            permanent = outcome.verdict == "final"
+            event(log, logging.ERROR, "job_dead", "%s failed (%s), %s: moved to pgpool_dead",
+                  job, outcome.cause, "an error its handler's Retry does not retry"
+                  if permanent else "no attempts left", permanent=permanent, **fields)
         elif ack.kind == "retry":
             event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
                   outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
@@ -231,6 +291,17 @@ class Completer:
             event(log, logging.WARNING, "job_interrupted",
                   "%s cut off by this host (%s); ready again, not counted as an attempt",
                   job, outcome.cause, **fields)
+        elif ack.kind == "snooze":
+            event(log, logging.INFO, "job_snoozed",
+                  "%s snoozed by its handler; runs again in %.1fs, not counted as an attempt",
+                  job, ack.delay, delay=round(ack.delay, 3), snoozes=job.snoozes + 1,
+                  **fields)
+        elif ack.kind == "discard":
+            event(log, logging.WARNING, "job_discarded",
+                  "%s discarded by its handler: moved to pgpool_dead", job, **fields)
+        elif ack.kind == "cancel":
+            event(log, logging.WARNING, "job_cancelled",
+                  "%s cancelled by its handler: moved to pgpool_dead", job, **fields)
         self.add(ack)
         return ack
 
@@ -331,12 +402,13 @@ class Completer:
             self._limit = written.limit
         elif self._limit is not None:  # none did: a larger batch may fit again
             self._limit = None if self._limit >= self.high_water else 2 * self._limit
-        for done, retried, released, interrupted, dead in written.results:
+        for done, retried, released, interrupted, dead, snoozed in written.results:
             result.done += done
             result.retried += retried
             result.released += released
             result.interrupted += interrupted
             result.dead += dead
+            result.snoozed += snoozed
         refused = []
         for ack, exc in written.rejected:
             key = (ack.job.id, ack.job.attempt)
@@ -355,7 +427,7 @@ class Completer:
         result.seconds = time.monotonic() - started
         result.stale = (len(acks) - len(refused) - len(result.later)
                         - (result.done + result.retried + result.released
-                           + result.interrupted + result.dead))
+                           + result.interrupted + result.dead + result.snoozed))
         self.stats.flushes += 1
         self.stats.acks += len(acks) - len(result.later)
         self.stats.stale += result.stale
@@ -409,36 +481,57 @@ class Completer:
             cur = await conn.execute(sql.PARK, p)
             return [job_id for job_id, in await cur.fetchall()]
 
-    async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int]:
-        """One `sql.ACK` statement for ``acks`` (`sql.ACK_DONE` when all succeeded): rows
-        (done, retried, released, interrupted, dead)."""
+    async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int, int]:
+        """One statement for ``acks`` (`ack_statement`): rows (done, retried, released,
+        interrupted, dead, snoozed)."""
         query, params = ack_statement(acks, self._owner)
         async with self._pool.connection() as conn:
             cur = await conn.execute(query, params)
             if query is sql.ACK_DONE:  # the jobs it deleted are its rowcount
-                return cur.rowcount, 0, 0, 0, 0
-            done, retried, released, interrupted, dead = await cur.fetchone()
-        return done, retried, released, interrupted, dead
+                return cur.rowcount, 0, 0, 0, 0, 0
+            row = await cur.fetchone()
+        if query is sql.ACK_CONTROL:
+            return row
+        done, retried, released, interrupted, dead = row
+        return done, retried, released, interrupted, dead, 0
+
+
+#: The arms of `sql.ACK` (and `sql.ACK_DONE`), and of `sql.ACK_CONTROL`.
+_ARMS: tuple[AckKind, ...] = ("done", "retry", "release", "interrupted", "dead")
+_ARMS_CONTROL: tuple[AckKind, ...] = (*_ARMS, "snooze")
 
 
 def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     """The one statement that writes ``acks`` as host ``owner``, and its parameters:
-    `sql.ACK_DONE` when every attempt succeeded (the one arm with rows), else `sql.ACK`.
-    Its rows: ACK_DONE's rowcount is the jobs deleted; ACK returns (done, retried,
-    released, interrupted, dead). `pgpool.testing.drain` writes its acks with it too."""
-    arms: dict[str, list[Ack]] = {"done": [], "retry": [], "release": [],
-                                  "interrupted": [], "dead": []}
+    `sql.ACK_DONE` when every attempt succeeded (the one arm with rows), `sql.ACK_CONTROL`
+    when a handler asked for a snooze, a discard or a cancel, else `sql.ACK`. Its rows:
+    ACK_DONE's rowcount is the jobs deleted; ACK returns (done, retried, released,
+    interrupted, dead), ACK_CONTROL those and snoozed. `pgpool.testing.drain` writes its
+    acks with it too."""
+    arms: dict[AckKind, list[Ack]] = {"done": [], "retry": [], "release": [],
+                                      "interrupted": [], "dead": [], "snooze": [],
+                                      "discard": [], "cancel": []}
     for a in acks:
         arms[a.kind].append(a)
+    control = bool(arms["snooze"] or arms["discard"] or arms["cancel"])
+    if control:  # dead letters with a reason each
+        arms["dead"] += arms["discard"] + arms["cancel"]
     p: dict[str, object] = {"owner": owner}
-    for kind, arm in arms.items():
+    for kind in _ARMS_CONTROL if control else _ARMS:
+        arm = arms[kind]
         p[f"{kind}_ids"] = int_array(a.job.id for a in arm)
         p[f"{kind}_attempts"] = int_array(a.job.attempt for a in arm)
     p["retry_delays"] = [a.delay for a in arms["retry"]]
     p["retry_errors"] = [a.error or "" for a in arms["retry"]]
     p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
     p["dead_errors"] = [a.error or "" for a in arms["dead"]]
-    return (sql.ACK_DONE if len(arms["done"]) == len(acks) else sql.ACK), p
+    if len(arms["done"]) == len(acks):
+        return sql.ACK_DONE, p
+    if not control:
+        return sql.ACK, p
+    p["snooze_delays"] = [a.delay for a in arms["snooze"]]
+    p["dead_reasons"] = [_DEAD_REASONS[a.kind] for a in arms["dead"]]
+    return sql.ACK_CONTROL, p
 
 
 def _reason(ack: Ack, exc: BaseException) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from .errors import ConfigError
-from .retry import RetryPolicy
+from .retry import Retry
 
 #: Attempts a job gets when neither its producer nor its handler says otherwise.
 DEFAULT_MAX_ATTEMPTS = 20
@@ -59,7 +59,8 @@ class RunConfig:
     #: The most running jobs of one tenant across the fleet (None: no cap;
     #: docs/guides/fairness.md says how far concurrent claims can overshoot it).
     tenant_cap: int | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: The retry schedule of kinds whose handler gives none (``retry=``).
+    retry: Retry = field(default_factory=Retry)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: Serve /metrics and /healthz on this TCP port (None: not at all; 0: any free port).
     metrics_port: int | None = None

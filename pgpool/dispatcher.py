@@ -19,7 +19,7 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.parts``)::
      ▼                                       │
   _job_finished(outcome):                    │
      scheduler.job_finished()  (room)        │
-     completer.complete(outcome): decide() ─▶ Ack.done / Ack.retry / Ack.dead
+     completer.complete(outcome): decide() ─▶ Ack.done / Ack.retry / Ack.dead / Ack.snooze
   unstarted jobs handed back: completer.release(jobs) ─▶ Ack.release
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
@@ -291,7 +291,9 @@ class Dispatcher:
             counters=self._host_counters,
         )
         self.completer = Completer(
-            db, self.owner, interval=0.05, retry=cfg.retry, on_flushed=self._acks_flushed,
+            db, self.owner, interval=0.05, retry=cfg.retry,
+            retries={kind: h.retry for kind, h in self.handlers.items() if h.retry is not None},
+            on_flushed=self._acks_flushed,
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
         )
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
@@ -451,8 +453,8 @@ class Dispatcher:
 
     def _acks_flushed(self, result: FlushResult) -> None:
         self.scheduler.acks_flushed()
-        if result.retried:
-            self.stager.wake()  # their backoff may end before the stager's next pass
+        if result.retried or result.snoozed:
+            self.stager.wake()  # their delay may end before the stager's next pass
         if self.metrics is not None:
             self.metrics.acks_flushed(result)
 
@@ -534,7 +536,7 @@ class Dispatcher:
     def _summary(self) -> None:
         elapsed = max(1e-9, time.monotonic() - self._started)
         c = self.completer.counts
-        rate = (c["done"] + c["dead"]) / elapsed
+        rate = (c["done"] + c["dead"] + c["discarded"] + c["cancelled"]) / elapsed
         auto = self.scheduler.sizer is not None
         event(
             log, logging.INFO, "finished",
@@ -548,7 +550,8 @@ class Dispatcher:
             interrupted=c["interrupted"],
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
-            batch_auto=auto, lost=c["lost"], parked=c["parked"],
+            batch_auto=auto, lost=c["lost"], parked=c["parked"], snoozed=c["snoozed"],
+            discarded=c["discarded"], cancelled=c["cancelled"],
         )
 
 

@@ -15,6 +15,10 @@ Every message is a named tuple of its own type, read by field at both ends:
     worker -> dispatcher
         Ready(pid) | Broken(reason)  once, after importing the handler modules
         Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order;
+        Snoozed(id, seconds, elapsed) | Ended(id, verdict, error, cause, elapsed)
+                                     in their place for what a handler asked for (a
+                                     `pgpool.Snooze`, `Discard` or `Cancel`, or an error its
+                                     `pgpool.Retry` does not retry)
         Skipped(id)                  in their place for a job dropped before it started
         Returned(ids)                the unstarted jobs, answering Stop
         Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
@@ -38,9 +42,12 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 _HEADER = struct.Struct("<I")
+
+#: What a handler asked for instead of a plain failure (`pgpool.job.Outcome.verdict`).
+Verdict = Literal["snooze", "discard", "cancel", "final"]
 
 
 class WorkItem(NamedTuple):
@@ -48,7 +55,7 @@ class WorkItem(NamedTuple):
 
     id: int
     attempt: int  # the claim number (`Job.attempt`)
-    interruptions: int  # earlier claims not counted against max_attempts
+    uncounted: int  # earlier claims not counted against max_attempts (`Job.counted`)
     max_attempts: int
     kind: str
     queue: str
@@ -92,6 +99,22 @@ class Failed(NamedTuple):
     elapsed: float
 
 
+class Snoozed(NamedTuple):
+    id: int
+    seconds: float  # run it again this much later, the attempt not counted (`pgpool.Snooze`)
+    elapsed: float
+
+
+class Ended(NamedTuple):
+    id: int
+    #: "discard" or "cancel" (`pgpool.Discard`, `pgpool.Cancel`), or "final": an error its
+    #: handler's `pgpool.Retry` does not retry (`pgpool.job.Outcome.verdict`).
+    verdict: Verdict
+    error: str  # what pgpool_dead keeps: the reason given, or the bounded traceback
+    cause: str  # the exception's type name: what logs show
+    elapsed: float
+
+
 class Skipped(NamedTuple):
     id: int  # a job `Drop` reached before it started: it did not run
 
@@ -105,12 +128,12 @@ class Retiring(NamedTuple):
 
 
 ToWorker = Jobs | Stop | Extend | Drop
-FromWorker = Ready | Broken | Done | Failed | Skipped | Returned | Retiring
+FromWorker = Ready | Broken | Done | Failed | Snoozed | Ended | Skipped | Returned | Retiring
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
-                                       Retiring, Extend, Drop, Skipped)
+                                       Retiring, Extend, Drop, Skipped, Snoozed, Ended)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ipc import WorkItem
+from .ipc import Done, Ended, Failed, Snoozed, Verdict, WorkItem
 
 
 @dataclass(slots=True, eq=False)
@@ -30,17 +30,20 @@ class Job:
     started: bool = False
     #: Seconds from when it was due (``run_at``) to its claim: its queue lag.
     waited: float = 0.0
+    #: Earlier claims whose handler snoozed (`pgpool.Snooze`): not counted either.
+    snoozes: int = 0
 
     @property
     def counted(self) -> int:
         """Attempts used against ``max_attempts``, this one included."""
-        return self.attempt - self.interruptions
+        return self.attempt - self.interruptions - self.snoozes
 
     def wire(self) -> WorkItem:
         """What a worker receives of this attempt."""
         # tuple.__new__ skips the named tuple's Python-level __new__: half the cost, once per
         # job on the dispatcher's busiest path.
-        return tuple.__new__(WorkItem, (self.id, self.attempt, self.interruptions,
+        return tuple.__new__(WorkItem, (self.id, self.attempt,
+                                        self.interruptions + self.snoozes,
                                         self.max_attempts, self.kind, self.queue,
                                         self.payload, self.deadline))
 
@@ -61,3 +64,23 @@ class Outcome:
     #: Cut off by this host's shutdown (its grace period ran out), or killed with a job whose
     #: lease was lost (`pgpool.pool.KILLED_WITH_LOST`): not by the job itself.
     interrupted: bool = False
+    #: What its handler asked for instead of a plain failure (``error`` is set then too):
+    #: "snooze" (run again in ``delay`` seconds, not counted), "discard" or "cancel"
+    #: (dead-letter it now, with that reason), "final" (a failure its handler's
+    #: `pgpool.Retry` does not retry: dead-letter it now). None: a plain outcome.
+    verdict: Verdict | None = None
+    delay: float = 0.0
+
+    @classmethod
+    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended) -> Outcome:
+        """The outcome of ``job`` a worker's message reports."""
+        match message:
+            case Failed():
+                return cls(job, message.error, message.elapsed, cause=message.cause)
+            case Snoozed():
+                return cls(job, f"snoozed for {message.seconds:g}s", message.elapsed,
+                           cause="Snooze", verdict="snooze", delay=message.seconds)
+            case Ended():
+                return cls(job, message.error, message.elapsed, cause=message.cause,
+                           verdict=message.verdict)
+        return cls(job, None, message.elapsed)

@@ -66,15 +66,20 @@ LAG_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
                       900, 3600)
 DB_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 FLUSH_SIZE_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+#: The ``reason`` of ``pgpool_queue_dead_jobs``, each served for every queue (0 when none).
+DEAD_REASONS: Final[Mapping[str, int]] = {"failed": 0, "cancelled": 0, "discarded": 0}
 #: What ``/healthz`` waits for the event loop to answer, seconds.
 LOOP_TIMEOUT: Final = 2.0
 #: The scrape connection's statement timeout, ms: a scrape must not hang on a lock.
 SCRAPE_TIMEOUT_MS: Final = 5000
 
 #: `Completer` ack kinds as the ``outcome`` label; "lost" is a result dropped because the
-#: lease was lost.
+#: lease was lost. "dead": dead-lettered as failed; "discarded" and "cancelled": by its
+#: handler (`pgpool.Discard`, `pgpool.Cancel`); "snoozed": `pgpool.Snooze`, not an attempt.
 OUTCOMES: Final[Mapping[str, str]] = {"done": "succeeded", "retry": "retried",
-                                      "dead": "dead", "interrupted": "interrupted"}
+                                      "dead": "dead", "interrupted": "interrupted",
+                                      "snooze": "snoozed", "discard": "discarded",
+                                      "cancel": "cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,15 +319,17 @@ class QueueCollector(Collector):
         lag = GaugeMetricFamily("pgpool_queue_oldest_ready_age_seconds",
                                 "Age of the oldest job due now, by queue (the queue lag)",
                                 labels=["queue"])
-        dead = GaugeMetricFamily("pgpool_queue_dead_jobs", "Dead-lettered jobs, by queue",
-                                 labels=["queue"])
-        for (queue, ready, scheduled, running, parked, done, oldest, dead_count,
+        dead = GaugeMetricFamily("pgpool_queue_dead_jobs", "Dead-lettered jobs, by queue "
+                                 "and reason (failed, cancelled, discarded)",
+                                 labels=["queue", "reason"])
+        for (queue, ready, scheduled, running, parked, done, oldest, dead_counts,
              is_paused) in conn.execute(sql.METRICS_QUEUES).fetchall():
             for state, count in (("ready", ready), ("scheduled", scheduled),
                                  ("running", running), ("parked", parked), ("done", done)):
                 jobs.add_metric([queue, state], count)
             lag.add_metric([queue], oldest or 0.0)
-            dead.add_metric([queue], dead_count)
+            for reason, count in sorted({**DEAD_REASONS, **dead_counts}.items()):
+                dead.add_metric([queue, reason], count)
             paused.add_metric([queue], 1 if is_paused else 0)
         hosts, claims_per_sec, budget = conn.execute(
             sql.METRICS_FLEET, {"stale_leases": STALE_AFTER_LEASES}).fetchone()

@@ -41,6 +41,11 @@ if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
 
 JobState = Literal["ready", "scheduled", "running", "parked", "done"]
 JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running", "parked", "done")
+#: Why a job is in ``pgpool_dead``: it failed (its last attempt, or an error its handler's
+#: `pgpool.Retry` does not retry), it was cancelled (``pgpool cancel``, `pgpool.Cancel`), or
+#: its handler discarded it (`pgpool.Discard`).
+DeadReason = Literal["failed", "cancelled", "discarded"]
+DEAD_REASONS: Final[tuple[DeadReason, ...]] = ("failed", "cancelled", "discarded")
 #: Rows a listing returns when the caller gives no limit.
 DEFAULT_LIMIT: Final = 100
 #: Dead jobs per replay or purge batch (a replay with ``rate`` uses smaller ones).
@@ -87,7 +92,7 @@ class LiveJob:
 
 @dataclass(frozen=True, slots=True)
 class DeadJob:
-    """A job in ``pgpool_dead``. ``reason`` is failed or cancelled; ``signature`` is its
+    """A job in ``pgpool_dead``. ``reason`` is one of `DEAD_REASONS`; ``signature`` is its
     error signature (`sql.SIGNATURE`), ``error`` the error's summary line."""
 
     id: int
@@ -110,9 +115,10 @@ class DeadJob:
 
 @dataclass(frozen=True, slots=True)
 class DeadGroup:
-    """Dead jobs of one kind that share an error signature."""
+    """Dead jobs of one kind that share a reason and an error signature."""
 
     kind: str
+    reason: str
     signature: str
     count: int
     first_died_at: datetime
@@ -185,7 +191,7 @@ class DeadFilter:
     kind: str | None = None
     error: str | None = None
     signature: str | None = None
-    reason: Literal["failed", "cancelled"] | None = None
+    reason: DeadReason | None = None
     since: float | None = None
     older_than: float | None = None
 
@@ -196,8 +202,9 @@ class DeadFilter:
         for what in ("queue", "kind"):
             if getattr(self, what) is not None:
                 check_name(what, getattr(self, what))
-        if self.reason not in (None, "failed", "cancelled"):
-            raise ConfigError(f"reason must be failed or cancelled, got {self.reason!r}")
+        if self.reason is not None and self.reason not in DEAD_REASONS:
+            raise ConfigError(f"reason must be one of {', '.join(DEAD_REASONS)}, got "
+                              f"{self.reason!r}")
         for what in ("since", "older_than"):
             _check_seconds(what, getattr(self, what))
         if (self.since is not None and self.older_than is not None
@@ -565,7 +572,8 @@ async def list_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter = Dea
 
 def group_dead(conn: psycopg.Connection, where: DeadFilter = DeadFilter(), *,
                limit: int = DEFAULT_LIMIT) -> Listing[DeadGroup]:
-    """Dead jobs matching ``where`` counted by (kind, error signature), largest first."""
+    """Dead jobs matching ``where`` counted by (kind, reason, error signature), largest
+    first."""
     return _run(conn, _group_dead(where, limit))
 
 

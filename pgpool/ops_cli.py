@@ -108,7 +108,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                       dead_sub)
     _dead_filters(listing)
     listing.add_argument("--group", action="store_true",
-                         help="count by kind and error signature instead (the triage view)")
+                         help="count by kind, reason and error signature instead (the triage "
+                         "view)")
     listing.add_argument("--limit", type=_positive, default=ops.DEFAULT_LIMIT, metavar="N",
                          help=f"list at most N rows (default {ops.DEFAULT_LIMIT})")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -161,8 +162,9 @@ def _dead_filters(p: argparse.ArgumentParser, *, older_than_required: bool = Fal
     p.add_argument("--error", metavar="TEXT", help="only jobs whose last error contains TEXT")
     p.add_argument("--signature", metavar="SIG",
                    help="only jobs with this error signature (as `dead list --group` shows)")
-    p.add_argument("--reason", choices=("failed", "cancelled"),
-                   help="only jobs that failed, or only cancelled ones")
+    p.add_argument("--reason", choices=ops.DEAD_REASONS,
+                   help="only jobs that failed, only cancelled ones (by an operator or "
+                   "their handler), or only those their handler discarded")
     p.add_argument("--since", type=duration, metavar="DURATION",
                    help="only jobs that died within this long (90s, 15m, 2h, 7d)")
     p.add_argument("--older-than", type=duration, metavar="DURATION",
@@ -244,9 +246,11 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
         if args.json:
             _json_lines(g.as_dict() for g in groups.rows)
             return 0
-        _print_table(["COUNT", "KIND", "SIGNATURE", "LAST DIED", "FIRST DIED", "EXAMPLE"],
-                     [[g.count, g.kind, g.signature or "(no error)", _ago(g.last_died_at, now),
-                       _ago(g.first_died_at, now), g.example_id] for g in groups.rows])
+        _print_table(["COUNT", "KIND", "REASON", "SIGNATURE", "LAST DIED", "FIRST DIED",
+                      "EXAMPLE"],
+                     [[g.count, g.kind, g.reason, g.signature or "(no error)",
+                       _ago(g.last_died_at, now), _ago(g.first_died_at, now), g.example_id]
+                      for g in groups.rows])
         total = sum(g.count for g in groups.rows)
         if not groups.rows:
             print("(no dead jobs match)")

@@ -21,10 +21,11 @@ types of `pgpool.ipc`::
      │                                                                │   imported once;    │
      │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
      │                  Done | Failed | Skipped; Returned | Retiring  │   handler.run()     │
+     │                  (Snoozed | Ended: what a handler asked for)   │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
-     │        _on_done / _on_failed: assigned.popleft() ─▶ on_outcome(Outcome)
-     │                                  (the dispatcher's `_job_finished`: to its completer)
+     │        _on_outcome (Done | Failed | Snoozed | Ended): assigned.popleft()
+     │            ─▶ on_outcome(Outcome)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
@@ -439,10 +440,8 @@ class WorkerPool:
 
     def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
         match message:  # the per-job ones first
-            case ipc.Done():
-                self._on_done(w, message)
-            case ipc.Failed():
-                self._on_failed(w, message)
+            case ipc.Done() | ipc.Failed() | ipc.Snoozed() | ipc.Ended():
+                self._on_outcome(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
             case ipc.Ready():
@@ -456,12 +455,9 @@ class WorkerPool:
             case _:
                 raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
 
-    def _on_done(self, w: _Worker, message: ipc.Done) -> None:
-        self._finished(w, Outcome(self._front_job(w, message.id), None, message.elapsed))
-
-    def _on_failed(self, w: _Worker, message: ipc.Failed) -> None:
-        job = self._front_job(w, message.id)
-        self._finished(w, Outcome(job, message.error, message.elapsed, cause=message.cause))
+    def _on_outcome(self, w: _Worker,
+                    message: ipc.Done | ipc.Failed | ipc.Snoozed | ipc.Ended) -> None:
+        self._finished(w, Outcome.of(self._front_job(w, message.id), message))
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, Typ
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import ConfigError, HandlerError, PayloadError
 from .names import check_name
+from .retry import Retry
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
     import psycopg
@@ -88,6 +89,7 @@ class Handler(Generic[P]):
         timeout: float | None = None,
         max_attempts: int | None = None,
         *,
+        retry: Retry | None = None,
         queue: str | None = None,
         priority: int | None = None,
         tenant: str | None = None,
@@ -103,6 +105,8 @@ class Handler(Generic[P]):
         """Seconds an attempt may run before its worker is killed; None: the host's."""
         self.max_attempts = max_attempts
         """Attempts a job of this kind gets when its producer did not say; None: 20."""
+        self.retry = retry
+        """Its retry schedule and which exceptions it retries; None: the host's default."""
         self.queue = queue
         """An enqueue default, as are ``priority`` and ``tenant``: None when not set (then
         `pgpool.enqueue`'s own default applies)."""
@@ -240,6 +244,7 @@ def handler(
     *,
     timeout: float | None = None,
     max_attempts: int | None = None,
+    retry: Retry | None = None,
     queue: str | None = None,
     priority: int | None = None,
     tenant: str | None = None,
@@ -252,6 +257,8 @@ def handler(
     killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
     of this kind gets when its producer did not say; after the last failure it moves to
     ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
+    ``retry`` (a `pgpool.Retry`) replaces the default retry schedule for this kind's jobs;
+    its ``attempts`` is then the handler's ``max_attempts`` (give one or the other).
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
 
     ``queue``, ``priority``, ``tenant``, ``unique_key`` and ``concurrency_key`` are what the
@@ -277,6 +284,15 @@ def handler(
         raise HandlerError(f"handler {kind!r}: timeout must be a positive number of seconds")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
+    if retry is not None:
+        if not isinstance(retry, Retry):
+            raise HandlerError(f"handler {kind!r}: retry must be a pgpool.Retry(...), got a "
+                               f"{type(retry).__name__}")
+        if retry.attempts is not None:
+            if max_attempts is not None:
+                raise HandlerError(f"handler {kind!r}: max_attempts and retry=Retry(attempts="
+                                   "...) both set the attempts: give only one of them")
+            max_attempts = retry.attempts
     _check_defaults(kind, queue, priority, tenant, unique_key, concurrency_key)
 
     def register(fn: Callable[[P], Any]) -> Handler[P]:
@@ -289,8 +305,8 @@ def handler(
 
             codec = codec_for(kind, fn)
         new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts,
-                      queue=queue, priority=priority, tenant=tenant, unique_key=unique_key,
-                      concurrency_key=concurrency_key, codec=codec)
+                      retry=retry, queue=queue, priority=priority, tenant=tenant,
+                      unique_key=unique_key, concurrency_key=concurrency_key, codec=codec)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(

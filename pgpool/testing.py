@@ -44,7 +44,7 @@ from .enqueue import encode_payload, schema_required
 from .errors import HandlerError
 from .job import Job, Outcome
 from .ops import JobState
-from .retry import RetryPolicy
+from .retry import Retry
 from .sql import jobs as sql
 from .sql import testing as tsql
 from .worker import run_job
@@ -83,16 +83,26 @@ class EnqueuedJob:
 @dataclass(frozen=True, slots=True)
 class Counts:
     """What `drain` did: attempts that succeeded (``done``: the job is deleted), failed with
-    attempts left (``retried``: scheduled again after the backoff), or failed their last
-    attempt (``dead``: moved to ``pgpool_dead``)."""
+    attempts left (``retried``: scheduled again after the backoff), or failed for good
+    (``dead``: moved to ``pgpool_dead``, its last attempt failed or its handler's
+    `pgpool.Retry` does not retry the error); and what handlers asked for: ``snoozed``
+    (`pgpool.Snooze`: scheduled for later, no attempt used), ``discarded`` and
+    ``cancelled`` (`pgpool.Discard`, `pgpool.Cancel`: moved to ``pgpool_dead`` with that
+    reason)."""
 
     done: int = 0
     retried: int = 0
     dead: int = 0
+    snoozed: int = 0
+    discarded: int = 0
+    cancelled: int = 0
 
 
 #: The `Counts` field of each decision `drain` can meet.
-_COUNTED: Final = {"done": "done", "retry": "retried", "dead": "dead"}
+_COUNTED: Final = {"done": "done", "retry": "retried", "dead": "dead", "snooze": "snoozed",
+                   "discard": "discarded", "cancel": "cancelled"}
+#: `drain(retries=True)`: a failed attempt's retry is due at once (a delay must be above 0).
+_AT_ONCE: Final = Retry(base=1e-6, cap=1e-6, jitter=False)
 
 
 def enqueued(conn: psycopg.Connection, kind: str | None = None) -> list[EnqueuedJob]:
@@ -172,7 +182,7 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
     when ``conn`` leads to no pgpool installation.
     """
     handlers = _handlers(kinds)
-    policy = RetryPolicy(base=0.0, cap=0.0) if retries else RetryPolicy()
+    default = Retry()
     host = _Host(conn, handlers, None if queues is None else set(_names(queues)))
     counts: Counter[str] = Counter()
     ran: set[int] = set()
@@ -186,10 +196,13 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
         ran.add(job.id)
         raised: list[BaseException] = []
         result = run_job(handlers, job.wire(), (), raised)
-        ack = decide(_outcome(job, result), policy)
+        policy = _AT_ONCE if retries else handlers[job.kind].retry or default
+        ack = decide(Outcome.of(job, result), policy)
         host.ack(ack)
         counts[_COUNTED[ack.kind]] += 1
-        failed = isinstance(result, ipc.Failed) and raised
+        # A failure, not what a handler asked for (a snooze, a discard, a cancel).
+        failed = raised and (isinstance(result, ipc.Failed)
+                             or (isinstance(result, ipc.Ended) and result.verdict == "final"))
         if failed and (raise_errors or isinstance(raised[0], KeyboardInterrupt)):
             raise raised[0]
 
@@ -276,7 +289,7 @@ class _Host:
             return None
         id_, kind, queue, attempt, interruptions, max_attempts, payload, waited = row[:8]
         return Job(id_, kind, queue, attempt, interruptions, max_attempts, payload, None,
-                   waited=waited)
+                   waited=waited, snoozes=row[10])
 
     def _claim_fair(self, params: dict[str, object]) -> tuple[Any, ...] | None:
         walked: set[str] = set()
@@ -312,13 +325,6 @@ class _Host:
     def _one(self, query: str, params: dict[str, object]) -> tuple[Any, ...] | None:
         with self._conn.transaction():
             return self._cursor.execute(query, params).fetchone()
-
-
-def _outcome(job: Job, result: ipc.Done | ipc.Failed) -> Outcome:
-    """The attempt's `Outcome`, as the pool makes it of the worker's message."""
-    if isinstance(result, ipc.Failed):
-        return Outcome(job, result.error, result.elapsed, cause=result.cause)
-    return Outcome(job, None, result.elapsed)
 
 
 async def _kept(coroutine: Coroutine[Any, Any, Any], returned: list[Any]) -> None:

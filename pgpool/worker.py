@@ -2,13 +2,15 @@
 
 It imports the handler modules once, then loops: take the next job, run it (decoding its
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
-or `ipc.Failed`) per job to the result pipe. A reader thread (`_Inbox`) drains the task
-pipe meanwhile: jobs queue up in order, an `ipc.Stop` is seen before the next job starts
-(a stopping dispatcher gets its unstarted jobs back, `ipc.Returned`), an `ipc.Extend`
-moves the lease deadline at once, even while a handler runs, and an `ipc.Drop` (jobs whose
-lease was lost) makes the worker skip those not started (`ipc.Skipped`), or end at once
-with its process group if one of them is running. Each job runs under the fence's kernel
-timer (`pgpool.fence`): past its deadline, the kernel ends the process.
+or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, or an
+error the handler's `pgpool.Retry` does not retry) per job to the result pipe. A reader
+thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
+seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
+`ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
+runs, and an `ipc.Drop` (jobs whose lease was lost) makes the worker skip those not started
+(`ipc.Skipped`), or end at once with its process group if one of them is running. Each
+job runs under the fence's kernel timer (`pgpool.fence`): past its deadline, the kernel
+ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
 its dispatcher: on Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also
 sees its task pipe close. It leads its own process group, which the dispatcher kills with
@@ -37,6 +39,7 @@ from setproctitle import setproctitle
 
 from . import fence, ipc, output, registry, schedules
 from .errors import PgpoolError
+from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
@@ -145,7 +148,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         ipc.write_all(wfd, ipc.encode(outcome))
         finished += 1
         retire = None
-        if isinstance(outcome, ipc.Failed) and outcome.cause == "MemoryError":
+        if isinstance(outcome, ipc.Failed | ipc.Ended) and outcome.cause == "MemoryError":
             retire = RETIRED_AFTER_MEMORY_ERROR  # its heap may be left fragmented
         elif max_tasks is not None and finished >= max_tasks:
             retire = f"recycled after {finished} jobs"
@@ -272,17 +275,19 @@ class _Inbox:
 
 def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             streams: tuple[output.JobStream, ...] = (),
-            raised: list[BaseException] | None = None) -> ipc.Done | ipc.Failed:
+            raised: list[BaseException] | None = None) -> ipc.Done | ipc.Failed | Controlled:
     """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
-    its outcome; whatever the handler raises fails the attempt. ``streams``: what prints
-    go to (`output.install`). ``raised``: if given, gets the exception that failed the
-    attempt (`pgpool.testing` runs jobs with this, and re-raises it in the test)."""
+    its outcome: done, failed, or what a handler's control exception or its `Retry` asks
+    for (`_controlled`). ``streams``: what prints go to (`output.install`). ``raised``: if
+    given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
+    this, and re-raises it in the test)."""
     global _current
     started = time.perf_counter()
-    _current = JobInfo(job.id, job.kind, job.queue, job.attempt - job.interruptions,
+    _current = JobInfo(job.id, job.kind, job.queue, job.attempt - job.uncounted,
                        job.max_attempts, job.attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
+    handler = None
     try:
         handler = handlers.get(job.kind)
         if handler is None:
@@ -295,13 +300,33 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
             raised.append(exc)
-        return ipc.Failed(job.id, format_error(exc), type(exc).__name__,
-                          time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        if isinstance(exc, Control) or (handler is not None and handler.retry is not None
+                                        and not handler.retry.retries(exc)):
+            return _controlled(job.id, exc, elapsed)
+        return ipc.Failed(job.id, format_error(exc), type(exc).__name__, elapsed)
     finally:
         _current = None
         for stream in streams:
             stream.end()
     return ipc.Done(job.id, time.perf_counter() - started)
+
+
+Controlled = ipc.Snoozed | ipc.Ended
+
+
+def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
+    """The outcome of an attempt that raised a control exception (`pgpool.Snooze`,
+    `Discard`, `Cancel`), or an error its handler's `pgpool.Retry` does not retry."""
+    if isinstance(exc, Snooze):
+        return ipc.Snoozed(job_id, exc.seconds, elapsed)
+    if isinstance(exc, Discard | Cancel):
+        verdict: ipc.Verdict = "discard" if isinstance(exc, Discard) else "cancel"
+        reason = clean_text(exc.reason)
+        if len(reason) > MAX_REASON_CHARS:
+            reason = reason[:MAX_REASON_CHARS] + "... (truncated)"
+        return ipc.Ended(job_id, verdict, reason, type(exc).__name__, elapsed)
+    return ipc.Ended(job_id, "final", format_error(exc), type(exc).__name__, elapsed)
 
 
 def format_error(exc: BaseException) -> str:

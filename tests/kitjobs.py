@@ -54,3 +54,21 @@ async def async_answer(payload: dict) -> dict:
 @pgpool.handler("kit.interrupt", max_attempts=1)
 def interrupt(payload: dict) -> None:
     raise KeyboardInterrupt
+
+
+@pgpool.handler("kit.asks")
+def asks(payload: dict) -> None:
+    """Raises what ``payload["ask"]`` names: a snooze of an hour, a discard or a cancel."""
+    match payload["ask"]:
+        case "snooze":
+            raise pgpool.Snooze(3600)
+        case "discard":
+            raise pgpool.Discard("not ours to handle")
+        case "cancel":
+            raise pgpool.Cancel("the order was withdrawn")
+
+
+@pgpool.handler("kit.picky", retry=pgpool.Retry(never=(KeyError,)))
+def picky(payload: dict) -> None:
+    """Raises a KeyError, which its Retry never retries."""
+    raise KeyError(payload["missing"])

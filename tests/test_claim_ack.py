@@ -25,7 +25,7 @@ from pgpool.lease import Lease
 from pgpool.parts.heartbeat import Heartbeat
 from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
-from pgpool.retry import FREE_INTERRUPTIONS, RetryPolicy
+from pgpool.retry import FREE_INTERRUPTIONS, Retry
 
 
 def _handlers(*kinds: str, max_attempts: int | None = None) -> dict[str, Handler]:
@@ -293,7 +293,7 @@ def _outcome(attempt: int, interruptions: int, *, interrupted: bool) -> Outcome:
 
 
 def test_an_attempt_cut_off_by_shutdown_is_not_counted_up_to_the_bound() -> None:
-    policy = RetryPolicy()
+    policy = Retry()
     # On its last counted attempt, a shutdown cut-off does not send it to pgpool_dead.
     assert decide(_outcome(3, 0, interrupted=True), policy).kind == "interrupted"
     assert decide(_outcome(3, 0, interrupted=False), policy).kind == "dead"
@@ -363,9 +363,7 @@ def test_completer_keeps_acks_across_a_killed_connection(db, dsn, server_dsn):
 
 @pytest.mark.parametrize("attempt", [1, 2, 5, 12, 40])
 def test_backoff_is_capped_exponential_with_bounded_jitter(attempt):
-    from pgpool.retry import RetryPolicy
-
-    policy = RetryPolicy(base=1.0, cap=600.0)
+    policy = Retry(base=1.0, cap=600.0)
     nominal = min(600.0, 2.0 ** (attempt - 1))
     delays = [policy.delay(attempt) for _ in range(200)]
     assert all(nominal / 2 <= d <= nominal for d in delays)

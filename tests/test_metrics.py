@@ -82,7 +82,8 @@ def test_metrics_count_what_the_database_shows(db, dsn):
     assert value(m, "pgpool_worker_processes") == 2
     # The queue's figures, from the database, on the one reporting host.
     assert value(m, "pgpool_queue_metrics_reporter") == 1
-    assert value(m, "pgpool_queue_dead_jobs", queue="default") == 7
+    assert value(m, "pgpool_queue_dead_jobs", queue="default", reason="failed") == 7
+    assert value(m, "pgpool_queue_dead_jobs", queue="default", reason="discarded") == 0
     assert value(m, "pgpool_queue_jobs", queue="default", state="scheduled") == scheduled
     assert value(m, "pgpool_queue_jobs", queue="default", state="ready") == 0
     assert value(m, "pgpool_queue_jobs", queue="default", state="parked") == 1

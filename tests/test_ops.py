@@ -129,12 +129,13 @@ def test_dead_list_filters_and_shows_signatures(dlq, dsn):
 
 def test_dead_list_group_counts_by_kind_and_error_signature(dlq, dsn):
     rows = table(run_pgpool(dsn, "dead", "list", "--group"))
-    assert rows[0] == ["COUNT", "KIND", "SIGNATURE", "LAST DIED", "FIRST DIED", "EXAMPLE"]
-    assert [(r[0], r[1], r[2], r[5]) for r in rows[1:]] == [
-        ("3", "charge", "ValueError: order # declined", "1000"),
+    assert rows[0] == ["COUNT", "KIND", "REASON", "SIGNATURE", "LAST DIED", "FIRST DIED",
+                       "EXAMPLE"]
+    assert [(r[0], r[1], r[2], r[3], r[6]) for r in rows[1:]] == [
+        ("3", "charge", "failed", "ValueError: order # declined", "1000"),
         # 0x7f3a and 0x99 are normalised alike: the same failure
-        ("2", "ship", "KeyError: 'addr_#'", "2000"),
-        ("1", "charge", "worker died: signal # (SIGKILL)", "3000"),
+        ("2", "ship", "failed", "KeyError: 'addr_#'", "2000"),
+        ("1", "charge", "failed", "worker died: signal # (SIGKILL)", "3000"),
     ]
     assert lines(run_pgpool(dsn, "dead", "list", "--group"))[-1] == (
         "(6 dead jobs in 3 groups)")

@@ -141,6 +141,8 @@ EVERY_MESSAGE: list[ipc.Message] = [
     ipc.Done(1, 0.25),
     ipc.Skipped(5),
     ipc.Failed(2, "Traceback (most recent call last):\nValueError: café\n", "ValueError", 0.5),
+    ipc.Snoozed(6, 30.0, 0.125),
+    ipc.Ended(7, "discard", "order 48113 refused", "Discard", 0.01),
     ipc.Returned([3, 4]),
     ipc.Returned([]),
     ipc.Retiring("recycled after 3 jobs"),
@@ -167,8 +169,11 @@ def test_every_message_arrives_whole_and_named_however_the_stream_is_split() -> 
 
 def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
     item = Job(7, "resize", "images", 3, 1, 5, b'{"w": 1}', 30.0, deadline=42.5).wire()
-    assert item == ipc.WorkItem(id=7, attempt=3, interruptions=1, max_attempts=5, kind="resize",
+    assert item == ipc.WorkItem(id=7, attempt=3, uncounted=1, max_attempts=5, kind="resize",
                                 queue="images", payload=b'{"w": 1}', deadline=42.5)
+    # Snoozes are not counted either: the worker's attempt is 3 - (1 + 1).
+    item = Job(7, "resize", "images", 3, 1, 5, b"{}", 30.0, snoozes=1).wire()
+    assert (item.attempt, item.uncounted) == (3, 2)
     assert type(item) is ipc.WorkItem
 
 

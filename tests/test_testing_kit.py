@@ -507,3 +507,23 @@ def test_the_fixtures_fail_with_one_line_saying_what_to_do(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([said])
     assert "Traceback" not in result.stdout.str() and SECRET not in result.stdout.str()
+
+
+def test_drain_counts_what_handlers_ask_for_and_leaves_their_rows(db) -> None:
+    for ask in ("snooze", "discard", "cancel"):
+        pgpool.enqueue(db, "kit.asks", {"ask": ask})
+
+    assert drain(db, "kit.asks") == Counts(snoozed=1, discarded=1, cancelled=1)
+
+    [snoozed] = enqueued(db, "kit.asks")
+    assert (snoozed.payload, snoozed.state) == ({"ask": "snooze"}, "scheduled")
+    assert db.execute("SELECT reason, last_error FROM pgpool_dead ORDER BY id").fetchall() == [
+        ("discarded", "not ours to handle"), ("cancelled", "the order was withdrawn")]
+
+
+def test_drain_raises_an_error_the_handlers_retry_never_retries(db) -> None:
+    pgpool.enqueue(db, "kit.picky", {"missing": "sku"})
+
+    with pytest.raises(KeyError, match="sku"):
+        drain(db, "kit.picky")
+    assert db.execute("SELECT attempts, reason FROM pgpool_dead").fetchall() == [(1, "failed")]

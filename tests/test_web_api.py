@@ -334,11 +334,16 @@ def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:
     assert get(base + "/healthz") == {"ok": True}
     status, headers, text = http(base + "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     gauges = {(s.name, s.labels.get("queue"), s.labels.get("state")): s.value
-              for family in text_string_to_metric_families(text) for s in family.samples}
+              for s in samples if s.name != "pgpool_queue_dead_jobs"}
     assert gauges[("pgpool_queue_metrics_reporter", None, None)] == 1
     for queue in ("alpha", "beta"):
         expected = queue_counts(db, queue)
         for state in ("ready", "scheduled", "running"):
             assert gauges[("pgpool_queue_jobs", queue, state)] == expected[state]
-        assert gauges[("pgpool_queue_dead_jobs", queue, None)] == expected["dead"]
+        # By reason: failed, cancelled, discarded (each served, 0 when none).
+        dead = {s.labels["reason"]: s.value for s in samples
+                if s.name == "pgpool_queue_dead_jobs" and s.labels["queue"] == queue}
+        assert sorted(dead) == ["cancelled", "discarded", "failed"]
+        assert sum(dead.values()) == expected["dead"]

@@ -211,3 +211,51 @@ def spawner(payload: dict) -> None:
         f.write(str(child.pid))
     os.replace(payload["file"] + ".tmp", payload["file"] + ".pid")
     time.sleep(payload["seconds"])
+
+
+#: The exceptions `picky` raises, by name.
+_PICKY = {"ConnectionResetError": ConnectionResetError, "TimeoutError": TimeoutError,
+          "ValueError": ValueError}
+
+
+@pgpool.handler("picky", retry=pgpool.Retry(attempts=4, base=30, cap=45, jitter=False,
+                                             on=(OSError,), never=(TimeoutError,)))
+def picky(payload: dict) -> None:
+    """Raises ``payload["raise"]``: retried if an OSError (ConnectionResetError is one),
+    except a TimeoutError (an OSError too, but `never` wins); anything else is not."""
+    _record("start")
+    raise _PICKY[payload["raise"]]("picky failed")
+
+
+@pgpool.handler("snoozer", max_attempts=2, retry=pgpool.Retry(base=0.05, jitter=False))
+def snoozer(payload: dict) -> None:
+    """Snoozes ``payload["seconds"]`` on its claims up to ``payload["until_claim"]``, then
+    succeeds; records ``attempt=<n>`` (the attempt as counted) on every run."""
+    job = pgpool.current_job()
+    _record(f"attempt={job.attempt}")
+    if job.claim <= payload["until_claim"]:
+        raise pgpool.Snooze(payload["seconds"])
+    _record("end")
+
+
+@pgpool.handler("ender")
+def ender(payload: dict) -> None:
+    """Ends its job with ``pgpool.Discard`` or ``pgpool.Cancel`` (``payload["how"]``) and
+    ``payload["reason"]``."""
+    _record("start")
+    if payload["how"] == "discard":
+        raise pgpool.Discard(payload["reason"])
+    raise pgpool.Cancel(payload["reason"])
+
+
+@pgpool.handler("snooze_killed", retry=pgpool.Retry(base=0.05, jitter=False))
+def snooze_killed(payload: dict) -> None:
+    """On its first claim, raises ``pgpool.Snooze`` and is SIGKILLed while the exception
+    is on its way out: the worker never reports it. Succeeds on any later claim."""
+    _record("start")
+    if pgpool.current_job().claim == 1:
+        try:
+            raise pgpool.Snooze(3600)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    _record("end")

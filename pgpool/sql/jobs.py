@@ -148,7 +148,7 @@ _NEED_FAIR: Final = """
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority), in no order: the claimer puts them in claim order. None when
+#: due, tenant, priority, snoozes), in no order: the claimer puts them in claim order. None when
 #: something waiting needs the fair claim, and none when nothing waits: then the claimer
 #: claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
@@ -176,14 +176,14 @@ WHERE j.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes
 """
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
 #: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s but
-#: the last: ``plain``, true when nothing it left behind needs the fair claim (the claimer's
-#: next claim is the plain one then).
+#: the tenth: ``plain``, true when nothing it left behind needs the fair claim (the
+#: claimer's next claim is the plain one then).
 #:
 #: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
 #: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
@@ -327,10 +327,10 @@ WITH RECURSIVE pairs AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
               extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at
+              j.run_at, j.snoozes
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain)
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true
@@ -395,14 +395,11 @@ USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
 WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
 """
 
-#: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
-#: their delay is 0), hand back unstarted jobs, return attempts cut off by this host's
-#: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
-#: pgpool_dead. Each arm is guarded by ownership. Returns how many rows each arm changed.
-#: A hand-back is ready at once and not counted either (``interruptions`` + 1): it keeps
-#: ``attempts``, so the next claim's (owner, attempt) is a new one, which the same
-#: hand-back sent again (its first answer lost, its commit not) cannot match.
-ACK: Final = """
+# The arms of a grouped ack that every flush with a failure has: delete succeeded jobs,
+# reschedule failures (scheduled, or ready when their delay is 0), hand back unstarted jobs,
+# return attempts cut off by this host's shutdown (ready now, not counted:
+# ``interruptions`` + 1).
+_ACK_ARMS: Final = """
 WITH done AS (
     DELETE FROM pgpool_jobs AS j
     USING unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[],
@@ -440,29 +437,70 @@ WITH done AS (
          AS a(id, attempt, owner, error)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id
-), buried AS (
+)"""
+
+# Snoozed attempts (`ACK_CONTROL` only): scheduled again after their delay (always above
+# 0), not counted (``snoozes`` + 1); ``last_error`` is left as it was: a snooze is no error.
+_SNOOZED: Final = """, snoozed AS (
+    UPDATE pgpool_jobs AS j
+    SET state = 'scheduled', locked_by = NULL, lease_until = NULL,
+        run_at = now() + make_interval(secs => a.delay), snoozes = j.snoozes + 1
+    FROM unnest(%(snooze_ids)s::bigint[], %(snooze_attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(snooze_ids)s::bigint[])]),
+                %(snooze_delays)s::float8[])
+         AS a(id, attempt, owner, delay)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id
+)"""
+
+
+def _buried(reasons: bool) -> str:
+    """The arms that move jobs to pgpool_dead, each with its error (and, with ``reasons``,
+    its ``pgpool_dead.reason``; else the column's default, 'failed')."""
+    reasons_in, reason, a_reason = ((", %(dead_reasons)s::text[]", ", reason", ", a.reason")
+                                    if reasons else ("", "", ""))
+    return f""", buried AS (
     DELETE FROM pgpool_jobs AS j
     USING unnest(%(dead_ids)s::bigint[], %(dead_attempts)s::int[],
                  array_fill(%(owner)s::text, ARRAY[cardinality(%(dead_ids)s::bigint[])]),
-                 %(dead_errors)s::text[])
-          AS a(id, attempt, owner, error)
+                 %(dead_errors)s::text[]{reasons_in})
+          AS a(id, attempt, owner, error{reason})
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
-              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
-              a.error
+              j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
+              j.concurrency_key, a.error{a_reason}
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
-                             max_attempts, unique_key, created_at, tenant, concurrency_key,
-                             last_error)
-    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, tenant, concurrency_key, error
+                             snoozes, max_attempts, unique_key, created_at, tenant,
+                             concurrency_key, last_error{reason})
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
+           max_attempts, unique_key, created_at, tenant, concurrency_key, error{reason}
     FROM buried
     RETURNING id
-)
+)"""
+
+
+_COUNTS: Final = """
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
        (SELECT count(*) FROM released), (SELECT count(*) FROM interrupted),
-       (SELECT count(*) FROM dead)
-"""
+       (SELECT count(*) FROM dead)"""
+
+#: One grouped ack: delete succeeded jobs, reschedule failures (scheduled, or ready when
+#: their delay is 0), hand back unstarted jobs, return attempts cut off by this host's
+#: shutdown (ready now, not counted: ``interruptions`` + 1) and move exhausted jobs to
+#: pgpool_dead (reason 'failed'). Each arm is guarded by ownership. Returns how many rows
+#: each arm changed. A hand-back is ready at once and not counted either
+#: (``interruptions`` + 1): it keeps ``attempts``, so the next claim's (owner, attempt) is a
+#: new one, which the same hand-back sent again (its first answer lost, its commit not)
+#: cannot match.
+ACK: Final = _ACK_ARMS + _buried(reasons=False) + _COUNTS + "\n"
+
+#: `ACK` for a flush that holds what a handler asked for (`pgpool.retry.Control`): snoozes
+#: (scheduled after their delay, ``snoozes`` + 1, not counted), and dead letters with a
+#: reason each (``dead_reasons``: 'failed', 'discarded', 'cancelled'). Its counts are
+#: `ACK`'s and then the snoozed. A flush without any runs `ACK`, which pays for neither.
+ACK_CONTROL: Final = (_ACK_ARMS + _SNOOZED + _buried(reasons=True) + _COUNTS
+                      + ",\n       (SELECT count(*) FROM snoozed)\n")
 
 #: Park attempts whose ack the database refused even alone (`pgpool.isolate`): an
 #: application's foreign key or trigger, a lock held too long. ``state`` is 'done' for a
@@ -501,7 +539,7 @@ WITH expired AS (
 ), judged AS (
     SELECT j.id, j.locked_by, j.locked_by IS NULL AS cancelled,
            NOT j.started AND j.interruptions < %(max_interruptions)s AS uncounted,
-           j.attempts - j.interruptions < j.max_attempts AS attempts_left
+           j.attempts - j.interruptions - j.snoozes < j.max_attempts AS attempts_left
     FROM pgpool_jobs AS j JOIN expired AS e USING (id)
 ), revived AS (
     UPDATE pgpool_jobs AS j
@@ -519,14 +557,14 @@ WITH expired AS (
     USING judged AS g
     WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
-              j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
-              j.locked_by, j.last_error, g.cancelled
+              j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
+              j.concurrency_key, j.locked_by, j.last_error, g.cancelled
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
-                             max_attempts, unique_key, created_at, tenant, concurrency_key,
-                             last_error, reason)
-    SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, tenant, concurrency_key,
+                             snoozes, max_attempts, unique_key, created_at, tenant,
+                             concurrency_key, last_error, reason)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
+           max_attempts, unique_key, created_at, tenant, concurrency_key,
            CASE WHEN cancelled THEN last_error
                 ELSE 'lease expired while running on ' || locked_by END,
            CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END

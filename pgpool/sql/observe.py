@@ -118,15 +118,18 @@ SELECT pg_try_advisory_lock(hashtextextended('pgpool.queue-metrics:'
 """
 
 #: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
-#: due now (seconds; NULL when none is), dead-lettered, and whether it is paused.
+#: due now (seconds; NULL when none is), dead-lettered by reason (``pgpool_dead.reason``,
+#: as a JSON object), and whether it is paused.
 METRICS_QUEUES: Final = """
 WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
-    SELECT queue, count(*) AS dead FROM pgpool_dead GROUP BY queue
+    SELECT queue, jsonb_object_agg(reason, n) AS dead
+    FROM (SELECT queue, reason, count(*) AS n FROM pgpool_dead GROUP BY queue, reason) AS d
+    GROUP BY queue
 ), paused AS (
     SELECT queue, true AS paused FROM pgpool_paused
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
-       coalesce(parked, 0), coalesce(done, 0), lag, coalesce(dead, 0),
+       coalesce(parked, 0), coalesce(done, 0), lag, coalesce(dead, '{}'),
        coalesce(paused, false)
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN paused USING (queue)
 ORDER BY queue

@@ -89,13 +89,14 @@ ORDER BY died_at DESC, id DESC
 LIMIT %(limit)s + 1
 """
 
-#: Dead jobs counted by (kind, error signature), the largest group first: the triage view.
+#: Dead jobs counted by (kind, reason, error signature), the largest group first: the
+#: triage view.
 DEAD_GROUPS: Final = f"""
-SELECT kind, {SIGNATURE} AS signature, count(*), min(died_at), max(died_at), min(id)
+SELECT kind, reason, {SIGNATURE} AS signature, count(*), min(died_at), max(died_at), min(id)
 FROM pgpool_dead
 WHERE {_DEAD_FILTER}
-GROUP BY 1, 2
-ORDER BY 3 DESC, 1, 2
+GROUP BY 1, 2, 3
+ORDER BY 4 DESC, 1, 2, 3
 LIMIT %(limit)s + 1
 """
 
@@ -184,14 +185,15 @@ CANCEL: Final = f"""
 WITH gone AS (
     DELETE FROM pgpool_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
-    RETURNING id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state
+    RETURNING id, queue, kind, payload, priority, attempts, interruptions, snoozes,
+              max_attempts, unique_key, created_at, tenant, concurrency_key,
+              {_JOB_STATE} AS op_state
 ), dead AS (
-    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
-                             unique_key, created_at, tenant, concurrency_key, reason,
-                             last_error)
-    SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-           created_at, tenant, concurrency_key, 'cancelled',
+    INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
+                             snoozes, max_attempts, unique_key, created_at, tenant,
+                             concurrency_key, reason, last_error)
+    SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
+           max_attempts, unique_key, created_at, tenant, concurrency_key, 'cancelled',
            {_CANCELLED_AT} || ' while ' || op_state
     FROM gone
     RETURNING id

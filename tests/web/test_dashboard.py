@@ -229,9 +229,13 @@ def test_replaying_a_dead_group_runs_its_jobs(db, dsn, record_dir, web, open_pag
     page.get_by_test_id("tab-dead").click()
     group = page.locator('[data-testid="dead-group"][data-kind="record"]')
     expect(group.get_by_test_id("group-count")).to_have_text("5")
+    expect(group.get_by_test_id("group-reason")).to_have_text("cancelled")
+    expect(page.locator('[data-testid="dead-group"][data-kind="fail"]')
+           .get_by_test_id("group-reason")).to_have_text("failed")
     group.get_by_test_id("replay").click()
     # The confirmation states the count the dry run found, and takes a rate.
-    expect(page.get_by_test_id("confirm-text")).to_contain_text("Replay 5 dead record jobs")
+    expect(page.get_by_test_id("confirm-text")).to_contain_text(
+        "Replay 5 dead record jobs (cancelled)")
     page.get_by_test_id("confirm-rate").fill("100")
     screenshot(page, "replay-confirm")
     page.get_by_test_id("confirm-ok").click()

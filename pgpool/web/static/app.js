@@ -512,12 +512,14 @@ async function loadDeadGroups() {
   try {
     data = await getJSON("/api/dead/groups");
   } catch (err) {
-    body.replaceChildren(el("tr", {}, el("td", {colspan: 7, class: "error", text: err.message})));
+    body.replaceChildren(el("tr", {}, el("td", {colspan: 8, class: "error", text: err.message})));
     return;
   }
   const rows = data.groups.map((g) => el("tr", {
-      "data-testid": "dead-group", "data-kind": g.kind, "data-signature": g.signature},
+      "data-testid": "dead-group", "data-kind": g.kind, "data-reason": g.reason,
+      "data-signature": g.signature},
     el("td", {text: g.kind}),
+    el("td", {"data-testid": "group-reason", text: g.reason}),
     errorsShown() ? el("td", {class: "err", text: g.signature})
                   : el("td", {class: "sub", title: "start pgpool web --allow-payloads to show error text", text: "hidden"}),
     el("td", {class: "n", "data-testid": "group-count", text: g.count}),
@@ -527,14 +529,14 @@ async function loadDeadGroups() {
     el("td", {class: "actions"},
       actionButton("replay", "replay", () => deadAction("replay", g)),
       actionButton("purge", "purge", () => deadAction("purge", g), "danger"))));
-  if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 7, class: "empty", text: "No dead letters."})));
+  if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 8, class: "empty", text: "No dead letters."})));
   body.replaceChildren(...rows);
   document.body.dataset.deadLoaded = String(Number(document.body.dataset.deadLoaded || 0) + 1);
 }
 
 // Replay or purge one group: count it first (dry run), say that number, then act.
 async function deadAction(verb, group) {
-  const filter = {kind: group.kind, signature: group.signature};
+  const filter = {kind: group.kind, reason: group.reason, signature: group.signature};
   let count;
   try {
     count = (await post(`/api/dead/${verb}`, {...filter, dry_run: true})).count;
@@ -543,7 +545,7 @@ async function deadAction(verb, group) {
     return;
   }
   const error = errorsShown() ? `error “${group.signature}”` : "the same error";
-  const what = `${count} dead ${group.kind} job${count === 1 ? "" : "s"} with ${error}`;
+  const what = `${count} dead ${group.kind} job${count === 1 ? "" : "s"} (${group.reason}) with ${error}`;
   const text = verb === "replay" ? `Replay ${what}? They run again from attempt 1.`
                                  : `Purge ${what}? They are deleted for good.`;
   const ok = await confirmAction(text, `${verb} ${count}`, verb === "replay");
