@@ -9,6 +9,7 @@ The public API::
     await pgpool.enqueue_async(aconn, ...), enqueue_many_async  the same on AsyncConnection
     pgpool.migrate(conn)                                        create or upgrade the schema
     pgpool.current_job()                                        inside a handler: id, attempt...
+    pgpool.hooks.on_start / on_end / on_enqueue                 lifecycle hooks (pgpool.hooks)
 
 Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
 installed distribution's version (pyproject.toml is its one source).
@@ -16,6 +17,7 @@ installed distribution's version (pyproject.toml is its one source).
 
 from importlib.metadata import version as _version
 
+from . import hooks
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     ConfigError,
@@ -25,10 +27,11 @@ from .errors import (
     PgpoolError,
     SchemaError,
 )
+from .job import JobInfo
 from .registry import handler
 from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
-from .worker import JobInfo, current_job
+from .worker import current_job
 
 __version__: str = _version("pgpool")
 
@@ -48,6 +51,7 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "handler",
+    "hooks",
     "migrate",
     "periodic",
 ]

@@ -45,10 +45,10 @@ WITH due AS (
            AS run_at
 ), job AS (
     INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             unique_key, tenant, concurrency_key)
+                             unique_key, tenant, concurrency_key, meta)
     SELECT %(queue)s, %(kind)s, %(payload)s, %(priority)s, run_at,
            CASE WHEN run_at <= now() THEN 'ready' ELSE 'scheduled' END,
-           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s
+           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s, %(meta)s
     FROM due
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id, state, tableoid
@@ -69,6 +69,16 @@ COPY_JOBS: Final = (
 COPY_JOBS_AT: Final = (
     "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
     "run_at, state) FROM STDIN"
+)
+#: `COPY_JOBS` and `COPY_JOBS_AT` for jobs that carry a trace context: each row ends with
+#: its ``meta`` (`pgpool.tracing`). Untraced jobs do without: their ``meta`` is NULL.
+COPY_JOBS_META: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "meta) FROM STDIN"
+)
+COPY_JOBS_AT_META: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "run_at, state, meta) FROM STDIN"
 )
 
 #: After a COPY: wake the dispatchers of the installation the rows went to.
@@ -148,7 +158,7 @@ _NEED_FAIR: Final = """
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority), in no order: the claimer puts them in claim order. None when
+#: due, tenant, priority, meta), in no order: the claimer puts them in claim order. None when
 #: something waiting needs the fair claim, and none when nothing waits: then the claimer
 #: claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
@@ -176,14 +186,14 @@ WHERE j.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.meta
 """
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
 #: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s but
-#: the last: ``plain``, true when nothing it left behind needs the fair claim (the claimer's
-#: next claim is the plain one then).
+#: the tenth: ``plain``, true when nothing it left behind needs the fair claim (the
+#: claimer's next claim is the plain one then).
 #:
 #: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
 #: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
@@ -327,10 +337,10 @@ WITH RECURSIVE pairs AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
               extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at
+              j.run_at, j.meta
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain)
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.meta
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true
@@ -449,13 +459,13 @@ WITH done AS (
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
-              a.error
+              j.meta, a.error
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              max_attempts, unique_key, created_at, tenant, concurrency_key,
-                             last_error)
+                             meta, last_error)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, tenant, concurrency_key, error
+           unique_key, created_at, tenant, concurrency_key, meta, error
     FROM buried
     RETURNING id
 )
@@ -520,13 +530,13 @@ WITH expired AS (
     WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.max_attempts, j.unique_key, j.created_at, j.tenant, j.concurrency_key,
-              j.locked_by, j.last_error, g.cancelled
+              j.meta, j.locked_by, j.last_error, g.cancelled
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              max_attempts, unique_key, created_at, tenant, concurrency_key,
-                             last_error, reason)
+                             meta, last_error, reason)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, max_attempts,
-           unique_key, created_at, tenant, concurrency_key,
+           unique_key, created_at, tenant, concurrency_key, meta,
            CASE WHEN cancelled THEN last_error
                 ELSE 'lease expired while running on ' || locked_by END,
            CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END

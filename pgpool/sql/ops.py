@@ -121,10 +121,10 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), revived AS (
     INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
-                             last_error, created_at, tenant, concurrency_key)
+                             last_error, created_at, tenant, concurrency_key, meta)
     OVERRIDING SYSTEM VALUE
     SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
-           d.last_error, d.created_at, d.tenant, d.concurrency_key
+           d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta
     FROM pgpool_dead AS d JOIN picked USING (id)
     ON CONFLICT DO NOTHING
     RETURNING id, queue
@@ -185,13 +185,13 @@ WITH gone AS (
     DELETE FROM pgpool_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
     RETURNING id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-              created_at, tenant, concurrency_key, {_JOB_STATE} AS op_state
+              created_at, tenant, concurrency_key, meta, {_JOB_STATE} AS op_state
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, max_attempts,
-                             unique_key, created_at, tenant, concurrency_key, reason,
+                             unique_key, created_at, tenant, concurrency_key, meta, reason,
                              last_error)
     SELECT id, queue, kind, payload, priority, attempts, max_attempts, unique_key,
-           created_at, tenant, concurrency_key, 'cancelled',
+           created_at, tenant, concurrency_key, meta, 'cancelled',
            {_CANCELLED_AT} || ' while ' || op_state
     FROM gone
     RETURNING id
