@@ -7,7 +7,8 @@ exception the handler raised (or None); `on_enqueue` hooks as ``fn(enqueued)`` w
 
 Register worker hooks at the import of a handler module: every worker imports the handler
 modules when it starts (the dispatcher does too, and runs no job). Register ``on_enqueue``
-in the application, once. Hooks run in the order registered, in the calling thread, so
+in the application, once; one registered in a handler module also hears the jobs its
+handlers enqueue, and the periodic ticks its dispatcher enqueues. Hooks run in the order registered, in the calling thread, so
 keep them quick. A hook's own exception never fails the job nor the enqueue: it is logged
 once per hook and process (the first time, with its traceback), and the job goes on.
 
