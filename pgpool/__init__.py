@@ -14,6 +14,7 @@ The public API::
     pgpool.current_job()                                        inside a handler: id, attempt...
     raise pgpool.Snooze(seconds) / Discard(reason) / Cancel(reason)
                                  inside a handler: run later, unattempted / dead-letter now
+    pgpool.hooks.on_start / on_end / on_enqueue                 lifecycle hooks (pgpool.hooks)
 
 Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
 installed distribution's version (pyproject.toml is its one source).
@@ -21,6 +22,7 @@ installed distribution's version (pyproject.toml is its one source).
 
 from importlib.metadata import version as _version
 
+from . import hooks
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     ConfigError,
@@ -30,11 +32,12 @@ from .errors import (
     PgpoolError,
     SchemaError,
 )
+from .job import JobInfo
 from .registry import Handler, handler
 from .retry import Cancel, Discard, Retry, Snooze
 from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
-from .worker import JobInfo, current_job
+from .worker import current_job
 
 __version__: str = _version("pgpool")
 
@@ -59,6 +62,7 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "handler",
+    "hooks",
     "migrate",
     "periodic",
 ]

@@ -179,9 +179,9 @@ class Claimer:
         deadline = self._lease.deadline(leased)
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
-                timeouts[kind], deadline=deadline, waited=waited, snoozes=snoozes)
+                timeouts[kind], deadline=deadline, waited=waited, snoozes=snoozes, meta=meta)
             for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
-                 snoozes) in rows
+                 snoozes, meta) in rows
         ]
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)

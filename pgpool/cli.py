@@ -369,12 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import psycopg_pool
 
     args = build_parser().parse_args(argv)
-    level = args.log_level or os.environ.get("PGPOOL_LOG_LEVEL", "INFO").upper()
+    level, log_format = _log_settings(args)
     if level not in LOG_LEVELS:
         print(f"pgpool: error: PGPOOL_LOG_LEVEL={level!r} is not one of "
               f"{', '.join(LOG_LEVELS)}", file=sys.stderr)
         return 2
-    log_format = args.log_format or os.environ.get("PGPOOL_LOG_FORMAT", "text").lower()
     if log_format not in logs.LOG_FORMATS:
         print(f"pgpool: error: PGPOOL_LOG_FORMAT={log_format!r} is not one of "
               f"{', '.join(logs.LOG_FORMATS)}", file=sys.stderr)
@@ -428,6 +427,12 @@ def apply_environment(args: argparse.Namespace, dests: Sequence[str] = tuple(_RU
             setattr(args, dest, default if value is None else value)
 
 
+def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """The log level and format: the options, else the environment, else INFO and text."""
+    return (args.log_level or os.environ.get("PGPOOL_LOG_LEVEL", "INFO").upper(),
+            args.log_format or os.environ.get("PGPOOL_LOG_FORMAT", "text").lower())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     apply_environment(args)
     # A SIGTERM while handler modules import or the database is checked must still mean
@@ -445,6 +450,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     modules = registry.resolve_modules(args.handlers)
     procs = _resolve_procs(args.procs, args.max_memory)
+    log_level, log_format = _log_settings(args)  # checked by main
     handlers = registry.select(registry.load(modules), args.kinds)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
@@ -464,6 +470,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         dead_retention=args.dead_retention or None,
+        log_level=log_level,
+        log_format=log_format,
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back

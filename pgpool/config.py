@@ -67,6 +67,11 @@ class RunConfig:
     metrics_host: str = "0.0.0.0"
     #: Seconds dead jobs are kept before one live host prunes them (None: kept forever).
     dead_retention: float | None = DEFAULT_DEAD_RETENTION
+    #: The workers' log level and format (`pgpool.logs.LOG_FORMATS`), the dispatcher's:
+    #: handlers' ``logging`` calls go where its records go. None: workers leave logging
+    #: as Python starts it (a dispatcher embedded in a program with logging of its own).
+    log_level: str | None = None
+    log_format: str = "text"
 
 
 #: Where cgroup controllers are mounted, and this process's cgroup membership (parameters of

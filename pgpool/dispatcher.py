@@ -274,6 +274,7 @@ class Dispatcher:
             max_tasks=cfg.max_tasks_per_child,
             max_memory=cfg.max_memory,
             min_left_to_start=self.lease.min_left_to_start,
+            log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
         )
         await self.pool.start()
 

@@ -7,12 +7,17 @@ PostgreSQL delivers it only at commit: a rolled-back enqueue wakes nobody.
 
 Payloads are encoded here, once, with orjson, and stored as jsonb. Validation happens before
 anything is sent, so a bad payload raises `PayloadError` and leaves the transaction as it was.
+
+Two things are added only when in use, each behind one check per call: a call made inside
+an OpenTelemetry span records its trace context with the jobs (`pgpool.tracing`), and a
+call that inserted jobs tells the ``on_enqueue`` hooks (`pgpool.hooks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from . import hooks, tracing
 from .errors import ConfigError, PayloadError, SchemaError
 from .names import check_name
 from .sql import jobs as sql
@@ -252,6 +258,7 @@ def _enqueue_params(
         "unique_key": unique_key,
         "tenant": tenant or "",  # '' is the group of jobs without a tenant
         "concurrency_key": concurrency_key,
+        "meta": None,  # the trace context, when a span is current: see `enqueue`
     }
 
 
@@ -265,9 +272,11 @@ def copy_rows(
     max_attempts: int | None = None,
     tenant: str | None = None,
     concurrency_key: str | None = None,
+    meta: bytes | None = None,
 ) -> Iterator[tuple[bytes, int]]:
     """The rows `enqueue_many` sends for these jobs, in ``COPY pgpool_jobs`` text format
-    (`sql.COPY_JOBS`, or `sql.COPY_JOBS_AT` with ``run_at``).
+    (`sql.COPY_JOBS`, or `sql.COPY_JOBS_AT` with ``run_at``; with ``meta``, JSON text that
+    ends every row, `sql.COPY_JOBS_META` or `sql.COPY_JOBS_AT_META`).
 
     Yields (piece, rows in it): pieces of about 16 KiB, each ending at a row boundary, so a
     COPY can insert one while the next is being encoded. The options are checked at the
@@ -278,7 +287,7 @@ def copy_rows(
     _check_group("tenant", tenant)
     _check_group("concurrency_key", concurrency_key)
     return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts, tenant,
-                        concurrency_key)
+                        concurrency_key, meta)
 
 
 def _encode_rows(
@@ -290,6 +299,7 @@ def _encode_rows(
     max_attempts: int | None,
     tenant: str | None,
     concurrency_key: str | None,
+    meta: bytes | None,
 ) -> Iterator[tuple[bytes, int]]:
     limit = max_payload_bytes()
     tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
@@ -298,6 +308,8 @@ def _encode_rows(
                      else concurrency_key.translate(_COPY_ESCAPES).encode())
     if run_at is not None:  # scheduled: see sql.COPY_JOBS_AT
         tail += b"\t" + run_at.isoformat().encode() + b"\tscheduled"
+    if meta is not None:  # see sql.COPY_JOBS_META
+        tail += b"\t" + meta.replace(b"\\", b"\\\\")
     head = f"{queue}\t{kind}\t".encode()
     buf = bytearray()
     rows = 0  # in buf
@@ -348,12 +360,25 @@ def enqueue(
     group (claims interleave tenants: docs/guides/fairness.md); with ``concurrency_key``,
     no two jobs of one key run at once anywhere in the fleet. Raises `PayloadError` or
     `ConfigError` before sending anything when an argument is invalid.
+
+    Called inside an OpenTelemetry span, it runs in a PRODUCER span of its own and the job
+    carries that span's trace context (`pgpool.tracing`); the ``on_enqueue`` hooks are told
+    of the job it inserts (`pgpool.hooks`).
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key)
+    send = tracing.sending(kind, queue)  # None unless a span is current
     with schema_required():
-        row = conn.execute(sql.ENQUEUE, params).fetchone()
-    return None if row is None else row[0]
+        if send is None:
+            row = conn.execute(sql.ENQUEUE, params).fetchone()
+        else:
+            with send:
+                params["meta"] = _jsonb(send.meta) if send.meta else None
+                row = conn.execute(sql.ENQUEUE, params).fetchone()
+                send.sent(None if row is None else row[0], 1)
+    job_id = None if row is None else row[0]
+    hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
+    return job_id
 
 
 def enqueue_many(
@@ -372,13 +397,36 @@ def enqueue_many(
 
     Returns how many were inserted; ``tenant`` and ``concurrency_key`` (as for `enqueue`)
     apply to every one of them. All or none: a bad payload raises `PayloadError` naming
-    its position, and the COPY is abandoned.
+    its position, and the COPY is abandoned. Traced, and told to the ``on_enqueue`` hooks,
+    as `enqueue` is (one span and one hook call for all the jobs).
     """
-    rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                     max_attempts=max_attempts, tenant=tenant,
-                     concurrency_key=concurrency_key)
+    rows = functools.partial(copy_rows, kind, payloads, queue=queue, priority=priority,
+                             run_at=run_at, max_attempts=max_attempts, tenant=tenant,
+                             concurrency_key=concurrency_key)
+    send = tracing.sending(kind, queue, batch=True)  # None unless a span is current
+    if send is None:
+        count = _copy(conn, rows(), queue, run_at is not None, traced=False)
+    else:
+        with send:
+            count = _copy(conn, rows(meta=send.meta), queue, run_at is not None,
+                          traced=send.meta is not None)
+            send.sent(None, count)
+    hooks.enqueued(kind, queue, None, count)
+    return count
+
+
+#: The COPY statement of `copy_rows`'s rows, by (scheduled: with ``run_at``, traced: with
+#: ``meta``).
+_COPY_STATEMENTS: Final = {(False, False): sql.COPY_JOBS, (True, False): sql.COPY_JOBS_AT,
+                           (False, True): sql.COPY_JOBS_META,
+                           (True, True): sql.COPY_JOBS_AT_META}
+
+
+def _copy(conn: psycopg.Connection, rows: Iterator[tuple[bytes, int]], queue: str,
+          scheduled: bool, *, traced: bool) -> int:
+    """COPY the rows of `copy_rows` in ``conn``'s transaction; how many went in."""
     count = 0
-    stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    stmt = _COPY_STATEMENTS[scheduled, traced]
     if outside_a_transaction(conn):
         conn.execute(sql.OPEN_TRANSACTION)
     # A bad payload found mid-COPY rolls back to the savepoint: the caller's transaction
@@ -389,7 +437,7 @@ def enqueue_many(
                 copy.write(piece)
                 count += n
         if count:
-            cur.execute(sql.NOTIFY if run_at is None else sql.NOTIFY_STAGE, {"queue": queue})
+            cur.execute(sql.NOTIFY_STAGE if scheduled else sql.NOTIFY, {"queue": queue})
     return count
 
 
@@ -410,9 +458,18 @@ async def enqueue_async(
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key)
+    send = tracing.sending(kind, queue)
     with schema_required():
-        row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
-    return None if row is None else row[0]
+        if send is None:
+            row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
+        else:
+            with send:
+                params["meta"] = _jsonb(send.meta) if send.meta else None
+                row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
+                send.sent(None if row is None else row[0], 1)
+    job_id = None if row is None else row[0]
+    hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
+    return job_id
 
 
 async def enqueue_many_async(
@@ -428,11 +485,26 @@ async def enqueue_many_async(
     concurrency_key: str | None = None,
 ) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-    rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                     max_attempts=max_attempts, tenant=tenant,
-                     concurrency_key=concurrency_key)
+    rows = functools.partial(copy_rows, kind, payloads, queue=queue, priority=priority,
+                             run_at=run_at, max_attempts=max_attempts, tenant=tenant,
+                             concurrency_key=concurrency_key)
+    send = tracing.sending(kind, queue, batch=True)
+    if send is None:
+        count = await _copy_async(conn, rows(), queue, run_at is not None, traced=False)
+    else:
+        with send:
+            count = await _copy_async(conn, rows(meta=send.meta), queue, run_at is not None,
+                                      traced=send.meta is not None)
+            send.sent(None, count)
+    hooks.enqueued(kind, queue, None, count)
+    return count
+
+
+async def _copy_async(conn: psycopg.AsyncConnection, rows: Iterator[tuple[bytes, int]],
+                      queue: str, scheduled: bool, *, traced: bool) -> int:
+    """Async twin of `_copy`."""
     count = 0
-    stmt = sql.COPY_JOBS if run_at is None else sql.COPY_JOBS_AT
+    stmt = _COPY_STATEMENTS[scheduled, traced]
     if outside_a_transaction(conn):
         await conn.execute(sql.OPEN_TRANSACTION)
     with schema_required():
@@ -442,6 +514,6 @@ async def enqueue_many_async(
                     await copy.write(piece)
                     count += n
             if count:
-                await cur.execute(sql.NOTIFY if run_at is None else sql.NOTIFY_STAGE,
+                await cur.execute(sql.NOTIFY_STAGE if scheduled else sql.NOTIFY,
                                   {"queue": queue})
     return count

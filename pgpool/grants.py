@@ -38,7 +38,7 @@ TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
-                           "unique_key, tenant, concurrency_key")
+                           "unique_key, tenant, concurrency_key, meta")
 
 #: (privileges, tables) per role.
 APP: Final = (

@@ -27,7 +27,7 @@ Every message is a named tuple of its own type, read by field at both ends:
 
 A frame is a 4-byte little-endian length and a pickle. Pickle is safe here: both ends are
 our own processes, started by the dispatcher, and nothing from the database is unpickled
-(payloads travel as the raw JSON bytes PostgreSQL returned).
+(payloads and meta travel as the raw JSON bytes PostgreSQL returned).
 
 What is pickled is a plain tuple: the message type's index in `MESSAGES`, then its fields
 (a Jobs frame's work items as plain tuples too), and the decoder rebuilds the named tuple
@@ -61,6 +61,7 @@ class WorkItem(NamedTuple):
     queue: str
     payload: bytes  # raw JSON text as stored; only the worker parses it
     deadline: float  # time.monotonic() at which the worker ends itself (pgpool.fence)
+    meta: bytes | None = None  # the job's meta column, raw JSON text (pgpool.tracing)
 
 
 class Jobs(NamedTuple):

@@ -1,4 +1,5 @@
-"""What the dispatcher knows about a claimed job, and what a worker reports back."""
+"""What the dispatcher knows about a claimed job, what a worker reports back, and what a
+handler (and a hook) sees of the job it runs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ import math
 from dataclasses import dataclass
 
 from .ipc import Done, Ended, Failed, Snoozed, Verdict, WorkItem
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The job the current worker is running, for handlers that want it."""
+
+    id: int
+    kind: str
+    queue: str
+    #: This attempt's number as counted against ``max_attempts`` (1 on the first run). An
+    #: attempt cut off by a shutdown, or whose host died before it started, is not counted
+    #: (at most three per job), so two attempts may share a number; ``claim`` tells them apart.
+    attempt: int
+    max_attempts: int
+    #: How many times the job has been claimed, this attempt included: unique per attempt.
+    claim: int
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +49,9 @@ class Job:
     waited: float = 0.0
     #: Earlier claims whose handler snoozed (`pgpool.Snooze`): not counted either.
     snoozes: int = 0
+    #: The ``meta`` column as stored, raw JSON text (the producer's trace context:
+    #: `pgpool.tracing`), or None; only the worker parses it.
+    meta: bytes | None = None
 
     @property
     def counted(self) -> int:
@@ -45,7 +65,7 @@ class Job:
         return tuple.__new__(WorkItem, (self.id, self.attempt,
                                         self.interruptions + self.snoozes,
                                         self.max_attempts, self.kind, self.queue,
-                                        self.payload, self.deadline))
+                                        self.payload, self.deadline, self.meta))
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.kind}, attempt {self.counted}/{self.max_attempts})"

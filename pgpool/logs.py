@@ -9,6 +9,11 @@ is not.
 
 The CLI's one-line errors (``pgpool: error: ...``) and notices are not log records: they
 stay plain text in both formats. Payloads are never logged, in either.
+
+Worker processes log in the same format at the same level (`configure_worker`), and each
+record emitted while a job runs, a handler's own ``logging`` calls included, names that job:
+``job_id``, ``kind`` and ``attempt`` fields in JSON, a ``[kind#id attempt N]`` prefix on the
+message in text (what a handler prints is prefixed ``[kind#id]``: `pgpool.output`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
@@ -28,8 +34,9 @@ BASE_KEYS: Final = frozenset({"time", "level", "host", "logger", "pid", "message
 
 
 def event(logger: logging.Logger, level: int, name: str, message: str, *args: object,
-          **fields: object) -> None:
-    """Log ``message % args`` at ``level`` as the event ``name`` with ``fields``.
+          exc_info: BaseException | None = None, **fields: object) -> None:
+    """Log ``message % args`` at ``level`` as the event ``name`` with ``fields``, and the
+    traceback of ``exc_info`` if given.
 
     Field values should be JSON values (str, int, float, bool, None, lists, dicts);
     anything else is written as its ``str``. Field names must not be one of `BASE_KEYS`
@@ -38,15 +45,17 @@ def event(logger: logging.Logger, level: int, name: str, message: str, *args: ob
     clash = BASE_KEYS.intersection(fields)
     if clash:
         raise TypeError(f"event {name!r}: field names {sorted(clash)} are reserved")
-    logger.log(level, message, *args, extra={"event": name, "fields": fields},
-               stacklevel=2)
+    logger.log(level, message, *args, exc_info=exc_info,
+               extra={"event": name, "fields": fields}, stacklevel=2)
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line: ``time`` (ISO 8601, UTC, milliseconds),
-    ``level``, ``host`` (the hostname), ``logger``, ``pid``, ``message``; for events also
-    ``event`` and its fields (events about one attempt carry ``job_id``, ``kind`` and
-    ``attempt``); ``exception`` (the formatted traceback) when the record carries one."""
+    ``level``, ``host`` (the hostname), ``logger``, ``pid``, ``message``; ``job_id``,
+    ``kind`` and ``attempt`` for a record emitted in a worker while a job ran (`JobFilter`);
+    for events also ``event`` and its fields (events about one attempt carry ``job_id``,
+    ``kind`` and ``attempt``); ``exception`` (the formatted traceback) when the record
+    carries one."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,6 +71,9 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
             "message": record.getMessage(),
         }
+        job = getattr(record, "pgpool_job", None)
+        if job is not None:
+            line["job_id"], line["kind"], line["attempt"] = job
         name = getattr(record, "event", None)
         if name is not None:
             line["event"] = name
@@ -74,10 +86,64 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+#: A record's job, as (id, kind, attempt), or None between jobs.
+RunningJob = Callable[[], "tuple[int, str, int] | None"]
+
+
+class JobFilter(logging.Filter):
+    """Stamps each record with the job running when it was emitted (``pgpool_job``: the
+    formatters' fields and prefix), as ``running()`` tells it; lets every record through.
+
+    A filter on the worker's handler, not a record factory: a record costs nothing more
+    until it is emitted, and a job costs nothing at all."""
+
+    def __init__(self, running: RunningJob) -> None:
+        super().__init__()
+        self._running = running
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.pgpool_job = self._running()
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """`TEXT_FORMAT`, with the message of a record emitted during a job prefixed
+    ``[kind#id attempt N] `` (see `JobFilter`)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        job = getattr(record, "pgpool_job", None)
+        if job is None:
+            return super().formatMessage(record)
+        job_id, kind, attempt = job
+        message = record.message
+        record.message = f"[{kind}#{job_id} attempt {attempt}] {message}"
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message  # other handlers format the record as it was
+
+
 def configure(level: str, log_format: str, stream: TextIO) -> None:
     """Send the root logger's records at ``level`` and above to ``stream`` in
     ``log_format`` (one of `LOG_FORMATS`)."""
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter() if log_format == "json"
-                         else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[_handler(log_format, stream)])
+
+
+def configure_worker(level: str, log_format: str, stream: TextIO, running: RunningJob
+                     ) -> None:
+    """`configure`, for a worker process: each record also names the job ``running()``
+    returns (`JobFilter`). ``stream`` is the worker's own stderr, not the per-job stream
+    that prefixes and bounds what handlers print (`pgpool.output`): a log record is whole
+    lines of its format already, and it does not count against the job's print budget."""
+    handler = _handler(log_format, stream)
+    handler.addFilter(JobFilter(running))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+def _handler(log_format: str, stream: TextIO) -> logging.Handler:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    return handler

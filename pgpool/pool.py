@@ -161,12 +161,14 @@ class WorkerPool:
         max_tasks: int | None = None,
         max_memory: int | None = None,
         min_left_to_start: float = 0.0,
+        log: tuple[str, str] | None = None,
     ) -> None:
         self.procs = procs
         self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
         self._limits = (max_tasks, max_memory)
+        self._log = log  # the workers' log level and format (`worker.main`)
         self._modules = modules
         self._report_outcome = on_outcome
         self._report_returned = on_returned
@@ -394,7 +396,8 @@ class WorkerPool:
         result_r, result_w = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=worker.main,
-            args=(index, self._modules, task_r, result_w, os.getpid(), *self._limits),
+            args=(index, self._modules, task_r, result_w, os.getpid(), *self._limits,
+                  self._log),
             name=f"pgpool-worker-{index}",
             daemon=True,
         )

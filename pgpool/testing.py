@@ -289,7 +289,7 @@ class _Host:
             return None
         id_, kind, queue, attempt, interruptions, max_attempts, payload, waited = row[:8]
         return Job(id_, kind, queue, attempt, interruptions, max_attempts, payload, None,
-                   waited=waited, snoozes=row[10])
+                   waited=waited, snoozes=row[10], meta=row[11])
 
     def _claim_fair(self, params: dict[str, object]) -> tuple[Any, ...] | None:
         walked: set[str] = set()

@@ -30,37 +30,21 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
 from setproctitle import setproctitle
 
-from . import fence, ipc, output, registry, schedules
+from . import fence, hooks, ipc, logs, output, registry, schedules
 from .errors import PgpoolError
+from .job import JobInfo
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
 MAX_ERROR_CHARS = 4000
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """The job the current worker is running, for handlers that want it."""
-
-    id: int
-    kind: str
-    queue: str
-    #: This attempt's number as counted against ``max_attempts`` (1 on the first run). An
-    #: attempt cut off by a shutdown, or whose host died before it started, is not counted
-    #: (at most three per job), so two attempts may share a number; ``claim`` tells them apart.
-    attempt: int
-    max_attempts: int
-    #: How many times the job has been claimed, this attempt included: unique per attempt.
-    claim: int
 
 
 _current: JobInfo | None = None
@@ -78,13 +62,15 @@ def current_job() -> JobInfo:
 
 def main(index: int, modules: list[str], tasks: Connection, results: Connection,
          parent_pid: int, max_tasks: int | None = None,
-         max_memory: int | None = None) -> None:
+         max_memory: int | None = None, log: tuple[str, str] | None = None) -> None:
     """Entry point of worker ``index``; returns when told to stop, when it retires, or when
     the dispatcher is gone.
 
     ``max_tasks``: retire after that many jobs. ``max_memory``: cap this process's private
     writable memory (RLIMIT_DATA) at that many bytes, so a runaway job fails with
-    MemoryError instead of exhausting the host; the worker retires after one.
+    MemoryError instead of exhausting the host; the worker retires after one. ``log``: the
+    dispatcher's log level and format, for this process's ``logging`` (handler modules'
+    included); None leaves logging as Python starts it.
     """
     # Lead a process group of its own before any handler code runs: the dispatcher kills
     # the whole group, so whatever a handler starts dies with the attempt.
@@ -95,6 +81,8 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     fence.reserve()
     prefix = f"pgpool worker {index}"
     setproctitle(f"{prefix}: starting")
+    if log is not None:  # before the handler modules import: they may log as they load
+        logs.configure_worker(*log, sys.stderr, _running)
     rfd, wfd = tasks.fileno(), results.fileno()
     try:  # ends the group once this process ends, whether or not the dispatcher can act
         fence.guard_group(f"pgpool fence of worker {index}")
@@ -292,11 +280,11 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         handler = handlers.get(job.kind)
         if handler is None:
             raise LookupError(f"no handler for kind {job.kind!r} in this worker")
-        result = handler.run(orjson.loads(job.payload))
-        if inspect.iscoroutine(result):  # an ``async def`` handler
-            import asyncio  # only async handlers need it: keeps worker start-up light
-
-            asyncio.run(result)
+        if hooks.watched():  # lifecycle hooks, tracing: see pgpool.hooks
+            with hooks.watching(_current, job.meta):
+                _call(handler, job)
+        else:
+            _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
             raised.append(exc)
@@ -327,6 +315,20 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
             reason = reason[:MAX_REASON_CHARS] + "... (truncated)"
         return ipc.Ended(job_id, verdict, reason, type(exc).__name__, elapsed)
     return ipc.Ended(job_id, "final", format_error(exc), type(exc).__name__, elapsed)
+
+
+def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> None:
+    result = handler.run(orjson.loads(job.payload))
+    if inspect.iscoroutine(result):  # an ``async def`` handler
+        import asyncio  # only async handlers need it: keeps worker start-up light
+
+        asyncio.run(result)
+
+
+def _running() -> tuple[int, str, int] | None:
+    """The running job as log records name it (`pgpool.logs.JobFilter`)."""
+    job = _current
+    return None if job is None else (job.id, job.kind, job.attempt)
 
 
 def format_error(exc: BaseException) -> str:

@@ -11,10 +11,10 @@ new, migrated schema of its own on the real test server. The namespace starts wi
 Its ```sql blocks run too, on ``conn``, each in a transaction rolled back afterwards, so the
 queries users are told to run stay true to the tables.
 
-Handlers and schedules a page declares are forgotten after it. Blocks that are not Python
-or SQL to run are fenced as ``text`` or ``sh``. The one way to leave a Python block out is
-``<!-- skip: next "why" -->``, and it is allowed only where the code is another library's
-(the "Coming from" pages); a skip anywhere else fails the page.
+Handlers, schedules and hooks a page declares are forgotten after it. Blocks that are not
+Python or SQL to run are fenced as ``text`` or ``sh``. The one way to leave a Python block
+out is ``<!-- skip: next "why" -->``, and it is allowed only where the code is another
+library's (the "Coming from" pages); a skip anywhere else fails the page.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
-from pgpool import registry, schedules
+from pgpool import hooks, registry, schedules
 
 ROOT = Path(__file__).parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -50,8 +50,8 @@ _sybil = Sybil(parsers=[PythonCodeBlockParser(), CodeBlockParser("sql", _run_sql
 
 @pytest.fixture
 def forget_declarations() -> Any:
-    """The handlers and schedules a page declares are forgotten after it."""
-    with registry.isolated(), schedules.isolated():
+    """The handlers, schedules and hooks a page declares are forgotten after it."""
+    with registry.isolated(), schedules.isolated(), hooks.isolated():
         yield
 
 

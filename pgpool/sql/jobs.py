@@ -45,10 +45,10 @@ WITH due AS (
            AS run_at
 ), job AS (
     INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             unique_key, tenant, concurrency_key)
+                             unique_key, tenant, concurrency_key, meta)
     SELECT %(queue)s, %(kind)s, %(payload)s, %(priority)s, run_at,
            CASE WHEN run_at <= now() THEN 'ready' ELSE 'scheduled' END,
-           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s
+           %(max_attempts)s, %(unique_key)s, %(tenant)s, %(concurrency_key)s, %(meta)s
     FROM due
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id, state, tableoid
@@ -69,6 +69,16 @@ COPY_JOBS: Final = (
 COPY_JOBS_AT: Final = (
     "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
     "run_at, state) FROM STDIN"
+)
+#: `COPY_JOBS` and `COPY_JOBS_AT` for jobs that carry a trace context: each row ends with
+#: its ``meta`` (`pgpool.tracing`). Untraced jobs do without: their ``meta`` is NULL.
+COPY_JOBS_META: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "meta) FROM STDIN"
+)
+COPY_JOBS_AT_META: Final = (
+    "COPY pgpool_jobs (queue, kind, payload, priority, max_attempts, tenant, concurrency_key, "
+    "run_at, state, meta) FROM STDIN"
 )
 
 #: After a COPY: wake the dispatchers of the installation the rows went to.
@@ -148,9 +158,9 @@ _NEED_FAIR: Final = """
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority, snoozes), in no order: the claimer puts them in claim order. None when
-#: something waiting needs the fair claim, and none when nothing waits: then the claimer
-#: claims with `CLAIM`, which tells the two apart.
+#: due, tenant, priority, snoozes, meta), in no order: the claimer puts them in claim order.
+#: None when something waiting needs the fair claim, and none when nothing waits: then the
+#: claimer claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
 UPDATE pgpool_jobs AS j
 SET state = 'running',
@@ -176,7 +186,8 @@ WHERE j.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
+          j.meta
 """
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
@@ -327,10 +338,10 @@ WITH RECURSIVE pairs AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
               extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at, j.snoozes
+              j.run_at, j.snoozes, j.meta
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes, c.meta
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true
@@ -468,13 +479,14 @@ def _buried(reasons: bool) -> str:
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
-              j.concurrency_key, a.error{a_reason}
+              j.concurrency_key, j.meta, a.error{a_reason}
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, last_error{reason})
+                             concurrency_key, meta, last_error{reason})
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key, error{reason}
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
+           error{reason}
     FROM buried
     RETURNING id
 )"""
@@ -558,13 +570,13 @@ WITH expired AS (
     WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
-              j.concurrency_key, j.locked_by, j.last_error, g.cancelled
+              j.concurrency_key, j.meta, j.locked_by, j.last_error, g.cancelled
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, last_error, reason)
+                             concurrency_key, meta, last_error, reason)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key,
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
            CASE WHEN cancelled THEN last_error
                 ELSE 'lease expired while running on ' || locked_by END,
            CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END

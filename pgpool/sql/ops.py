@@ -122,10 +122,10 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), revived AS (
     INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
-                             last_error, created_at, tenant, concurrency_key)
+                             last_error, created_at, tenant, concurrency_key, meta)
     OVERRIDING SYSTEM VALUE
     SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
-           d.last_error, d.created_at, d.tenant, d.concurrency_key
+           d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta
     FROM pgpool_dead AS d JOIN picked USING (id)
     ON CONFLICT DO NOTHING
     RETURNING id, queue
@@ -186,14 +186,14 @@ WITH gone AS (
     DELETE FROM pgpool_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
     RETURNING id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-              max_attempts, unique_key, created_at, tenant, concurrency_key,
+              max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
               {_JOB_STATE} AS op_state
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, reason, last_error)
+                             concurrency_key, meta, reason, last_error)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key, 'cancelled',
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta, 'cancelled',
            {_CANCELLED_AT} || ' while ' || op_state
     FROM gone
     RETURNING id
