@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, names, registry, schema
+from . import logs, names, portable, registry, schema
 from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
@@ -435,6 +435,7 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     apply_environment(args)
+    portable.check(args.max_memory)
     # A SIGTERM while handler modules import or the database is checked must still mean
     # "stop gracefully", not instant death: catch it from here on.
     from . import init

@@ -3,7 +3,10 @@
 Used when no database is configured (and ``PGPOOL_EMBEDDED`` is not 0). The data directory
 is `home` ``/pg18``: ``$PGPOOL_HOME``, else the platform's per-user data directory
 (``$XDG_DATA_HOME/pgpool``, by default ``~/.local/share/pgpool``, on Linux), never the
-current directory; it is reused across runs. The server listens on a Unix socket only, in
+current directory; it is reused across runs. Its path must have no white space: the package
+hands the server its socket directory through pg_ctl's shell command line, unquoted. So
+where the platform's directory has one (macOS: ``~/Library/Application Support``), the
+default is ``~/.local/share/pgpool`` there too. The server listens on a Unix socket only, in
 the data directory when its path is short enough, so its DSN stays the same across restarts.
 
 Every pgpool process using the server holds a handle (its pid, in the package's list in the
@@ -47,16 +50,25 @@ _dsn: str | None = None
 
 
 def home() -> Path:
-    """``$PGPOOL_HOME``, else the per-user data directory for pgpool."""
+    """``$PGPOOL_HOME``, else the per-user data directory for pgpool (one without white
+    space: see the module's text)."""
     configured = os.environ.get("PGPOOL_HOME")
     if configured:
         return Path(configured).expanduser().resolve()
-    return platformdirs.user_data_path("pgpool", appauthor=False)
+    default = platformdirs.user_data_path("pgpool", appauthor=False)
+    if _has_space(default):
+        return Path.home() / ".local" / "share" / "pgpool"
+    return default
 
 
 def start(pgdata: Path, *, delete_on_exit: bool = False) -> str:
     """Start (or attach to) the server for ``pgdata`` and return its DSN; this process
     holds a handle on it until it exits. `ConfigError` or `ConnectError` if it cannot."""
+    if _has_space(pgdata):
+        raise ConfigError(
+            f"the embedded PostgreSQL cannot use {pgdata}: its path has white space, which "
+            "pg_ctl does not quote; set PGPOOL_HOME to a directory without any, or set "
+            "PGPOOL_DSN to use your own database")
     package = _package()
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         ensure_system_user(SYSTEM_USER)
@@ -164,3 +176,7 @@ def _owner_alive(pid: int, written: float) -> bool:
         return False
     except psutil.Error:
         return True  # cannot tell (access denied): keeping a handle is the safe mistake
+
+
+def _has_space(path: Path) -> bool:
+    return any(c.isspace() for c in str(path))

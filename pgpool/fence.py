@@ -32,6 +32,13 @@ escapes it, as it escapes the dispatcher's kill. Making the worker a child subre
 not catch those: the worker is dead, and its orphans re-parented past it, by the time
 anything could act on them.
 
+Where there are no pidfds (macOS, `pgpool.portable`), the guard waits instead for a POSIX
+record lock (``lockf``) on a deleted temporary file, which the worker takes before it forks
+the guard and holds until it ends: the kernel releases it as the process exits, however it
+exits, and a child never inherits it, so nothing a handler starts can keep it. As prompt as
+a pidfd, with one condition: the worker must not close that file, and no handler has a
+reason to. On macOS the guard keeps its worker's process title (see `_guard`).
+
 Extensions arrive on the task pipe, which a reader thread drains while a handler runs
 (`pgpool.worker`); it re-arms the timer under `Fence`'s lock. That thread needs the GIL for
 a few microseconds per message: a handler that holds the GIL without a break for longer
@@ -41,15 +48,20 @@ than its deadline is away is ended even though its lease holds.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import select
 import signal
+import sys
+import tempfile
 import threading
 import time
 from typing import Final
 
 from setproctitle import setproctitle
+
+from . import portable
 
 #: The signal the fence reserves: handlers must not handle, ignore or block it, nor arm
 #: ``signal.alarm`` / ``setitimer(ITIMER_REAL)``.
@@ -124,7 +136,7 @@ def guard_group(title: str) -> None:
     """Start the guard of this process's group (see the module's text), named ``title``.
     Call it in a process group leader before any handler code runs, and before any thread
     starts (it forks). Raises OSError if the guard cannot be started."""
-    me = os.pidfd_open(os.getpid())
+    me = os.pidfd_open(os.getpid()) if portable.PIDFD else _held_lock()
     try:
         # Fork twice: the guard is orphaned at once, so it is no child of this process.
         middle = os.fork()
@@ -139,18 +151,27 @@ def guard_group(title: str) -> None:
         if status:
             raise OSError("cannot fork the lease fence's guard process")
     finally:
-        os.close(me)
+        if portable.PIDFD:  # a lock's file stays open: closing it would release the lock
+            os.close(me)
+
+
+def _held_lock() -> int:
+    """A descriptor of a new, deleted temporary file on which this process holds a lock."""
+    fd, path = tempfile.mkstemp(prefix="pgpool-fence-")
+    os.unlink(path)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
 def _guard(worker: int, title: str) -> None:
-    """Wait for the process of pidfd ``worker`` to end, then SIGKILL this process group,
-    this process included."""
+    """Wait for the worker to end (``worker``: its pidfd, or the file of its lock), then
+    SIGKILL this process group, this process included."""
     try:
         # Only SIGKILL (or SIGSTOP) may stop it: not a signal a handler sends its own group.
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         # Hold nothing of the worker's: its pipes must close when it dies, and the output
         # of a host ends when its workers do.
-        for fd in map(int, os.listdir("/proc/self/fd")):
+        for fd in map(int, os.listdir("/proc/self/fd" if portable.LINUX else "/dev/fd")):
             if fd > 2 and fd != worker:
                 with contextlib.suppress(OSError):  # the listing's own, closed already
                     os.close(fd)
@@ -158,10 +179,16 @@ def _guard(worker: int, title: str) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
-        setproctitle(title)
-        ended = select.poll()
-        ended.register(worker, select.POLLIN)
-        ended.poll()  # a pidfd turns readable once its process has exited
+        # On macOS, setproctitle crashes a process forked without exec (py-setproctitle
+        # issues 113 and 165): there the guard keeps the title its worker had.
+        if sys.platform != "darwin":
+            setproctitle(title)
+        if portable.PIDFD:
+            ended = select.poll()
+            ended.register(worker, select.POLLIN)
+            ended.poll()  # a pidfd turns readable once its process has exited
+        else:
+            fcntl.lockf(worker, fcntl.LOCK_EX)  # granted once the worker has ended
     finally:
         # On an error too: a worker must not run handlers without its guard.
         os.killpg(0, signal.SIGKILL)

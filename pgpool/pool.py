@@ -29,6 +29,7 @@ types of `pgpool.ipc`::
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
+     │    (without pidfds: _wait_in_thread() ─▶ call_soon_threadsafe(_on_exit, w))
      │    _kill_group() (what the handler started dies with it), _drain_results()
      ▼
   _reap(w): _exit_status() ─▶ _forget() ─▶ _fail_running() ─▶ _requeue() ─▶ .exited set
@@ -55,7 +56,8 @@ process itself, through a pidfd that becomes readable when it exits, never from 
 pipe: a handler's child inherits the pipe and may hold it open long after the worker died.
 Then whatever the worker wrote before it died is read from the pipe, the process is reaped
 (no zombies) and its exit status, or the reason it was killed, becomes the cause of the
-failure.
+failure. Where there are no pidfds (macOS, `pgpool.portable`), a thread per worker waits
+for it to exit, reaping it, and hands its end to the event loop; the rest is the same.
 
 Each worker leads its own process group (`worker.main` calls setpgid before it imports a
 handler), and `_kill` signals the whole group: a handler's children and grandchildren die
@@ -78,13 +80,14 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
-from . import fence, ipc, worker
+from . import fence, ipc, portable, worker
 from .errors import HandlerError
 from .job import Job, Outcome
 from .logs import event
@@ -115,7 +118,7 @@ class _Worker:
     index: int
     process: BaseProcess
     exited: asyncio.Future[None]  # set by _reap once its jobs are settled
-    exit_fd: int  # readable once the process has exited (a pidfd)
+    exit_fd: int  # readable once the process has exited (a pidfd); -1 without pidfds
     results: int  # the read end of its result pipe, non-blocking; -1 once closed
     decoder: ipc.Decoder = field(default_factory=ipc.Decoder)
     transport: asyncio.WriteTransport | None = None
@@ -413,7 +416,10 @@ class WorkerPool:
         task_w.close()
         result_r.close()
         loop.add_reader(w.results, self._on_readable, w)
-        loop.add_reader(w.exit_fd, self._on_exit, w)
+        if w.exit_fd >= 0:
+            loop.add_reader(w.exit_fd, self._on_exit, w)
+        else:
+            _wait_in_thread(w, lambda: loop.call_soon_threadsafe(self._on_exit, w))
         w.transport, _ = await loop.connect_write_pipe(
             asyncio.BaseProtocol, os.fdopen(write_fd, "wb", buffering=0)
         )
@@ -553,10 +559,12 @@ class WorkerPool:
         return True
 
     def _on_exit(self, w: _Worker) -> None:
-        """The worker process exited (its pidfd turned readable): settle it now, even if
-        a child of its handler still holds its result pipe open."""
-        asyncio.get_running_loop().remove_reader(w.exit_fd)
-        os.close(w.exit_fd)
+        """The worker process exited (its pidfd turned readable, or its waiter thread saw
+        it end): settle it now, even if a child of its handler still holds its result pipe
+        open."""
+        if w.exit_fd >= 0:
+            asyncio.get_running_loop().remove_reader(w.exit_fd)
+            os.close(w.exit_fd)
         _kill_group(w.process.pid)  # what its handler started must not outlive it
         self._drain_results(w)
         asyncio.get_running_loop().create_task(self._reap(w))
@@ -693,10 +701,27 @@ def restart_reason(w: _Worker, cause: str) -> str:
 
 
 def _exit_fd(process: BaseProcess) -> int:
-    """A file descriptor that becomes readable when ``process`` exits: a pidfd. Not the
-    process's sentinel: that is a pipe the worker's own children inherit and hold open."""
+    """A file descriptor that becomes readable when ``process`` exits: a pidfd; -1 where
+    there are none (`_wait_in_thread` then). Not the process's sentinel: that is a pipe
+    the worker's own children inherit and hold open."""
     assert process.pid is not None
-    return os.pidfd_open(process.pid)
+    return os.pidfd_open(process.pid) if portable.PIDFD else -1
+
+
+def _wait_in_thread(w: _Worker, exited: Callable[[], object]) -> None:
+    """Without pidfds: call ``exited`` from a thread of its own once worker ``w`` has
+    exited. A thread per worker, as asyncio watches children where pidfds are missing: one
+    blocking ``waitpid`` each, no SIGCHLD handler to share with other code, nothing polled.
+    ``waitpid`` reaps the worker as it returns (``waitid`` with WNOWAIT would not, but
+    Python has it on macOS only from 3.13), so its exit status is known before ``exited``
+    runs, and its process group, which `_on_exit` kills, stays reserved while anything in
+    it lives."""
+    def wait() -> None:
+        w.process.join()
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
+            exited()
+
+    threading.Thread(target=wait, name=f"pgpool-exit-{w.index}", daemon=True).start()
 
 
 def _kill_group(pid: int) -> None:

@@ -13,9 +13,10 @@ job runs under the fence's kernel timer (`pgpool.fence`): past its deadline, the
 ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
 its dispatcher: on Linux the kernel kills it (PR_SET_PDEATHSIG), and an idle worker also
-sees its task pipe close. It leads its own process group, which the dispatcher kills with
-it, and which the fence's guard process kills once it has ended, even if the dispatcher
-cannot. See `pgpool.pool` for the whole picture.
+sees its task pipe close; elsewhere (`pgpool.portable`) the reader thread ends the worker
+and its process group as soon as the pipe closes. It leads its own process group, which
+the dispatcher kills with it, and which the fence's guard process kills once it has ended,
+even if the dispatcher cannot. See `pgpool.pool` for the whole picture.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import inspect
 import os
 import resource
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 from setproctitle import setproctitle
 
-from . import fence, hooks, ipc, logs, output, registry, schedules
+from . import fence, hooks, ipc, logs, output, portable, registry, schedules
 from .errors import PgpoolError
 from .job import JobInfo
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
@@ -227,6 +227,11 @@ class _Inbox:
         while True:
             data = os.read(self._rfd, 1 << 16)  # releases the GIL while it waits
             if not data:
+                if not portable.LINUX:
+                    # Only the dispatcher's end closes the pipe while this worker runs:
+                    # where the kernel does not kill the worker with it, end the worker and
+                    # whatever its handler started now.
+                    os.killpg(0, signal.SIGKILL)
                 with self._ready:
                     self._closed = True
                     self._ready.notify()
@@ -349,7 +354,9 @@ def clean_text(text: str) -> str:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
+    """On Linux, have the kernel SIGKILL this worker when its dispatcher dies (elsewhere
+    the task pipe's end does: `_Inbox`); exit if the dispatcher is gone already."""
+    if portable.LINUX:
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -350,6 +350,18 @@ def record_dir(tmp_path: Path) -> Path:
     return path
 
 
+#: The two ways `pgpool run` can work on a host (`pgpool.portable`), as the environment of a
+#: `pgpool` process: Linux's own calls, and the portable path macOS takes, forced.
+HOST_PATHS = {"linux": {}, "portable": {"PGPOOL_PORTABLE": "1"}}
+
+
+@pytest.fixture(params=list(HOST_PATHS))
+def host_path(request: pytest.FixtureRequest) -> dict[str, str]:
+    """A test of a host's behaviour taking this runs once per `HOST_PATHS` entry: pass it
+    to the `pgpool` it starts (``**host_path``)."""
+    return HOST_PATHS[request.param]
+
+
 def one(db: psycopg.Connection, query: str, *params: object) -> Any:
     """The first row of ``query``, or None."""
     return db.execute(query, params).fetchone()

@@ -185,6 +185,21 @@ def test_the_data_directory_is_per_user_not_the_current_directory(scratch):
     assert postmaster(pgdata) is None
 
 
+def test_a_data_directory_with_white_space_is_avoided_by_default_and_refused_if_given(
+        scratch):
+    # macOS's per-user data directory, ~/Library/Application Support, has a space, which
+    # the embedded server cannot take: pg_ctl passes its socket directory through a shell.
+    spaced, user_home = scratch / "with space", scratch / "home"
+    user_home.mkdir()
+    default = cli("dsn", XDG_DATA_HOME=str(spaced), HOME=str(user_home))
+    assert default.returncode == 0, default.stderr
+    assert conninfo_to_dict(default.stdout.strip())["host"] == str(
+        user_home / ".local" / "share" / "pgpool" / "pg18")
+    refused = cli("dsn", PGPOOL_HOME=str(spaced))
+    assert_user_error(refused, f"cannot use {spaced / 'pg18'}", "white space", "PGPOOL_HOME")
+    assert not spaced.exists()
+
+
 def test_pgpool_dsn_prints_a_configured_dsn_as_given(dsn):
     assert cli("dsn", PGPOOL_DSN=dsn).stdout == dsn + "\n"
     assert cli("dsn", "--dsn", "postgresql://u@h/db").stdout == "postgresql://u@h/db\n"

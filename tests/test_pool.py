@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import alive, read_records
+from conftest import HOST_PATHS, alive, read_records
 
-from pgpool import ipc
+from pgpool import ipc, portable
 from pgpool.errors import HandlerError
 from pgpool.job import Job, Outcome
 from pgpool.pool import MAX_START_FAILURES, WorkerPool
@@ -30,6 +30,18 @@ from pgpool.pool import MAX_START_FAILURES, WorkerPool
 
 def job(i: int, kind: str, payload: bytes = b"{}", timeout: float | None = None) -> Job:
     return Job(i, kind, "default", 1, 0, 1, payload, timeout)
+
+
+@pytest.fixture(params=list(HOST_PATHS))
+def pool_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test's pool on each host path (`HOST_PATHS`): its workers read the switch
+    from the environment they inherit, the pool as pgpool read it in this process."""
+    env = HOST_PATHS[request.param]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if env:
+        monkeypatch.setattr(portable, "PIDFD", False)
+        monkeypatch.setattr(portable, "LINUX", False)
 
 
 def run_pool(jobs: list[Job], *, procs: int = 1, depth: int | None = 2,
@@ -425,6 +437,7 @@ def test_a_job_past_its_deadline_fails_alone_and_its_worker_is_replaced(
     assert pids[1] != pids[2]  # job 2 waited behind the killed job: it ran on the new worker
 
 
+@pytest.mark.usefixtures("pool_path")
 def test_a_killed_worker_is_replaced_even_while_its_handlers_child_holds_the_pipe(
         record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The handler's child inherits the worker's result pipe and would sleep 40 s: the
@@ -459,6 +472,7 @@ def test_a_killed_worker_is_replaced_even_while_its_handlers_child_holds_the_pip
     print(f"timeout 0.5 s: both outcomes after {elapsed:.2f} s")
 
 
+@pytest.mark.usefixtures("pool_path")
 def test_a_worker_that_ends_on_its_own_takes_what_its_handler_started_with_it(
         record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The handler returns and leaves a child behind (holding the result pipe, sleeping
@@ -583,6 +597,7 @@ def test_replacements_that_keep_failing_to_start_stop_the_pool(gate: Path) -> No
     assert pool.closing
 
 
+@pytest.mark.usefixtures("pool_path")
 def test_a_hard_stop_kills_running_jobs_without_reporting_or_replacing() -> None:
     async def main() -> tuple[Callbacks, WorkerPool]:
         calls = Callbacks()

@@ -48,10 +48,11 @@ def make_due(db: psycopg.Connection) -> None:
                "WHERE state IN ('ready', 'scheduled')")
 
 
-def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_dir):
+def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_dir,
+                                                             host_path):
     pgpool.enqueue_many(db, "record", ({"n": i} for i in range(300)))
     done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir,
-                      **JSON_LOGS)
+                      **JSON_LOGS, **host_path)
     assert done.returncode == 0, done.stderr
     records = read_records(record_dir)
     ids = [r[0] for r in records if r[3] == "end"]
@@ -220,7 +221,8 @@ def test_a_job_that_fails_once_succeeds_on_retry(db, dsn, record_dir):
     ("segfault", "worker died: signal 11 (SIGSEGV)"),
     ("exit", "worker died: exit code 7"),
 ])
-def test_a_dying_worker_fails_only_its_job_and_is_replaced(db, dsn, record_dir, how, cause):
+def test_a_dying_worker_fails_only_its_job_and_is_replaced(db, dsn, record_dir, how, cause,
+                                                           host_path):
     # One worker slot, and the crash job first (higher priority). The two claim loops may
     # still hand the worker a record job before it (whichever claim returns first), so the
     # crashed worker may have run jobs before the crash, but none after it. One attempt, so
@@ -228,7 +230,8 @@ def test_a_dying_worker_fails_only_its_job_and_is_replaced(db, dsn, record_dir, 
     # burst run on a loaded machine ends, and would run the crash job again in it.
     crash = pgpool.enqueue(db, "crash", {"how": how}, priority=1, max_attempts=1)
     pgpool.enqueue_many(db, "record", ({"n": i} for i in range(50)))
-    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir)
+    done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst", record_dir=record_dir,
+                      **host_path)
     assert done.returncode == 0, done.stderr
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
     # The crash counted as the job's one attempt (it is no free interruption).
@@ -245,19 +248,22 @@ def test_a_dying_worker_fails_only_its_job_and_is_replaced(db, dsn, record_dir, 
     assert any(r[2] != crashed for r in ends)
 
 
-def test_hard_timeout_kills_a_spinning_handler(db, dsn, record_dir):
+def test_hard_timeout_kills_a_spinning_handler(db, dsn, record_dir, host_path):
     spin = pgpool.enqueue(db, "spin", {})  # handler: timeout=1, max_attempts=1
     pgpool.enqueue_many(db, "record", ({"n": i} for i in range(20)))
-    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir)
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", record_dir=record_dir,
+                      **host_path)
     assert done.returncode == 0, done.stderr
     assert one(db, "SELECT id, last_error FROM pgpool_dead") == (
         spin, "timeout: killed after 1s")
     assert len([r for r in read_records(record_dir) if r[3] == "end"]) == 20
 
 
-def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_dir):
+def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_dir,
+                                                              host_path):
     ids = [pgpool.enqueue(db, "record", {"sleep": 1.0, "n": i}) for i in range(6)]
-    host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "6", record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "6", record_dir=record_dir,
+                        **host_path)
     job_id, _, worker_pid, _ = wait_until(lambda: starts(record_dir), "the first job")[0]
     # Process titles show each process's role and the job it runs.
     title = Path(f"/proc/{worker_pid}/cmdline").read_bytes().rstrip(b"\0").decode()
@@ -277,10 +283,11 @@ def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_di
 
 
 def test_grace_expiry_kills_the_job_and_returns_it_without_counting_the_attempt(
-        db, dsn, record_dir):
+        db, dsn, record_dir, host_path):
     # Its only attempt: were the cut-off counted, a deploy would dead-letter it.
     job = pgpool.enqueue(db, "record", {"sleep": 600}, max_attempts=1)
-    host = start_pgpool(dsn, *RUN, "--procs", "1", "--grace", "0.5", record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--grace", "0.5", record_dir=record_dir,
+                        **host_path)
     wait_until(lambda: starts(record_dir), "the job to start")
     assert host.stop() == 0, host.stderr
     assert not alive(starts(record_dir)[0][2])
@@ -292,7 +299,8 @@ def test_grace_expiry_kills_the_job_and_returns_it_without_counting_the_attempt(
     # and on its last attempt that is the end of it.
     db.execute("UPDATE pgpool_jobs SET attempts = %s, interruptions = %s",
                (FREE_INTERRUPTIONS, FREE_INTERRUPTIONS))
-    host = start_pgpool(dsn, *RUN, "--procs", "1", "--grace", "0.5", record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, "--procs", "1", "--grace", "0.5", record_dir=record_dir,
+                        **host_path)
     wait_until(lambda: len(starts(record_dir)) == 2, "the job to start again")
     assert host.stop() == 0, host.stderr
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
@@ -346,9 +354,10 @@ def test_second_signal_stops_at_once_and_the_lease_brings_the_job_back(db, dsn, 
 
 
 def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
-        db, dsn, record_dir):
+        db, dsn, record_dir, host_path):
     pgpool.enqueue_many(db, "record", ({"sleep": 600} for _ in range(2)))
-    host = start_pgpool(dsn, *RUN, "--procs", "2", "--lease", "1", record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, "--procs", "2", "--lease", "1", record_dir=record_dir,
+                        **host_path)
     wait_until(lambda: len(starts(record_dir)) == 2, "both jobs to start")
     host.kill()
     host.wait()
@@ -381,9 +390,9 @@ def test_burst_waits_for_the_jobs_a_killed_host_still_holds(db, dsn, record_dir)
 
 
 @contextmanager
-def serving(dsn: str, record_dir: Path, *args: str) -> Iterator[Pgpool]:
+def serving(dsn: str, record_dir: Path, *args: str, **env: str) -> Iterator[Pgpool]:
     """A dispatcher that has started up; stopped with SIGTERM afterwards (must exit 0)."""
-    host = start_pgpool(dsn, *RUN, *args, record_dir=record_dir)
+    host = start_pgpool(dsn, *RUN, *args, record_dir=record_dir, **env)
     try:
         host.event("started")
         yield host
@@ -533,8 +542,9 @@ def children(pid: int) -> list[tuple[int, str]]:
     return out
 
 
-def test_dead_workers_are_reaped_and_replaced_while_the_dispatcher_runs(db, dsn, record_dir):
-    with serving(dsn, record_dir, "--procs", "2") as host:
+def test_dead_workers_are_reaped_and_replaced_while_the_dispatcher_runs(db, dsn, record_dir,
+                                                                        host_path):
+    with serving(dsn, record_dir, "--procs", "2", **host_path) as host:
         # One attempt each: a retry's backoff (0.5 to 1 s) would come due during the checks
         # below and crash a replacement worker, whose zombie the last check could then see
         # in the moment before the dispatcher reaps it.

@@ -70,12 +70,13 @@ def test_a_failed_claim_loop_stops_the_host_loudly_after_a_drain(db, dsn, record
 
 
 def test_a_killed_worker_is_noticed_and_replaced_while_its_handlers_child_holds_its_pipe(
-        db, dsn, record_dir):
+        db, dsn, record_dir, host_path):
     # The reported case: the handler forks a child that sleeps 40 s (it inherits the
     # worker's pipes), and the job has a 2 s timeout. The worker is killed at 2 s; the job
     # must end then, the child with it, and a new worker must take the next job.
     job_id = pgpool.enqueue(db, "forker", {"sleep": 60, "child_sleep": 40})
-    p = start_pgpool(dsn, *RUN, "--procs", "1", "--timeout", "2", record_dir=record_dir)
+    p = start_pgpool(dsn, *RUN, "--procs", "1", "--timeout", "2", record_dir=record_dir,
+                     **host_path)
     # 20 s: far above 2 s plus a claim on a loaded machine, well below the child's 40 s.
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", job_id)
                == (1,), "the timed-out job to be dead-lettered", timeout=20)
