@@ -26,6 +26,7 @@ import inspect
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 import traceback
