@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import explain_prepared, in_registry
+from conftest import explain_prepared, in_registry, wait_until
 from psycopg_pool import AsyncConnectionPool
 from test_routing import buffers
 
@@ -46,6 +46,14 @@ def claim_params(*kinds: str, limit: int) -> dict[str, Any]:
             "owner": "h", "lease": 30, "limit": limit, "after": "", "tenant_cap": None}
 
 
+#: Other sessions of this database holding a snapshot (or a transaction id).
+_SNAPSHOTS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+"""
+
+
 def statement_buffers(db: psycopg.Connection, query: str, params: dict[str, Any], mode: str,
                       *, ready: int = 2000, dead: int = 0) -> tuple[int, int]:
     """(shared buffers ``query`` touches as a prepared statement of plan ``mode``, rows it
@@ -54,12 +62,16 @@ def statement_buffers(db: psycopg.Connection, query: str, params: dict[str, Any]
     head, which every claim in claim order walks over until the next vacuum).
 
     Autovacuum is off meanwhile: the dead head trips its thresholds, and a run in the
-    middle of one measurement but not of another would make them differ."""
+    middle of one measurement but not of another would make them differ. Nor may another
+    session of this database hold a snapshot: it would keep the dead head's rows visible
+    to it, and the claim would pay for checking them where another measurement did not."""
     db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
     try:
         db.execute("TRUNCATE pgpool_jobs")
         pgpool.enqueue_many(db, "k", ({"n": i} for i in range(dead + ready)))
         db.execute("VACUUM ANALYZE pgpool_jobs")
+        wait_until(lambda: not db.execute(_SNAPSHOTS).fetchone()[0],
+                   "other sessions of this database to let go of their snapshots")
         if dead:
             db.execute("DELETE FROM pgpool_jobs WHERE id IN "
                        "(SELECT id FROM pgpool_jobs ORDER BY id LIMIT %s)", (dead,))
