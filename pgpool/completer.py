@@ -270,38 +270,16 @@ class Completer:
         """An attempt ended: decide the job's next state and queue its ack, which is
         returned; or drop the result if the lease was lost meanwhile (None)."""
         job = outcome.job
-        fields = {"job_id": job.id, "kind": job.kind, "attempt": job.counted,
-                  "cause": outcome.cause}
         if job.lost:
             self.counts["lost"] += 1
             event(log, logging.WARNING, "job_lost",
-                  "%s ended after its lease was lost; result dropped", job, **fields)
+                  "%s ended after its lease was lost; result dropped", job,
+                  **_fields(outcome))
             return None
         ack = decide(outcome, self._retry if outcome.error is None
                      else self._retries.get(job.kind, self._retry))
-        if ack.kind == "dead":
-            permanent = outcome.verdict == "final"
-            event(log, logging.ERROR, "job_dead", "%s failed (%s), %s: moved to pgpool_dead",
-                  job, outcome.cause, "an error its handler's Retry does not retry"
-                  if permanent else "no attempts left", permanent=permanent, **fields)
-        elif ack.kind == "retry":
-            event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
-                  outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
-        elif ack.kind == "interrupted":
-            event(log, logging.WARNING, "job_interrupted",
-                  "%s cut off by this host (%s); ready again, not counted as an attempt",
-                  job, outcome.cause, **fields)
-        elif ack.kind == "snooze":
-            event(log, logging.INFO, "job_snoozed",
-                  "%s snoozed by its handler; runs again in %.1fs, not counted as an attempt",
-                  job, ack.delay, delay=round(ack.delay, 3), snoozes=job.snoozes + 1,
-                  **fields)
-        elif ack.kind == "discard":
-            event(log, logging.WARNING, "job_discarded",
-                  "%s discarded by its handler: moved to pgpool_dead", job, **fields)
-        elif ack.kind == "cancel":
-            event(log, logging.WARNING, "job_cancelled",
-                  "%s cancelled by its handler: moved to pgpool_dead", job, **fields)
+        if ack.kind != "done":  # a success is not logged: the common case stays quiet
+            _log_decision(ack, outcome)
         self.add(ack)
         return ack
 
@@ -499,6 +477,40 @@ class Completer:
 #: The arms of `sql.ACK` (and `sql.ACK_DONE`), and of `sql.ACK_CONTROL`.
 _ARMS: tuple[AckKind, ...] = ("done", "retry", "release", "interrupted", "dead")
 _ARMS_CONTROL: tuple[AckKind, ...] = (*_ARMS, "snooze")
+
+
+def _fields(outcome: Outcome) -> dict[str, object]:
+    """What every event about a job's outcome carries."""
+    job = outcome.job
+    return {"job_id": job.id, "kind": job.kind, "attempt": job.counted,
+            "cause": outcome.cause}
+
+
+def _log_decision(ack: Ack, outcome: Outcome) -> None:
+    """The event of a decision other than done: what became of the job, and why."""
+    job, fields = outcome.job, _fields(outcome)
+    if ack.kind == "dead":
+        permanent = outcome.verdict == "final"
+        event(log, logging.ERROR, "job_dead", "%s failed (%s), %s: moved to pgpool_dead",
+              job, outcome.cause, "an error its handler's Retry does not retry"
+              if permanent else "no attempts left", permanent=permanent, **fields)
+    elif ack.kind == "retry":
+        event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
+              outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
+    elif ack.kind == "interrupted":
+        event(log, logging.WARNING, "job_interrupted",
+              "%s cut off by this host (%s); ready again, not counted as an attempt",
+              job, outcome.cause, **fields)
+    elif ack.kind == "snooze":
+        event(log, logging.INFO, "job_snoozed",
+              "%s snoozed by its handler; runs again in %.1fs, not counted as an attempt",
+              job, ack.delay, delay=round(ack.delay, 3), snoozes=job.snoozes + 1, **fields)
+    elif ack.kind == "discard":
+        event(log, logging.WARNING, "job_discarded",
+              "%s discarded by its handler: moved to pgpool_dead", job, **fields)
+    elif ack.kind == "cancel":
+        event(log, logging.WARNING, "job_cancelled",
+              "%s cancelled by its handler: moved to pgpool_dead", job, **fields)
 
 
 def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:

@@ -24,7 +24,7 @@ types of `pgpool.ipc`::
      │                  (Snoozed | Ended: what a handler asked for)   │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
-     │        _on_outcome (Done | Failed | Snoozed | Ended): assigned.popleft()
+     │        Done, _on_outcome (Failed | Snoozed | Ended): assigned.popleft()
      │            ─▶ on_outcome(Outcome)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
@@ -449,7 +449,10 @@ class WorkerPool:
 
     def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
         match message:  # the per-job ones first
-            case ipc.Done() | ipc.Failed() | ipc.Snoozed() | ipc.Ended():
+            case ipc.Done():  # the common case first, and made directly
+                self._finished(w, Outcome(self._front_job(w, message.id), None,
+                                          message.elapsed))
+            case ipc.Failed() | ipc.Snoozed() | ipc.Ended():
                 self._on_outcome(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
@@ -464,8 +467,7 @@ class WorkerPool:
             case _:
                 raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
 
-    def _on_outcome(self, w: _Worker,
-                    message: ipc.Done | ipc.Failed | ipc.Snoozed | ipc.Ended) -> None:
+    def _on_outcome(self, w: _Worker, message: ipc.Failed | ipc.Snoozed | ipc.Ended) -> None:
         self._finished(w, Outcome.of(self._front_job(w, message.id), message))
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
