@@ -121,13 +121,15 @@ def session(cli_dsn: str | None, progress: Progress) -> Iterator[Session]:
 
 
 def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
-                     **env: str) -> subprocess.Popen[bytes]:
+                     handlers: Iterable[str] = (), **env: str) -> subprocess.Popen[bytes]:
     """``pgpool run --burst`` of the bench jobs on ``dsn``, its claims unthrottled, its
-    output in ``log``, with ``env`` added to its environment."""
+    output in ``log``, with the handler modules ``handlers`` imported too and ``env``
+    added to its environment."""
     # The DSN goes in the environment: `ps` shows a command line to every user.
     env = {**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING", **env}
+    modules = [arg for module in (jobs.__name__, *handlers) for arg in ("--handlers", module)]
     return subprocess.Popen(
-        [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
+        [sys.executable, "-m", "pgpool", "run", *modules,
          "--procs", str(procs), "--batch", str(batch), "--burst",
          "--max-claims-per-sec", str(UNTHROTTLED)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

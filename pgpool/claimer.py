@@ -177,9 +177,10 @@ class Claimer:
         self.claimed += len(rows)
         timeouts = self._timeouts
         deadline = self._lease.deadline(leased)
+        # Positional, every field in `Job`'s order: keywords cost more, once per job.
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
-                timeouts[kind], deadline=deadline, waited=waited, snoozes=snoozes, meta=meta)
+                timeouts[kind], False, deadline, False, waited, snoozes, meta)
             for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
                  snoozes, meta) in rows
         ]
