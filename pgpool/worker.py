@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Coroutine
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -46,6 +47,8 @@ from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
 MAX_ERROR_CHARS = 4000
+#: The outcomes that carry an exception's type (``cause``).
+_FAILURES = (ipc.Failed, ipc.Ended)
 
 
 _current: JobInfo | None = None
@@ -137,7 +140,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         ipc.write_all(wfd, ipc.encode(outcome))
         finished += 1
         retire = None
-        if isinstance(outcome, ipc.Failed | ipc.Ended) and outcome.cause == "MemoryError":
+        if isinstance(outcome, _FAILURES) and outcome.cause == "MemoryError":
             retire = RETIRED_AFTER_MEMORY_ERROR  # its heap may be left fragmented
         elif max_tasks is not None and finished >= max_tasks:
             retire = f"recycled after {finished} jobs"
@@ -289,8 +292,10 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         if hooks.watched():  # lifecycle hooks, tracing: see pgpool.hooks
             with hooks.watching(_current, job.meta):
                 _call(handler, job)
-        else:
-            _call(handler, job)
+        else:  # the common case, without a call more
+            result = handler.run(orjson.loads(job.payload))
+            if inspect.iscoroutine(result):
+                _finish(result)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
             raised.append(exc)
@@ -325,10 +330,15 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
 
 def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> None:
     result = handler.run(orjson.loads(job.payload))
-    if inspect.iscoroutine(result):  # an ``async def`` handler
-        import asyncio  # only async handlers need it: keeps worker start-up light
+    if inspect.iscoroutine(result):
+        _finish(result)
 
-        asyncio.run(result)
+
+def _finish(coroutine: Coroutine[Any, Any, Any]) -> None:
+    """Run an ``async def`` handler's coroutine to its end, in a new event loop."""
+    import asyncio  # only async handlers need it: keeps worker start-up light
+
+    asyncio.run(coroutine)
 
 
 def _running() -> tuple[int, str, int] | None:
