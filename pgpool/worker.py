@@ -31,7 +31,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Coroutine
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -292,10 +291,8 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         if hooks.watched():  # lifecycle hooks, tracing: see pgpool.hooks
             with hooks.watching(_current, job.meta):
                 _call(handler, job)
-        else:  # the common case, without a call more
-            result = handler.run(orjson.loads(job.payload))
-            if inspect.iscoroutine(result):
-                _finish(result)
+        else:  # one call either way: the stored tracebacks have the same frames
+            _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
             raised.append(exc)
@@ -330,15 +327,10 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
 
 def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> None:
     result = handler.run(orjson.loads(job.payload))
-    if inspect.iscoroutine(result):
-        _finish(result)
+    if inspect.iscoroutine(result):  # an ``async def`` handler
+        import asyncio  # only async handlers need it: keeps worker start-up light
 
-
-def _finish(coroutine: Coroutine[Any, Any, Any]) -> None:
-    """Run an ``async def`` handler's coroutine to its end, in a new event loop."""
-    import asyncio  # only async handlers need it: keeps worker start-up light
-
-    asyncio.run(coroutine)
+        asyncio.run(result)
 
 
 def _running() -> tuple[int, str, int] | None:
