@@ -147,14 +147,21 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
         from django.db import transaction
         from djangoapp.tasks import explode, write_attempt, write_note
 
+        try:
+            with transaction.atomic():
+                gone = write_note.enqueue("rolled back")
+                raise RuntimeError("the view failed")
+        except RuntimeError:
+            pass
         with transaction.atomic():
             ok = write_note.enqueue("from a task")
             write_attempt.enqueue("with context")
             bad = explode.enqueue()
-        print(ok.id, bad.id, write_note.get_result(ok.id).status)
+        print(ok.id, bad.id, gone.id, write_note.get_result(ok.id).status)
         """)
-    ok, bad, status = out.split()
+    ok, bad, gone, status = out.split()
     assert status == "READY"
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = %s", int(gone)) == (0,)
 
     done = run_pgpool(dsn, "run", "--burst", "--procs", "1", "--handlers",
                       "pgpool.contrib.django.worker", **django_env(dsn))

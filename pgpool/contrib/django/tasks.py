@@ -55,8 +55,8 @@ except ImportError:  # the django-tasks package (its reference implementation)
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued  # type: ignore[no-redef]
 
-__all__ = ["KIND", "PgpoolBackend", "Task", "TaskContext", "TaskResult", "TaskResultStatus",
-           "make_result", "task_of"]
+__all__ = ["KIND", "InvalidTask", "PgpoolBackend", "Task", "TaskContext", "TaskResult",
+           "TaskResultDoesNotExist", "TaskResultStatus", "make_result", "task_of"]
 
 #: The kind of every Django task's job.
 KIND: Final = "pgpool.django"
