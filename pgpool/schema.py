@@ -450,16 +450,17 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             new_state text;
             new_table oid;
         BEGIN
+            -- A bad name is shown as a JSON string: quoted, one line, cut at 60 characters.
             IF pgpool_enqueue.kind IS NULL
                OR pgpool_enqueue.kind !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
                 RAISE EXCEPTION 'pgpool_enqueue: invalid kind %',
-                    coalesce(quote_literal(left(pgpool_enqueue.kind, 60)), 'NULL')
+                    coalesce(to_jsonb(left(pgpool_enqueue.kind, 60))::text, 'NULL')
                     USING ERRCODE = 'invalid_parameter_value', HINT = names;
             END IF;
             IF pgpool_enqueue.queue IS NULL
                OR pgpool_enqueue.queue !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
                 RAISE EXCEPTION 'pgpool_enqueue: invalid queue %',
-                    coalesce(quote_literal(left(pgpool_enqueue.queue, 60)), 'NULL')
+                    coalesce(to_jsonb(left(pgpool_enqueue.queue, 60))::text, 'NULL')
                     USING ERRCODE = 'invalid_parameter_value', HINT = names;
             END IF;
             IF jsonb_typeof(pgpool_enqueue.payload) IS DISTINCT FROM 'object' THEN

@@ -94,19 +94,23 @@ def test_the_wake_up_is_enqueues_channel_and_payload_sent_at_commit(db, dsn, sch
 
 DEEP = {"a": json.loads("[" * 253 + "]" * 253)}  # 254 levels with the payload: the limit
 DEEPER = {"a": json.loads("[" * 254 + "]" * 254)}
+DEEPER_OBJECTS = json.loads('{"a": ' * 254 + "{}" + "}" * 254)
 
 #: (named arguments, what the message says): each refused with a 22xxx error and a hint.
 BAD = [
-    ({"kind": "bad kind"}, "invalid kind 'bad kind'"),
+    ({"kind": "bad kind"}, 'invalid kind "bad kind"'),
     ({"kind": None}, "invalid kind NULL"),
     ({"kind": "k" * 129}, "invalid kind"),
-    ({"queue": "-mail"}, "invalid queue '-mail'"),
+    ({"kind": "café"}, 'invalid kind "café"'),
+    ({"kind": "mail\n"}, 'invalid kind "mail\\n"'),
+    ({"queue": "-mail"}, 'invalid queue "-mail"'),
     ({"queue": None}, "invalid queue NULL"),
     ({"payload": Jsonb([1, 2])}, "payload must be a JSON object, not array"),
     ({"payload": Jsonb("text")}, "payload must be a JSON object, not string"),
     ({"payload": None}, "payload must be a JSON object, not NULL"),
     ({"payload": Jsonb({"s": "x" * (1 << 20)})}, "over the 1048576-byte limit"),
     ({"payload": Jsonb(DEEPER)}, "nested more than 254 levels deep"),
+    ({"payload": Jsonb(DEEPER_OBJECTS)}, "nested more than 254 levels deep"),
     ({"priority": None}, "priority must be an integer within ±2147483647, got NULL"),
     ({"priority": -2147483648}, "priority must be an integer within ±2147483647"),
     ({"run_at": FUTURE, "delay": timedelta(seconds=1)}, "either run_at or delay, not both"),
