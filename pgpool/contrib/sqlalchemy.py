@@ -15,7 +15,7 @@ typed payload is checked and encoded first, as with ``handler.enqueue``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeAlias, Unpack, overload
 
 import psycopg
 
@@ -31,12 +31,29 @@ except ImportError:  # pragma: no cover - the extra is missing
 
 import pgpool
 from pgpool import ConfigError, Handler
+from pgpool.registry import EnqueueOptions, ManyOptions
 
 __all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
 
+#: What the sync functions take: a session, or a Core connection.
+Bind: TypeAlias = Session | scoped_session[Any] | Connection
+#: What the async twins take.
+AsyncBind: TypeAlias = AsyncSession | async_scoped_session[Any] | AsyncConnection
+
+
+# The overloads let a type checker see a misspelt option, or a kind's payload that is not a
+# dict. A handler's payload is Any here, checked at the call: inferring the handler's type
+# and a dict literal's together, mypy refuses a literal that fits a TypedDict.
+@overload
+def enqueue(session: Bind, kind: Handler[Any], payload: Any,
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+@overload
+def enqueue(session: Bind, kind: str, payload: dict[str, Any],
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+
 
 def enqueue(
-    session: Session | scoped_session[Any] | Connection,
+    session: Bind,
     kind: str | Handler[Any],
     payload: Any,
     **options: Any,
@@ -56,8 +73,14 @@ def enqueue(
     return pgpool.enqueue(conn, kind, payload, **options)
 
 
+@overload
+def enqueue_many(session: Bind, kind: Handler[Any], payloads: Iterable[Any],
+                 **options: Unpack[ManyOptions]) -> int: ...
+@overload
+def enqueue_many(session: Bind, kind: str, payloads: Iterable[dict[str, Any]],
+                 **options: Unpack[ManyOptions]) -> int: ...
 def enqueue_many(
-    session: Session | scoped_session[Any] | Connection,
+    session: Bind,
     kind: str | Handler[Any],
     payloads: Iterable[Any],
     **options: Any,
@@ -72,8 +95,14 @@ def enqueue_many(
     return pgpool.enqueue_many(conn, kind, payloads, **options)
 
 
+@overload
+async def enqueue_async(session: AsyncBind, kind: Handler[Any], payload: Any,
+                        **options: Unpack[EnqueueOptions]) -> int | None: ...
+@overload
+async def enqueue_async(session: AsyncBind, kind: str, payload: dict[str, Any],
+                        **options: Unpack[EnqueueOptions]) -> int | None: ...
 async def enqueue_async(
-    session: AsyncSession | async_scoped_session[Any] | AsyncConnection,
+    session: AsyncBind,
     kind: str | Handler[Any],
     payload: Any,
     **options: Any,
@@ -86,8 +115,15 @@ async def enqueue_async(
     return await pgpool.enqueue_async(conn, kind, payload, **options)
 
 
+@overload
+async def enqueue_many_async(session: AsyncBind, kind: Handler[Any], payloads: Iterable[Any],
+                             **options: Unpack[ManyOptions]) -> int: ...
+@overload
+async def enqueue_many_async(session: AsyncBind, kind: str,
+                             payloads: Iterable[dict[str, Any]],
+                             **options: Unpack[ManyOptions]) -> int: ...
 async def enqueue_many_async(
-    session: AsyncSession | async_scoped_session[Any] | AsyncConnection,
+    session: AsyncBind,
     kind: str | Handler[Any],
     payloads: Iterable[Any],
     **options: Any,
