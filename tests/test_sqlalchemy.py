@@ -15,7 +15,14 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Integer, create_engine, select, text
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 import pgpool
 from pgpool.contrib import sqlalchemy as pgsa
@@ -199,14 +206,34 @@ def test_a_bad_payload_raises_and_leaves_the_transaction_usable(db, dsn):
     assert [j["payload"] for j in jobs(db)] == [{"kept": 1}]
 
 
+def test_a_savepoint_rolled_back_takes_its_jobs_only(db, dsn):
+    eng = engine(dsn)
+    try:
+        with Session(eng) as session:
+            pgsa.enqueue(session, "k", {"outer": 1})
+            nested = session.begin_nested()
+            pgsa.enqueue(session, "k", {"inner": 1})
+            pgsa.enqueue_many(session, "k", [{"inner": 2}])
+            nested.rollback()
+            with session.begin_nested():
+                pgsa.enqueue_many(session, "k", [{"kept": 2}])
+            session.commit()
+    finally:
+        eng.dispose()
+    assert [j["payload"] for j in jobs(db)] == [{"outer": 1}, {"kept": 2}]
+
+
 def test_a_handler_in_place_of_the_kind_applies_its_defaults_and_type(db, dsn):
     eng = engine(dsn)
     try:
         with Session(eng) as session:
             pgsa.enqueue(session, resize, Resize(1, 64))
             pgsa.enqueue(session, resize, {"image_id": 2, "width": 32}, priority=9)
-            assert pgsa.enqueue_many(session, resize, [Resize(3, 16)]) == 1
             session.commit()
+        scoped = scoped_session(sessionmaker(eng))
+        assert pgsa.enqueue_many(scoped, resize, [Resize(3, 16)]) == 1
+        scoped.commit()
+        scoped.remove()
     finally:
         eng.dispose()
     assert [(j["kind"], j["queue"], j["priority"], j["payload"]) for j in jobs(db)] == [
