@@ -5,12 +5,14 @@
   and ``ON CONFLICT DO NOTHING`` need nothing more; the identity column takes its ids
   without a sequence grant; NOTIFY needs no privilege) and SELECT on every pgpool table
   (``RETURNING`` the id, ``pgpool status``, ``pgpool enqueue``'s check that a host serves
-  the kind). It cannot change a job once enqueued, nor write what only a dispatcher writes
-  (owner, lease, attempts, errors, the id): with the schema's insert trigger (migration
-  12), which refuses a new job that is not ready or scheduled from anyone but the tables'
-  owner, it cannot forge a running, done or parked job that holds a key with no lease for
-  the reaper to end. Nor can it write the host registry (a fake fresh row there would take
-  budget shares) or the fleet's budget.
+  the kind), and EXECUTE on ``pgpool_enqueue`` (`FUNCTIONS`), which runs with the
+  caller's privileges (SECURITY INVOKER), so it adds no right the INSERT grant lacks: it
+  lets an application enqueue from SQL. It cannot change a job once enqueued, nor write
+  what only a dispatcher writes (owner, lease, attempts, errors, the id): with the
+  schema's insert trigger (migration 12), which refuses a new job that is not ready or
+  scheduled from anyone but the tables' owner, it cannot forge a running, done or parked
+  job that holds a key with no lease for the reaper to end. Nor can it write the host
+  registry (a fake fresh row there would take budget shares) or the fleet's budget.
 - The **worker** role runs ``pgpool run``: it claims, extends, acks and reaps jobs
   (SELECT, UPDATE and DELETE on ``pgpool_jobs``), enqueues the ticks of periodic
   schedules (INSERT on the producer's columns of ``pgpool_jobs``; SELECT, INSERT and
@@ -20,8 +22,9 @@
 
 Neither may change the schema (``pgpool migrate`` needs the schema's owner), nor set the
 budget: that is ``pgpool budget set``, run as the owner. Each role's statements start by
-revoking what it held on pgpool's tables, so applying them twice, or to a role set up
-with broader grants, leaves exactly these.
+revoking what it held on pgpool's tables and functions, so applying them twice, or to a
+role set up with broader grants, leaves exactly these. (Migration 16 revokes EXECUTE on
+``pgpool_enqueue`` from PUBLIC, PostgreSQL's default for a new function.)
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
                            "unique_key, tenant, concurrency_key, meta")
+
+#: Every pgpool function a role may be granted, by signature.
+FUNCTIONS: Final = ("pgpool_enqueue(text, jsonb, text, integer, timestamptz, interval, text, "
+                    "integer, text, text)",)
 
 #: (privileges, tables) per role.
 APP: Final = (
@@ -61,19 +68,29 @@ def statements(schema: str, *, app: str | None = None,
     """The statements that give ``app`` and ``worker`` (either may be None) exactly their
     privileges on the pgpool tables in ``schema``."""
     out: list[pgsql.Composed] = []
-    for role, grants in ((app, APP), (worker, WORKER)):
+    for role, grants, executes in ((app, APP, True), (worker, WORKER, False)):
         if role is None:
             continue
         who = pgsql.Identifier(role)
         out.append(pgsql.SQL(sql.REVOKE_TABLES).format(tables=_tables(schema, TABLES),
                                                        role=who))
+        out.append(pgsql.SQL(sql.REVOKE_FUNCTIONS).format(functions=_functions(schema),
+                                                          role=who))
         out.append(pgsql.SQL(sql.GRANT_SCHEMA).format(schema=pgsql.Identifier(schema),
                                                       role=who))
         for privileges, tables in grants:
             out.append(pgsql.SQL(sql.GRANT_TABLES).format(
                 privileges=pgsql.SQL(privileges), tables=_tables(schema, tables), role=who))
+        if executes:
+            out.append(pgsql.SQL(sql.GRANT_FUNCTIONS).format(functions=_functions(schema),
+                                                             role=who))
     return out
 
 
 def _tables(schema: str, tables: tuple[str, ...]) -> pgsql.Composed:
     return pgsql.SQL(", ").join(pgsql.Identifier(schema, t) for t in tables)
+
+
+def _functions(schema: str) -> pgsql.Composed:
+    return pgsql.SQL(", ").join(pgsql.Identifier(schema) + pgsql.SQL("." + f)
+                                for f in FUNCTIONS)

@@ -1,2 +1,2 @@
-"""Integrations with the frameworks applications enqueue from, one subpackage each, each
-behind an extra (``pip install pgpool[django]``): pgpool itself imports none of them."""
+"""Integrations with the frameworks applications enqueue from, each behind its own extra
+(``pgpool[sqlalchemy]``, ``pgpool[django]``): pgpool itself never imports them."""

@@ -68,6 +68,9 @@ SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_ver
 REVOKE_TABLES: Final = "REVOKE ALL ON {tables} FROM {role}"
 GRANT_SCHEMA: Final = "GRANT USAGE ON SCHEMA {schema} TO {role}"
 GRANT_TABLES: Final = "GRANT {privileges} ON {tables} TO {role}"
+#: ``{functions}``: schema-qualified signatures (`pgpool.grants.FUNCTIONS`).
+REVOKE_FUNCTIONS: Final = "REVOKE ALL ON FUNCTION {functions} FROM {role}"
+GRANT_FUNCTIONS: Final = "GRANT EXECUTE ON FUNCTION {functions} TO {role}"
 
 #: The schema pgpool_jobs resolves to through the connection's search_path (NULL: none),
 #: and whether this role may grant on it: its owner, a member of the owner's role or a

@@ -38,7 +38,8 @@ OPEN_TRANSACTION: Final = "SELECT 1"
 #: due), so the claim's index holds only due jobs. Notifies the job's queue when it is ready,
 #: the stagers (`common.STAGE`) when it is scheduled. The channel is that of the table the row went
 #: into (``tableoid``), at no extra round trip. With a unique key that a live job already
-#: holds, no row is inserted and no row returns.
+#: holds, no row is inserted and no row returns. The SQL function ``pgpool_enqueue``
+#: (migration 16) does the same: keep the two in step (tests/test_sql_enqueue.py compares).
 ENQUEUE: Final = """
 WITH due AS (
     SELECT coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))

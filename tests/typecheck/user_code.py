@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import psycopg
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 import pgpool
+from pgpool.contrib import sqlalchemy as pgsa
 
 
 @dataclass
@@ -69,4 +72,22 @@ async def produce_async(conn: psycopg.AsyncConnection[Any]) -> None:
     job: int | None = await thumbnail.enqueue_async(conn, Thumb(1, 2))
     count: int = await report.enqueue_many_async(conn, [{"report_id": 1}])
     await thumbnail.enqueue_async(conn, Report(report_id=1))  # type: ignore[arg-type]
+    print(job, count)
+
+
+def produce_from_sqlalchemy(session: Session) -> None:
+    job: int | None = pgsa.enqueue(session, thumbnail, Thumb(1, 2), priority=3)
+    count: int = pgsa.enqueue_many(session, "plain", [{"a": 1}], queue="bulk")
+    pgsa.enqueue(session, "plain", {"a": 1}, tenant="acme")
+    print(job, count)
+
+    # Mistakes a type checker catches:
+    pgsa.enqueue(session, "plain", [1, 2])  # type: ignore[call-overload]
+    pgsa.enqueue_many(session, "plain", [{}], delay=5)  # type: ignore[call-overload]
+
+
+async def produce_from_sqlalchemy_async(session: AsyncSession) -> None:
+    job: int | None = await pgsa.enqueue_async(session, report, {"report_id": 1})
+    count: int = await pgsa.enqueue_many_async(session, thumbnail, [Thumb(1, 2)])
+    await pgsa.enqueue_async(session, report, {"report_id": 1}, priorty=1)  # type: ignore[call-overload]
     print(job, count)
