@@ -181,10 +181,16 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
             write_note.get_result("{ok}")
         except TaskResultDoesNotExist:
             print("succeeded: no record")
+        for not_an_id in ("abc", "-1", str(2**64)):
+            try:
+                write_note.get_result(not_an_id)
+            except TaskResultDoesNotExist as exc:
+                print(exc)
         """).splitlines()
     assert out[0] == "FAILED builtins.ValueError 1 True"
     assert out[1] == "ValueError: this task always fails"
     assert out[2] == "succeeded: no record"
+    assert out[3:] == [f"{i!r} is not a pgpool job's id" for i in ("abc", "-1", str(2**64))]
 
 
 def test_the_worker_module_needs_the_settings_module(dsn: str) -> None:

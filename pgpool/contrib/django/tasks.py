@@ -129,7 +129,9 @@ class PgpoolBackend(BaseTaskBackend):
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(result_id) from None
+            job_id = 0
+        if not 0 < job_id < 2**63:  # a job's id is a positive bigint
+            raise TaskResultDoesNotExist(f"{result_id!r} is not a pgpool job's id")
         row = connection_for(self.database).execute(
             sql.TASK_JOB, {"id": job_id, "kind": KIND}).fetchone()
         if row is None:
@@ -144,7 +146,7 @@ class PgpoolBackend(BaseTaskBackend):
             run_after=run_at if state == "scheduled" else None)
         status = _STATUS.get(state, TaskResultStatus.READY)
         result = make_result(task, result_id, status, payload.get("args", []),
-                         payload.get("kwargs", {}), self.alias)
+                             payload.get("kwargs", {}), self.alias)
         started = claimed_at if state == "running" else None
         for name, value in (("enqueued_at", created_at), ("started_at", started),
                             ("last_attempted_at", started), ("finished_at", died_at),
