@@ -189,5 +189,6 @@ def _not_psycopg(dialect: Any) -> ConfigError:
     return ConfigError(
         f"pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this engine is "
         f"{dialect.name}+{dialect.driver}: create it with a postgresql+psycopg:// URL "
-        "(psycopg 3 comes with pgpool)"
+        "(psycopg 3 comes with pgpool), or enqueue with the SQL function: "
+        "session.execute(text(\"SELECT pgpool_enqueue(:kind, CAST(:payload AS jsonb))\"), ...)"
     )
