@@ -260,6 +260,25 @@ def test_the_wrong_kind_of_session_or_driver_is_named_in_one_line(db, dsn):
         "pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this engine is "
         "sqlite+pysqlite: create it with a postgresql+psycopg:// URL (psycopg 3 comes with "
         "pgpool)")
+    # Another PostgreSQL driver is told of the SQL function too, which works on it.
+    url, args = url_and_args(dsn, "psycopg2")
+    legacy = create_engine(url, connect_args=args)
+    try:
+        with Session(legacy) as session, pytest.raises(pgpool.ConfigError) as caught:
+            pgsa.enqueue(session, "k", {})
+        assert str(caught.value).endswith(
+            "postgresql+psycopg2: create it with a postgresql+psycopg:// URL (psycopg 3 comes "
+            "with pgpool), or enqueue with the SQL function: session.execute(text(\"SELECT "
+            "pgpool_enqueue(:kind, CAST(:payload AS jsonb))\"), ...)")
+        with Session(legacy) as session:
+            (job_id,) = session.execute(text("SELECT pgpool_enqueue('k', CAST('{}' AS jsonb))")
+                                        ).one()
+            session.commit()
+        assert db.execute("SELECT kind FROM pgpool_jobs WHERE id = %s", (job_id,)
+                          ).fetchone() == ("k",)
+    finally:
+        legacy.dispose()
     with pytest.raises(pgpool.ConfigError, match="takes a SQLAlchemy Session"):
         pgsa.enqueue(object(), "k", {})  # type: ignore[arg-type]
-    assert jobs(db) == []
+    # The one job is the SQL function's: no refused call left one behind.
+    assert [job["kind"] for job in jobs(db)] == ["k"]

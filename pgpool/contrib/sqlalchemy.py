@@ -186,8 +186,9 @@ async def _psycopg_async_connection(session: object) -> psycopg.AsyncConnection[
 
 
 def _not_psycopg(dialect: Any) -> ConfigError:
-    return ConfigError(
-        f"pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this engine is "
-        f"{dialect.name}+{dialect.driver}: create it with a postgresql+psycopg:// URL "
-        "(psycopg 3 comes with pgpool)"
-    )
+    fix = "create it with a postgresql+psycopg:// URL (psycopg 3 comes with pgpool)"
+    if dialect.name == "postgresql":  # another PostgreSQL driver: the SQL function works
+        fix += (", or enqueue with the SQL function: session.execute(text(\"SELECT "
+                "pgpool_enqueue(:kind, CAST(:payload AS jsonb))\"), ...)")
+    return ConfigError(f"pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this "
+                       f"engine is {dialect.name}+{dialect.driver}: {fix}")
