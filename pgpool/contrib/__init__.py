@@ -1,2 +1,2 @@
 """Integrations with the frameworks applications enqueue from, each behind its own extra
-(``pgpool[sqlalchemy]``): pgpool itself never imports them."""
+(``pgpool[sqlalchemy]``, ``pgpool[django]``): pgpool itself never imports them."""

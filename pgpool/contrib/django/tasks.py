@@ -1,0 +1,174 @@
+"""A backend for Django's tasks framework that runs tasks as pgpool jobs.
+
+::
+
+    TASKS = {"default": {"BACKEND": "pgpool.contrib.django.tasks.PgpoolBackend",
+                         "QUEUES": [],  # any queue name; or the list of those allowed
+                         "OPTIONS": {"DATABASE": "default"}}}
+
+Every task is a job of one kind, `KIND`, whose payload names the task by its import path
+with its arguments; ``pgpool run --handlers pgpool.contrib.django.worker`` runs them. The
+task's ``queue_name`` is the job's queue, its ``priority`` the job's (both are "higher runs
+first", so Django's -100..100 is used as it is), its ``run_after`` the job's ``run_at``.
+``.enqueue()`` inserts the job on Django's connection to ``OPTIONS["DATABASE"]`` inside
+the caller's ``transaction.atomic()``: it commits with the application's rows, or not at
+all (stronger than enqueueing on commit, which loses the job if the process dies between
+the commit and the enqueue; ``transaction.on_commit(partial(task.enqueue, ...))`` works
+too). A task that raises is not retried, as in Django's own backends: the job gets one
+attempt (the handler's ``max_attempts=1``) and is then a dead letter.
+
+The result id is the job's id. ``get_result`` reads the job: ready or scheduled is READY,
+running RUNNING, a dead letter FAILED (its error as the one `TaskError`). A job that
+succeeded has left both tables and pgpool keeps no record of it yet, so ``get_result``
+then raises ``TaskResultDoesNotExist``, as for an id that never committed: it cannot tell
+the two apart, and SUCCESSFUL for a rolled-back enqueue would be a lie. Return values are
+dropped for the same reason.
+
+Imports ``django.tasks`` (Django 6) when present, else the django-tasks package's
+``django_tasks``; tested with Django 5.2 and django-tasks 0.12.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from ...errors import ConfigError
+from ...names import check_name
+from ...sql import tasks as sql
+from . import connection_for, enqueue
+
+try:  # Django 6 and later
+    from django.tasks import TaskContext, TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskError
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued
+except ImportError:  # the django-tasks package (its reference implementation)
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus  # type: ignore
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django_tasks.base import Task, TaskError  # type: ignore[no-redef]
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+    from django_tasks.signals import task_enqueued  # type: ignore[no-redef]
+
+__all__ = ["KIND", "InvalidTask", "PgpoolBackend", "Task", "TaskContext", "TaskResult",
+           "TaskResultDoesNotExist", "TaskResultStatus", "make_result", "task_of"]
+
+#: The kind of every Django task's job.
+KIND: Final = "pgpool.django"
+
+#: A job's state as a task's status. ``parked`` waits for an operator, ``done`` succeeded
+#: (kept only because the database refused to delete it).
+_STATUS: Final = {
+    "ready": TaskResultStatus.READY,
+    "scheduled": TaskResultStatus.READY,
+    "parked": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "dead": TaskResultStatus.FAILED,
+}
+
+
+def task_of(path: object) -> Task:
+    """The task a payload names by its import path (the `Task` the ``@task`` decorator
+    left in its module); `ConfigError` naming it when there is none."""
+    try:
+        found = import_string(path) if isinstance(path, str) else None
+    except ImportError:
+        found = None
+    if not isinstance(found, Task):
+        raise ConfigError(f"no Django task {path!r}: a task is a module-level function "
+                          "decorated with @task, under its own name")
+    return found
+
+
+class PgpoolBackend(BaseTaskBackend):
+    """Django tasks as pgpool jobs (see the module's docstring). ``OPTIONS``: ``DATABASE``,
+    the alias of the Django database holding pgpool's tables (``"default"``)."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str = self.options.get("DATABASE", "default")
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, and that the queue name is one pgpool takes."""
+        super().validate_task(task)
+        try:
+            check_name("queue", task.queue_name)
+        except ConfigError as exc:
+            raise InvalidTask(str(exc)) from None
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the task's job in the current transaction of Django's connection; its
+        result, READY, with the job's id."""
+        self.validate_task(task)
+        run_at = task.run_after
+        if run_at is not None and timezone.is_naive(run_at):  # settings.USE_TZ = False
+            run_at = timezone.make_aware(run_at)
+        result = make_result(task, "", TaskResultStatus.READY, args, kwargs, self.alias)
+        payload = {"task": task.module_path, "args": result.args, "kwargs": result.kwargs}
+        job_id = enqueue(KIND, payload, using=self.database, queue=task.queue_name,
+                         priority=task.priority, run_at=run_at)
+        object.__setattr__(result, "id", str(job_id))
+        object.__setattr__(result, "enqueued_at", timezone.now())
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's status as its job's state says (see the module's docstring); raises
+        ``TaskResultDoesNotExist`` when there is no such job (any more)."""
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            job_id = 0
+        if not 0 < job_id < 2**63:  # a job's id is a positive bigint
+            raise TaskResultDoesNotExist(f"{result_id!r} is not a pgpool job's id")
+        row = connection_for(self.database).execute(
+            sql.TASK_JOB, {"id": job_id, "kind": KIND}).fetchone()
+        if row is None:
+            raise TaskResultDoesNotExist(
+                f"{result_id}: no such job waiting, running or dead (pgpool keeps no "
+                "record of a job that succeeded)")
+        (state, payload_text, queue, priority, run_at, attempts, locked_by, claimed_at,
+         created_at, died_at, last_error) = row
+        payload = orjson.loads(payload_text)
+        task = task_of(payload.get("task")).using(
+            queue_name=queue, priority=priority,
+            run_after=run_at if state == "scheduled" else None)
+        status = _STATUS.get(state, TaskResultStatus.READY)
+        result = make_result(task, result_id, status, payload.get("args", []),
+                             payload.get("kwargs", {}), self.alias)
+        started = claimed_at if state == "running" else None
+        for name, value in (("enqueued_at", created_at), ("started_at", started),
+                            ("last_attempted_at", started), ("finished_at", died_at),
+                            ("worker_ids", [locked_by or "pgpool"] * attempts)):
+            object.__setattr__(result, name, value)
+        if state == "dead" and last_error:
+            result.errors.append(TaskError(exception_class_path=_error_class(last_error),
+                                           traceback=last_error))
+        return result
+
+
+def make_result(task: Task, result_id: str, status: TaskResultStatus, args: Any, kwargs: Any,
+                backend: str) -> TaskResult:
+    """A task's result with nothing recorded yet (args and kwargs as JSON makes them)."""
+    return TaskResult(task=task, id=result_id, status=status, enqueued_at=None,
+                      started_at=None, finished_at=None, last_attempted_at=None, args=args,
+                      kwargs=kwargs, backend=backend, errors=[], worker_ids=[])
+
+
+def _error_class(error: str) -> str:
+    """The exception's class path from a stored error, whose last line is Python's
+    ``module.Class: message`` (no module for a built-in one)."""
+    lines = error.rstrip().splitlines()
+    name = lines[-1].split(":", 1)[0].strip() if lines else ""
+    return name if "." in name else f"builtins.{name or 'Exception'}"

@@ -1,0 +1,19 @@
+"""What `pgpool.contrib.django.tasks` reads: a task's job, live or dead."""
+
+from typing import Final
+
+#: One job of the Django tasks kind by id, from the live table or the dead letters: (state
+#: (``dead`` for a dead letter), payload (as text: Django's connection loads jsonb as
+#: text), queue, priority, run_at, attempts, locked_by, claimed_at, created_at, died_at,
+#: last_error). No row: it succeeded (its row deleted),
+#: or it never was (a rolled-back enqueue, another kind's id).
+TASK_JOB: Final = """
+SELECT state, payload::text, queue, priority, run_at, attempts, locked_by, claimed_at, created_at,
+       NULL::timestamptz, last_error
+  FROM pgpool_jobs WHERE id = %(id)s AND kind = %(kind)s
+UNION ALL
+SELECT 'dead', payload::text, queue, priority, NULL, attempts, NULL, NULL, created_at, died_at,
+       last_error
+  FROM pgpool_dead WHERE id = %(id)s AND kind = %(kind)s
+LIMIT 1
+"""
