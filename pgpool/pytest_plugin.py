@@ -60,6 +60,12 @@ def _pgpool_server(request: pytest.FixtureRequest) -> str:
     if os.environ.get("PGPOOL_EMBEDDED") == "0":
         _fail(f"{TEST_DSN} is not set, and PGPOOL_EMBEDDED=0 refuses the embedded server: "
               f"set {TEST_DSN} to a server whose database the tests may create schemas in")
+    from pgpool import extras
+
+    if extras.missing("embedded"):
+        _fail(f"{TEST_DSN} is not set, and the embedded server is not installed: "
+              f"{extras.install_hint('embedded')}, or set {TEST_DSN} to a server whose "
+              "database the tests may create schemas in")
     return _throwaway_server(getattr(request.config, "workerinput", None))
 
 

