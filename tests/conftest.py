@@ -355,10 +355,11 @@ def record_dir(tmp_path: Path) -> Path:
 HOST_PATHS = {"linux": {}, "portable": {"PGPOOL_PORTABLE": "1"}}
 
 
-@pytest.fixture(params=list(HOST_PATHS))
+@pytest.fixture(params=["linux", pytest.param("portable", marks=pytest.mark.soak)])
 def host_path(request: pytest.FixtureRequest) -> dict[str, str]:
     """A test of a host's behaviour taking this runs once per `HOST_PATHS` entry: pass it
-    to the `pgpool` it starts (``**host_path``)."""
+    to the `pgpool` it starts (``**host_path``). The portable path's runs are in the soak
+    tier (`make soak-test`, which CI runs too): they repeat real hosts' slowest tests."""
     return HOST_PATHS[request.param]
 
 

@@ -453,6 +453,7 @@ def test_the_plugin_starts_nothing_for_tests_that_do_not_ask(pytester: pytest.Py
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+@pytest.mark.soak  # an initdb and two pytest processes: the soak tier, which CI runs too
 def test_the_plugin_starts_a_throwaway_embedded_server_and_deletes_it(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGPOOL_TEST_DSN", raising=False)
