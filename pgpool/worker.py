@@ -21,6 +21,7 @@ even if the dispatcher cannot. See `pgpool.pool` for the whole picture.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import inspect
 import os
@@ -32,7 +33,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from setproctitle import setproctitle
@@ -46,6 +47,8 @@ from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
 MAX_ERROR_CHARS = 4000
+#: What a job runs in when no hook or tracing watches it.
+_UNWATCHED: Final = contextlib.nullcontext()
 #: The outcomes that carry an exception's type (``cause``).
 _FAILURES = (ipc.Failed, ipc.Ended)
 
@@ -288,10 +291,9 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         handler = handlers.get(job.kind)
         if handler is None:
             raise LookupError(f"no handler for kind {job.kind!r} in this worker")
-        if hooks.watched():  # lifecycle hooks, tracing: see pgpool.hooks
-            with hooks.watching(_current, job.meta):
-                _call(handler, job)
-        else:  # one call either way: the stored tracebacks have the same frames
+        # Lifecycle hooks, tracing (pgpool.hooks); one call site either way, so that a
+        # failure's stored traceback is the same whether they are in use or not.
+        with hooks.watching(_current, job.meta) if hooks.watched() else _UNWATCHED:
             _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
