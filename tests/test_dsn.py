@@ -163,6 +163,7 @@ def test_pgpool_embedded_0_refuses_the_fallback_with_one_line_naming_pgpool_dsn(
     assert not home.exists()
 
 
+@pytest.mark.soak  # starts embedded clusters of its own: the soak tier, run by CI
 def test_the_data_directory_is_per_user_not_the_current_directory(scratch):
     xdg, user_home = scratch / "xdg", scratch / "home"
     here, elsewhere = scratch / "here", scratch / "elsewhere"
@@ -206,6 +207,7 @@ def test_pgpool_dsn_prints_a_configured_dsn_as_given(dsn):
     assert_user_error(cli("dsn", PGPOOL_DSN="postgresql://h:99999/db"), "PGPOOL_DSN", "port")
 
 
+@pytest.mark.soak  # starts embedded clusters of its own: the soak tier, run by CI
 def test_an_orphaned_embedded_server_is_adopted_and_stopped_by_the_next_start(home):
     env = {**clean_env(), **JSON_LOGS, "PGPOOL_HOME": str(home)}
     pgdata = home / "pg18"
@@ -247,6 +249,7 @@ def test_an_orphaned_embedded_server_is_adopted_and_stopped_by_the_next_start(ho
         owner.wait(30)
 
 
+@pytest.mark.soak  # starts embedded clusters of its own: the soak tier, run by CI
 def test_a_reused_pid_in_the_handle_list_does_not_keep_the_server(home):
     pgdata = home / "pg18"
     assert cli("migrate", PGPOOL_HOME=str(home)).returncode == 0
