@@ -317,6 +317,7 @@ def test_a_worker_killed_while_raising_snooze_still_runs_its_job(db, dsn, record
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
 
 
+@pytest.mark.soak  # a dispatcher SIGKILLed, a second host: the soak tier, run by CI
 def test_a_host_killed_after_a_snooze_leaves_its_job_to_run_again(db, dsn, record_dir):
     job_id = pgpool.enqueue(db, "snoozer", {"until_claim": 1, "seconds": 0.05})
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "2", record_dir=record_dir)
