@@ -10,8 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgpool needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# --no-compile: modules are compiled when first imported, not all of every package now
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev,worker,embedded,web,pydantic]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,worker,embedded,web,pydantic]'
 	touch $(STAMP)
 
 ## make test: set up and run the test suite against a real, throwaway PostgreSQL, in
@@ -42,7 +41,7 @@ web-test: $(WEB_STAMP)
 ## from --strict, and a broken link would pass.)
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev,worker,embedded,web,pydantic,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,worker,embedded,web,pydantic,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
