@@ -168,6 +168,7 @@ def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
 
 
 @pytest.mark.own_schema
+@pytest.mark.soak  # long: the soak tier, which CI runs after make test
 def test_an_ack_that_runs_past_the_statement_timeout_alone_is_kept_done(db, dsn, record_dir):
     ids = enqueue_records(db, 20)
     stuck = ids[7]

@@ -240,6 +240,7 @@ def test_two_claims_racing_for_one_key_run_one_and_the_loser_retries(db, dsn):
     assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", x2)[0] == "ready"
 
 
+@pytest.mark.soak  # long: the soak tier, which CI runs after make test
 def test_no_two_jobs_of_a_key_ever_run_at_once_across_hosts_and_worker_kills(
         db, dsn, tmp_path):
     # Three hosts, 8 keys with 5 jobs each plus unrelated jobs; workers are killed mid-job

@@ -92,6 +92,7 @@ def test_a_cancelled_attempt_holds_its_keys_until_its_lease_ends_then_is_dead_as
     assert claim(dsn, "host-b") == [second]
 
 
+@pytest.mark.soak  # long: the soak tier, which CI runs after make test
 def test_a_second_job_of_the_key_waits_while_the_cancelled_attempt_may_still_run(
         db, dsn, record_dir):
     # host-a runs the first job of key k, then freezes (SIGSTOP): it cannot stop that
