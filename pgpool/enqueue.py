@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 import re
@@ -367,16 +366,12 @@ def enqueue(
     """
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key)
-    send = tracing.sending(kind, queue)  # None unless a span is current
-    with schema_required():
-        if send is None:
-            row = conn.execute(sql.ENQUEUE, params).fetchone()
-        else:
-            with send:
-                params["meta"] = _jsonb(send.meta) if send.meta else None
-                row = conn.execute(sql.ENQUEUE, params).fetchone()
-                send.sent(None if row is None else row[0], 1)
-    job_id = None if row is None else row[0]
+    with schema_required(), tracing.sending(kind, queue) as send:
+        if send.meta is not None:
+            params["meta"] = _jsonb(send.meta)
+        row = conn.execute(sql.ENQUEUE, params).fetchone()
+        job_id = None if row is None else row[0]
+        send.sent(job_id, 1)
     hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
     return job_id
 
@@ -400,17 +395,12 @@ def enqueue_many(
     its position, and the COPY is abandoned. Traced, and told to the ``on_enqueue`` hooks,
     as `enqueue` is (one span and one hook call for all the jobs).
     """
-    rows = functools.partial(copy_rows, kind, payloads, queue=queue, priority=priority,
-                             run_at=run_at, max_attempts=max_attempts, tenant=tenant,
-                             concurrency_key=concurrency_key)
-    send = tracing.sending(kind, queue, batch=True)  # None unless a span is current
-    if send is None:
-        count = _copy(conn, rows(), queue, run_at is not None, traced=False)
-    else:
-        with send:
-            count = _copy(conn, rows(meta=send.meta), queue, run_at is not None,
-                          traced=send.meta is not None)
-            send.sent(None, count)
+    with tracing.sending(kind, queue, batch=True) as send:
+        rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
+                         max_attempts=max_attempts, tenant=tenant,
+                         concurrency_key=concurrency_key, meta=send.meta)
+        count = _copy(conn, rows, queue, run_at is not None, traced=send.meta is not None)
+        send.sent(None, count)
     hooks.enqueued(kind, queue, None, count)
     return count
 
@@ -458,16 +448,12 @@ async def enqueue_async(
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key)
-    send = tracing.sending(kind, queue)
-    with schema_required():
-        if send is None:
-            row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
-        else:
-            with send:
-                params["meta"] = _jsonb(send.meta) if send.meta else None
-                row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
-                send.sent(None if row is None else row[0], 1)
-    job_id = None if row is None else row[0]
+    with schema_required(), tracing.sending(kind, queue) as send:
+        if send.meta is not None:
+            params["meta"] = _jsonb(send.meta)
+        row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
+        job_id = None if row is None else row[0]
+        send.sent(job_id, 1)
     hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
     return job_id
 
@@ -485,17 +471,13 @@ async def enqueue_many_async(
     concurrency_key: str | None = None,
 ) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-    rows = functools.partial(copy_rows, kind, payloads, queue=queue, priority=priority,
-                             run_at=run_at, max_attempts=max_attempts, tenant=tenant,
-                             concurrency_key=concurrency_key)
-    send = tracing.sending(kind, queue, batch=True)
-    if send is None:
-        count = await _copy_async(conn, rows(), queue, run_at is not None, traced=False)
-    else:
-        with send:
-            count = await _copy_async(conn, rows(meta=send.meta), queue, run_at is not None,
-                                      traced=send.meta is not None)
-            send.sent(None, count)
+    with tracing.sending(kind, queue, batch=True) as send:
+        rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
+                         max_attempts=max_attempts, tenant=tenant,
+                         concurrency_key=concurrency_key, meta=send.meta)
+        count = await _copy_async(conn, rows, queue, run_at is not None,
+                                  traced=send.meta is not None)
+        send.sent(None, count)
     hooks.enqueued(kind, queue, None, count)
     return count
 

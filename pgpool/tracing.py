@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import orjson
 
@@ -83,7 +83,7 @@ class _Span:
         self.span = span
         self._token: object = None
 
-    def __enter__(self) -> _Span:
+    def __enter__(self) -> Self:
         from opentelemetry import context, trace
 
         self._token = context.attach(trace.set_span_in_context(self.span))
@@ -142,15 +142,34 @@ class Send(_Span):
             self.span.set_attribute("messaging.message.id", str(job_id))
 
 
-def sending(kind: str, queue: str, *, batch: bool = False) -> Send | None:
-    """A `Send` span for an enqueue call made now, or None (the usual case: nothing to
-    record) when no valid span is current."""
+class _Unsent:
+    """What an enqueue call runs in when no span is current (the usual case): no span, no
+    ``meta``, nothing to record."""
+
+    meta: bytes | None = None
+
+    def __enter__(self) -> _Unsent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def sent(self, job_id: int | None, count: int) -> None:
+        pass
+
+
+_UNSENT: Final = _Unsent()
+
+
+def sending(kind: str, queue: str, *, batch: bool = False) -> Send | _Unsent:
+    """A `Send` span for an enqueue call made now, or a stand-in that records nothing when
+    no valid span is current. Either is a context manager with ``meta`` and ``sent``."""
     if API not in sys.modules:
-        return None
+        return _UNSENT
     from opentelemetry import trace
 
     if not trace.get_current_span().get_span_context().is_valid:
-        return None
+        return _UNSENT
     return Send(kind, queue, batch)
 
 
