@@ -32,6 +32,7 @@ against ``max_attempts``).
 
 from __future__ import annotations
 
+import functools
 import sys
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -69,7 +70,9 @@ def _get_tracer() -> Tracer:
     return _tracer
 
 
+@functools.cache
 def _propagator() -> Any:
+    """The W3C trace-context propagator, made once (each traced enqueue and job uses it)."""
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     return TraceContextTextMapPropagator()
