@@ -444,6 +444,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         DECLARE
             names constant text := 'use 1-128 characters from letters, digits and _ . : / -, '
                                    'starting with a letter, digit or _';
+            named text[];  -- (what, its value): the kind, then the queue
             size integer;
             due timestamptz;
             new_id bigint;
@@ -451,18 +452,15 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             new_table oid;
         BEGIN
             -- A bad name is shown as a JSON string: quoted, one line, cut at 60 characters.
-            IF pgpool_enqueue.kind IS NULL
-               OR pgpool_enqueue.kind !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
-                RAISE EXCEPTION 'pgpool_enqueue: invalid kind %',
-                    coalesce(to_jsonb(left(pgpool_enqueue.kind, 60))::text, 'NULL')
-                    USING ERRCODE = 'invalid_parameter_value', HINT = names;
-            END IF;
-            IF pgpool_enqueue.queue IS NULL
-               OR pgpool_enqueue.queue !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
-                RAISE EXCEPTION 'pgpool_enqueue: invalid queue %',
-                    coalesce(to_jsonb(left(pgpool_enqueue.queue, 60))::text, 'NULL')
-                    USING ERRCODE = 'invalid_parameter_value', HINT = names;
-            END IF;
+            FOREACH named SLICE 1 IN ARRAY
+                    ARRAY[['kind', pgpool_enqueue.kind], ['queue', pgpool_enqueue.queue]] LOOP
+                IF named[2] IS NULL
+                   OR named[2] !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$' THEN
+                    RAISE EXCEPTION 'pgpool_enqueue: invalid % %', named[1],
+                        coalesce(to_jsonb(left(named[2], 60))::text, 'NULL')
+                        USING ERRCODE = 'invalid_parameter_value', HINT = names;
+                END IF;
+            END LOOP;
             IF jsonb_typeof(pgpool_enqueue.payload) IS DISTINCT FROM 'object' THEN
                 RAISE EXCEPTION 'pgpool_enqueue: payload must be a JSON object, not %',
                     coalesce(jsonb_typeof(pgpool_enqueue.payload), 'NULL')
