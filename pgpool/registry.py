@@ -166,13 +166,13 @@ class Handler(Generic[P]):
         ``unique_key``. The handler's defaults apply unless an option is given; a typed
         payload is checked and encoded first (`PayloadError` naming the field, nothing
         sent)."""
-        data, chosen = self._one(payload, dict(options))
+        data, chosen = self.prepare(payload, dict(options))
         return enqueue(conn, self.kind, data, **chosen)
 
     async def enqueue_async(self, conn: psycopg.AsyncConnection[Any], payload: P,
                             **options: Unpack[EnqueueOptions]) -> int | None:
         """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
-        data, chosen = self._one(payload, dict(options))
+        data, chosen = self.prepare(payload, dict(options))
         return await enqueue_async(conn, self.kind, data, **chosen)
 
     def enqueue_many(self, conn: psycopg.Connection[Any], payloads: Iterable[P],
@@ -184,19 +184,21 @@ class Handler(Generic[P]):
         Raises `ConfigError` for a handler with a ``unique_key`` (COPY does not
         deduplicate), and for one whose ``concurrency_key`` is a function unless the call
         gives the one key all its jobs get."""
-        data, chosen = self._many(payloads, dict(options))
+        data, chosen = self.prepare_many(payloads, dict(options))
         return enqueue_many(conn, self.kind, data, **chosen)
 
     async def enqueue_many_async(self, conn: psycopg.AsyncConnection[Any],
                                  payloads: Iterable[P],
                                  **options: Unpack[ManyOptions]) -> int:
         """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-        data, chosen = self._many(payloads, dict(options))
+        data, chosen = self.prepare_many(payloads, dict(options))
         return await enqueue_many_async(conn, self.kind, data, **chosen)
 
-    def _one(self, payload: P, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """(the payload to store, the options): the defaults under the given options, and
-        the keys computed from the payload where a default is a function."""
+    def prepare(self, payload: P, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """What `enqueue` inserts for ``payload`` with ``options``: (the payload to store,
+        the options), the handler's defaults under the given options, and the keys computed
+        from the payload where a default is a function. `PayloadError` when a typed
+        payload does not fit."""
         data: Any = payload
         typed: Any = payload
         if self._codec is not None:
@@ -207,8 +209,10 @@ class Handler(Generic[P]):
                 chosen[name] = chosen[name](typed)
         return data, chosen
 
-    def _many(self, payloads: Iterable[P],
-              options: dict[str, Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+    def prepare_many(self, payloads: Iterable[P],
+                     options: dict[str, Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+        """What `enqueue_many` inserts: (the payloads to store, encoded one by one as they
+        are consumed, the options). `ConfigError` for a default COPY cannot apply."""
         if self.unique_key is not None:
             raise ConfigError(
                 f"handler {self.kind!r} has a unique_key, which enqueue_many cannot apply "

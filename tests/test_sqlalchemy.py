@@ -1,16 +1,18 @@
 """pgpool.contrib.sqlalchemy: jobs enqueued on a SQLAlchemy session's own connection commit
-and roll back with its transaction, sync and async, on real PostgreSQL."""
+and roll back with its transaction, sync and async, on real PostgreSQL, through psycopg 3
+(pgpool.enqueue itself) and through psycopg2 and asyncpg (the SQL function)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import listen_sql
+from conftest import BENCH_SCHEMAS, listen_sql, run_bench_script
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Integer, create_engine, select, text
 from sqlalchemy.engine import URL, Engine
@@ -55,16 +57,32 @@ def url_and_args(dsn: str, driver: str = "psycopg") -> tuple[URL, dict[str, Any]
     url = URL.create(f"postgresql+{driver}", username=params.get("user"),
                      password=params.get("password"), database=params.get("dbname"),
                      query={"host": params["host"], "port": str(params.get("port", 5432))})
-    return url, {"options": params.get("options", "")}
+    options = params.get("options", "")
+    if driver != "asyncpg":
+        return url, {"options": options}
+    # asyncpg takes the "-c name=value" settings as a dict.
+    settings = dict(s.removeprefix("-c").partition("=")[::2]
+                    for s in options.replace("-c ", "-c").split())
+    return url, {"server_settings": settings}
 
 
-def engine(dsn: str) -> Engine:
-    url, args = url_and_args(dsn)
+#: The sync drivers: psycopg 3 (pgpool.enqueue's own statements) and psycopg2 (the SQL
+#: function pgpool_enqueue).
+SYNC_DRIVERS = ["psycopg", "psycopg2"]
+
+
+@pytest.fixture(params=SYNC_DRIVERS)
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def engine(dsn: str, driver: str = "psycopg") -> Engine:
+    url, args = url_and_args(dsn, driver)
     return create_engine(url, connect_args=args)
 
 
-def async_engine(dsn: str) -> AsyncEngine:
-    url, args = url_and_args(dsn)
+def async_engine(dsn: str, driver: str = "psycopg") -> AsyncEngine:
+    url, args = url_and_args(dsn, driver)
     return create_async_engine(url, connect_args=args)
 
 
@@ -90,8 +108,8 @@ def assert_has_every_option(job: dict[str, Any]) -> None:
 
 
 @pytest.mark.own_schema
-def test_a_session_job_rolls_back_and_commits_with_the_sessions_rows(db, dsn):
-    eng = engine(dsn)
+def test_a_session_job_rolls_back_and_commits_with_the_sessions_rows(db, dsn, driver):
+    eng = engine(dsn, driver)
     Base.metadata.create_all(eng)
     try:
         with Session(eng) as session:
@@ -110,12 +128,18 @@ def test_a_session_job_rolls_back_and_commits_with_the_sessions_rows(db, dsn):
         assert_has_every_option(job)
         assert db.execute("SELECT id FROM pgpool_jobs").fetchone() == (job_id,)
         assert db.execute("SELECT id FROM orders").fetchall() == [(2,)]
+        at = datetime.now(UTC) + timedelta(days=1)
+        with Session(eng) as session:
+            later = pgsa.enqueue(session, "later", {}, run_at=at)
+            session.commit()
+        assert db.execute("SELECT run_at, state FROM pgpool_jobs WHERE id = %s",
+                          (later,)).fetchone() == (at, "scheduled")
     finally:
         eng.dispose()
 
 
-def test_on_a_connection_the_job_commits_with_its_commit_which_wakes_its_queue(db, dsn):
-    eng = engine(dsn)
+def test_on_a_connection_the_job_commits_with_its_commit_which_wakes_its_queue(db, dsn, driver):
+    eng = engine(dsn, driver)
     ears = psycopg.connect(dsn, autocommit=True)
     ears.execute(listen_sql(ears))
     try:
@@ -134,9 +158,11 @@ def test_on_a_connection_the_job_commits_with_its_commit_which_wakes_its_queue(d
 
 
 @pytest.mark.own_schema
-def test_an_async_session_job_rolls_back_and_commits_with_the_sessions_rows(db, dsn):
+@pytest.mark.parametrize("async_driver", ["psycopg", "asyncpg"])
+def test_an_async_session_job_rolls_back_and_commits_with_the_sessions_rows(db, dsn,
+                                                                           async_driver):
     async def main() -> int | None:
-        eng = async_engine(dsn)
+        eng = async_engine(dsn, async_driver)
         try:
             async with eng.begin() as conn:
                 await conn.run_sync(Base.metadata.create_all)
@@ -169,8 +195,8 @@ def test_an_async_session_job_rolls_back_and_commits_with_the_sessions_rows(db, 
     assert db.execute("SELECT id FROM orders").fetchall() == [(2,)]
 
 
-def test_enqueue_many_copies_in_the_sessions_transaction(db, dsn):
-    eng = engine(dsn)
+def test_enqueue_many_inserts_in_the_sessions_transaction(db, dsn, driver):
+    eng = engine(dsn, driver)
     payloads = [{"n": i, "text": 'quote " back\\slash'} for i in range(300)]
     try:
         with Session(eng) as session:
@@ -188,8 +214,8 @@ def test_enqueue_many_copies_in_the_sessions_transaction(db, dsn):
     assert {(j["queue"], j["tenant"], j["priority"]) for j in stored} == {("bulk", "t1", 0)}
 
 
-def test_a_bad_payload_raises_and_leaves_the_transaction_usable(db, dsn):
-    eng = engine(dsn)
+def test_a_bad_payload_raises_and_leaves_the_transaction_usable(db, dsn, driver):
+    eng = engine(dsn, driver)
     try:
         with Session(eng) as session:
             pgsa.enqueue(session, "k", {"kept": 1})
@@ -206,8 +232,8 @@ def test_a_bad_payload_raises_and_leaves_the_transaction_usable(db, dsn):
     assert [j["payload"] for j in jobs(db)] == [{"kept": 1}]
 
 
-def test_a_savepoint_rolled_back_takes_its_jobs_only(db, dsn):
-    eng = engine(dsn)
+def test_a_savepoint_rolled_back_takes_its_jobs_only(db, dsn, driver):
+    eng = engine(dsn, driver)
     try:
         with Session(eng) as session:
             pgsa.enqueue(session, "k", {"outer": 1})
@@ -223,8 +249,8 @@ def test_a_savepoint_rolled_back_takes_its_jobs_only(db, dsn):
     assert [j["payload"] for j in jobs(db)] == [{"outer": 1}, {"kept": 2}]
 
 
-def test_a_handler_in_place_of_the_kind_applies_its_defaults_and_type(db, dsn):
-    eng = engine(dsn)
+def test_a_handler_in_place_of_the_kind_applies_its_defaults_and_type(db, dsn, driver):
+    eng = engine(dsn, driver)
     try:
         with Session(eng) as session:
             pgsa.enqueue(session, resize, Resize(1, 64))
@@ -257,28 +283,28 @@ def test_the_wrong_kind_of_session_or_driver_is_named_in_one_line(db, dsn):
     with Session(lite) as session, pytest.raises(pgpool.ConfigError) as caught:
         pgsa.enqueue(session, "k", {})
     assert str(caught.value) == (
-        "pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this engine is "
-        "sqlite+pysqlite: create it with a postgresql+psycopg:// URL (psycopg 3 comes with "
-        "pgpool)")
-    # Another PostgreSQL driver is told of the SQL function too, which works on it.
-    url, args = url_and_args(dsn, "psycopg2")
-    legacy = create_engine(url, connect_args=args)
+        "pgpool's jobs live in PostgreSQL, and this engine is sqlite+pysqlite: enqueue on a "
+        "session of the PostgreSQL database that holds pgpool's tables")
+    # Where the SQL function is not (pgpool not installed on the search_path), the error
+    # says to migrate, as pgpool.enqueue's does for missing tables.
+    url, _ = url_and_args(dsn, "psycopg2")
+    elsewhere = create_engine(url, connect_args={"options": "-c search_path=pg_catalog"})
     try:
-        with Session(legacy) as session, pytest.raises(pgpool.ConfigError) as caught:
+        with Session(elsewhere) as session, pytest.raises(pgpool.SchemaError,
+                                                          match="run `pgpool migrate`"):
             pgsa.enqueue(session, "k", {})
-        assert str(caught.value).endswith(
-            "postgresql+psycopg2: create it with a postgresql+psycopg:// URL (psycopg 3 comes "
-            "with pgpool), or enqueue with the SQL function: session.execute(text(\"SELECT "
-            "pgpool_enqueue(:kind, CAST(:payload AS jsonb))\"), ...)")
-        with Session(legacy) as session:
-            (job_id,) = session.execute(text("SELECT pgpool_enqueue('k', CAST('{}' AS jsonb))")
-                                        ).one()
-            session.commit()
-        assert db.execute("SELECT kind FROM pgpool_jobs WHERE id = %s", (job_id,)
-                          ).fetchone() == ("k",)
     finally:
-        legacy.dispose()
+        elsewhere.dispose()
     with pytest.raises(pgpool.ConfigError, match="takes a SQLAlchemy Session"):
         pgsa.enqueue(object(), "k", {})  # type: ignore[arg-type]
-    # The one job is the SQL function's: no refused call left one behind.
-    assert [job["kind"] for job in jobs(db)] == ["k"]
+    assert jobs(db) == []  # no refused call left a job behind
+
+
+def test_the_driver_bench_measures_both_drivers_and_leaves_nothing(db, dsn):
+    result = run_bench_script("enqueue_drivers.py", dsn, "--enqueues", "100", "--many",
+                              "1000", "--rounds", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    best = json.loads(result.stdout)["best"]
+    for driver in SYNC_DRIVERS:
+        assert best[driver]["enqueue_us"] > 0 and best[driver]["many_1000"] > 0
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []

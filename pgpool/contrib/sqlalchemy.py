@@ -6,7 +6,10 @@ Each call runs on the session's own connection, inside its current transaction (
 none is), so the job commits or rolls back with the session's rows. With the psycopg 3
 dialect (``postgresql+psycopg://``), the DBAPI connection under SQLAlchemy's is a psycopg
 connection, and the call is `pgpool.enqueue`'s own on it: the same checks, encoding,
-``COPY`` and wake-up NOTIFY. Another driver gets a `ConfigError` naming the fix.
+``COPY`` and wake-up NOTIFY. With another PostgreSQL driver (psycopg2, asyncpg, pg8000),
+the arguments get the same checks in Python and the job goes in through the SQL function
+``pgpool_enqueue``, which inserts the same row and sends the same NOTIFY (the job carries
+no trace context: see docs/guides/sqlalchemy.md).
 
 ``kind`` may be a `pgpool.Handler` instead of a kind's name: its defaults apply and a
 typed payload is checked and encoded first, as with ``handler.enqueue``.
@@ -14,13 +17,17 @@ typed payload is checked and encoded first, as with ``handler.enqueue``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, TypeAlias, Unpack, overload
+import contextlib
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, Final, TypeAlias, Unpack, overload
 
 import psycopg
 
 try:
+    from sqlalchemy import TextClause, text
     from sqlalchemy.engine import Connection
+    from sqlalchemy.exc import DBAPIError
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
     from sqlalchemy.orm import Session, scoped_session
 except ImportError:  # pragma: no cover - the extra is missing
@@ -30,8 +37,10 @@ except ImportError:  # pragma: no cover - the extra is missing
     ) from None
 
 import pgpool
-from pgpool import ConfigError, Handler
+from pgpool import ConfigError, Handler, SchemaError, hooks
+from pgpool.enqueue import array_params, function_params
 from pgpool.registry import EnqueueOptions, ManyOptions
+from pgpool.sql import jobs as sql
 
 __all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
 
@@ -65,12 +74,18 @@ def enqueue(
     ``kind`` is a kind's name, or a `pgpool.Handler` (its defaults apply, a typed payload is
     checked and encoded). ``options`` are those of `pgpool.enqueue`. A bad payload or
     option raises `PayloadError` or `ConfigError` before anything is sent, leaving the
-    transaction usable; an engine on another driver than psycopg 3 raises `ConfigError`.
+    transaction usable; an engine on another database than PostgreSQL raises `ConfigError`.
     """
-    conn = _psycopg_connection(session)
-    if isinstance(kind, Handler):
-        return kind.enqueue(conn, payload, **options)
-    return pgpool.enqueue(conn, kind, payload, **options)
+    conn = _connection(session)
+    name, payload, options = _prepared(kind, payload, options)
+    driver = conn.connection.driver_connection
+    if isinstance(driver, psycopg.Connection):
+        return pgpool.enqueue(driver, name, payload, **options)
+    params = function_params(name, payload, **options)
+    with _schema_required():
+        job_id: int | None = conn.execute(_ENQUEUE, params).scalar_one()
+    hooks.enqueued(name, params["queue"], job_id, 0 if job_id is None else 1)
+    return job_id
 
 
 @overload
@@ -85,14 +100,20 @@ def enqueue_many(
     payloads: Iterable[Any],
     **options: Any,
 ) -> int:
-    """`pgpool.enqueue_many` (``COPY``, all or none) on ``session``'s connection, in its
+    """`pgpool.enqueue_many` (all or none) on ``session``'s connection, in its
     transaction: how many jobs were inserted. A bad payload raises `PayloadError` naming its
     position, none of the jobs is inserted and the transaction stays usable. ``kind`` and
     ``options`` as for `enqueue`."""
-    conn = _psycopg_connection(session)
-    if isinstance(kind, Handler):
-        return kind.enqueue_many(conn, payloads, **options)
-    return pgpool.enqueue_many(conn, kind, payloads, **options)
+    conn = _connection(session)
+    name, payloads, options = _prepared_many(kind, payloads, options)
+    driver = conn.connection.driver_connection
+    if isinstance(driver, psycopg.Connection):
+        return pgpool.enqueue_many(driver, name, payloads, **options)
+    params = array_params(name, payloads, **options)
+    with _schema_required():
+        count: int = conn.execute(_ENQUEUE_MANY, params).one()[0]
+    hooks.enqueued(name, params["queue"], None, count)
+    return count
 
 
 @overload
@@ -108,11 +129,18 @@ async def enqueue_async(
     **options: Any,
 ) -> int | None:
     """Async twin of `enqueue`, for an `AsyncSession` or `AsyncConnection` of an engine
-    made by ``create_async_engine("postgresql+psycopg://...")``."""
-    conn = await _psycopg_async_connection(session)
-    if isinstance(kind, Handler):
-        return await kind.enqueue_async(conn, payload, **options)
-    return await pgpool.enqueue_async(conn, kind, payload, **options)
+    made by ``create_async_engine("postgresql+psycopg://...")`` (or another async
+    PostgreSQL driver, such as ``postgresql+asyncpg://``)."""
+    conn = await _async_connection(session)
+    name, payload, options = _prepared(kind, payload, options)
+    driver = (await conn.get_raw_connection()).driver_connection
+    if isinstance(driver, psycopg.AsyncConnection):
+        return await pgpool.enqueue_async(driver, name, payload, **options)
+    params = function_params(name, payload, **options)
+    with _schema_required():
+        job_id: int | None = (await conn.execute(_ENQUEUE, params)).scalar_one()
+    hooks.enqueued(name, params["queue"], job_id, 0 if job_id is None else 1)
+    return job_id
 
 
 @overload
@@ -129,14 +157,63 @@ async def enqueue_many_async(
     **options: Any,
 ) -> int:
     """Async twin of `enqueue_many`, for an `AsyncSession` or `AsyncConnection`."""
-    conn = await _psycopg_async_connection(session)
+    conn = await _async_connection(session)
+    name, payloads, options = _prepared_many(kind, payloads, options)
+    driver = (await conn.get_raw_connection()).driver_connection
+    if isinstance(driver, psycopg.AsyncConnection):
+        return await pgpool.enqueue_many_async(driver, name, payloads, **options)
+    params = array_params(name, payloads, **options)
+    with _schema_required():
+        count: int = (await conn.execute(_ENQUEUE_MANY, params)).one()[0]
+    hooks.enqueued(name, params["queue"], None, count)
+    return count
+
+
+def _as_text(statement: str) -> TextClause:
+    """A statement of `pgpool.sql` (``%(name)s`` parameters) as SQLAlchemy's ``text()``
+    (``:name``), which each dialect turns into its driver's own parameter style."""
+    return text(re.sub(r"%\((\w+)\)s", r":\1", statement))
+
+
+_ENQUEUE: Final = _as_text(sql.ENQUEUE_BY_FUNCTION)
+_ENQUEUE_MANY: Final = _as_text(sql.ENQUEUE_ARRAY)
+
+
+def _prepared(kind: str | Handler[Any], payload: Any,
+              options: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+    """(the kind's name, the payload to store, the options) of one job."""
     if isinstance(kind, Handler):
-        return await kind.enqueue_many_async(conn, payloads, **options)
-    return await pgpool.enqueue_many_async(conn, kind, payloads, **options)
+        return kind.kind, *kind.prepare(payload, options)
+    return kind, payload, options
 
 
-def _psycopg_connection(session: object) -> psycopg.Connection[Any]:
-    """The psycopg connection under ``session``'s, in a transaction SQLAlchemy knows of."""
+def _prepared_many(kind: str | Handler[Any], payloads: Iterable[Any],
+                   options: dict[str, Any]) -> tuple[str, Iterable[Any], dict[str, Any]]:
+    """(the kind's name, the payloads to store, the options) of many jobs."""
+    if isinstance(kind, Handler):
+        return kind.kind, *kind.prepare_many(payloads, options)
+    return kind, payloads, options
+
+
+@contextlib.contextmanager
+def _schema_required() -> Iterator[None]:
+    """A database without the function (pgpool not installed, or older than migration 16)
+    gets the `SchemaError` that `pgpool.enqueue` gives for missing tables."""
+    try:
+        yield
+    except DBAPIError as exc:
+        code = getattr(exc.orig, "pgcode", None) or getattr(exc.orig, "sqlstate", None)
+        if code not in ("42883", "42P01"):  # undefined_function, undefined_table
+            raise
+        raise SchemaError(
+            "pgpool's SQL function pgpool_enqueue is missing from this database or not on "
+            "the connection's search_path: run `pgpool migrate` (or pgpool.migrate(conn)) "
+            "first"
+        ) from None
+
+
+def _connection(session: object) -> Connection:
+    """``session``'s connection, in a transaction SQLAlchemy knows of, on PostgreSQL."""
     if isinstance(session, AsyncSession | async_scoped_session | AsyncConnection):
         raise ConfigError(
             f"{type(session).__name__} is async: await "
@@ -151,18 +228,16 @@ def _psycopg_connection(session: object) -> psycopg.Connection[Any]:
             "pgpool.contrib.sqlalchemy.enqueue takes a SQLAlchemy Session or Connection, "
             f"not {type(session).__name__}"
         )
+    _check_dialect(conn.dialect)
     # SQLAlchemy commits only a transaction it began: without this, a job enqueued on a
     # Connection that had not executed anything yet would be rolled back at its close.
     if not conn.in_transaction():
         conn.begin()
-    driver = conn.connection.driver_connection
-    if not isinstance(driver, psycopg.Connection):
-        raise _not_psycopg(conn.dialect)
-    return driver
+    return conn
 
 
-async def _psycopg_async_connection(session: object) -> psycopg.AsyncConnection[Any]:
-    """Async twin of `_psycopg_connection`."""
+async def _async_connection(session: object) -> AsyncConnection:
+    """Async twin of `_connection`."""
     if isinstance(session, AsyncSession | async_scoped_session):
         conn = await session.connection()
     elif isinstance(session, AsyncConnection):
@@ -177,18 +252,16 @@ async def _psycopg_async_connection(session: object) -> psycopg.AsyncConnection[
             "pgpool.contrib.sqlalchemy.enqueue_async takes a SQLAlchemy AsyncSession or "
             f"AsyncConnection, not {type(session).__name__}"
         )
+    _check_dialect(conn.dialect)
     if not conn.in_transaction():
         await conn.begin()
-    driver = (await conn.get_raw_connection()).driver_connection
-    if not isinstance(driver, psycopg.AsyncConnection):
-        raise _not_psycopg(conn.dialect)
-    return driver
+    return conn
 
 
-def _not_psycopg(dialect: Any) -> ConfigError:
-    fix = "create it with a postgresql+psycopg:// URL (psycopg 3 comes with pgpool)"
-    if dialect.name == "postgresql":  # another PostgreSQL driver: the SQL function works
-        fix += (", or enqueue with the SQL function: session.execute(text(\"SELECT "
-                "pgpool_enqueue(:kind, CAST(:payload AS jsonb))\"), ...)")
-    return ConfigError(f"pgpool.contrib.sqlalchemy enqueues through psycopg 3, and this "
-                       f"engine is {dialect.name}+{dialect.driver}: {fix}")
+def _check_dialect(dialect: Any) -> None:
+    if dialect.name != "postgresql":
+        raise ConfigError(
+            f"pgpool's jobs live in PostgreSQL, and this engine is {dialect.name}"
+            f"+{dialect.driver}: enqueue on a session of the PostgreSQL database that holds "
+            "pgpool's tables"
+        )

@@ -59,6 +59,46 @@ SELECT id, pg_notify(""" + CHANNEL_OF.format(table="job.tableoid") + """,
 FROM job
 """
 
+#: One job through the SQL function ``pgpool_enqueue``, for drivers other than psycopg 3
+#: (`pgpool.enqueue.function_params`): plain parameters, each cast, so that drivers which
+#: send them untyped (psycopg2) or type them from the statement (asyncpg) agree.
+_FUNCTION_OPTIONS: Final = """
+    queue => CAST(%(queue)s AS text), priority => CAST(%(priority)s AS integer),
+    run_at => CAST(%(run_at)s AS timestamptz),
+    delay => make_interval(secs => CAST(%(delay)s AS double precision)),
+    unique_key => CAST(%(unique_key)s AS text),
+    max_attempts => CAST(%(max_attempts)s AS integer), tenant => CAST(%(tenant)s AS text),
+    concurrency_key => CAST(%(concurrency_key)s AS text)"""
+ENQUEUE_BY_FUNCTION: Final = """
+SELECT pgpool_enqueue(CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),""" + \
+    _FUNCTION_OPTIONS + ")"
+
+#: Many jobs of one kind, the payloads one JSON array, for drivers other than psycopg 3
+#: (`pgpool.enqueue.array_params`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert,
+#: and the wake-up `NOTIFY` or `NOTIFY_STAGE` would send, in one statement; how many went
+#: in. As with COPY, the checks are made in Python before: calling ``pgpool_enqueue`` once
+#: per payload instead ran about 7 times slower.
+ENQUEUE_ARRAY: Final = """
+WITH job AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             tenant, concurrency_key)
+    SELECT CAST(%(queue)s AS text), CAST(%(kind)s AS text), payload,
+           CAST(%(priority)s AS integer), coalesce(CAST(%(run_at)s AS timestamptz), now()),
+           CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN 'ready'
+                ELSE 'scheduled' END,
+           CAST(%(max_attempts)s AS integer), CAST(%(tenant)s AS text),
+           CAST(%(concurrency_key)s AS text)
+    FROM jsonb_array_elements(CAST(%(payloads)s AS jsonb)) AS payload
+    RETURNING 1
+), inserted AS (
+    SELECT count(*) AS n FROM job
+)
+SELECT n, CASE WHEN n > 0 THEN pg_notify(""" + OUR_CHANNEL + """,
+    CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN CAST(%(queue)s AS text)
+         ELSE '""" + STAGE + """' END) END
+FROM inserted
+"""
+
 #: Bulk insert; rows are written in COPY text format by `pgpool.enqueue`. With a given
 #: ``run_at`` the rows go in as scheduled, whether that time has passed or not (COPY cannot
 #: compare it with the server's clock): the stager makes the due ones ready at once, woken
