@@ -10,8 +10,15 @@ The public API::
     pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
     pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
     await pgpool.enqueue_async(aconn, ...), enqueue_many_async  the same on AsyncConnection
+    pgpool.group(conn, kind, payloads, then=(kind, payload))    members and a callback run
+                                                                once they have all finished
+    pgpool.job_status(conn, id), pgpool.wait(conn, ids)         what became of jobs (kept
+                                                                with @handler(keep=...))
+    pgpool.group_status(conn, id), pgpool.group_members(conn, id)
+                                                                a group's progress, members
     pgpool.migrate(conn)                                        create or upgrade the schema
-    pgpool.current_job()                                        inside a handler: id, attempt...
+    pgpool.current_job()                                        inside a handler: id, attempt,
+                                                                .enqueue(...) follow-ups
     raise pgpool.Snooze(seconds) / Discard(reason) / Cancel(reason)
                                  inside a handler: run later, unattempted / dead-letter now
     pgpool.hooks.on_start / on_end / on_enqueue                 lifecycle hooks (pgpool.hooks)
@@ -32,7 +39,23 @@ from .errors import (
     PgpoolError,
     SchemaError,
 )
+from .groups import Group, group, group_async
 from .job import JobInfo
+from .outcomes import (
+    GroupStatus,
+    JobStatus,
+    Member,
+    group_members,
+    group_members_async,
+    group_status,
+    group_status_async,
+    job_status,
+    job_status_async,
+    job_statuses,
+    job_statuses_async,
+    wait,
+    wait_async,
+)
 from .registry import Handler, handler
 from .retry import Cancel, Discard, Retry, Snooze
 from .schedules import periodic
@@ -47,9 +70,13 @@ __all__ = [
     "ConfigError",
     "ConnectError",
     "Discard",
+    "Group",
+    "GroupStatus",
     "Handler",
     "HandlerError",
     "JobInfo",
+    "JobStatus",
+    "Member",
     "PayloadError",
     "PgpoolError",
     "Retry",
@@ -61,8 +88,20 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "group",
+    "group_async",
+    "group_members",
+    "group_members_async",
+    "group_status",
+    "group_status_async",
     "handler",
     "hooks",
+    "job_status",
+    "job_status_async",
+    "job_statuses",
+    "job_statuses_async",
     "migrate",
     "periodic",
+    "wait",
+    "wait_async",
 ]

@@ -180,9 +180,9 @@ class Claimer:
         # Positional, every field in `Job`'s order: keywords cost more, once per job.
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
-                timeouts[kind], False, deadline, False, waited, snoozes, meta)
+                timeouts[kind], False, deadline, False, waited, snoozes, meta, group_id)
             for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
-                 snoozes, meta) in rows
+                 snoozes, meta, group_id) in rows
         ]
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)

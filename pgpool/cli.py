@@ -108,8 +108,9 @@ def _boolean(text: str) -> bool:
 
 
 def _retention(text: str) -> float:
-    """``--dead-retention``: a duration in seconds; 0 or off: 0 (kept forever; not None,
-    which means "not given")."""
+    """``--dead-retention`` and ``--keep-done``: a duration in seconds; 0 or off: 0 (for
+    dead letters, kept forever; for successes, not kept; not None, which means "not
+    given")."""
     if text.strip().lower() == "off":
         return 0.0
     try:
@@ -139,6 +140,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("metrics_port", "PGPOOL_METRICS_PORT", tcp_port, None),
     ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
     ("dead_retention", "PGPOOL_DEAD_RETENTION", _retention, RunConfig.dead_retention),
+    ("keep_done", "PGPOOL_KEEP_DONE", _retention, None),
 )
 _RUN_VARIABLES = {dest: variable for dest, variable, _, _ in RUN_ENVIRONMENT}
 
@@ -227,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="delete dead jobs older than this (90s, 15m, 2h, 7d; 0 or off keeps "
                          "them forever; default 30d): one live host at a time does, in "
                          "bounded batches")
+    _add_run_option(run, "--keep-done", type=_retention, metavar="DURATION",
+                    help="keep every job that succeeds this long, with what its handler "
+                         "returned, for pgpool.job_status, pgpool.wait and `pgpool jobs "
+                         "show` (a handler's keep= wins; default: only kinds whose handler "
+                         "says keep=)")
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -472,6 +479,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         dead_retention=args.dead_retention or None,
+        keep_done=args.keep_done or None,
         log_level=log_level,
         log_format=log_format,
     )

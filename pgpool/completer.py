@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -100,11 +101,25 @@ class Ack:
     job: Job
     delay: float = 0.0
     error: str | None = None
+    #: Written by `sql.ACK_OUTCOMES`, not the plain statements: a success kept, with
+    #: follow-ups, or a group's member finishing (see `records`).
+    records: bool = False
+    #: A success kept in ``pgpool_done`` for this many seconds (None: not kept), with
+    #: ``result``, what its handler returned as JSON text.
+    keep: float | None = None
+    result: bytes | None = None
+    #: A success's follow-up jobs and groups (`pgpool.followups.FollowUps`).
+    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
 
     @classmethod
-    def done(cls, job: Job) -> Ack:
-        """The attempt succeeded: delete the job."""
-        return cls("done", job)
+    def done(cls, job: Job, keep: float | None = None, result: bytes | None = None,
+             follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+             ) -> Ack:
+        """The attempt succeeded: delete the job; keep it ``keep`` seconds in
+        ``pgpool_done`` with ``result``, and insert its ``follow`` ups, when given."""
+        if keep is None and follow is None and job.group_id is None:
+            return cls("done", job)  # the common case: the plain statements write it
+        return cls("done", job, records=True, keep=keep, result=result, follow=follow)
 
     @classmethod
     def retry(cls, job: Job, delay: float, error: str) -> Ack:
@@ -126,7 +141,7 @@ class Ack:
     def dead(cls, job: Job, error: str) -> Ack:
         """The job failed for good: move it to ``pgpool_dead`` with ``error`` (reason
         'failed')."""
-        return cls("dead", job, error=error)
+        return cls("dead", job, error=error, records=job.group_id is not None)
 
     @classmethod
     def snooze(cls, job: Job, delay: float) -> Ack:
@@ -138,17 +153,35 @@ class Ack:
     def discard(cls, job: Job, reason: str) -> Ack:
         """Its handler discarded it (`pgpool.Discard`): move it to ``pgpool_dead`` now,
         reason 'discarded', ``last_error`` the handler's ``reason``."""
-        return cls("discard", job, error=reason)
+        return cls("discard", job, error=reason, records=job.group_id is not None)
 
     @classmethod
     def cancel(cls, job: Job, reason: str) -> Ack:
         """Its handler cancelled it (`pgpool.Cancel`): move it to ``pgpool_dead`` now,
         reason 'cancelled', ``last_error`` the handler's ``reason``."""
-        return cls("cancel", job, error=reason)
+        return cls("cancel", job, error=reason, records=job.group_id is not None)
 
 
-def decide(outcome: Outcome, retry: Retry) -> Ack:
-    """The next state of a job after ``outcome``: done; what its handler asked for (a
+def keep_of(job: Job, keeps: Mapping[str, float], keep_done: float | None) -> float | None:
+    """Seconds a success of ``job`` is kept: its kind's (``keeps``), else the host's
+    (``keep_done``); a member of a group is kept at least until its group's callback has
+    finished (`pgpool.sql.outcomes.PRUNE_DONE`), 0 more seconds. None: not kept."""
+    keep = keeps.get(job.kind, keep_done)
+    return 0.0 if keep is None and job.group_id is not None else keep
+
+
+def unstorable(outcome: Outcome) -> Outcome:
+    """A kept success whose returned value cannot be stored (`Outcome.result_error`), as
+    the failure it is: final, since the value would not change (the job is dead-lettered
+    with the reason, and nothing of the success written)."""
+    return dataclasses.replace(
+        outcome, error=f"succeeded, but its result cannot be stored: {outcome.result_error}",
+        cause="ResultError", verdict="final")
+
+
+def decide(outcome: Outcome, retry: Retry, keep: float | None = None) -> Ack:
+    """The next state of a job after ``outcome``: done (kept ``keep`` seconds with what its
+    handler returned, when not None, and with its follow-ups); what its handler asked for (a
     snooze while the job has snoozed fewer than `MAX_SNOOZES` times, a discard, a cancel,
     or dead for an error its ``retry`` does not retry); interrupted when this host's
     shutdown cut it off and the job has had fewer than `FREE_INTERRUPTIONS` uncounted
@@ -157,7 +190,9 @@ def decide(outcome: Outcome, retry: Retry) -> Ack:
     job = outcome.job
     error = outcome.error
     if error is None:
-        return Ack.done(job)
+        if keep is None:
+            return Ack.done(job, follow=outcome.follow)
+        return Ack.done(job, keep, outcome.result, outcome.follow)
     match outcome.verdict:
         case None:
             pass
@@ -227,7 +262,8 @@ class Completer:
     (`sql.PARK`), counted under their decision too.
 
     ``retry`` is the default retry schedule, ``retries`` the kinds' own (a handler's
-    ``retry=``).
+    ``retry=``). ``keeps`` are the seconds a success of each kind is kept (a handler's
+    ``keep=``), ``keep_done`` those of every other kind (``--keep-done``; None: not kept).
     """
 
     def __init__(
@@ -240,6 +276,8 @@ class Completer:
         high_water: int = 1000,
         retry: Retry | None = None,
         retries: Mapping[str, Retry] | None = None,
+        keeps: Mapping[str, float] | None = None,
+        keep_done: float | None = None,
         on_flushed: Callable[[FlushResult], None] | None = None,
     ) -> None:
         self._pool = pool
@@ -249,6 +287,12 @@ class Completer:
         self.high_water = high_water
         self._retry = retry or Retry()
         self._retries = dict(retries or {})
+        self._keeps = dict(keeps or {})
+        self._keep_done = keep_done
+        #: Whether any success may be kept: when not, a success costs no lookup.
+        self._keeping = bool(self._keeps) or keep_done is not None
+        #: Kinds whose handler returned a value that was dropped: warned of once each.
+        self._dropped_results: set[str] = set()
         self._on_flushed = on_flushed
         self.counts: Counter[str] = Counter()
         self._buffer: list[Ack] = []
@@ -276,12 +320,29 @@ class Completer:
                   "%s ended after its lease was lost; result dropped", job,
                   **_fields(outcome))
             return None
+        keep = (keep_of(job, self._keeps, self._keep_done)
+                if self._keeping or job.group_id is not None else None)
+        if keep is not None and outcome.result_error is not None:
+            outcome = unstorable(outcome)
         ack = decide(outcome, self._retry if outcome.error is None
-                     else self._retries.get(job.kind, self._retry))
+                     else self._retries.get(job.kind, self._retry), keep)
+        if keep is None and outcome.error is None and (
+                outcome.result is not None or outcome.result_error is not None):
+            self._drop_result(job)
         if ack.kind != "done":  # a success is not logged: the common case stays quiet
             _log_decision(ack, outcome)
         self.add(ack)
         return ack
+
+    def _drop_result(self, job: Job) -> None:
+        if job.kind in self._dropped_results:
+            return
+        self._dropped_results.add(job.kind)
+        # The kind only: a returned value may hold the payload's data.
+        event(log, logging.WARNING, "result_dropped",
+              "handler %r returned a value, which is dropped: keep its outcomes with "
+              "@pgpool.handler(%r, keep=...) or pgpool run --keep-done to store it (logged "
+              "once per kind)", job.kind, job.kind, kind=job.kind)
 
     def release(self, jobs: list[Job]) -> None:
         """Jobs claimed and never started: hand them back (unless their lease was lost)."""
@@ -461,9 +522,16 @@ class Completer:
 
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int, int]:
         """One statement for ``acks`` (`ack_statement`): rows (done, retried, released,
-        interrupted, dead, snoozed)."""
+        interrupted, dead, snoozed). With outcomes to record, in a transaction with the
+        statements of the follow-up groups of the successes it recorded."""
         query, params = ack_statement(acks, self._owner)
         async with self._pool.connection() as conn:
+            if query is sql.ACK_OUTCOMES:
+                async with conn.transaction():
+                    row = await (await conn.execute(query, params)).fetchone()
+                    for group in follow_up_groups(acks, row[-1]):
+                        await conn.execute(sql.ENQUEUE_GROUP, group)
+                return row[:6]
             cur = await conn.execute(query, params)
             if query is sql.ACK_DONE:  # the jobs it deleted are its rowcount
                 return cur.rowcount, 0, 0, 0, 0, 0
@@ -516,16 +584,20 @@ def _log_decision(ack: Ack, outcome: Outcome) -> None:
 def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     """The one statement that writes ``acks`` as host ``owner``, and its parameters:
     `sql.ACK_DONE` when every attempt succeeded (the one arm with rows), `sql.ACK_CONTROL`
-    when a handler asked for a snooze, a discard or a cancel, else `sql.ACK`. Its rows:
-    ACK_DONE's rowcount is the jobs deleted; ACK returns (done, retried, released,
-    interrupted, dead), ACK_CONTROL those and snoozed. `pgpool.testing.drain` writes its
-    acks with it too."""
+    when a handler asked for a snooze, a discard or a cancel, `sql.ACK_OUTCOMES` when an
+    ack records an outcome (`Ack.records`), else `sql.ACK`. Its rows: ACK_DONE's rowcount
+    is the jobs deleted; ACK returns (done, retried, released, interrupted, dead),
+    ACK_CONTROL those and snoozed, ACK_OUTCOMES those and then what `follow_up_groups`
+    takes. `pgpool.testing.drain` writes its acks with it too."""
     arms: dict[AckKind, list[Ack]] = {"done": [], "retry": [], "release": [],
                                       "interrupted": [], "dead": [], "snooze": [],
                                       "discard": [], "cancel": []}
+    records = False
     for a in acks:
         arms[a.kind].append(a)
-    control = bool(arms["snooze"] or arms["discard"] or arms["cancel"])
+        if a.records:
+            records = True
+    control = records or bool(arms["snooze"] or arms["discard"] or arms["cancel"])
     if control:  # dead letters with a reason each
         arms["dead"] += arms["discard"] + arms["cancel"]
     p: dict[str, object] = {"owner": owner}
@@ -537,13 +609,41 @@ def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     p["retry_errors"] = [a.error or "" for a in arms["retry"]]
     p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
     p["dead_errors"] = [a.error or "" for a in arms["dead"]]
-    if len(arms["done"]) == len(acks):
+    if len(arms["done"]) == len(acks) and not records:
         return sql.ACK_DONE, p
     if not control:
         return sql.ACK, p
     p["snooze_delays"] = [a.delay for a in arms["snooze"]]
     p["dead_reasons"] = [_DEAD_REASONS[a.kind] for a in arms["dead"]]
-    return sql.ACK_CONTROL, p
+    if not records:
+        return sql.ACK_CONTROL, p
+    kept = [a for a in arms["done"] if a.keep is not None]
+    p["kept_ids"] = int_array(a.job.id for a in kept)
+    p["kept_seconds"] = [a.keep for a in kept]
+    p["kept_results"] = [None if a.result is None else a.result.decode() for a in kept]
+    follow = [(a.job.id, job) for a in arms["done"] if a.follow for job in a.follow[0]]
+    p["follow_parents"] = int_array(parent for parent, _ in follow)
+    for column, key in _FOLLOW_COLUMNS:
+        p[column] = [job[key] for _, job in follow]
+    return sql.ACK_OUTCOMES, p
+
+
+#: The follow-up jobs' columns in `sql.ACK_OUTCOMES`, and their key in each job's
+#: parameters (`pgpool.enqueue.function_params`).
+_FOLLOW_COLUMNS: Final = (
+    ("follow_queues", "queue"), ("follow_kinds", "kind"), ("follow_payloads", "payload"),
+    ("follow_priorities", "priority"), ("follow_run_at", "run_at"),
+    ("follow_delays", "delay"), ("follow_max_attempts", "max_attempts"),
+    ("follow_unique_keys", "unique_key"), ("follow_tenants", "tenant"),
+    ("follow_concurrency_keys", "concurrency_key"))
+
+
+def follow_up_groups(acks: list[Ack], recorded: list[int]) -> list[dict[str, Any]]:
+    """The parameters of `sql.ENQUEUE_GROUP` for each group a handler started (through
+    its job) in the attempts of ``acks`` whose success `sql.ACK_OUTCOMES` recorded (the
+    ids it returned last): written in the same transaction, after it."""
+    done = set(recorded)
+    return [group for a in acks if a.follow and a.job.id in done for group in a.follow[1]]
 
 
 def _reason(ack: Ack, exc: BaseException) -> str:

@@ -67,6 +67,9 @@ class RunConfig:
     metrics_host: str = "0.0.0.0"
     #: Seconds dead jobs are kept before one live host prunes them (None: kept forever).
     dead_retention: float | None = DEFAULT_DEAD_RETENTION
+    #: Seconds every success is kept in ``pgpool_done`` with its result, when its handler
+    #: does not say (``keep=``); None: only those kinds' are.
+    keep_done: float | None = None
     #: The workers' log level and format (`pgpool.logs.LOG_FORMATS`), the dispatcher's:
     #: handlers' ``logging`` calls go where its records go. None: workers leave logging
     #: as Python starts it (a dispatcher embedded in a program with logging of its own).

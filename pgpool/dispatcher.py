@@ -31,10 +31,10 @@ this host's own retries. `hosts` (the ``pgpool_hosts`` row, and this host's shar
 fleet's claims per second, `hosts.budget`, which the scheduler spends) sits beside that
 path, as do `control` (an operator's paused queues, taken out of the claimer's queues, and
 cancellations, which make the heartbeat beat at once: ``pgpool.parts.control``), `retention`
-(dead-letter pruning), `vacuum` (the keeper that vacuums pgpool_jobs before its dead rows
-slow claims) and, when the handler modules declare schedules, `periodic` (their ticks:
-``pgpool.parts.periodic``). The scheduler owns the room formulas and the two claim loops;
-the completer owns what an outcome becomes.
+(pruning dead letters, kept outcomes and finished groups), `vacuum` (the keeper that
+vacuums pgpool_jobs before its dead rows slow claims) and, when the handler modules
+declare schedules, `periodic` (their ticks: ``pgpool.parts.periodic``). The scheduler
+owns the room formulas and the two claim loops; the completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts (the completer, the watchdog, and the side
@@ -97,10 +97,11 @@ log = logging.getLogger("pgpool.dispatcher")
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
 #: Pooled connections: the completer, heartbeat, reaper, stager, registry, control poll and
-#: dead-letter retention; one more with periodic schedules. The vacuum keeper's look at
-#: the statistics takes one in turn with the others; each of its vacuums opens a
-#: connection of its own. The claims have a pool of their own, one connection per claim
-#: loop, whose prepared claims keep one plan (`pgpool.claimer.configure_connection`).
+#: retention (of dead letters and kept outcomes); one more with periodic schedules. The
+#: vacuum keeper's look at the statistics takes one in turn with the others; each of its
+#: vacuums opens a connection of its own. The claims have a pool of their own, one
+#: connection per claim loop, whose prepared claims keep one plan
+#: (`pgpool.claimer.configure_connection`).
 CONNECTIONS: Final = 7
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
@@ -265,6 +266,9 @@ class Dispatcher:
 
     async def _start_workers(self) -> None:
         cfg = self.config
+        # The workers' handlers reach the host's database through it (a group's callback
+        # reading its members: `pgpool.job.JobInfo.group_members`).
+        os.environ["PGPOOL_DSN"] = cfg.dsn
         self.pool = WorkerPool(
             procs=cfg.procs,
             modules=list(cfg.modules),
@@ -294,7 +298,8 @@ class Dispatcher:
         self.completer = Completer(
             db, self.owner, interval=0.05, retry=cfg.retry,
             retries={kind: h.retry for kind, h in self.handlers.items() if h.retry is not None},
-            on_flushed=self._acks_flushed,
+            keeps={kind: h.keep for kind, h in self.handlers.items() if h.keep is not None},
+            keep_done=cfg.keep_done, on_flushed=self._acks_flushed,
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
         )
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
@@ -313,8 +318,7 @@ class Dispatcher:
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
                                on_cancelled=self.heartbeat.wake)
-        self.retention = (None if cfg.dead_retention is None
-                          else Retention(db, cfg.dead_retention))
+        self.retention = Retention(db, cfg.dead_retention)
         # Declared like a host row: refreshed every beat, stale after as many leases.
         self.periodic = (Periodic(db, self.owner, self.schedules,
                                   refresh=self.lease.beat_interval,
@@ -322,9 +326,10 @@ class Dispatcher:
                          if self.schedules else None)
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
                                  self.control.wake, self.stager.wake)
-        optional = (self.retention, self.vacuum, self.periodic)
+        optional = (self.vacuum, self.periodic)
         self.side = [self.heartbeat, self.reaper, self.stager, self.listener, self.hosts,
-                     self.control, *(part for part in optional if part is not None)]
+                     self.control, self.retention,
+                     *(part for part in optional if part is not None)]
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:

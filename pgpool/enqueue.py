@@ -96,7 +96,7 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
             "elsewhere and pass a reference, or raise PGPOOL_MAX_PAYLOAD_BYTES"
         )
     # orjson writes NaN and Infinity as null; refuse rather than silently change the data.
-    if b"null" in data and _has_non_finite(payload):
+    if b"null" in data and has_non_finite(payload):
         raise PayloadError(
             "payload contains NaN or Infinity, which JSON cannot represent: "
             "replace them (e.g. with None or a string) before enqueueing"
@@ -128,19 +128,20 @@ def _deeper_than(value: Any, depth: int) -> bool:
     return any(_deeper_than(v, depth - 1) for v in children)
 
 
-def _has_non_finite(value: Any) -> bool:
+def has_non_finite(value: Any) -> bool:
+    """Whether ``value`` holds a NaN or an infinity (which orjson writes as null)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
+        return any(has_non_finite(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_non_finite(v) for v in value)
+        return any(has_non_finite(v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_has_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
+        return any(has_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
     return False
 
 
-def _check_options(
+def _check_names_and_limits(
     kind: str,
     queue: str,
     priority: int,
@@ -240,7 +241,7 @@ def _enqueue_params(
 ) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE`, checked, with the encoded payload passed through
     ``payload_as``."""
-    _check_options(kind, queue, priority, run_at, max_attempts)
+    _check_names_and_limits(kind, queue, priority, run_at, max_attempts)
     _check_group("tenant", tenant)
     _check_group("concurrency_key", concurrency_key)
     seconds = _delay_seconds(run_at, delay)
@@ -285,16 +286,17 @@ def copy_rows(
     call (`ConfigError`); payloads as they are encoded (`PayloadError` naming a bad one's
     position, after the pieces before it were yielded).
     """
-    _check_many(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
+    check_options(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
     return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts, tenant,
                         concurrency_key, meta)
 
 
-def _check_many(kind: str, queue: str, priority: int, run_at: datetime | None,
-                max_attempts: int | None, tenant: str | None,
-                concurrency_key: str | None) -> None:
-    """The options of many jobs, checked as `enqueue` checks one's."""
-    _check_options(kind, queue, priority, run_at, max_attempts)
+def check_options(kind: str, queue: str, priority: int, run_at: datetime | None,
+                  max_attempts: int | None, tenant: str | None,
+                  concurrency_key: str | None) -> None:
+    """The options of jobs but their unique key and delay, checked as `enqueue` checks
+    them (`ConfigError`)."""
+    _check_names_and_limits(kind, queue, priority, run_at, max_attempts)
     _check_group("tenant", tenant)
     _check_group("concurrency_key", concurrency_key)
 
@@ -559,12 +561,13 @@ def array_params(
     concurrency_key: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE_ARRAY` (the payloads as one JSON array, all or
-    none), checked as `enqueue_many` checks its arguments: a bad payload raises
-    `PayloadError` naming its position, before anything is sent. For drivers other than
-    psycopg 3, which have no ``COPY`` from Python."""
-    _check_many(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
+    none, and ``total``, how many), checked as `enqueue_many` checks its arguments: a bad
+    payload raises `PayloadError` naming its position, before anything is sent. For drivers
+    other than psycopg 3, which have no ``COPY`` from Python, and for groups' members
+    (`pgpool.groups`)."""
+    check_options(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
     encoded = list(_each_encoded(payloads))
     return {"kind": kind, "queue": queue, "priority": priority, "run_at": run_at,
             "max_attempts": max_attempts, "tenant": tenant or "",
             "concurrency_key": concurrency_key,
-            "payloads": (b"[" + b",".join(encoded) + b"]").decode()}
+            "payloads": (b"[" + b",".join(encoded) + b"]").decode(), "total": len(encoded)}

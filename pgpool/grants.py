@@ -18,7 +18,11 @@
   schedules (INSERT on the producer's columns of ``pgpool_jobs``; SELECT, INSERT and
   UPDATE on ``pgpool_schedules``, whose rows it declares and advances), writes dead
   letters (INSERT on ``pgpool_dead``, and SELECT for its ``RETURNING``), keeps its
-  ``pgpool_hosts`` row, and reads the budget. It cannot set the budget.
+  ``pgpool_hosts`` row, and reads the budget. It cannot set the budget. It records finished
+  jobs (INSERT on ``pgpool_done``), counts the members of groups and starts groups a
+  handler asks for (``pgpool_groups``), and prunes both.
+- The application role also starts groups (`pgpool.group`: INSERT of a group's id and
+  size in ``pgpool_groups``) and reads outcomes (SELECT on ``pgpool_done``).
 
 Neither may change the schema (``pgpool migrate`` needs the schema's owner), nor set the
 budget: that is ``pgpool budget set``, run as the owner. Each role's statements start by
@@ -36,12 +40,12 @@ from psycopg import sql as pgsql
 from .sql import install as sql
 
 #: Every pgpool table, in the order the statements name them.
-TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_hosts", "pgpool_fleet",
-                 "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
+TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
+                 "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
-                           "unique_key, tenant, concurrency_key, meta")
+                           "unique_key, tenant, concurrency_key, meta, group_id")
 
 #: Every pgpool function a role may be granted, by signature.
 FUNCTIONS: Final = ("pgpool_enqueue(text, jsonb, text, integer, timestamptz, interval, text, "
@@ -51,6 +55,8 @@ FUNCTIONS: Final = ("pgpool_enqueue(text, jsonb, text, integer, timestamptz, int
 APP: Final = (
     ("SELECT", TABLES),
     (f"INSERT ({PRODUCER_COLUMNS})", ("pgpool_jobs",)),
+    # A group's row (`pgpool.group`): its callback's id and its size; only acks count.
+    ("INSERT (id, total)", ("pgpool_groups",)),
 )
 WORKER: Final = (
     ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version")),
@@ -58,8 +64,11 @@ WORKER: Final = (
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
-    # DELETE: dead-letter retention (`pgpool.parts.retention`) runs on the hosts.
-    ("SELECT, INSERT, DELETE", ("pgpool_dead",)),
+    # DELETE: dead-letter retention (`pgpool.parts.retention`) runs on the hosts, and so
+    # does the retention of finished jobs and groups.
+    ("SELECT, INSERT, DELETE", ("pgpool_dead", "pgpool_done")),
+    # INSERT: groups a handler starts (follow-ups); UPDATE: the acks count members.
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_groups",)),
 )
 
 

@@ -19,6 +19,9 @@ Every message is a named tuple of its own type, read by field at both ends:
                                      in their place for what a handler asked for (a
                                      `pgpool.Snooze`, `Discard` or `Cancel`, or an error its
                                      `pgpool.Retry` does not retry)
+        Finished(id, elapsed, result, result_error, follow)
+                                     in place of Done for a success with something to
+                                     record: a returned value, follow-up jobs
         Skipped(id)                  in their place for a job dropped before it started
         Returned(ids)                the unstarted jobs, answering Stop
         Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
@@ -42,7 +45,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 _HEADER = struct.Struct("<I")
 
@@ -116,6 +119,17 @@ class Ended(NamedTuple):
     elapsed: float
 
 
+class Finished(NamedTuple):
+    """A success that returned a value or enqueued follow-ups (`pgpool.followups`);
+    a plain success is a `Done`."""
+
+    id: int
+    elapsed: float
+    result: bytes | None  # the returned value as JSON text; None: it returned None
+    result_error: str | None  # why the returned value cannot be stored: not JSON, too big
+    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None  # `FollowUps`
+
+
 class Skipped(NamedTuple):
     id: int  # a job `Drop` reached before it started: it did not run
 
@@ -129,12 +143,14 @@ class Retiring(NamedTuple):
 
 
 ToWorker = Jobs | Stop | Extend | Drop
-FromWorker = Ready | Broken | Done | Failed | Snoozed | Ended | Skipped | Returned | Retiring
+FromWorker = (Ready | Broken | Done | Failed | Snoozed | Ended | Skipped | Returned | Retiring
+              | Finished)
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
-                                       Retiring, Extend, Drop, Skipped, Snoozed, Ended)
+                                       Retiring, Extend, Drop, Skipped, Snoozed, Ended,
+                                       Finished)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from .ipc import Done, Ended, Failed, Snoozed, Verdict, WorkItem
+from .ipc import Done, Ended, Failed, Finished, Snoozed, Verdict, WorkItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,8 @@ class Job:
     #: The ``meta`` column as stored, raw JSON text (the producer's trace context:
     #: `pgpool.tracing`), or None; only the worker parses it.
     meta: bytes | None = None
+    #: The group it is a member of (`pgpool.group`: its callback's id), or None.
+    group_id: int | None = None
 
     @property
     def counted(self) -> int:
@@ -90,11 +93,19 @@ class Outcome:
     #: `pgpool.Retry` does not retry: dead-letter it now). None: a plain outcome.
     verdict: Verdict | None = None
     delay: float = 0.0
+    #: A success's returned value, as JSON text (None: it returned None), or why it cannot
+    #: be stored (``result_error``); and its follow-ups (`pgpool.followups.FollowUps`).
+    result: bytes | None = None
+    result_error: str | None = None
+    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
 
     @classmethod
-    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended) -> Outcome:
+    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended | Finished) -> Outcome:
         """The outcome of ``job`` a worker's message reports."""
         match message:
+            case Finished():
+                return cls(job, None, message.elapsed, result=message.result,
+                           result_error=message.result_error, follow=message.follow)
             case Failed():
                 return cls(job, message.error, message.elapsed, cause=message.cause)
             case Snoozed():

@@ -21,10 +21,11 @@ types of `pgpool.ipc`::
      │                                                                │   imported once;    │
      │  .results ◀───── result pipe: Ready | Broken, then per job ────│   per job: orjson,  │
      │                  Done | Failed | Skipped; Returned | Retiring  │   handler.run()     │
-     │                  (Snoozed | Ended: what a handler asked for)   │                     │
+     │                  (Snoozed | Ended: what a handler asked for;   │                     │
+     │                  Finished: a result, follow-ups)               │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
-     │        Done, _on_outcome (Failed | Snoozed | Ended): assigned.popleft()
+     │        Done, _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
      │            ─▶ on_outcome(Outcome)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
@@ -452,7 +453,7 @@ class WorkerPool:
             case ipc.Done():  # the common case first, and made directly
                 self._finished(w, Outcome(self._front_job(w, message.id), None,
                                           message.elapsed))
-            case ipc.Failed() | ipc.Snoozed() | ipc.Ended():
+            case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished():
                 self._on_outcome(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
@@ -467,7 +468,8 @@ class WorkerPool:
             case _:
                 raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
 
-    def _on_outcome(self, w: _Worker, message: ipc.Failed | ipc.Snoozed | ipc.Ended) -> None:
+    def _on_outcome(self, w: _Worker,
+                    message: ipc.Failed | ipc.Snoozed | ipc.Ended | ipc.Finished) -> None:
         self._finished(w, Outcome.of(self._front_job(w, message.id), message))
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:

@@ -15,12 +15,11 @@ import contextlib
 import functools
 import importlib
 import inspect
-import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
@@ -37,7 +36,6 @@ if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
 
 ENTRY_POINT_GROUP: Final = "pgpool.handlers"
 
-log = logging.getLogger("pgpool.registry")
 
 #: The payload type of a handler: what its function takes (``dict[str, Any]`` for a plain
 #: handler, a TypedDict, a dataclass or a pydantic model for a typed one).
@@ -96,6 +94,7 @@ class Handler(Generic[P]):
         unique_key: Key = None,
         concurrency_key: Key = None,
         codec: Codec | None = None,
+        keep: float | None = None,
     ) -> None:
         self.kind = kind
         """The kind of job it runs."""
@@ -120,12 +119,13 @@ class Handler(Generic[P]):
         """The payload's declared type (a TypedDict, a dataclass or a pydantic model); None
         for a plain handler, whose payload is the JSON object as stored."""
         self._codec = codec
-        self.run: Callable[[Any], Any] = _returning_none(
-            kind, fn if codec is None else _decoding(fn, codec))
+        self.run: Callable[[Any], Any] = fn if codec is None else _decoding(fn, codec)
         """What a worker calls with a job's payload as decoded from JSON: the function, with
         the payload decoded into its type first (typed handlers: `PayloadError` naming the
-        field when it does not fit), and a returned value dropped with a warning. An
-        ``async def``'s coroutine comes back, to be run."""
+        field when it does not fit). An ``async def``'s coroutine comes back, to be run."""
+        self.keep = keep
+        """Seconds a success of this kind is kept in ``pgpool_done`` with what the handler
+        returned (`pgpool.outcomes`); None: not kept (unless the host keeps all)."""
         # The defaults enqueue applies (max_attempts is not one: hosts apply the kind's
         # limit at claim, as for jobs enqueued by kind).
         self._defaults: dict[str, Any] = {
@@ -239,8 +239,8 @@ def _encoded(codec: Codec, payloads: Iterable[Any]) -> Iterator[dict[str, Any]]:
 
 
 _registry: dict[str, Handler[Any]] = {}
-#: Kinds whose handler returned a value in this process: the warning is given once per kind.
-_returned_values: set[str] = set()
+#: Longest ``keep=``: 100 years, as a delay's limit.
+MAX_KEEP_SECONDS: Final = 100 * 366 * 86400
 
 
 def handler(
@@ -254,6 +254,7 @@ def handler(
     tenant: str | None = None,
     unique_key: Key = None,
     concurrency_key: Key = None,
+    keep: float | timedelta | None = None,
 ) -> Callable[[Callable[[P], Any]], Handler[P]]:
     """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
@@ -275,9 +276,13 @@ def handler(
     docs/guides/handlers.md for the supported field types; another raises `HandlerError`
     here, naming it). Any other annotation, or none, leaves the payload a plain dict.
 
-    A value the handler returns is ignored (the attempt still succeeds), and a warning
-    naming the kind and the value's type, never the value, is logged once per kind and
-    process: nothing stores results, and failing would repeat the job's side effects.
+    ``keep`` (seconds, or a timedelta) keeps each success of this kind that long in
+    ``pgpool_done``, with the value the handler returned (JSON, at most
+    ``PGPOOL_MAX_RESULT_BYTES``, 1 MiB by default), for `pgpool.job_status` and
+    `pgpool.wait` to report; a value that cannot be stored dead-letters the job with the
+    reason. Without ``keep`` (and without the host's ``--keep-done``), a returned value is
+    dropped and a warning naming the kind and the value's type, never the value, is logged
+    once per kind and host; a member of a group keeps its value for its callback either way.
 
     ``fn`` must be a plain function (``def`` or ``async def``) defined at the top level of
     its module, since workers import it by module and name; a generator, a method, a class,
@@ -298,6 +303,7 @@ def handler(
                                    "...) both set the attempts: give only one of them")
             max_attempts = retry.attempts
     _check_defaults(kind, queue, priority, tenant, unique_key, concurrency_key)
+    kept = keep_seconds(f"handler {kind!r}: keep", keep)
 
     def register(fn: Callable[[P], Any]) -> Handler[P]:
         if isinstance(fn, Handler):  # stacked: one function for two kinds
@@ -310,7 +316,8 @@ def handler(
             codec = codec_for(kind, fn)
         new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts,
                       retry=retry, queue=queue, priority=priority, tenant=tenant,
-                      unique_key=unique_key, concurrency_key=concurrency_key, codec=codec)
+                      unique_key=unique_key, concurrency_key=concurrency_key, codec=codec,
+                      keep=kept)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(
@@ -383,32 +390,17 @@ def _decoding(fn: Callable[[Any], Any], codec: Codec) -> Callable[[Any], Any]:
     return call
 
 
-def _returning_none(kind: str, fn: Callable[..., Any]) -> Callable[[Any], Any]:
-    """``fn``, with a returned value (also an ``async def``'s) dropped with a warning."""
-
-    @functools.wraps(fn)
-    def call(payload: Any) -> Any:
-        result = fn(payload)
-        if inspect.iscoroutine(result):  # the worker runs it to completion
-            return _awaited(kind, result)
-        _ignore_result(kind, result)
+def keep_seconds(what: str, keep: float | timedelta | None) -> float | None:
+    """``keep=`` as seconds: None (or 0) keeps nothing; a positive number of seconds or a
+    timedelta, up to 100 years. `HandlerError` naming ``what`` otherwise."""
+    seconds = keep.total_seconds() if isinstance(keep, timedelta) else keep
+    if seconds is None or (seconds == 0 and not isinstance(seconds, bool)):
         return None
-
-    return call
-
-
-async def _awaited(kind: str, coroutine: Coroutine[Any, Any, Any]) -> None:
-    _ignore_result(kind, await coroutine)
-
-
-def _ignore_result(kind: str, result: object) -> None:
-    if result is None or kind in _returned_values:
-        return
-    _returned_values.add(kind)
-    # The type only: a returned value may hold the payload's data.
-    log.warning("handler %r returned a %s, which pgpool ignores: return None, and store "
-                "results yourself (logged once per kind and worker)", kind,
-                type(result).__name__)
+    if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
+            or not 0 < seconds <= MAX_KEEP_SECONDS):
+        raise HandlerError(f"{what} must be a number of seconds above 0 (at most 100 years) "
+                           f"or a timedelta, got {keep!r}")
+    return float(seconds)
 
 
 def registered() -> dict[str, Handler[Any]]:

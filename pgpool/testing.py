@@ -38,7 +38,7 @@ from psycopg.rows import tuple_row
 
 from . import ipc, names, registry
 from .claimer import RawJsonLoader
-from .completer import Ack, ack_statement, decide
+from .completer import Ack, ack_statement, decide, follow_up_groups, keep_of, unstorable
 from .config import DEFAULT_MAX_ATTEMPTS
 from .enqueue import encode_payload, schema_required
 from .errors import HandlerError
@@ -182,6 +182,7 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
     when ``conn`` leads to no pgpool installation.
     """
     handlers = _handlers(kinds)
+    keeps = {kind: h.keep for kind, h in handlers.items() if h.keep is not None}
     default = Retry()
     host = _Host(conn, handlers, None if queues is None else set(_names(queues)))
     counts: Counter[str] = Counter()
@@ -197,7 +198,11 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
         raised: list[BaseException] = []
         result = run_job(handlers, job.wire(), (), raised)
         policy = _AT_ONCE if retries else handlers[job.kind].retry or default
-        ack = decide(Outcome.of(job, result), policy)
+        outcome = Outcome.of(job, result)
+        keep = keep_of(job, keeps, None)
+        if keep is not None and outcome.result_error is not None:
+            outcome = unstorable(outcome)
+        ack = decide(outcome, policy, keep)
         host.ack(ack)
         counts[_COUNTED[ack.kind]] += 1
         # A failure, not what a handler asked for (a snooze, a discard, a cancel).
@@ -289,7 +294,7 @@ class _Host:
             return None
         id_, kind, queue, attempt, interruptions, max_attempts, payload, waited = row[:8]
         return Job(id_, kind, queue, attempt, interruptions, max_attempts, payload, None,
-                   waited=waited, snoozes=row[10], meta=row[11])
+                   waited=waited, snoozes=row[10], meta=row[11], group_id=row[12])
 
     def _claim_fair(self, params: dict[str, object]) -> tuple[Any, ...] | None:
         walked: set[str] = set()
@@ -317,10 +322,15 @@ class _Host:
         return True
 
     def ack(self, ack: Ack) -> None:
-        """Write ``ack`` with the completer's statement."""
+        """Write ``ack`` with the completer's statement (and its follow-up groups)."""
         query, params = ack_statement([ack], self._owner)
         with schema_required(), self._conn.transaction():
             self._cursor.execute(query, params)
+            if query is sql.ACK_OUTCOMES:
+                row = self._cursor.fetchone()
+                assert row is not None  # its final SELECT returns one row
+                for group in follow_up_groups([ack], row[-1]):
+                    self._cursor.execute(sql.ENQUEUE_GROUP, group)
 
     def _one(self, query: str, params: dict[str, object]) -> tuple[Any, ...] | None:
         with self._conn.transaction():

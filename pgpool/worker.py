@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import inspect
 import os
 import resource
@@ -38,28 +39,33 @@ from typing import Any, Final
 import orjson
 from setproctitle import setproctitle
 
-from . import fence, hooks, ipc, logs, output, portable, registry, schedules
-from .errors import PgpoolError
-from .job import JobInfo
+from . import fence, followups, hooks, ipc, logs, output, portable, registry, schedules
+from .enqueue import has_non_finite
+from .errors import ConfigError, PgpoolError
+from .followups import RunningJob
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
 #: Longest error text stored with a failed attempt (the tail of the traceback is kept).
 MAX_ERROR_CHARS = 4000
+#: The default limit of a stored result (`max_result_bytes`).
+DEFAULT_MAX_RESULT_BYTES: Final = 1024 * 1024
 #: What a job runs in when no hook or tracing watches it.
 _UNWATCHED: Final = contextlib.nullcontext()
 #: The outcomes that carry an exception's type (``cause``).
 _FAILURES = (ipc.Failed, ipc.Ended)
 
 
-_current: JobInfo | None = None
+_current: RunningJob | None = None
 
 
-def current_job() -> JobInfo:
+def current_job() -> RunningJob:
     """The job being run by this worker process; only valid inside a handler.
 
-    Useful for idempotency (key side effects on ``current_job().id``) and for logging.
+    Useful for idempotency (key side effects on ``current_job().id``) and for logging;
+    its ``enqueue``, ``enqueue_many`` and ``group`` add follow-ups, written with this
+    attempt's success (`pgpool.followups.RunningJob`).
     """
     if _current is None:
         raise RuntimeError("pgpool.current_job() is only available inside a running handler")
@@ -98,6 +104,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     schedules.skip_time_checks()
     try:
         handlers = registry.load(modules)
+        max_result_bytes()  # a bad PGPOOL_MAX_RESULT_BYTES stops the host at its start
     except PgpoolError as exc:
         ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))
         return
@@ -274,15 +281,17 @@ class _Inbox:
 
 def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             streams: tuple[output.JobStream, ...] = (),
-            raised: list[BaseException] | None = None) -> ipc.Done | ipc.Failed | Controlled:
+            raised: list[BaseException] | None = None
+            ) -> ipc.Done | ipc.Failed | ipc.Finished | Controlled:
     """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
-    its outcome: done, failed, or what a handler's control exception or its `Retry` asks
+    its outcome: done (finished, with what it returned and its follow-ups, when it has
+    either: `_finished`), failed, or what a handler's control exception or its `Retry` asks
     for (`_controlled`). ``streams``: what prints go to (`output.install`). ``raised``: if
     given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
     this, and re-raises it in the test)."""
     global _current
     started = time.perf_counter()
-    _current = JobInfo(job.id, job.kind, job.queue, job.attempt - job.uncounted,
+    _current = RunningJob(job.id, job.kind, job.queue, job.attempt - job.uncounted,
                        job.max_attempts, job.attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
@@ -294,8 +303,9 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         # Lifecycle hooks, tracing (pgpool.hooks); one call site either way, so that a
         # failure's stored traceback is the same whether they are in use or not.
         with hooks.watching(_current, job.meta) if hooks.watched() else _UNWATCHED:
-            _call(handler, job)
+            value = _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
+        followups.drop()  # they go with the attempt's success only
         if raised is not None:
             raised.append(exc)
         elapsed = time.perf_counter() - started
@@ -307,7 +317,51 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         _current = None
         for stream in streams:
             stream.end()
-    return ipc.Done(job.id, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    if value is None and not followups.pending():  # the common case: nothing to record
+        return ipc.Done(job.id, elapsed)
+    return _finished(job.id, value, elapsed)
+
+
+def _finished(job_id: int, value: Any, elapsed: float) -> ipc.Finished:
+    """A success that returned ``value`` or enqueued follow-ups: the value as JSON, or why
+    it cannot be stored (the dispatcher dead-letters the job for it only if its outcome is
+    kept)."""
+    result = error = None
+    if value is not None:
+        try:
+            result = orjson.dumps(value)
+        except orjson.JSONEncodeError as exc:
+            error = (f"its handler returned a {type(value).__name__} that is not "
+                     f"JSON-serialisable ({exc}): return dicts with str keys, lists, str, "
+                     "int, float, bool or None")
+        else:
+            limit = max_result_bytes()
+            if len(result) > limit:
+                error = (f"its handler returned {len(result):,} bytes of JSON, over the "
+                         f"{limit:,}-byte limit of a stored result: store large data "
+                         "elsewhere and return a reference, or raise "
+                         "PGPOOL_MAX_RESULT_BYTES")
+            elif b"null" in result and has_non_finite(value):
+                error = ("its handler returned NaN or Infinity, which JSON cannot "
+                         "represent: return None or a string in their place")
+            if error is not None:
+                result = None
+    return ipc.Finished(job_id, elapsed, result, error, followups.take())
+
+
+@functools.cache
+def max_result_bytes() -> int:
+    """The stored result's size limit: ``PGPOOL_MAX_RESULT_BYTES``, default 1 MiB."""
+    raw = os.environ.get("PGPOOL_MAX_RESULT_BYTES")
+    try:
+        value = DEFAULT_MAX_RESULT_BYTES if raw is None else int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"PGPOOL_MAX_RESULT_BYTES={raw!r} is not a positive integer "
+                          "number of bytes")
+    return value
 
 
 Controlled = ipc.Snoozed | ipc.Ended
@@ -327,12 +381,14 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
     return ipc.Ended(job_id, "final", format_error(exc), type(exc).__name__, elapsed)
 
 
-def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> None:
+def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> Any:
+    """What the handler returns for ``job`` (an ``async def``'s coroutine run first)."""
     result = handler.run(orjson.loads(job.payload))
     if inspect.iscoroutine(result):  # an ``async def`` handler
         import asyncio  # only async handlers need it: keeps worker start-up light
 
-        asyncio.run(result)
+        return asyncio.run(result)
+    return result
 
 
 def _running() -> tuple[int, str, int] | None:

@@ -24,7 +24,7 @@ GOOD = {
     "PGPOOL_BURST": ("true", True), "PGPOOL_METRICS_PORT": ("9187", 9187),
     "PGPOOL_METRICS_HOST": ("127.0.0.1", "127.0.0.1"),
     "PGPOOL_DEAD_RETENTION": ("7d", 7 * 86400.0), "PGPOOL_KINDS": ("a, b", ["a", "b"]),
-    "PGPOOL_TENANT_CAP": ("4", 4),
+    "PGPOOL_TENANT_CAP": ("4", 4), "PGPOOL_KEEP_DONE": ("1h", 3600.0),
 }
 #: A value of each variable the flag refuses (none for the free-form address).
 BAD = {
@@ -33,6 +33,7 @@ BAD = {
     "PGPOOL_MAX_TASKS_PER_CHILD": "0", "PGPOOL_MAX_MEMORY": "10",
     "PGPOOL_MAX_CLAIMS_PER_SEC": "-5", "PGPOOL_BURST": "maybe", "PGPOOL_METRICS_PORT": "nine",
     "PGPOOL_DEAD_RETENTION": "soon", "PGPOOL_KINDS": "a,bad kind!", "PGPOOL_TENANT_CAP": "0",
+    "PGPOOL_KEEP_DONE": "a while",
 }
 TABLE = {variable: (dest, default) for dest, variable, _, default in cli.RUN_ENVIRONMENT}
 

@@ -83,7 +83,7 @@ class Reaper(LoopPart):
                   "max_interruptions": FREE_INTERRUPTIONS}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.REAP, params)
-            r, d = await cur.fetchone()
+            r, d, _, _ = await cur.fetchone()
         return r, d
 
     async def _isolate(self) -> tuple[int, int, int]:

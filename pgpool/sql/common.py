@@ -31,6 +31,17 @@ CHANNEL_OF: Final = """(
 OUR_CHANNEL: Final = CHANNEL_OF.format(table="to_regclass('pgpool_jobs')")
 CHANNEL: Final = "SELECT " + OUR_CHANNEL
 
+#: The channel on which the installation says that jobs finished (`pgpool.outcomes.wait`
+#: listens), apart from the hosts' so that it wakes no host: ``pgpool!done``, then
+#: ``.<schema>`` as `CHANNEL_OF` (the md5 past 51 bytes). Empty payloads: a waiter asks again.
+OUR_FINISHED_CHANNEL: Final = """(
+    SELECT CASE WHEN n.nspname = 'public' THEN 'pgpool!done'
+                WHEN octet_length(n.nspname) <= 51 THEN 'pgpool!done.' || n.nspname
+                ELSE 'pgpool!done.' || md5(n.nspname) END
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass('pgpool_jobs'))"""
+FINISHED_CHANNEL: Final = "SELECT " + OUR_FINISHED_CHANNEL
+
 #: Format with the channel `CHANNEL` returned, quoted (`listen_statement`).
 LISTEN: Final = "LISTEN {}"
 
@@ -49,3 +60,52 @@ STAGE: Final = "!stage"
 #: `pgpool.sql.fleet.CONTROL_POLL` now (a queue was paused or resumed, a job cancelled). No
 #: queue name starts with "!".
 CONTROL: Final = "!control"
+
+
+#: The CTEs that count the members of groups that finished in a statement, and make a
+#: group's callback ready when its last member did: a data-modifying statement's ``WITH``
+#: list goes on with ``, members AS (...)``. Format with ``finished``: a query of the
+#: (group_id, dead) of the members it finished (moved out of ``pgpool_jobs``, to
+#: ``pgpool_done`` or nowhere, or to ``pgpool_dead``). The groups are locked in id order
+#: first, so two statements that finish members of the same groups wait for each other
+#: instead of deadlocking; the UPDATE then counts on the latest row (READ COMMITTED
+#: re-reads a row updated since the statement began), so exactly one statement sees the
+#: last member in, and ``state = 'waiting'`` makes the callback ready once. ``called``
+#: holds the queue of each callback made ready (`NOTIFY_CALLED`).
+COUNT_MEMBERS: Final = """, members AS (
+    SELECT group_id, count(*) FILTER (WHERE NOT dead) AS done,
+           count(*) FILTER (WHERE dead) AS dead
+    FROM ({finished}) AS f
+    GROUP BY group_id
+), locked_groups AS (
+    SELECT g.id FROM pgpool_groups AS g
+    WHERE g.id IN (SELECT group_id FROM members)
+    ORDER BY g.id
+    FOR NO KEY UPDATE
+), counted AS (
+    UPDATE pgpool_groups AS g
+    SET done = g.done + m.done, dead = g.dead + m.dead,
+        completed_at = coalesce(g.completed_at,
+                                CASE WHEN g.done + m.done + g.dead + m.dead >= g.total
+                                     THEN now() END)
+    FROM members AS m
+    WHERE g.id = m.group_id AND g.id IN (SELECT id FROM locked_groups)
+    RETURNING g.id, g.completed_at IS NOT NULL AS complete
+), called AS (
+    UPDATE pgpool_jobs AS j SET state = 'ready', run_at = now()
+    FROM counted AS c
+    WHERE c.complete AND j.id = c.id AND j.state = 'waiting'
+    RETURNING j.queue
+)"""
+
+#: After `COUNT_MEMBERS`: wake the hosts of the callbacks' queues (a column of the final
+#: SELECT: how many queues were told).
+NOTIFY_CALLED: Final = f"""(SELECT count(pg_notify({OUR_CHANNEL}, queue))
+        FROM (SELECT DISTINCT queue FROM called) AS q)"""
+
+
+def notify_finished(condition: str) -> str:
+    """A column of a final SELECT that tells `pgpool.outcomes.wait`'s listeners (on
+    `OUR_FINISHED_CHANNEL`) that jobs finished, once, when ``condition`` holds."""
+    return (f"(SELECT count(pg_notify({OUR_FINISHED_CHANNEL}, '')) "
+            f"FROM (SELECT WHERE {condition}) AS f)")

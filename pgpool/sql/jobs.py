@@ -26,7 +26,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from .common import CHANNEL_OF, OUR_CHANNEL, STAGE
+from .common import (
+    CHANNEL_OF,
+    COUNT_MEMBERS,
+    NOTIFY_CALLED,
+    OUR_CHANNEL,
+    STAGE,
+    notify_finished,
+)
 
 # --- enqueue ------------------------------------------------------------------------------
 
@@ -72,6 +79,39 @@ _FUNCTION_OPTIONS: Final = """
 ENQUEUE_BY_FUNCTION: Final = """
 SELECT pgpool_enqueue(CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),""" + \
     _FUNCTION_OPTIONS + ")"
+
+#: A group (`pgpool.groups`): its callback, waiting (or ready at once for a group of no
+#: members), whose id is the group's; its members, the payloads one JSON array, each with
+#: that ``group_id``; and the group's row with their number. One statement, so all or
+#: none, in the caller's transaction (or an ack's: a handler's follow-up group). Wakes the
+#: hosts of the members' queue (the stagers for members scheduled for later), or of the
+#: callback's for an empty group. Returns the group's id.
+ENQUEUE_GROUP: Final = """
+WITH callback AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             tenant, concurrency_key)
+    VALUES (%(then_queue)s, %(then_kind)s, %(then_payload)s::jsonb, %(then_priority)s, now(),
+            CASE WHEN %(total)s::int = 0 THEN 'ready' ELSE 'waiting' END,
+            %(then_max_attempts)s, %(then_tenant)s, %(then_concurrency_key)s)
+    RETURNING id
+), members AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             tenant, concurrency_key, group_id)
+    SELECT %(queue)s, %(kind)s, payload, %(priority)s,
+           coalesce(%(run_at)s::timestamptz, now()),
+           CASE WHEN %(run_at)s::timestamptz IS NULL THEN 'ready' ELSE 'scheduled' END,
+           %(max_attempts)s, %(tenant)s, %(concurrency_key)s, callback.id
+    FROM callback, jsonb_array_elements(%(payloads)s::jsonb) AS payload
+    RETURNING 1
+), grouped AS (
+    INSERT INTO pgpool_groups (id, total) SELECT id, %(total)s FROM callback
+)
+SELECT id, pg_notify(""" + OUR_CHANNEL + """,
+                     CASE WHEN %(total)s::int = 0 THEN %(then_queue)s
+                          WHEN %(run_at)s::timestamptz IS NULL THEN %(queue)s
+                          ELSE '""" + STAGE + """' END)
+FROM callback
+"""
 
 #: Many jobs of one kind, the payloads one JSON array, for drivers other than psycopg 3
 #: (`pgpool.enqueue.array_params`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert,
@@ -199,7 +239,8 @@ _NEED_FAIR: Final = """
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority, snoozes, meta), in no order: the claimer puts them in claim order.
+#: due, tenant, priority, snoozes, meta, group_id), in no order: the claimer puts them in
+#: claim order.
 #: None when something waiting needs the fair claim, and none when nothing waits: then the
 #: claimer claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
@@ -228,7 +269,7 @@ WHERE j.id = ANY(ARRAY(
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
-          j.meta
+          j.meta, j.group_id
 """
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
@@ -379,10 +420,11 @@ WITH RECURSIVE pairs AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
               extract(epoch FROM now() - j.run_at)::float8 AS waited, j.tenant, j.priority,
-              j.run_at, j.snoozes, j.meta
+              j.run_at, j.snoozes, j.meta, j.group_id
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes, c.meta
+       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes, c.meta,
+       c.group_id
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true
@@ -450,7 +492,7 @@ WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
 # The arms of a grouped ack that every flush with a failure has: delete succeeded jobs,
 # reschedule failures (scheduled, or ready when their delay is 0), hand back unstarted jobs,
 # return attempts cut off by this host's shutdown (ready now, not counted:
-# ``interruptions`` + 1).
+# ``interruptions`` + 1). Format with ``done``: what the done arm returns.
 _ACK_ARMS: Final = """
 WITH done AS (
     DELETE FROM pgpool_jobs AS j
@@ -458,7 +500,7 @@ WITH done AS (
                  array_fill(%(owner)s::text, ARRAY[cardinality(%(done_ids)s::bigint[])]))
           AS a(id, attempt, owner)
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
-    RETURNING j.id
+    RETURNING {done}
 ), retried AS (
     UPDATE pgpool_jobs AS j
     SET state = CASE WHEN a.delay > 0 THEN 'scheduled' ELSE 'ready' END,
@@ -520,13 +562,13 @@ def _buried(reasons: bool) -> str:
     WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
-              j.concurrency_key, j.meta, a.error{a_reason}
+              j.concurrency_key, j.meta, j.group_id, a.error{a_reason}
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, meta, last_error{reason})
+                             concurrency_key, meta, group_id, last_error{reason})
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta, group_id,
            error{reason}
     FROM buried
     RETURNING id
@@ -546,14 +588,77 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM retried),
 #: (``interruptions`` + 1): it keeps ``attempts``, so the next claim's (owner, attempt) is a
 #: new one, which the same hand-back sent again (its first answer lost, its commit not)
 #: cannot match.
-ACK: Final = _ACK_ARMS + _buried(reasons=False) + _COUNTS + "\n"
+ACK: Final = _ACK_ARMS.format(done="j.id") + _buried(reasons=False) + _COUNTS + "\n"
 
 #: `ACK` for a flush that holds what a handler asked for (`pgpool.retry.Control`): snoozes
 #: (scheduled after their delay, ``snoozes`` + 1, not counted), and dead letters with a
 #: reason each (``dead_reasons``: 'failed', 'discarded', 'cancelled'). Its counts are
 #: `ACK`'s and then the snoozed. A flush without any runs `ACK`, which pays for neither.
-ACK_CONTROL: Final = (_ACK_ARMS + _SNOOZED + _buried(reasons=True) + _COUNTS
-                      + ",\n       (SELECT count(*) FROM snoozed)\n")
+ACK_CONTROL: Final = (_ACK_ARMS.format(done="j.id") + _SNOOZED + _buried(reasons=True)
+                      + _COUNTS + ",\n       (SELECT count(*) FROM snoozed)\n")
+
+#: `ACK_CONTROL` for a flush that holds an outcome to record (`pgpool.completer`): a job
+#: whose kind or host keeps outcomes, a member of a group, or an attempt that enqueued
+#: follow-ups. In the same statement, so all of it or none:
+#:
+#: - ``kept``: each kept job's record in ``pgpool_done``, with its result (JSON text or
+#:   NULL) and ``keep_until`` from its seconds to keep;
+#: - ``followed``: the follow-up jobs of each attempt whose success this statement records
+#:   (its job deleted here: owned, this attempt), and of no other: an attempt that failed,
+#:   or whose lease was lost, leaves none, and the same ack written again (its first
+#:   answer lost) finds its job gone and adds none;
+#: - the groups' counts (`COUNT_MEMBERS`) of the members done or dead here, the callbacks
+#:   made ready, and the waiters woken (`notify_finished`).
+#:
+#: Returns `ACK_CONTROL`'s counts, then the queues told, the waiters told, and the ids of
+#: the jobs whose success it recorded (for their follow-up groups, written next in the same
+#: transaction: `ENQUEUE_GROUP`).
+ACK_OUTCOMES: Final = (
+    _ACK_ARMS.format(done="j.id, j.queue, j.kind, j.tenant, j.attempts, j.created_at, "
+                          "j.group_id")
+    + _SNOOZED + _buried(reasons=True) + """, kept AS (
+    INSERT INTO pgpool_done (id, queue, kind, tenant, attempts, created_at, keep_until,
+                             result, group_id)
+    SELECT d.id, d.queue, d.kind, d.tenant, d.attempts, d.created_at,
+           now() + make_interval(secs => k.seconds), k.result::jsonb, d.group_id
+    FROM done AS d
+    JOIN unnest(%(kept_ids)s::bigint[], %(kept_seconds)s::float8[], %(kept_results)s::text[])
+         AS k(id, seconds, result) ON k.id = d.id
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), followed AS (
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             unique_key, tenant, concurrency_key)
+    SELECT f.queue, f.kind, f.payload::jsonb, f.priority, due.at,
+           CASE WHEN due.at <= now() THEN 'ready' ELSE 'scheduled' END,
+           f.max_attempts, f.unique_key, f.tenant, f.concurrency_key
+    FROM unnest(%(follow_parents)s::bigint[], %(follow_queues)s::text[],
+                %(follow_kinds)s::text[], %(follow_payloads)s::text[],
+                %(follow_priorities)s::int[], %(follow_run_at)s::float8[],
+                %(follow_delays)s::float8[], %(follow_max_attempts)s::int[],
+                %(follow_unique_keys)s::text[], %(follow_tenants)s::text[],
+                %(follow_concurrency_keys)s::text[])
+         AS f(parent, queue, kind, payload, priority, run_at, delay, max_attempts,
+              unique_key, tenant, concurrency_key)
+    CROSS JOIN LATERAL (
+        SELECT coalesce(to_timestamp(f.run_at), now() + make_interval(secs => f.delay)) AS at
+    ) AS due
+    WHERE f.parent IN (SELECT id FROM done)
+    ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING queue, state
+)""" + COUNT_MEMBERS.format(finished="""
+        SELECT group_id, false AS dead FROM done WHERE group_id IS NOT NULL
+        UNION ALL
+        SELECT group_id, true FROM buried WHERE group_id IS NOT NULL""")
+    + _COUNTS + """,
+       (SELECT count(*) FROM snoozed),
+       (SELECT count(pg_notify(""" + OUR_CHANNEL + """, q)) FROM (
+            SELECT DISTINCT CASE WHEN state = 'ready' THEN queue ELSE '""" + STAGE + """' END
+            FROM (SELECT queue, state FROM followed
+                  UNION ALL SELECT queue, 'ready' FROM called) AS w(queue, state)) AS n(q)),
+       """ + notify_finished("EXISTS (SELECT FROM done) OR EXISTS (SELECT FROM dead)") + """,
+       ARRAY(SELECT id FROM done)
+""")
 
 #: Park attempts whose ack the database refused even alone (`pgpool.isolate`): an
 #: application's foreign key or trigger, a lock held too long. ``state`` is 'done' for a
@@ -580,7 +685,8 @@ RETURNING j.id
 #: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
 #: it has left. SKIP LOCKED lets every host run this concurrently without two of
 #: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.parts.reaper`
-#: isolating a job it cannot return).
+#: isolating a job it cannot return). A buried member of a group counts as finished in its
+#: group (`COUNT_MEMBERS`). Returns (revived, dead, queues told, waiters told).
 REAP: Final = """
 WITH expired AS (
     SELECT id FROM pgpool_jobs
@@ -611,20 +717,22 @@ WITH expired AS (
     WHERE j.id = g.id AND (g.cancelled OR NOT (g.uncounted OR g.attempts_left))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempts, j.interruptions,
               j.snoozes, j.max_attempts, j.unique_key, j.created_at, j.tenant,
-              j.concurrency_key, j.meta, j.locked_by, j.last_error, g.cancelled
+              j.concurrency_key, j.meta, j.group_id, j.locked_by, j.last_error, g.cancelled
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, meta, last_error, reason)
+                             concurrency_key, meta, group_id, last_error, reason)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta, group_id,
            CASE WHEN cancelled THEN last_error
                 ELSE 'lease expired while running on ' || locked_by END,
            CASE WHEN cancelled THEN 'cancelled' ELSE 'failed' END
     FROM buried
     RETURNING id
-)
-SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead)
+)""" + COUNT_MEMBERS.format(
+    finished="SELECT group_id, true AS dead FROM buried WHERE group_id IS NOT NULL") + """
+SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead), """ + NOTIFY_CALLED + """,
+       """ + notify_finished("EXISTS (SELECT FROM dead)") + """
 """
 
 #: The jobs `REAP` would take next, without locking them: the batch the reaper bisects

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .common import CONTROL, OUR_CHANNEL
+from .common import CONTROL, COUNT_MEMBERS, NOTIFY_CALLED, OUR_CHANNEL, notify_finished
 
 NOTIFY_CONTROL: Final = f"SELECT pg_notify({OUR_CHANNEL}, '{CONTROL}')"
 
@@ -28,7 +28,7 @@ SIGNATURE: Final = (
 # out a retry's backoff), running, or parked / done (its ack or reap was refused: see
 # `jobs.PARK`). Due is by ``run_at``: a scheduled job the stager has not staged yet is ready, a
 # ready row an older pgpool wrote with a future time is scheduled.
-_JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done') THEN state "
+_JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done', 'waiting') THEN state "
               "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END")
 
 # The columns `pgpool.ops` reads of a live job, in `ops.Job` order.
@@ -173,31 +173,35 @@ FOR UPDATE
 _CANCELLED_AT = ("'cancelled by operator at ' "
                  """|| to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"Z"')""")
 
-#: Cancel live jobs (`CANCEL_LOCK` first; never a job kept as done): a waiting one moves to
+#: Cancel live jobs (`CANCEL_LOCK` first; never a job kept as done): a waiting one (a
+#: group's callback waiting for its members too) moves to
 #: pgpool_dead with reason 'cancelled' and a last_error that says when and what it was
 #: doing. A running one loses its owner at once but keeps its row, state running, until its
 #: lease ends: its attempt may run until then (its host stops it at its next heartbeat, sent
 #: at once after `NOTIFY_CONTROL`, but a frozen host's worker runs on until its lease
 #: fence), so the unique indexes on its keys still hold. Its heartbeat and ack match no
 #: row (they need the owner), and when the lease has expired, `jobs.REAP` buries it as
-#: cancelled. Returns how many were dead-lettered and how many stopped.
+#: cancelled. A cancelled member of a group counts as finished in its group
+#: (`COUNT_MEMBERS`). Returns how many were dead-lettered and how many stopped, then the
+#: queues and waiters told.
 CANCEL: Final = f"""
 WITH gone AS (
     DELETE FROM pgpool_jobs
-    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked')
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('ready', 'scheduled', 'parked', 'waiting')
     RETURNING id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-              max_attempts, unique_key, created_at, tenant, concurrency_key, meta,
+              max_attempts, unique_key, created_at, tenant, concurrency_key, meta, group_id,
               {_JOB_STATE} AS op_state
 ), dead AS (
     INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, interruptions,
                              snoozes, max_attempts, unique_key, created_at, tenant,
-                             concurrency_key, meta, reason, last_error)
+                             concurrency_key, meta, group_id, reason, last_error)
     SELECT id, queue, kind, payload, priority, attempts, interruptions, snoozes,
-           max_attempts, unique_key, created_at, tenant, concurrency_key, meta, 'cancelled',
-           {_CANCELLED_AT} || ' while ' || op_state
+           max_attempts, unique_key, created_at, tenant, concurrency_key, meta, group_id,
+           'cancelled', {_CANCELLED_AT} || ' while ' || op_state
     FROM gone
     RETURNING id
-), stopped AS (
+){COUNT_MEMBERS.format(
+    finished="SELECT group_id, true AS dead FROM gone WHERE group_id IS NOT NULL")}, stopped AS (
     UPDATE pgpool_jobs
     SET locked_by = NULL,
         last_error = {_CANCELLED_AT} || ' while running attempt ' || attempts || ' on '
@@ -205,7 +209,8 @@ WITH gone AS (
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running' AND locked_by IS NOT NULL
     RETURNING id
 )
-SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM stopped)
+SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM stopped), {NOTIFY_CALLED},
+       {notify_finished("EXISTS (SELECT FROM dead)")}
 """
 
 #: Lock live jobs by id and say what each is doing (a retry's first step).

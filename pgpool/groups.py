@@ -1,0 +1,150 @@
+"""Groups: many jobs and a callback that runs once, after every one of them has finished.
+
+`group` inserts, in the caller's transaction and in one statement (`sql.ENQUEUE_GROUP`):
+
+- the **callback**, a job in state 'waiting' that no host claims, whose id is the group's;
+- the **members**, jobs of one kind whose ``group_id`` is that id;
+- the group's row in ``pgpool_groups``: how many members it has.
+
+The fan-in is decided by the acks themselves: each statement that finishes members (the
+completer's ack, the reaper's burial of an expired last attempt, an operator's cancel)
+counts them into their group's row in its own transaction (`pgpool.sql.common.COUNT_MEMBERS`),
+and the one that counts the last makes the callback ready. No coordinator, no polling of
+members, and whichever process dies at whatever point, a member is counted exactly when its
+end is committed. A member that succeeded is recorded in ``pgpool_done`` with what its
+handler returned (kept until its group's callback has finished, or longer with ``keep=``),
+and one that died or was cancelled stays in ``pgpool_dead``: the callback reads them with
+`pgpool.outcomes.group_members` (or ``current_job().group_members()``).
+
+A handler starts a group the same way through its job (``current_job().group(...)``): the
+group is then written with the handler's success, in the ack's transaction, and not at all
+if the attempt fails (`pgpool.followups`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import hooks
+from .enqueue import array_params, check_options, encode_payload, schema_required
+from .errors import ConfigError
+from .registry import Handler
+from .sql import jobs as sql
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["Group", "group", "group_async", "group_params"]
+
+#: The options of a callback (``then_options``): where and how it runs.
+THEN_OPTIONS = ("queue", "priority", "max_attempts", "tenant", "concurrency_key")
+
+
+class Group(NamedTuple):
+    """A group just enqueued: its id (its callback job's id) and its number of members."""
+
+    id: int
+    size: int
+
+
+def group_params(
+    kind: str | Handler[Any],
+    payloads: Iterable[Any],
+    then: tuple[str | Handler[Any], Any],
+    *,
+    then_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The parameters of `sql.ENQUEUE_GROUP`, checked: the members' as `enqueue_many`
+    checks them (``options`` are its: ``queue``, ``priority``, ``run_at``,
+    ``max_attempts``, ``tenant``, ``concurrency_key``), and the callback's ``then``, a
+    (kind, payload) pair, as `enqueue` checks one job. A `pgpool.Handler` in place of
+    either kind applies its defaults and type. The callback runs in the members' queue
+    unless ``then_options`` (or its handler) says otherwise. Raises `PayloadError` or
+    `ConfigError` before anything is sent."""
+    name, payloads, options = _members(kind, payloads, options)
+    params = array_params(name, payloads, **options)
+    then_kind, then_payload = _then(then)
+    chosen = {"queue": params["queue"]} | dict(then_options or {})
+    if isinstance(then_kind, Handler):
+        then_payload, chosen = then_kind.prepare(then_payload, chosen)
+        then_kind = then_kind.kind
+    unknown = set(chosen) - set(THEN_OPTIONS)
+    if unknown:
+        raise ConfigError(f"then_options takes {', '.join(THEN_OPTIONS)}, not "
+                          f"{', '.join(sorted(unknown))}: a callback has no unique key, and "
+                          "runs as soon as its group has finished")
+    queue, priority = chosen["queue"], chosen.get("priority", 0)
+    max_attempts, tenant = chosen.get("max_attempts"), chosen.get("tenant")
+    concurrency_key = chosen.get("concurrency_key")
+    check_options(then_kind, queue, priority, None, max_attempts, tenant, concurrency_key)
+    return {**params, "then_kind": then_kind, "then_queue": queue,
+            "then_payload": encode_payload(then_payload).decode(),
+            "then_priority": priority, "then_max_attempts": max_attempts,
+            "then_tenant": tenant or "", "then_concurrency_key": concurrency_key}
+
+
+def group(
+    conn: psycopg.Connection,
+    kind: str | Handler[Any],
+    payloads: Iterable[Any],
+    *,
+    then: tuple[str | Handler[Any], Any],
+    then_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Group:
+    """Enqueue a group in ``conn``'s current transaction: one job of ``kind`` per payload,
+    and the callback ``then`` = (kind, payload), which runs once every member has finished
+    (succeeded, died, or was cancelled). Returns the group: its id, which is the callback
+    job's, and its size. A group of no members has its callback ready at once.
+
+    ``options`` apply to every member (those of `enqueue_many`); ``then_options``
+    (``queue``, ``priority``, ``max_attempts``, ``tenant``, ``concurrency_key``) to the
+    callback, which runs in the members' queue unless it says otherwise. Members have no
+    unique key. Raises `PayloadError` or `ConfigError` before anything is sent."""
+    params = group_params(kind, payloads, then, then_options=then_options, **options)
+    with schema_required():
+        row = conn.execute(sql.ENQUEUE_GROUP, params).fetchone()
+    return _enqueued(params, row)
+
+
+async def group_async(
+    conn: psycopg.AsyncConnection,
+    kind: str | Handler[Any],
+    payloads: Iterable[Any],
+    *,
+    then: tuple[str | Handler[Any], Any],
+    then_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Group:
+    """Async twin of `group`, for a psycopg `AsyncConnection`."""
+    params = group_params(kind, payloads, then, then_options=then_options, **options)
+    with schema_required():
+        row = await (await conn.execute(sql.ENQUEUE_GROUP, params)).fetchone()
+    return _enqueued(params, row)
+
+
+def _enqueued(params: dict[str, Any], row: tuple[Any, ...] | None) -> Group:
+    """The group of ``params`` as `sql.ENQUEUE_GROUP` returned it; the hooks told."""
+    assert row is not None  # the callback's INSERT always returns its row
+    group_id = row[0]
+    hooks.enqueued(params["kind"], params["queue"], None, params["total"])
+    hooks.enqueued(params["then_kind"], params["then_queue"], group_id, 1)
+    return Group(group_id, params["total"])
+
+
+def _members(kind: str | Handler[Any], payloads: Iterable[Any],
+             options: dict[str, Any]) -> tuple[str, Iterable[Any], dict[str, Any]]:
+    if isinstance(kind, Handler):
+        return kind.kind, *kind.prepare_many(payloads, options)
+    return kind, payloads, options
+
+
+def _then(then: Any) -> tuple[str | Handler[Any], Any]:
+    if not (isinstance(then, tuple) and len(then) == 2
+            and isinstance(then[0], str | Handler)):
+        raise ConfigError(f"then must be a (kind, payload) pair, the callback's, not "
+                          f"{type(then).__name__}: e.g. then=('report.combine', "
+                          "{'report_id': 7})")
+    return then[0], then[1]

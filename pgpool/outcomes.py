@@ -1,0 +1,244 @@
+"""What became of a job, waiting for jobs to finish, and what a group's members did.
+
+A job is in one of three tables (`pgpool.sql.outcomes.STATUSES`):
+
+- ``pgpool_jobs`` while it waits (ready, scheduled, parked; a group's callback
+  'waiting' for its members) or runs;
+- ``pgpool_done`` once it succeeded, if its kind or its host keeps outcomes
+  (``@pgpool.handler(keep=...)``, ``pgpool run --keep-done``) or it is a member of a
+  group, with what its handler returned, until ``keep_until``;
+- ``pgpool_dead`` once it died, was discarded or cancelled.
+
+A job in none is 'unknown': it succeeded and nothing kept it, or it never existed (or its
+enqueue has not committed). `wait` returns when none of its jobs is in ``pgpool_jobs``
+any more: the acks that record outcomes (and the reaper's and a cancel's dead letters)
+notify its channel (`pgpool.sql.common.OUR_FINISHED_CHANNEL`) once per statement, and a
+poll every ``poll`` seconds catches the rest (a kind that keeps nothing is acked without
+notifying anyone: its ack costs what it did before outcomes existed). It listens on the
+caller's own connection: no other server connection is opened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from .enqueue import schema_required
+from .errors import ConfigError
+from .sql import outcomes as sql
+from .sql.common import listen_statement
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["GroupStatus", "JobStatus", "Member", "State", "group_members",
+           "group_members_async", "group_status", "group_status_async", "job_status",
+           "job_status_async", "job_statuses", "job_statuses_async", "wait", "wait_async"]
+
+State = Literal["ready", "scheduled", "running", "waiting", "parked", "done", "dead",
+                "cancelled", "unknown"]
+#: The states of a job that has finished (or, 'unknown', of one pgpool no longer knows).
+FINISHED: Final = frozenset({"done", "dead", "cancelled", "unknown"})
+#: Seconds between `wait`'s polls when no notification comes.
+DEFAULT_POLL: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """What a job is now. ``result`` is what its handler returned, decoded from JSON (done
+    and kept); ``error`` its last error (dead or cancelled, or a live job's failed attempt);
+    ``finished_at`` when it succeeded or died; ``attempts`` its claims so far."""
+
+    id: int
+    state: State
+    kind: str | None = None
+    queue: str | None = None
+    attempts: int = 0
+    result: Any = None
+    error: str | None = None
+    finished_at: datetime | None = None
+    group_id: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Done, dead, cancelled, or unknown: no host will run it again."""
+        return self.state in FINISHED
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """A group's progress: ``done`` and ``dead`` (cancelled included) of ``total`` members
+    finished, and its callback's state (as `JobStatus.state`)."""
+
+    id: int
+    total: int
+    done: int
+    dead: int
+    created_at: datetime
+    completed_at: datetime | None
+    callback: State
+
+    @property
+    def finished(self) -> int:
+        return self.done + self.dead
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A finished member of a group: 'done' with its ``result``, or 'dead' or 'cancelled'
+    with its ``error``."""
+
+    id: int
+    state: State
+    result: Any = None
+    error: str | None = None
+
+
+def job_status(conn: psycopg.Connection, job_id: int) -> JobStatus:
+    """What job ``job_id`` is now (see the module's docstring); 'unknown' when no table
+    holds it."""
+    return job_statuses(conn, [job_id])[job_id]
+
+
+async def job_status_async(conn: psycopg.AsyncConnection, job_id: int) -> JobStatus:
+    """Async twin of `job_status`."""
+    return (await job_statuses_async(conn, [job_id]))[job_id]
+
+
+def job_statuses(conn: psycopg.Connection, ids: Iterable[int]) -> dict[int, JobStatus]:
+    """`job_status` of each of ``ids``, in one query."""
+    wanted = _ids(ids)
+    with schema_required():
+        rows = conn.execute(sql.STATUSES, {"ids": wanted}).fetchall()
+    return _statuses(wanted, rows)
+
+
+async def job_statuses_async(conn: psycopg.AsyncConnection,
+                             ids: Iterable[int]) -> dict[int, JobStatus]:
+    """Async twin of `job_statuses`."""
+    wanted = _ids(ids)
+    with schema_required():
+        rows = await (await conn.execute(sql.STATUSES, {"ids": wanted})).fetchall()
+    return _statuses(wanted, rows)
+
+
+def wait(conn: psycopg.Connection, ids: Iterable[int], *, timeout: float | None = None,
+         poll: float = DEFAULT_POLL) -> dict[int, JobStatus]:
+    """Wait until every job of ``ids`` has finished (see `JobStatus.finished`), and return
+    their statuses. Woken by the acks' notification, with a poll every ``poll`` seconds as
+    a backstop; ``conn`` must be in autocommit mode (a notification reaches a session only
+    between transactions), and is the only server connection used. Raises `TimeoutError`
+    after ``timeout`` seconds, naming the jobs still unfinished."""
+    wanted, deadline = _waiting(conn, ids, timeout, poll)
+    channel = conn.execute(sql.FINISHED_CHANNEL).fetchone()
+    assert channel is not None  # the installation's channel: always a row
+    listen = listen_statement(channel[0])
+    conn.execute(listen)
+    try:
+        while True:
+            statuses = job_statuses(conn, wanted)
+            left = _left(statuses, deadline)
+            if left is None:
+                return statuses
+            # One notification is enough to ask again; several may have come meanwhile.
+            for _ in conn.notifies(timeout=min(poll, left), stop_after=1):
+                pass
+    finally:
+        conn.execute("UN" + listen)
+
+
+async def wait_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
+                     timeout: float | None = None,
+                     poll: float = DEFAULT_POLL) -> dict[int, JobStatus]:
+    """Async twin of `wait`."""
+    wanted, deadline = _waiting(conn, ids, timeout, poll)
+    channel = await (await conn.execute(sql.FINISHED_CHANNEL)).fetchone()
+    assert channel is not None
+    listen = listen_statement(channel[0])
+    await conn.execute(listen)
+    try:
+        while True:
+            statuses = await job_statuses_async(conn, wanted)
+            left = _left(statuses, deadline)
+            if left is None:
+                return statuses
+            async for _ in conn.notifies(timeout=min(poll, left), stop_after=1):
+                pass
+    finally:
+        await conn.execute("UN" + listen)
+
+
+def group_status(conn: psycopg.Connection, group_id: int) -> GroupStatus | None:
+    """Group ``group_id``'s progress, or None when there is no such group (or it was
+    pruned)."""
+    with schema_required():
+        row = conn.execute(sql.GROUP, {"id": group_id}).fetchone()
+    return None if row is None else GroupStatus(group_id, *row[:5], row[5] or "unknown")
+
+
+async def group_status_async(conn: psycopg.AsyncConnection,
+                             group_id: int) -> GroupStatus | None:
+    """Async twin of `group_status`."""
+    with schema_required():
+        row = await (await conn.execute(sql.GROUP, {"id": group_id})).fetchone()
+    return None if row is None else GroupStatus(group_id, *row[:5], row[5] or "unknown")
+
+
+def group_members(conn: psycopg.Connection, group_id: int) -> list[Member]:
+    """The finished members of group ``group_id``, in id order: each done one with what its
+    handler returned, each dead or cancelled one with its last error. In a group's callback,
+    every member is there."""
+    with schema_required():
+        rows = conn.execute(sql.GROUP_MEMBERS, {"id": group_id}).fetchall()
+    return [Member(*row) for row in rows]
+
+
+async def group_members_async(conn: psycopg.AsyncConnection, group_id: int) -> list[Member]:
+    """Async twin of `group_members`."""
+    with schema_required():
+        rows = await (await conn.execute(sql.GROUP_MEMBERS, {"id": group_id})).fetchall()
+    return [Member(*row) for row in rows]
+
+
+def _ids(ids: Iterable[int]) -> list[int]:
+    wanted = list(dict.fromkeys(ids))
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in wanted):
+        raise ConfigError(f"job ids are integers, got {wanted!r:.80}")
+    return wanted
+
+
+def _statuses(wanted: list[int], rows: list[tuple[Any, ...]]) -> dict[int, JobStatus]:
+    found = {row[0]: JobStatus(*row) for row in rows}
+    return {i: found.get(i) or JobStatus(i, "unknown") for i in wanted}
+
+
+def _waiting(conn: psycopg.Connection | psycopg.AsyncConnection, ids: Iterable[int],
+             timeout: float | None, poll: float) -> tuple[list[int], float]:
+    """The ids to wait for and the monotonic deadline, after checking the arguments."""
+    if not conn.autocommit:
+        raise ConfigError(
+            "pgpool.wait needs a connection in autocommit mode: PostgreSQL delivers the "
+            "notification it waits for only between transactions; open it with "
+            "autocommit=True (or set conn.autocommit = True outside a transaction)")
+    if not poll > 0 or (timeout is not None and not timeout >= 0):
+        raise ConfigError(f"poll must be above 0 and timeout 0 or more seconds, got "
+                          f"poll={poll!r}, timeout={timeout!r}")
+    wanted = _ids(ids)
+    return wanted, time.monotonic() + (timeout if timeout is not None else float("inf"))
+
+
+def _left(statuses: dict[int, JobStatus], deadline: float) -> float | None:
+    """None when every job finished; else the seconds left to wait (`TimeoutError` past
+    the deadline)."""
+    unfinished = [i for i, s in statuses.items() if not s.finished]
+    if not unfinished:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"{len(unfinished)} of {len(statuses)} jobs not finished "
+                           f"(first: {unfinished[:5]})")
+    return left
+

@@ -1,0 +1,331 @@
+"""Outcomes (issue 24), on real PostgreSQL and real hosts: finished jobs kept with their
+results, `pgpool.job_status` and `pgpool.wait`, follow-up jobs written with the ack, and
+groups whose callback runs once after every member has finished."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import outcomejobs  # noqa: F401  (registers the handlers drain runs)
+import psycopg
+import pytest
+from conftest import JSON_LOGS, one, only_event, run_pgpool, start_pgpool, wait_until
+
+import pgpool
+from pgpool import testing
+from pgpool.completer import Ack, ack_statement
+from pgpool.job import Job
+from pgpool.sql import jobs as sql
+
+RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
+
+
+def statuses(db: psycopg.Connection, ids: list[int]) -> dict[int, str]:
+    return {i: s.state for i, s in pgpool.job_statuses(db, ids).items()}
+
+
+# --- results and status -------------------------------------------------------------------
+
+
+def test_a_kept_kind_records_its_result_and_a_plain_one_records_nothing(db, dsn):
+    kept = pgpool.enqueue(db, "out.square", {"n": 7})
+    failing = pgpool.enqueue(db, "out.square", {"n": 1, "fail": True}, max_attempts=1)
+    loose = pgpool.enqueue(db, "out.loose", {"n": 1})
+    waiting = pgpool.enqueue(db, "out.square", {"n": 2}, delay=3600)
+    assert pgpool.job_status(db, kept).state == "ready"
+    result = run_pgpool(dsn, *RUN, **JSON_LOGS)
+    assert result.returncode == 0, result.stderr
+    done = pgpool.job_status(db, kept)
+    assert (done.state, done.result, done.kind, done.queue, done.attempts) == (
+        "done", {"square": 49}, "out.square", "default", 1)
+    assert done.finished and done.finished_at is not None
+    dead = pgpool.job_status(db, failing)
+    assert dead.state == "dead" and "asked to fail" in dead.error
+    assert pgpool.job_status(db, loose).state == "unknown"  # succeeded, kept by nothing
+    assert pgpool.job_status(db, waiting).state == "scheduled"
+    assert pgpool.job_status(db, 10**12).state == "unknown"
+    # The dropped value is named once, by kind and never by value.
+    dropped = only_event(result.stderr, "result_dropped")
+    assert dropped["kind"] == "out.loose" and "'n'" not in result.stderr
+    record = one(db, "SELECT keep_until - finished_at FROM pgpool_done WHERE id = %s", kept)
+    assert record[0].total_seconds() == 3600
+
+
+def test_keep_done_keeps_every_kind_and_a_handlers_keep_wins(db, dsn):
+    loose = pgpool.enqueue(db, "out.loose", {"n": 3})
+    square = pgpool.enqueue(db, "out.square", {"n": 3})
+    assert run_pgpool(dsn, *RUN, "--keep-done", "10m").returncode == 0
+    assert pgpool.job_status(db, loose).result == {"n": 3}
+    seconds = dict(db.execute("SELECT id, extract(epoch FROM keep_until - finished_at) "
+                              "FROM pgpool_done").fetchall())
+    assert seconds == {loose: 600, square: 3600}
+
+
+def test_a_result_that_cannot_be_stored_dead_letters_a_kept_job_only(db, dsn):
+    kept = pgpool.enqueue(db, "out.huge", {"size": 2000})
+    result = run_pgpool(dsn, *RUN, PGPOOL_MAX_RESULT_BYTES="1000")
+    assert result.returncode == 0, result.stderr
+    dead = pgpool.job_status(db, kept)
+    assert dead.state == "dead"
+    assert dead.error.startswith("succeeded, but its result cannot be stored: its handler "
+                                 "returned 2,002 bytes of JSON, over the 1,000-byte limit")
+    assert one(db, "SELECT reason FROM pgpool_dead WHERE id = %s", kept) == ("failed",)
+    assert one(db, "SELECT count(*) FROM pgpool_done") == (0,)  # nothing half-written
+
+
+def test_a_bad_result_limit_stops_the_host_at_its_start(db, dsn):
+    result = run_pgpool(dsn, *RUN, PGPOOL_MAX_RESULT_BYTES="lots")
+    assert result.returncode != 0
+    assert "PGPOOL_MAX_RESULT_BYTES='lots' is not a positive integer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_keep_must_be_a_positive_duration():
+    with pytest.raises(pgpool.HandlerError, match="keep must be a number of seconds above 0"):
+        pgpool.handler("out.bad", keep=-1)
+    with pytest.raises(pgpool.HandlerError, match="keep must be"):
+        pgpool.handler("out.bad", keep="1h")  # type: ignore[arg-type]
+
+
+# --- wait ---------------------------------------------------------------------------------
+
+
+def test_wait_is_woken_by_the_ack_not_its_poll(db, dsn):
+    ids = [pgpool.enqueue(db, "out.square", {"n": n}) for n in range(3)]
+    host = start_pgpool(dsn, "run", "--handlers", "outcomejobs", "--procs", "1",
+                        "--poll", "30")
+    host.event("started")
+    started = time.monotonic()
+    # A poll of 60 s: returning well before it, wait was woken by the acks' notification.
+    found = pgpool.wait(db, ids, timeout=50, poll=60)
+    assert time.monotonic() - started < 20
+    assert [found[i].result for i in ids] == [{"square": 0}, {"square": 1}, {"square": 4}]
+    assert host.stop() == 0
+
+
+def test_wait_polls_for_a_kind_that_keeps_nothing_and_times_out_naming_the_rest(db, dsn):
+    loose = pgpool.enqueue(db, "out.loose", {"n": 1})
+    never = pgpool.enqueue(db, "out.loose", {"n": 2}, queue="nobody")
+    with pytest.raises(TimeoutError, match=rf"2 of 2 jobs not finished \(first: \[{loose}, "):
+        pgpool.wait(db, [loose, never], timeout=0.2, poll=0.05)
+    host = start_pgpool(dsn, "run", "--handlers", "outcomejobs", "--procs", "1")
+    host.event("started")
+    assert pgpool.wait(db, [loose], timeout=30, poll=0.2)[loose].state == "unknown"
+    assert host.stop() == 0
+
+
+def test_wait_async_and_its_arguments(db, dsn):
+    job = pgpool.enqueue(db, "out.square", {"n": 5})
+    assert run_pgpool(dsn, *RUN).returncode == 0
+
+    async def main() -> pgpool.JobStatus:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return (await pgpool.wait_async(aconn, [job], timeout=5))[job]
+
+    assert asyncio.run(main()).result == {"square": 25}
+    with psycopg.connect(dsn) as manual, pytest.raises(pgpool.ConfigError,
+                                                       match="autocommit mode"):
+        pgpool.wait(manual, [job])
+    with pytest.raises(pgpool.ConfigError, match="job ids are integers"):
+        pgpool.wait(db, ["7"])  # type: ignore[list-item]
+
+
+# --- follow-ups ---------------------------------------------------------------------------
+
+
+def test_follow_ups_exist_only_with_their_parents_success(db, dsn):
+    good = pgpool.enqueue(db, "out.parent", {"children": 3})
+    bad = pgpool.enqueue(db, "out.parent", {"children": 2, "fail": True})
+    killed = pgpool.enqueue(db, "out.parent", {"children": 2, "die_first": True})
+    def children() -> list[tuple[int, int]]:
+        return db.execute("SELECT (result->>'parent')::bigint, count(*) FROM pgpool_done "
+                          "WHERE kind = 'out.child' GROUP BY 1 ORDER BY 1").fetchall()
+
+    assert run_pgpool(dsn, *RUN, "--grace", "1").returncode == 0
+    # The failed parent's attempts and the killed attempt left none.
+    assert children() == [(good, 3)]
+    assert statuses(db, [good, bad, killed]) == {good: "unknown", bad: "scheduled",
+                                                 killed: "scheduled"}
+    assert run_pgpool(dsn, "retry", str(bad), str(killed)).returncode == 0
+    assert run_pgpool(dsn, *RUN).returncode == 0
+    # The killed parent's second attempt succeeded and has its two, once.
+    assert children() == [(good, 3), (killed, 2)]
+    assert statuses(db, [bad, killed]) == {bad: "dead", killed: "unknown"}
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+def test_a_stale_or_repeated_ack_adds_no_follow_ups(db):
+    job_id = pgpool.enqueue(db, "out.parent", {"children": 0})
+    db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'me', "
+               "lease_until = now() + interval '1 minute' WHERE id = %s", (job_id,))
+    follow = ([{"queue": "default", "kind": "out.child", "payload": '{"n": 1}',
+                "priority": 0, "run_at": None, "delay": 0.0, "max_attempts": None,
+                "unique_key": None, "tenant": "", "concurrency_key": None}], [])
+    job = Job(job_id, "out.parent", "default", 1, 0, 2, b"{}", None)
+    ack = Ack.done(job, follow=follow)
+    stale = Ack.done(Job(job_id, "out.parent", "default", 1, 0, 2, b"{}", None),
+                     follow=follow)
+    for a, owner in ((stale, "another host"), (ack, "me"), (ack, "me")):
+        query, params = ack_statement([a], owner)
+        assert query is sql.ACK_OUTCOMES
+        db.execute(query, params)
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (1,)
+
+
+def test_a_plain_flush_still_writes_the_plain_statements():
+    # What a kind that keeps nothing pays: today's statements, with no outcome arm.
+    plain = Job(1, "k", "default", 1, 0, 3, b"{}", None)
+    assert ack_statement([Ack.done(plain)], "me")[0] is sql.ACK_DONE
+    assert ack_statement([Ack.done(plain), Ack.retry(plain, 1, "e")], "me")[0] is sql.ACK
+    member = Job(2, "k", "default", 1, 0, 3, b"{}", None, group_id=9)
+    assert ack_statement([Ack.retry(member, 1, "e")], "me")[0] is sql.ACK
+    assert ack_statement([Ack.done(plain), Ack.dead(member, "e")], "me")[0] is \
+        sql.ACK_OUTCOMES
+
+
+def test_follow_ups_are_checked_in_the_handler(db):
+    pgpool.enqueue(db, "out.badfollow", {})
+    with pytest.raises(pgpool.PayloadError, match="NaN or Infinity"):
+        testing.drain(db, "out.badfollow")
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (0,)
+
+
+# --- groups -------------------------------------------------------------------------------
+
+
+def test_a_groups_callback_runs_once_with_every_members_outcome(db, dsn):
+    docs = [{"doc": d} for d in range(10)] + [{"doc": -1}]
+    group = pgpool.group(db, "out.score", docs, then=("out.combine", {"label": "first"}))
+    assert group.size == 11
+    assert pgpool.job_status(db, group.id).state == "waiting"
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.total, progress.finished, progress.callback) == (11, 0, "waiting")
+    result = run_pgpool(dsn, *RUN)
+    assert result.returncode == 0, result.stderr
+    callback = pgpool.job_status(db, group.id)
+    assert callback.state == "done" and callback.attempts == 1
+    assert callback.result == {"label": "first", "members": 11, "total": 22.5, "failed": 1}
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.done, progress.dead, progress.callback) == (10, 1, "done")
+    members = pgpool.group_members(db, group.id)
+    assert [m.state for m in members] == ["done"] * 10 + ["dead"]
+    assert members[-1].error.splitlines()[-1] == "ValueError: no such document"
+
+
+def test_an_empty_group_and_a_nested_one(db, dsn):
+    empty = pgpool.group(db, "out.score", [], then=("out.combine", {"label": "empty"}))
+    assert pgpool.job_status(db, empty.id).state == "ready"
+    chained = pgpool.group(db, "out.score", [{"doc": 1}],
+                           then=("out.combine", {"label": "first", "then_group": True}))
+    assert run_pgpool(dsn, *RUN).returncode == 0
+    assert pgpool.job_status(db, empty.id).result["members"] == 0
+    assert pgpool.job_status(db, chained.id).result["total"] == 0.5
+    second = one(db, "SELECT id FROM pgpool_done WHERE kind = 'out.combine' "
+                     "AND result->>'label' = 'second'")[0]
+    assert pgpool.job_status(db, second).result == {"label": "second", "members": 3,
+                                                    "total": 1.5, "failed": 0}
+
+
+def test_a_cancelled_member_counts_as_finished(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    _, second = [i for (i,) in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE group_id = %s ORDER BY id", (group.id,))]
+    assert run_pgpool(dsn, "cancel", str(second)).returncode == 0
+    assert pgpool.group_status(db, group.id).dead == 1
+    assert run_pgpool(dsn, *RUN).returncode == 0
+    assert pgpool.job_status(db, group.id).result["failed"] == 1
+    assert [m.state for m in pgpool.group_members(db, group.id)] == ["done", "cancelled"]
+
+
+def test_a_handler_starts_a_group_only_with_its_success(db, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", db.info.dsn)  # the callback reads its members
+    pgpool.enqueue(db, "out.fanout", {"fail": True}, max_attempts=1)
+    pgpool.enqueue(db, "out.fanout", {})
+    testing.drain(db, raise_errors=False)
+    assert one(db, "SELECT count(*) FROM pgpool_groups") == (1,)
+    assert one(db, "SELECT result FROM pgpool_done WHERE kind = 'out.combine'") == (
+        {"label": "fanned", "members": 4, "total": 3.0, "failed": 0},)
+
+
+def test_group_arguments_are_checked_before_anything_is_sent(db):
+    with pytest.raises(pgpool.ConfigError, match=r"then must be a \(kind, payload\) pair"):
+        pgpool.group(db, "out.score", [{"doc": 1}], then="out.combine")  # type: ignore[arg-type]
+    with pytest.raises(pgpool.ConfigError, match="not unique_key"):
+        pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}),
+                     then_options={"unique_key": "x"})
+    with pytest.raises(pgpool.PayloadError, match="payload #1"):
+        pgpool.group(db, "out.score", [{"doc": 1}, {"doc": float("inf")}],
+                     then=("out.combine", {}))
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+
+
+def test_members_finishing_at_once_on_two_connections_release_the_callback_once(db, dsn):
+    # Both members acked by two hosts at the same moment, many times over: neither count is
+    # lost, and the statement that counts the last makes the callback ready.
+    for round_ in range(20):
+        group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                             then=("out.combine", {}))
+        members = [i for (i,) in db.execute(
+            "SELECT id FROM pgpool_jobs WHERE group_id = %s ORDER BY id", (group.id,))]
+        db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, "
+                   "locked_by = 'host' || id, lease_until = now() + interval '1 minute' "
+                   "WHERE group_id = %s", (group.id,))
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=_ack_member, args=(dsn, m, group.id, barrier))
+                   for m in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert pgpool.job_status(db, group.id).state == "ready", f"round {round_}"
+        assert pgpool.group_status(db, group.id).done == 2
+
+
+def _ack_member(dsn: str, member: int, group_id: int, barrier: threading.Barrier) -> None:
+    """Ack ``member``'s success as its host does, once ``barrier`` lets both go."""
+    job = Job(member, "out.score", "default", 1, 0, 1, b"{}", None, group_id=group_id)
+    query, params = ack_statement([Ack.done(job, 0.0)], f"host{member}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        barrier.wait()
+        assert conn.execute(query, params).fetchone()[0] == 1
+
+
+def test_retention_prunes_records_past_their_keep_but_not_a_pending_groups(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    member = one(db, "SELECT id FROM pgpool_jobs WHERE group_id = %s", group.id)[0]
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until, "
+               "group_id) VALUES (%s, 'default', 'out.score', 1, now(), now(), %s), "
+               "(1000001, 'default', 'k', 1, now(), now(), NULL), "
+               "(1000002, 'default', 'k', 1, now(), now() + interval '1 hour', NULL)",
+               (member, group.id))
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (member,))
+    prune = asyncio.run(_prune(dsn))
+    assert prune == 1  # only 1000001: the member's callback has not run yet
+    assert [i for (i,) in db.execute("SELECT id FROM pgpool_done ORDER BY id")] == \
+        [member, 1000002]
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (group.id,))  # the callback ran
+    db.execute("UPDATE pgpool_groups SET completed_at = now()")
+    assert asyncio.run(_prune(dsn)) == 2  # the member's record, then the group
+    assert one(db, "SELECT count(*) FROM pgpool_groups") == (0,)
+
+
+async def _prune(dsn: str) -> int | None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from pgpool.parts.retention import Retention
+
+    async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
+        return await Retention(pool, None).prune()
+
+
+def test_wait_until_in_a_thread_ends_with_the_group(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": d, "sleep": 0.2} for d in range(4)],
+                         then=("out.combine", {}))
+    host = start_pgpool(dsn, "run", "--handlers", "outcomejobs", "--procs", "2")
+    found = pgpool.wait(db, [group.id], timeout=60)
+    assert found[group.id].result["members"] == 4
+    wait_until(lambda: pgpool.group_status(db, group.id).callback == "done", "the callback")
+    assert host.stop() == 0
