@@ -526,7 +526,7 @@ class Completer:
         statements of the follow-up groups of the successes it recorded."""
         query, params = ack_statement(acks, self._owner)
         async with self._pool.connection() as conn:
-            if query is sql.ACK_OUTCOMES:
+            if query in RECORDING:
                 async with conn.transaction():
                     row = await (await conn.execute(query, params)).fetchone()
                     for group in follow_up_groups(acks, row[-1]):
@@ -585,10 +585,11 @@ def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     """The one statement that writes ``acks`` as host ``owner``, and its parameters:
     `sql.ACK_DONE` when every attempt succeeded (the one arm with rows), `sql.ACK_CONTROL`
     when a handler asked for a snooze, a discard or a cancel, `sql.ACK_OUTCOMES` when an
-    ack records an outcome (`Ack.records`), else `sql.ACK`. Its rows: ACK_DONE's rowcount
-    is the jobs deleted; ACK returns (done, retried, released, interrupted, dead),
-    ACK_CONTROL those and snoozed, ACK_OUTCOMES those and then what `follow_up_groups`
-    takes. `pgpool.testing.drain` writes its acks with it too."""
+    ack records an outcome (`Ack.records`; `sql.ACK_KEPT` when every attempt succeeded),
+    else `sql.ACK`. Its rows: ACK_DONE's rowcount is the jobs deleted; ACK returns (done,
+    retried, released, interrupted, dead), ACK_CONTROL those and snoozed, the two that
+    record (`RECORDING`) those and then what `follow_up_groups` takes.
+    `pgpool.testing.drain` writes its acks with it too."""
     arms: dict[AckKind, list[Ack]] = {"done": [], "retry": [], "release": [],
                                       "interrupted": [], "dead": [], "snooze": [],
                                       "discard": [], "cancel": []}
@@ -609,7 +610,8 @@ def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     p["retry_errors"] = [a.error or "" for a in arms["retry"]]
     p["interrupted_errors"] = [a.error or "" for a in arms["interrupted"]]
     p["dead_errors"] = [a.error or "" for a in arms["dead"]]
-    if len(arms["done"]) == len(acks) and not records:
+    successes = len(arms["done"]) == len(acks)
+    if successes and not records:
         return sql.ACK_DONE, p
     if not control:
         return sql.ACK, p
@@ -625,8 +627,12 @@ def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
     p["follow_parents"] = int_array(parent for parent, _ in follow)
     for column, key in _FOLLOW_COLUMNS:
         p[column] = [job[key] for _, job in follow]
-    return sql.ACK_OUTCOMES, p
+    return (sql.ACK_KEPT if successes else sql.ACK_OUTCOMES), p
 
+
+#: The statements that record outcomes: run in a transaction with the follow-up groups of
+#: the successes they recorded (`follow_up_groups`).
+RECORDING: Final = (sql.ACK_OUTCOMES, sql.ACK_KEPT)
 
 #: The follow-up jobs' columns in `sql.ACK_OUTCOMES`, and their key in each job's
 #: parameters (`pgpool.enqueue.function_params`).
@@ -640,8 +646,8 @@ _FOLLOW_COLUMNS: Final = (
 
 def follow_up_groups(acks: list[Ack], recorded: list[int]) -> list[dict[str, Any]]:
     """The parameters of `sql.ENQUEUE_GROUP` for each group a handler started (through
-    its job) in the attempts of ``acks`` whose success `sql.ACK_OUTCOMES` recorded (the
-    ids it returned last): written in the same transaction, after it."""
+    its job) in the attempts of ``acks`` whose success a `RECORDING` statement recorded
+    (the ids it returned last): written in the same transaction, after it."""
     done = set(recorded)
     return [group for a in acks if a.follow and a.job.id in done for group in a.follow[1]]
 

@@ -38,7 +38,15 @@ from psycopg.rows import tuple_row
 
 from . import ipc, names, registry
 from .claimer import RawJsonLoader
-from .completer import Ack, ack_statement, decide, follow_up_groups, keep_of, unstorable
+from .completer import (
+    RECORDING,
+    Ack,
+    ack_statement,
+    decide,
+    follow_up_groups,
+    keep_of,
+    unstorable,
+)
 from .config import DEFAULT_MAX_ATTEMPTS
 from .enqueue import encode_payload, schema_required
 from .errors import HandlerError
@@ -326,7 +334,7 @@ class _Host:
         query, params = ack_statement([ack], self._owner)
         with schema_required(), self._conn.transaction():
             self._cursor.execute(query, params)
-            if query is sql.ACK_OUTCOMES:
+            if query in RECORDING:
                 row = self._cursor.fetchone()
                 assert row is not None  # its final SELECT returns one row
                 for group in follow_up_groups([ack], row[-1]):

@@ -169,7 +169,7 @@ def test_a_stale_or_repeated_ack_adds_no_follow_ups(db):
                      follow=follow)
     for a, owner in ((stale, "another host"), (ack, "me"), (ack, "me")):
         query, params = ack_statement([a], owner)
-        assert query is sql.ACK_OUTCOMES
+        assert query is sql.ACK_KEPT
         db.execute(query, params)
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (1,)
 
@@ -181,6 +181,7 @@ def test_a_plain_flush_still_writes_the_plain_statements():
     assert ack_statement([Ack.done(plain), Ack.retry(plain, 1, "e")], "me")[0] is sql.ACK
     member = Job(2, "k", "default", 1, 0, 3, b"{}", None, group_id=9)
     assert ack_statement([Ack.retry(member, 1, "e")], "me")[0] is sql.ACK
+    assert ack_statement([Ack.done(plain), Ack.done(member)], "me")[0] is sql.ACK_KEPT
     assert ack_statement([Ack.done(plain), Ack.dead(member, "e")], "me")[0] is \
         sql.ACK_OUTCOMES
 
