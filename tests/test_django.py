@@ -177,20 +177,28 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
         print(failed.status, failed.errors[0].exception_class_path, failed.attempts,
               failed.is_finished)
         print(failed.errors[0].traceback.splitlines()[-1])
+        succeeded = write_note.get_result("{ok}")
+        print(succeeded.status, succeeded.return_value, succeeded.args,
+              succeeded.finished_at is not None)
         try:
-            write_note.get_result("{ok}")
+            write_note.get_result("{gone}")
         except TaskResultDoesNotExist:
-            print("succeeded: no record")
+            print("rolled back: no such job")
         for not_an_id in ("abc", "-1", str(2**64)):
             try:
                 write_note.get_result(not_an_id)
             except TaskResultDoesNotExist as exc:
                 print(exc)
         """).splitlines()
+    note_id = one(db, "SELECT id FROM djangoapp_effect WHERE note = 'from a task'")[0]
     assert out[0] == "FAILED builtins.ValueError 1 True"
     assert out[1] == "ValueError: this task always fails"
-    assert out[2] == "succeeded: no record"
-    assert out[3:] == [f"{i!r} is not a pgpool job's id" for i in ("abc", "-1", str(2**64))]
+    assert out[2] == f"SUCCESSFUL {note_id} ['from a task'] True"
+    assert out[3] == "rolled back: no such job"
+    assert out[4:] == [f"{i!r} is not a pgpool job's id" for i in ("abc", "-1", str(2**64))]
+    kept = one(db, "SELECT extract(epoch FROM keep_until - finished_at) FROM pgpool_done "
+                   "WHERE id = %s", int(ok))
+    assert kept == (7 * 86400,)  # the default OPTIONS["KEEP"]
 
 
 def test_the_worker_module_needs_the_settings_module(dsn: str) -> None:

@@ -1,16 +1,21 @@
-"""What `pgpool.contrib.django.tasks` reads: a task's job, live or dead."""
+"""What `pgpool.contrib.django.tasks` reads: a task's job, live, kept as done, or dead."""
 
 from typing import Final
 
-#: One job of the Django tasks kind by id, from the live table or the dead letters: (state
-#: (``dead`` for a dead letter), payload (as text: Django's connection loads jsonb as
-#: text), queue, priority, run_at, attempts, locked_by, claimed_at, created_at, died_at,
-#: last_error). No row: it succeeded (its row deleted),
-#: or it never was (a rolled-back enqueue, another kind's id).
+#: One job of the Django tasks kind by id, from the live table, the kept successes or the
+#: dead letters: (state (``dead`` for a dead letter), payload (as text: Django's connection
+#: loads jsonb as text; for a success, what its handler returned, which holds the task's
+#: path and arguments), queue, priority, run_at, attempts, locked_by, claimed_at,
+#: created_at, finished_at (a success's or a death's), last_error). No row: it never was
+#: (a rolled-back enqueue, another kind's id), or it succeeded and its record was pruned.
 TASK_JOB: Final = """
 SELECT state, payload::text, queue, priority, run_at, attempts, locked_by, claimed_at, created_at,
        NULL::timestamptz, last_error
   FROM pgpool_jobs WHERE id = %(id)s AND kind = %(kind)s
+UNION ALL
+SELECT 'done', result::text, queue, NULL, NULL, attempts, NULL, NULL, created_at, finished_at,
+       NULL
+  FROM pgpool_done WHERE id = %(id)s AND kind = %(kind)s
 UNION ALL
 SELECT 'dead', payload::text, queue, priority, NULL, attempts, NULL, NULL, created_at, died_at,
        last_error

@@ -9,8 +9,8 @@ from .models import Effect
 
 
 @task
-def write_note(note: str) -> None:
-    Effect.objects.create(note=note)
+def write_note(note: str) -> int:
+    return Effect.objects.create(note=note).id
 
 
 @task(takes_context=True)

@@ -18,11 +18,11 @@ too). A task that raises is not retried, as in Django's own backends: the job ge
 attempt (the handler's ``max_attempts=1``) and is then a dead letter.
 
 The result id is the job's id. ``get_result`` reads the job: ready or scheduled is READY,
-running RUNNING, a dead letter FAILED (its error as the one `TaskError`). A job that
-succeeded has left both tables and pgpool keeps no record of it yet, so ``get_result``
-then raises ``TaskResultDoesNotExist``, as for an id that never committed: it cannot tell
-the two apart, and SUCCESSFUL for a rolled-back enqueue would be a lie. Return values are
-dropped for the same reason.
+running RUNNING, a dead letter FAILED (its error as the one `TaskError`), a success
+SUCCESSFUL with the task's return value: the worker keeps each task's outcome in
+``pgpool_done`` (``OPTIONS["KEEP"]`` seconds, 7 days by default; `keep_seconds`). Once that
+record is pruned, ``get_result`` raises ``TaskResultDoesNotExist``, as for an id that
+never committed.
 
 Imports ``django.tasks`` (Django 6) when present, else the django-tasks package's
 ``django_tasks``; tested with Django 5.2 and django-tasks 0.12.
@@ -60,6 +60,9 @@ __all__ = ["KIND", "InvalidTask", "PgpoolBackend", "Task", "TaskContext", "TaskR
 
 #: The kind of every Django task's job.
 KIND: Final = "pgpool.django"
+#: How long a task's success is kept by default (``OPTIONS["KEEP"]``): Django's result API
+#: answers from it.
+DEFAULT_KEEP: Final = 7 * 86400.0
 
 #: A job's state as a task's status. ``parked`` waits for an operator, ``done`` succeeded
 #: (kept only because the database refused to delete it).
@@ -86,9 +89,21 @@ def task_of(path: object) -> Task:
     return found
 
 
+def keep_seconds() -> float:
+    """How long the worker keeps a task's success: the largest ``OPTIONS["KEEP"]`` (in
+    seconds) of the ``TASKS`` backends that are pgpool's, else `DEFAULT_KEEP`."""
+    from django.conf import settings
+
+    keeps = [float(config.get("OPTIONS", {}).get("KEEP", DEFAULT_KEEP))
+             for config in getattr(settings, "TASKS", {}).values()
+             if config.get("BACKEND") == f"{__name__}.PgpoolBackend"]
+    return max(keeps, default=DEFAULT_KEEP)
+
+
 class PgpoolBackend(BaseTaskBackend):
     """Django tasks as pgpool jobs (see the module's docstring). ``OPTIONS``: ``DATABASE``,
-    the alias of the Django database holding pgpool's tables (``"default"``)."""
+    the alias of the Django database holding pgpool's tables (``"default"``), and ``KEEP``,
+    the seconds a task's success is kept for `get_result` (7 days)."""
 
     supports_defer = True
     supports_async_task = True
@@ -136,11 +151,10 @@ class PgpoolBackend(BaseTaskBackend):
             sql.TASK_JOB, {"id": job_id, "kind": KIND}).fetchone()
         if row is None:
             raise TaskResultDoesNotExist(
-                f"{result_id}: no such job waiting, running or dead (pgpool keeps no "
-                "record of a job that succeeded)")
+                f"{result_id}: no such job waiting, running, kept as done or dead")
         (state, payload_text, queue, priority, run_at, attempts, locked_by, claimed_at,
-         created_at, died_at, last_error) = row
-        payload = orjson.loads(payload_text)
+         created_at, finished_at, last_error) = row
+        payload = orjson.loads(payload_text or "{}")  # a success's: what the worker returned
         task = task_of(payload.get("task")).using(
             queue_name=queue, priority=priority,
             run_after=run_at if state == "scheduled" else None)
@@ -149,9 +163,11 @@ class PgpoolBackend(BaseTaskBackend):
                              payload.get("kwargs", {}), self.alias)
         started = claimed_at if state == "running" else None
         for name, value in (("enqueued_at", created_at), ("started_at", started),
-                            ("last_attempted_at", started), ("finished_at", died_at),
+                            ("last_attempted_at", started), ("finished_at", finished_at),
                             ("worker_ids", [locked_by or "pgpool"] * attempts)):
             object.__setattr__(result, name, value)
+        if state == "done":
+            object.__setattr__(result, "_return_value", payload.get("return_value"))
         if state == "dead" and last_error:
             result.errors.append(TaskError(exception_class_path=_error_class(last_error),
                                            traceback=last_error))
