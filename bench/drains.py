@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,6 +136,27 @@ def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
          "--max-claims-per-sec", str(UNTHROTTLED)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
     )
+
+
+def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, procs: int,
+                batch: int, handlers: Iterable[str] = (), **env: str) -> dict[str, float]:
+    """``jobs_`` fresh no-op bench jobs, COPY-loaded into the just-vacuumed table, drained
+    by `start_pgpool_run` (with ``handlers`` and ``env``): jobs/s over the host's whole run
+    and its processes' CPU µs per job (this process's children's rusage)."""
+    pgpool.enqueue_many(conn, jobs.KIND, ({"do": "noop"} for _ in range(jobs_)))
+    conn.execute("VACUUM ANALYZE pgpool_jobs")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log_path, "w+b") as log:
+        started = time.perf_counter()
+        host = start_pgpool_run(dsn, procs, batch, log, handlers, **env)
+        with killed_on_exit([host]):
+            expect_exit(host, log)
+        seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if remaining(conn):
+        raise BenchError(f"the drain left {remaining(conn)} jobs (its log: {log_path})")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"jobs_per_s": jobs_ / seconds, "cpu_us_per_job": 1e6 * cpu / jobs_}
 
 
 #: How the errors name the dispatcher.

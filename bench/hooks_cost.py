@@ -27,7 +27,6 @@ each best of the rounds; µs per call.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -36,18 +35,14 @@ import psycopg
 from drains import (  # bench/ is on the path: this script's directory
     Parser,
     at_least,
-    expect_exit,
-    killed_on_exit,
-    remaining,
     script_main,
     session,
-    start_pgpool_run,
+    timed_drain,
 )
 
 import pgpool
 from pgpool import hooks
 from pgpool.bench.jobs import KIND
-from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
 
 #: The drains' variants: the handler modules the host imports besides the bench's.
@@ -86,21 +81,8 @@ def drain(conn: psycopg.Connection, dsn: str, tmp: Path, name: str,
           args: argparse.Namespace) -> dict[str, float]:
     """One drain of ``args.jobs`` fresh jobs by a host that also imports the variant's
     modules: jobs/s over its whole run and its processes' CPU µs per job."""
-    pgpool.enqueue_many(conn, KIND, ({"do": "noop"} for _ in range(args.jobs)))
-    conn.execute("VACUUM ANALYZE pgpool_jobs")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(tmp / f"{name}.log", "w+b") as log:
-        started = time.perf_counter()
-        host = start_pgpool_run(dsn, args.procs, args.batch, log, VARIANTS[name],
-                                PYTHONPATH=str(Path(__file__).parent))
-        with killed_on_exit([host]):
-            expect_exit(host, log)
-        seconds = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if remaining(conn):
-        raise BenchError(f"the {name} drain left {remaining(conn)} jobs")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"jobs_per_s": args.jobs / seconds, "cpu_us_per_job": 1e6 * cpu / args.jobs}
+    return timed_drain(conn, dsn, tmp / f"{name}.log", args.jobs, args.procs, args.batch,
+                       VARIANTS[name], PYTHONPATH=str(Path(__file__).parent))
 
 
 def enqueue_costs(conn: psycopg.Connection, n: int, rounds: int) -> dict[str, float]:

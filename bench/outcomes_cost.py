@@ -23,7 +23,6 @@ job, variants in a new order each round (as bench/hooks_cost.py).
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import time
 from pathlib import Path
@@ -33,12 +32,9 @@ import psycopg
 from drains import (  # bench/ is on the path: this script's directory
     Parser,
     at_least,
-    expect_exit,
-    killed_on_exit,
-    remaining,
     script_main,
     session,
-    start_pgpool_run,
+    timed_drain,
 )
 
 import pgpool
@@ -129,26 +125,15 @@ def running_acks(conn: psycopg.Connection, variant: str) -> list[Ack]:
 
 def drain(conn: psycopg.Connection, dsn: str, tmp: Path, name: str,
           args: argparse.Namespace) -> dict[str, float]:
-    """One drain of ``args.jobs`` fresh jobs by a host with the variant's environment:
-    jobs/s over its whole run and its processes' CPU µs per job."""
-    pgpool.enqueue_many(conn, KIND, ({"do": "noop"} for _ in range(args.jobs)))
-    conn.execute("VACUUM ANALYZE pgpool_jobs")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(tmp / f"{name}.log", "w+b") as log:
-        started = time.perf_counter()
-        host = start_pgpool_run(dsn, args.procs, args.batch, log, **DRAINS[name])
-        with killed_on_exit([host]):
-            expect_exit(host, log)
-        seconds = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if remaining(conn):
-        raise BenchError(f"the {name} drain left {remaining(conn)} jobs")
+    """One drain of ``args.jobs`` fresh jobs by a host with the variant's environment
+    (`timed_drain`), checking that the keep variant kept every job and the plain none."""
+    figures = timed_drain(conn, dsn, tmp / f"{name}.log", args.jobs, args.procs,
+                          args.batch, **DRAINS[name])
     kept = conn.execute("SELECT count(*) FROM pgpool_done").fetchone()[0]
     if kept != (args.jobs if name == "keep" else 0):
         raise BenchError(f"the {name} drain kept {kept} of {args.jobs} jobs")
     conn.execute("TRUNCATE pgpool_done")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"jobs_per_s": args.jobs / seconds, "cpu_us_per_job": 1e6 * cpu / args.jobs}
+    return figures
 
 
 def render(report: dict[str, Any]) -> str:

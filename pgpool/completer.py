@@ -101,8 +101,8 @@ class Ack:
     job: Job
     delay: float = 0.0
     error: str | None = None
-    #: Written by `sql.ACK_OUTCOMES`, not the plain statements: a success kept, with
-    #: follow-ups, or a group's member finishing (see `records`).
+    #: Written by a statement that records outcomes (`RECORDING`), not the plain ones: a
+    #: success kept or with follow-ups, or a member of a group finishing.
     records: bool = False
     #: A success kept in ``pgpool_done`` for this many seconds (None: not kept), with
     #: ``result``, what its handler returned as JSON text.
