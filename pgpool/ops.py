@@ -466,6 +466,12 @@ def _retry(ids: Iterable[int]) -> Plan[Retried]:
         raise JobNotFound(f"job {_ids_text(kept)} succeeded (kept as done because the "
                           "database refused to delete it; see its last_error): nothing to "
                           "retry; delete it once nothing references it")
+    callbacks = [i for i, state in states.items() if state == "waiting"]
+    if callbacks:
+        raise JobNotFound(f"job {_ids_text(callbacks)} {_is(callbacks)} a group's callback "
+                          "waiting for its members: it runs once they have all finished "
+                          f"(`pgpool jobs show {callbacks[0]}` shows its group's progress); "
+                          "nothing was changed")
     scheduled = [i for i, state in states.items() if state in ("scheduled", "parked")]
     if scheduled:
         yield _Query(sql.RETRY_NOW, {"ids": int_array(scheduled)})
@@ -712,7 +718,8 @@ async def cancel_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
 def retry(conn: psycopg.Connection, ids: Iterable[int], *, dry_run: bool = False) -> Retried:
     """Make scheduled jobs (waiting out a retry's backoff, or delayed) and parked jobs
     ready and due now. All or nothing: an id that is not a waiting job (missing, dead,
-    running, kept as done) raises `JobNotFound`."""
+    running, kept as done, a group's callback waiting for its members) raises
+    `JobNotFound`."""
     return _run(conn, _retry(ids), dry_run=dry_run)
 
 

@@ -96,6 +96,11 @@ def test_jobs_show_a_groups_progress_and_jobs_lists_waiting_callbacks_and_member
     assert listed("--group", str(plain)) == []
     assert_user_error(run_pgpool(dsn, "jobs", "--group", "0"), "'0' is not a job id")
 
+    # A waiting callback is not a job to retry: it runs when its group has finished.
+    assert_user_error(run_pgpool(dsn, "retry", str(group.id)),
+                      f"job {group.id} is a group's callback waiting for its members",
+                      f"pgpool jobs show {group.id}")
+
     assert run_pgpool(dsn, "cancel", str(second)).returncode == 0
     assert fields(dsn, group.id)["group"].startswith("1/2 members finished (0 done, 1 dead")
 
