@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from . import names, ops, schema
+from . import names, ops, outcomes, schema
 from .config import parse_duration
 from .errors import ConfigError
 
@@ -207,6 +207,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     where.check()
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
+        if args.group is not None and outcomes.group_status(conn, args.group) is None:
+            raise ConfigError(f"no group has id {args.group}: a group's id is its callback "
+                              "job's (`pgpool.group` returns it), and a group is forgotten "
+                              "once its callback and its members' records are gone")
         listing = ops.list_jobs(conn, where, limit=args.limit, payload=args.payload)
     if args.json:
         _json_lines(j.as_dict() for j in listing.rows)
@@ -478,7 +482,7 @@ def _attempts(attempts: int, max_attempts: int | None) -> str:
 
 def _due(job: ops.LiveJob, now: datetime) -> str:
     if job.state == "waiting":
-        return "when its group's members have finished"
+        return "when its group finishes"
     if job.state == "running":
         if job.lease_left is None:
             return "running"

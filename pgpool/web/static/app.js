@@ -478,7 +478,8 @@ async function loadJobs(reset = true) {
     el("td", {text: j.kind}),
     el("td", {}, el("span", {class: `state state-${j.state}`, text: j.state})),
     el("td", {class: "n", text: j.max_attempts ? `${j.attempts}/${j.max_attempts}` : j.attempts}),
-    el("td", {text: j.state === "scheduled" ? `in ${dur((Date.parse(j.run_at) - Date.now()) / 1000)}` : ago(j.run_at)}),
+    el("td", {text: j.state === "scheduled" ? `in ${dur((Date.parse(j.run_at) - Date.now()) / 1000)}`
+                  : j.state === "waiting" ? "when its group finishes" : ago(j.run_at)}),
     el("td", {text: ago(j.created_at)}),
     el("td", {class: "mono", text: j.owner || ""}),
     el("td", {class: "err", text: j.error || ""})));
@@ -520,7 +521,7 @@ async function showJob(id) {
     ...field("priority", j.priority, "d-priority"),
     ...field("owner", j.owner || "—", "d-owner"),
     ...field("lease left", j.lease_left === null ? "—" : dur(j.lease_left), "d-lease"),
-    ...field("due", j.state === "waiting" ? "when its group's members have finished"
+    ...field("due", j.state === "waiting" ? "when its group finishes"
                                           : `${j.run_at} (${ago(j.run_at)})`, "d-due"),
     ...field("created", j.created_at, "d-created"),
     ...groupFields(j, field));
