@@ -1,6 +1,10 @@
 """Operating the queue: inspect, repair and steer it (the ``pgpool jobs``, ``dead``,
 ``cancel``, ``retry``, ``pause`` and ``resume`` commands, as Python functions).
 
+`show_job` finds a job live (``pgpool_jobs``) or kept as done (``pgpool_done``), with its
+group's progress when it is a group's callback; `list_jobs` lists live jobs, the members of
+one group among them (`JobFilter.group`).
+
 Like `pgpool.enqueue`, each function takes a psycopg connection and runs in its current
 transaction (as a savepoint), so an operator's fix can commit together with the caller's
 own rows; on an autocommit connection it commits by itself. Each has an ``_async`` twin
@@ -25,22 +29,26 @@ import contextlib
 import math
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, PgpoolError
 from .names import check_name
+from .outcomes import GroupStatus
 from .sql import ops as sql
+from .sql import outcomes as outcomes_sql
 from .sql.common import int_array
 from .sql.jobs import OPEN_TRANSACTION
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers import pgpool and never this
     import psycopg
 
-JobState = Literal["ready", "scheduled", "running", "parked", "done"]
-JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running", "parked", "done")
+JobState = Literal["ready", "scheduled", "running", "waiting", "parked", "done"]
+#: A live job's states; 'waiting' is a group's callback until its members have finished.
+JOB_STATES: Final[tuple[JobState, ...]] = ("ready", "scheduled", "running", "waiting",
+                                           "parked", "done")
 #: Why a job is in ``pgpool_dead``: it failed (its last attempt, or an error its handler's
 #: `pgpool.Retry` does not retry), it was cancelled (``pgpool cancel``, `pgpool.Cancel`), or
 #: its handler discarded it (`pgpool.Discard`).
@@ -63,10 +71,12 @@ class JobNotFound(PgpoolError, LookupError):
 @dataclass(frozen=True, slots=True)
 class LiveJob:
     """A job in ``pgpool_jobs``. ``state`` is ready (due now), scheduled (due later: delayed
-    or waiting out a retry's backoff) or running. ``lease_left`` (seconds) and ``owner``
-    (the host's dispatcher id) are set while it runs. ``error`` is the summary line of the
-    last failed attempt's error; ``last_error`` (the whole text) and ``payload`` are only
-    read when asked for."""
+    or waiting out a retry's backoff), running, or waiting (a group's callback, until its
+    members have finished). ``lease_left`` (seconds) and ``owner`` (the host's dispatcher
+    id) are set while it runs. ``error`` is the summary line of the last failed attempt's
+    error; ``last_error`` (the whole text) and ``payload`` are only read when asked for.
+    ``group_id`` is the group it is a member of; ``group`` (read by `show_job` only) its
+    own group's progress when it is a group's callback."""
 
     id: int
     kind: str
@@ -82,12 +92,38 @@ class LiveJob:
     created_at: datetime
     last_error: str | None = None
     payload: Any = None
+    group_id: int | None = None
+    group: GroupStatus | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = _jsonable(self)
         if self.lease_left is not None:
             d["lease_left"] = round(self.lease_left, 3)
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class DoneJob:
+    """A job kept in ``pgpool_done``: it succeeded, and its kind or its host keeps
+    outcomes (``keep=``, ``--keep-done``) or it is a member of a group; kept until
+    ``keep_until``. ``result`` (what its handler returned, user data) is only read when
+    asked for. ``group_id`` and ``group`` as in `LiveJob`."""
+
+    id: int
+    kind: str
+    queue: str
+    state: Literal["done"]
+    tenant: str
+    attempts: int
+    created_at: datetime
+    finished_at: datetime
+    keep_until: datetime
+    group_id: int | None
+    result: Any = None
+    group: GroupStatus | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,14 +270,16 @@ class DeadFilter:
 @dataclass(frozen=True)
 class JobFilter:
     """Which live jobs to list; None matches all. ``older_than``: enqueued more than that
-    many seconds ago. ``after``: only jobs past this (run_at, id) in the listing's order,
-    the last row of the page before (`Listing.rows`), to page through a long list."""
+    many seconds ago. ``group``: only the members of this group (its id, the callback
+    job's). ``after``: only jobs past this (run_at, id) in the listing's order, the last
+    row of the page before (`Listing.rows`), to page through a long list."""
 
     queue: str | None = None
     kind: str | None = None
     state: JobState | None = None
     older_than: float | None = None
     after: tuple[datetime, int] | None = None
+    group: int | None = None
 
     def check(self) -> None:
         for what in ("queue", "kind"):
@@ -253,11 +291,14 @@ class JobFilter:
         _check_seconds("older_than", self.older_than)
         if self.after is not None:
             _check_ids([self.after[1]])
+        if self.group is not None:
+            _check_ids([self.group])
 
     def params(self) -> dict[str, Any]:
         run_at, after_id = self.after or (None, None)
         return {"queue": self.queue, "kind": self.kind, "state": self.state,
-                "older_than": self.older_than, "after_run_at": run_at, "after_id": after_id}
+                "older_than": self.older_than, "group": self.group,
+                "after_run_at": run_at, "after_id": after_id}
 
 
 # --- plans: what each function does, independent of sync or async -------------------------
@@ -286,13 +327,24 @@ def _list_jobs(where: JobFilter, limit: int, payload: bool) -> Plan[Listing[Live
     return Listing([LiveJob(*r) for r in rows[:limit]], len(rows) > limit)
 
 
-def _show_job(job_id: int, payload: bool) -> Plan[LiveJob]:
+def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJob]:
     _check_ids([job_id])
     rows = yield _Query(sql.JOBS_BY_ID, {"ids": int_array([job_id]), "full": True,
                                          "payload": payload})
-    if not rows:
-        yield from _not_found([job_id], "live")
-    return LiveJob(*rows[0])
+    found: LiveJob | DoneJob
+    if rows:
+        found = LiveJob(*rows[0])
+    else:
+        rows = yield _Query(sql.DONE_BY_ID, {"id": job_id, "result": result})
+        if not rows:
+            yield from _not_found([job_id], "live", NOT_KEPT)
+        found = DoneJob(*rows[0])
+    # Its own group, when it is a group's callback (a group's id is its callback's).
+    group = yield _Query(outcomes_sql.GROUP, {"id": job_id})
+    if group:
+        found = replace(found, group=GroupStatus(job_id, *group[0][:5],
+                                                 group[0][5] or "unknown"))
+    return found
 
 
 def _list_dead(where: DeadFilter, limit: int, payload: bool) -> Plan[Listing[DeadJob]]:
@@ -414,6 +466,12 @@ def _retry(ids: Iterable[int]) -> Plan[Retried]:
         raise JobNotFound(f"job {_ids_text(kept)} succeeded (kept as done because the "
                           "database refused to delete it; see its last_error): nothing to "
                           "retry; delete it once nothing references it")
+    callbacks = [i for i, state in states.items() if state == "waiting"]
+    if callbacks:
+        raise JobNotFound(f"job {_ids_text(callbacks)} {_is(callbacks)} a group's callback "
+                          "waiting for its members: it runs once they have all finished "
+                          f"(`pgpool jobs show {callbacks[0]}` shows its group's progress); "
+                          "nothing was changed")
     scheduled = [i for i, state in states.items() if state in ("scheduled", "parked")]
     if scheduled:
         yield _Query(sql.RETRY_NOW, {"ids": int_array(scheduled)})
@@ -449,15 +507,21 @@ def _check_queue_known(queue: str) -> Plan[None]:
                           "names it; check the name (`pgpool status` lists the queues)")
 
 
-def _not_found(ids: list[int], what: str) -> Plan[None]:
+#: Why `show_job` finds a job in no table.
+NOT_KEPT: Final = ("and none is kept as done: it finished and nothing kept it, was purged, "
+                   "or was never enqueued; a success is kept only when its handler has "
+                   "keep= or its host runs with --keep-done")
+
+
+def _not_found(ids: list[int], what: str,
+               why: str = "finished, purged, or never enqueued") -> Plan[None]:
     """Raise `JobNotFound` for ``ids``, saying which are dead jobs."""
     rows = yield _Query(sql.DEAD_IDS, {"ids": int_array(ids)})
     dead = [r[0] for r in rows]
     missing = [i for i in ids if i not in set(dead)]
     parts = []
     if missing:
-        parts.append(f"no {what} job has id {_ids_text(missing)} (finished, purged, or "
-                     "never enqueued)")
+        parts.append(f"no {what} job has id {_ids_text(missing)} ({why})")
     if dead:
         ref = str(dead[0]) if len(dead) == 1 else "ID"
         parts.append(f"job {_ids_text(dead)} {_is(dead)} dead (`pgpool dead show {ref}`; "
@@ -546,15 +610,19 @@ async def list_jobs_async(conn: psycopg.AsyncConnection, where: JobFilter = JobF
     return await _run_async(conn, _list_jobs(where, limit, payload))
 
 
-def show_job(conn: psycopg.Connection, job_id: int, *, payload: bool = False) -> LiveJob:
-    """One live job, with its whole last error; `JobNotFound` if it is not live."""
-    return _run(conn, _show_job(job_id, payload))
+def show_job(conn: psycopg.Connection, job_id: int, *, payload: bool = False,
+             result: bool = False) -> LiveJob | DoneJob:
+    """One job: live (`LiveJob`, with its whole last error), or kept as done after its
+    success (`DoneJob`); a group's callback with its group's progress (``group``).
+    ``payload`` and ``result`` are user data, read only when asked for. `JobNotFound` when
+    it is in neither table (it says so when the job is dead)."""
+    return _run(conn, _show_job(job_id, payload, result))
 
 
 async def show_job_async(conn: psycopg.AsyncConnection, job_id: int, *,
-                         payload: bool = False) -> LiveJob:
+                         payload: bool = False, result: bool = False) -> LiveJob | DoneJob:
     """Async twin of `show_job`."""
-    return await _run_async(conn, _show_job(job_id, payload))
+    return await _run_async(conn, _show_job(job_id, payload, result))
 
 
 def list_dead(conn: psycopg.Connection, where: DeadFilter = DeadFilter(), *,
@@ -650,7 +718,8 @@ async def cancel_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
 def retry(conn: psycopg.Connection, ids: Iterable[int], *, dry_run: bool = False) -> Retried:
     """Make scheduled jobs (waiting out a retry's backoff, or delayed) and parked jobs
     ready and due now. All or nothing: an id that is not a waiting job (missing, dead,
-    running, kept as done) raises `JobNotFound`."""
+    running, kept as done, a group's callback waiting for its members) raises
+    `JobNotFound`."""
     return _run(conn, _retry(ids), dry_run=dry_run)
 
 
@@ -760,12 +829,16 @@ def _jsonable(row: Any) -> dict[str, Any]:
     out = {}
     for name in row.__dataclass_fields__:
         value = getattr(row, name)
-        out[name] = value.isoformat() if isinstance(value, datetime) else value
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, GroupStatus):
+            value = {**_jsonable(value), "finished": value.finished}
+        out[name] = value
     return out
 
 
 __all__ = [
-    "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "JobFilter", "JobNotFound",
+    "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "DoneJob", "JobFilter", "JobNotFound",
     "Listing", "LiveJob", "Purged", "Replayed", "Retried", "cancel", "cancel_async",
     "group_dead", "group_dead_async", "list_dead", "list_dead_async", "list_jobs",
     "list_jobs_async", "pause", "pause_async", "paused", "paused_async", "purge_dead",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from . import names, ops, schema
+from . import names, ops, outcomes, schema
 from .config import parse_duration
 from .errors import ConfigError
 
@@ -76,14 +76,20 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                        help="say what would change, and change nothing")
 
     jobs = sub.add_parser("jobs", parents=[common],
-                          help="list live jobs (ready, scheduled, running); `jobs show ID`")
+                          help="list live jobs (ready, scheduled, running, waiting); "
+                          "`jobs show ID`")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", parser_class=type(jobs),
                                    help="without one: list jobs")
     jobs.add_argument("--dsn", help=dsn_help)
     jobs.add_argument("--queue", type=names.name_arg("queue"), help="only this queue")
     jobs.add_argument("--kind", type=names.name_arg("kind"), help="only this kind")
     jobs.add_argument("--state", choices=ops.JOB_STATES,
-                      help="only jobs that are ready (due), scheduled (due later) or running")
+                      help="only jobs that are ready (due), scheduled (due later), running, "
+                      "waiting (a group's callback, until its members have finished), "
+                      "parked or done (their ack was refused)")
+    jobs.add_argument("--group", type=_job_id, metavar="ID",
+                      help="only the members of this group (its id is its callback's: "
+                      "`jobs show ID` shows its progress)")
     jobs.add_argument("--older-than", type=duration, metavar="DURATION",
                       help="only jobs enqueued longer ago than this (90s, 15m, 2h, 7d)")
     jobs.add_argument("--limit", type=_positive, default=ops.DEFAULT_LIMIT, metavar="N",
@@ -93,11 +99,15 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                       help="include payloads (user data: shown only when asked for)")
     jobs.set_defaults(func=cmd_jobs)
     # Its --dsn is SUPPRESSed when absent, so that `jobs --dsn X show ID` keeps X.
-    show = command("show", "show one live job, with its whole last error", cmd_jobs_show,
-                   jobs_sub, argparse.SUPPRESS)
+    show = command("show", "show one job: live, with its whole last error, or kept as done "
+                   "after its success; a group's callback with its group's progress",
+                   cmd_jobs_show, jobs_sub, argparse.SUPPRESS)
     show.add_argument("id", type=_job_id, help="the job's id")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.add_argument("--payload", action="store_true", help="include the payload")
+    show.add_argument("--result", action="store_true",
+                      help="include a finished job's result (user data: shown only when "
+                      "asked for)")
 
     dead = sub.add_parser("dead", parents=[common],
                           help="dead jobs: list (--group), show, replay, purge")
@@ -193,10 +203,14 @@ def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection]:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     where = ops.JobFilter(queue=args.queue, kind=args.kind, state=args.state,
-                          older_than=args.older_than)
+                          older_than=args.older_than, group=args.group)
     where.check()
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
+        if args.group is not None and outcomes.group_status(conn, args.group) is None:
+            raise ConfigError(f"no group has id {args.group}: a group's id is its callback "
+                              "job's (`pgpool.group` returns it), and a group is forgotten "
+                              "once its callback and its members' records are gone")
         listing = ops.list_jobs(conn, where, limit=args.limit, payload=args.payload)
     if args.json:
         _json_lines(j.as_dict() for j in listing.rows)
@@ -219,18 +233,49 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
-        job = ops.show_job(conn, args.id, payload=args.payload)
+        job = ops.show_job(conn, args.id, payload=args.payload, result=args.result)
     if args.json:
         print(json.dumps(job.as_dict()))
         return 0
     now = datetime.now(UTC)
+    if isinstance(job, ops.DoneJob):
+        print(f"job {job.id}")
+        for name, value in [
+            ("kind", job.kind), ("queue", job.queue), ("state", "done"),
+            ("attempts", job.attempts), ("tenant", job.tenant or "-"),
+            ("enqueued", _when(job.created_at, now)),
+            ("finished", _when(job.finished_at, now)),
+            ("kept until", _utc(job.keep_until)),
+            *_groups(job, now),
+            ("result", json.dumps(job.result) if args.result
+             else "(not shown: --result shows it)"),
+            ("payload", "(not kept once a job succeeds)"),
+        ]:
+            print(f"  {name:<12}{value}")
+        return 0
     _print_fields(f"job {job.id}", [
         ("kind", job.kind), ("queue", job.queue),
         ("state", job.state), ("attempts", _attempts(job.attempts, job.max_attempts)),
         ("due / lease", _due(job, now)), ("owner", job.owner or "-"),
-        ("priority", job.priority), ("enqueued", _when(job.created_at, now)),
+        ("priority", job.priority), ("enqueued", _when(job.created_at, now)), *_groups(job, now),
     ], job.last_error, job.payload if args.payload else None, args.payload)
     return 0
+
+
+def _groups(job: ops.LiveJob | ops.DoneJob, now: datetime) -> list[tuple[str, object]]:
+    """The lines on a job's groups: the one it is a member of, and its own when it is a
+    group's callback (its progress)."""
+    lines: list[tuple[str, object]] = []
+    if job.group_id is not None:
+        lines.append(("member of", f"group {job.group_id} (`pgpool jobs show "
+                                    f"{job.group_id}` shows its progress)"))
+    g = job.group
+    if g is not None:
+        lines.append(("group", f"{g.finished}/{g.total} members finished ({g.done} done, "
+                               f"{g.dead} dead or cancelled); callback {g.callback}"
+                               + ("" if g.completed_at is None else
+                                  f"; completed {_when(g.completed_at, now)}")))
+    return lines
 
 
 def cmd_dead_list(args: argparse.Namespace) -> int:
@@ -436,6 +481,8 @@ def _attempts(attempts: int, max_attempts: int | None) -> str:
 
 
 def _due(job: ops.LiveJob, now: datetime) -> str:
+    if job.state == "waiting":
+        return "when its group finishes"
     if job.state == "running":
         if job.lease_left is None:
             return "running"
@@ -450,7 +497,11 @@ def _ago(when: datetime, now: datetime) -> str:
 
 
 def _when(when: datetime, now: datetime) -> str:
-    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%SZ} ({_ago(when, now)})"
+    return f"{_utc(when)} ({_ago(when, now)})"
+
+
+def _utc(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}"
 
 
 def _span(seconds: float) -> str:

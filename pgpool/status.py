@@ -1,6 +1,7 @@
 """``pgpool status``: registered hosts, the fleet's claims per second against its budget,
 per-queue counts and the panels of the runbook (lag, claims/s and claim p99, DLQ growth,
-autovacuum debt on the jobs table), and work no live host can take.
+autovacuum debt on the jobs table), work no live host can take, groups in progress and
+the successes kept per kind.
 
 `collect` reads everything in one read-only REPEATABLE READ transaction, so every number
 comes from the same snapshot and the same ``now()``. `render` formats the result as text;
@@ -56,7 +57,15 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     ``declared_until`` how long that holds), ``last_run`` (the latest tick enqueued, and
     ``last_run_at`` when; None before the first), ``last_tick`` (every tick up to it is
     handled) and ``next_run`` (its next tick; None when not declared, since then nothing
-    enqueues it). ``conn`` must be in autocommit mode, outside a transaction.
+    enqueues it). ``groups`` has ``in_progress`` (groups whose members have not all
+    finished or whose callback has not run yet) and the `GROUPS_SHOWN` ``oldest`` of them:
+    ``id`` (the callback's), ``total``, ``done``, ``dead`` (cancelled included),
+    ``finished``, ``age`` (seconds) and ``callback`` (its state, as `pgpool.job_status`
+    says it). ``succeeded`` lists, per kind with successes kept in ``pgpool_done``
+    (``keep=``, ``--keep-done``, members of groups), ``last_hour`` (how many finished in
+    the last hour, counted up to `SUCCEEDED_CAP`; ``last_hour_more``: more than that) and
+    ``last_ago`` (seconds since the latest). ``conn`` must be in autocommit mode, outside
+    a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
@@ -68,6 +77,8 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         unhandled = conn.execute(sql.STATUS_UNHANDLED, params).fetchall()
         paused = dict(conn.execute(PAUSED).fetchall())
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
+        groups = conn.execute(sql.STATUS_GROUPS, {"limit": GROUPS_SHOWN}).fetchall()
+        succeeded = conn.execute(sql.STATUS_SUCCEEDED, {"cap": SUCCEEDED_CAP}).fetchall()
     host_list = [
         {
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
@@ -94,7 +105,27 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
             for q, kind, ready, ago in unhandled
         ],
         "schedules": [_schedule(row) for row in schedule_rows],
+        "groups": {
+            "in_progress": groups[0][0],
+            "oldest": [
+                {"id": gid, "total": total, "done": done, "dead": dead,
+                 "finished": done + dead, "age": round(age, 3), "callback": callback}
+                for _, gid, total, done, dead, age, callback in groups if gid is not None
+            ],
+        },
+        "succeeded": [
+            {"kind": kind, "last_hour": min(count, SUCCEEDED_CAP),
+             "last_hour_more": count > SUCCEEDED_CAP, "last_ago": _round(ago)}
+            for kind, count, ago in succeeded
+        ],
     }
+
+
+#: The oldest groups in progress that status lists (all are counted).
+GROUPS_SHOWN = 5
+#: Successes per kind in the last hour are counted up to this many (then "10000+"): a
+#: status, and the dashboard's snapshot every few seconds, stay cheap however many are kept.
+SUCCEEDED_CAP = 10_000
 
 
 def _schedule(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -245,18 +276,38 @@ def render(status: dict[str, Any]) -> str:
         [(u["queue"], u["kind"], u["ready"], _ago(u["oldest_ago"]))
          for u in status["unhandled"]],
     )
-    if not status["schedules"]:  # the section is for installations that use them
-        return "\n".join(out)
-    out.append("")
-    out.append("periodic schedules:")
-    out += _table(
-        ("SCHEDULE", "CRON", "TIMEZONE", "KIND", "QUEUE", "LAST RUN", "NEXT RUN"),
-        [(s["name"], s["cron"], s["timezone"], s["kind"], s["queue"],
-          "-" if s["last_run"] is None else _utc(s["last_run"]),
-          "not declared by any live host" if not s["declared"]
-          else "-" if s["next_run"] is None else _utc(s["next_run"]))
-         for s in status["schedules"]],
-    )
+    # The sections below are for installations that use what they show.
+    if status["schedules"]:
+        out.append("")
+        out.append("periodic schedules:")
+        out += _table(
+            ("SCHEDULE", "CRON", "TIMEZONE", "KIND", "QUEUE", "LAST RUN", "NEXT RUN"),
+            [(s["name"], s["cron"], s["timezone"], s["kind"], s["queue"],
+              "-" if s["last_run"] is None else _utc(s["last_run"]),
+              "not declared by any live host" if not s["declared"]
+              else "-" if s["next_run"] is None else _utc(s["next_run"]))
+             for s in status["schedules"]],
+        )
+    groups = status["groups"]
+    if groups["in_progress"]:
+        shown = len(groups["oldest"])
+        out.append("")
+        out.append(f"groups in progress: {groups['in_progress']}"
+                   + (f" (the {shown} oldest)" if shown < groups["in_progress"] else ""))
+        out += _table(
+            ("GROUP", "FINISHED", "DONE", "DEAD", "CALLBACK", "STARTED"),
+            [(g["id"], f"{g['finished']}/{g['total']}", g["done"], g["dead"],
+              g["callback"] or "-", _ago(g["age"])) for g in groups["oldest"]],
+        )
+    if status["succeeded"]:
+        out.append("")
+        out.append("successes kept, per kind:")
+        out += _table(
+            ("KIND", "LAST HOUR", "LATEST"),
+            [(s["kind"], f"{s['last_hour']}" + ("+" if s["last_hour_more"] else ""),
+              "-" if s["last_ago"] is None else _ago(s["last_ago"]))
+             for s in status["succeeded"]],
+        )
     return "\n".join(out)
 
 

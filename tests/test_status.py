@@ -363,6 +363,7 @@ def test_status_of_an_empty_queue(db, dsn):
                            "kinds waiting with no live handler:\n  (none)\n")
     assert status_json(dsn) == {
         "hosts": [], "queues": [], "unhandled": [], "schedules": [],
+        "groups": {"in_progress": 0, "oldest": []}, "succeeded": [],
         "vacuum": {"dead_tuples": vacuum["dead_tuples"], "live_tuples": 0,
                    "last_autovacuum_ago": None, "settings_kept": True, "warning": None},
         "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
@@ -392,6 +393,73 @@ def test_status_warns_of_vacuum_debt_and_of_lost_autovacuum_settings(db, dsn):
                         "the vacuum to be counted", 30)
     assert vacuum["settings_kept"] is False
     assert vacuum["warning"].startswith("pgpool_jobs lost its autovacuum settings")
+
+
+def test_status_shows_groups_in_progress_and_the_successes_kept_per_kind(db, dsn):
+    # Seven groups, the oldest first: one has finished and its callback ran (not in
+    # progress), one of the rest had a member cancelled.
+    groups = [pgpool.group(db, "score", [{"doc": d} for d in range(n + 1)],
+                           then=("combine", {})) for n in range(7)]
+    for i, g in enumerate(groups):
+        db.execute("UPDATE pgpool_groups SET created_at = now() - make_interval(mins => %s) "
+                   "WHERE id = %s", (70 - i, g.id))
+    finished, cancelled, *rest = groups
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s OR group_id = %s",
+               (finished.id, finished.id))
+    db.execute("UPDATE pgpool_groups SET done = total, completed_at = now() WHERE id = %s",
+               (finished.id,))
+    (member, _) = [i for (i,) in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE group_id = %s ORDER BY id", (cancelled.id,))]
+    pgpool.ops.cancel(db, [member])
+    # Successes kept: 3 of one kind in the last hour and 1 before it; 1 of another, old.
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, finished_at, "
+               "keep_until) SELECT 10000 + i, 'default', CASE WHEN i = 5 THEN 'b.old' "
+               "ELSE 'a.kept' END, 1, now() - interval '3 hours', "
+               "now() - CASE WHEN i >= 4 THEN interval '2 hours' ELSE make_interval(secs => i) "
+               "END, now() + interval '1 day' FROM generate_series(1, 5) AS i")
+
+    report = status_json(dsn)
+    assert report["groups"]["in_progress"] == 6
+    oldest = report["groups"]["oldest"]
+    assert [(g["id"], g["total"], g["done"], g["dead"], g["finished"], g["callback"])
+            for g in oldest] == [
+        (cancelled.id, 2, 0, 1, 1, "waiting"),
+        *[(g.id, g.size, 0, 0, 0, "waiting") for g in rest[:4]]]
+    assert oldest[0]["age"] >= 68 * 60
+    succeeded = report["succeeded"]
+    assert [(s["kind"], s["last_hour"], s["last_hour_more"]) for s in succeeded] == [
+        ("a.kept", 3, False), ("b.old", 0, False)]
+    assert 1 <= succeeded[0]["last_ago"] < 60 and succeeded[1]["last_ago"] >= 7200
+
+    done = run_pgpool(dsn, "status")
+    assert done.returncode == 0, done.stderr
+    assert "\ngroups in progress: 6 (the 5 oldest)\n" in done.stdout
+    rows = section(done.stdout, "groups in progress: 6 (the 5 oldest)")
+    assert rows[0][:5] == [str(cancelled.id), "1/2", "0", "1", "waiting"]
+    assert rows[0][5:] in (["69m", "ago"], ["70m", "ago"])  # started 69 minutes before
+    assert [r[:5] for r in rows[1:]] == [[str(g.id), f"0/{g.size}", "0", "0", "waiting"]
+                                         for g in rest[:4]]
+    rows = section(done.stdout, "successes kept, per kind:")
+    assert [r[:2] for r in rows] == [["a.kept", "3"], ["b.old", "0"]]
+    assert rows[1][2:] == ["2h", "ago"]
+
+    # Every group done and its callback run: the section goes.
+    db.execute("DELETE FROM pgpool_jobs")
+    db.execute("UPDATE pgpool_groups SET completed_at = now()")
+    assert status_json(dsn)["groups"] == {"in_progress": 0, "oldest": []}
+    assert "groups in progress" not in run_pgpool(dsn, "status").stdout
+
+
+def test_status_counts_the_successes_of_the_last_hour_up_to_a_cap(db, dsn, monkeypatch):
+    from pgpool import status
+
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until) "
+               "SELECT i, 'default', 'many', 1, now(), now() + interval '1 day' "
+               "FROM generate_series(1, 12) AS i")
+    monkeypatch.setattr(status, "SUCCEEDED_CAP", 10)
+    (many,) = status.collect(db)["succeeded"]
+    assert (many["last_hour"], many["last_hour_more"]) == (10, True)
+    assert "many  10+" in status.render(status.collect(db))
 
 
 def test_status_watch_refreshes_until_interrupted(db, dsn):

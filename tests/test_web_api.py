@@ -347,3 +347,47 @@ def test_metrics_and_healthz(db: psycopg.Connection, web: Web) -> None:
                 if s.name == "pgpool_queue_dead_jobs" and s.labels["queue"] == queue}
         assert sorted(dead) == ["cancelled", "discarded", "failed"]
         assert sum(dead.values()) == expected["dead"]
+
+
+def test_finished_jobs_groups_and_successes_are_served(db: psycopg.Connection, dsn: str,
+                                                       web: Web) -> None:
+    # A real host runs a kept job and a group of two to the end; a second group then waits.
+    kept = pgpool.enqueue(db, "out.child", {"secret": MARKER})
+    ran = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}], then=("out.combine", {}))
+    done = run_pgpool(dsn, "run", "--handlers", "outcomejobs", "--burst")
+    assert done.returncode == 0, done.stderr
+    waiting = pgpool.group(db, "out.score", [{"doc": 3}, {"doc": 4}],
+                           then=("out.combine", {}), queue="later")
+    members = [i for (i,) in db.execute("SELECT id FROM pgpool_jobs WHERE group_id = %s "
+                                        "ORDER BY id", (waiting.id,))]
+    hidden, base = web()
+
+    shown = get(f"{base}/api/jobs/{kept}")
+    assert (shown["state"], shown["kind"], shown["attempts"]) == ("done", "out.child", 1)
+    assert "result" not in shown and shown["finished_at"] is not None
+    callback = get(f"{base}/api/jobs/{ran.id}")["group"]
+    assert (callback["finished"], callback["total"], callback["callback"]) == (2, 2, "done")
+    progress = get(f"{base}/api/jobs/{waiting.id}")
+    assert progress["state"] == "waiting"
+    assert {k: progress["group"][k] for k in ("total", "done", "dead", "callback")} == {
+        "total": 2, "done": 0, "dead": 0, "callback": "waiting"}
+    listed = get(f"{base}/api/jobs?group={waiting.id}")["jobs"]
+    assert [(j["id"], j["group_id"]) for j in listed] == [(m, waiting.id) for m in members]
+    assert [j["id"] for j in get(f"{base}/api/jobs?state=waiting")["jobs"]] == [waiting.id]
+    for bad in ("abc", "0", "-1", "%C2%B2", "9" * 30):
+        status, _, answer = http(f"{base}/api/jobs?group={bad}")
+        assert status == 400 and "is not a job id" in answer["error"], (bad, answer)
+
+    snapshot = get(base + "/api/snapshot")
+    assert snapshot["groups"]["in_progress"] == 1
+    assert [(g["id"], g["finished"], g["total"], g["callback"])
+            for g in snapshot["groups"]["oldest"]] == [(waiting.id, 0, 2, "waiting")]
+    assert {s["kind"]: s["last_hour"] for s in snapshot["succeeded"]} == {
+        "out.child": 1, "out.combine": 1, "out.score": 2}
+    assert MARKER not in json.dumps(snapshot)
+
+    _, allowed = web("--allow-payloads")
+    assert get(f"{allowed}/api/jobs/{kept}")["result"] == {"secret": MARKER}
+    assert get(f"{allowed}/api/jobs/{ran.id}")["result"]["members"] == 2
+    assert MARKER not in hidden.stderr
+

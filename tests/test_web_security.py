@@ -336,3 +336,15 @@ def test_replays_at_a_rate_are_capped(db: psycopg.Connection, web: Web) -> None:
     assert status == 429 and "at once" in answer["error"], answer
     assert one(db, "SELECT count(*) FROM pgpool_dead WHERE kind = %s",
                kinds[server.RATE_REPLAYS])[0] == 50
+
+
+def test_a_job_id_is_ascii_digits_in_a_path_or_a_query(db: psycopg.Connection,
+                                                       web: Web) -> None:
+    # "²" is a digit to str.isdigit() but not to int(): refused in one line, not a 500.
+    _, base = web()
+    for target in ("/api/jobs/%C2%B2", "/api/jobs/%D9%A3", "/api/jobs?group=%C2%B2",
+                   "/api/jobs?group=" + "9" * 400, "/api/dead/%C2%B2"):
+        status, answer = raw_get(base, target)
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert status == 400 and "is not a job id" in body["error"], (target, body)
+        assert len(body["error"]) < 120, body  # the input is not echoed whole

@@ -106,6 +106,48 @@ FROM pgpool_schedules AS s LEFT JOIN pgpool_hosts AS h ON h.owner = s.declared_b
 ORDER BY s.name
 """
 
+#: Groups in progress (pgpool.group): members still to finish, or a callback still to run
+#: (it is in ``pgpool_jobs``): how many, and the ``limit`` oldest with their progress and
+#: their callback's state, as `pgpool.sql.outcomes.GROUP` gives it. One row, with NULLs
+#: for a group when there is none.
+STATUS_GROUPS: Final = """
+WITH open AS (
+    SELECT g.id, g.total, g.done, g.dead, g.created_at FROM pgpool_groups AS g
+    WHERE g.completed_at IS NULL OR EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = g.id)
+)
+SELECT n.count, o.id, o.total, o.done, o.dead,
+       extract(epoch FROM now() - o.created_at)::float8,
+       coalesce((SELECT CASE WHEN state = 'ready' AND run_at > now() THEN 'scheduled'
+                             ELSE state END FROM pgpool_jobs WHERE id = o.id),
+                (SELECT 'done' FROM pgpool_done WHERE id = o.id),
+                (SELECT CASE WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END
+                 FROM pgpool_dead WHERE id = o.id))
+FROM (SELECT count(*) FROM open) AS n(count)
+LEFT JOIN LATERAL (SELECT * FROM open ORDER BY created_at, id LIMIT %(limit)s) AS o ON true
+ORDER BY o.created_at, o.id
+"""
+
+#: Per kind with successes kept in ``pgpool_done`` (keep=, --keep-done, groups' members):
+#: how many finished in the last hour, counted up to ``cap`` + 1 (the count stays cheap
+#: however many are kept), and seconds since the latest finished. The kinds are walked on
+#: the (kind, finished_at) index, one probe each, rather than by scanning the table.
+STATUS_SUCCEEDED: Final = """
+WITH RECURSIVE kinds AS (
+    (SELECT kind FROM pgpool_done ORDER BY kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.kind FROM pgpool_done AS d WHERE d.kind > k.kind ORDER BY d.kind LIMIT 1)
+    FROM kinds AS k WHERE k.kind IS NOT NULL
+)
+SELECT k.kind,
+       (SELECT count(*) FROM (SELECT FROM pgpool_done AS d
+                              WHERE d.kind = k.kind AND d.finished_at >= now() - interval '1 hour'
+                              LIMIT %(cap)s + 1) AS h),
+       extract(epoch FROM now() - (SELECT max(d.finished_at) FROM pgpool_done AS d
+                                   WHERE d.kind = k.kind))::float8
+FROM kinds AS k WHERE k.kind IS NOT NULL
+ORDER BY k.kind
+"""
+
 # --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ----------
 
 #: Become the host that serves the queue metrics, if none is: a session-level lock, held

@@ -31,22 +31,24 @@ SIGNATURE: Final = (
 _JOB_STATE = ("CASE WHEN state IN ('running', 'parked', 'done', 'waiting') THEN state "
               "WHEN run_at > now() THEN 'scheduled' ELSE 'ready' END")
 
-# The columns `pgpool.ops` reads of a live job, in `ops.Job` order.
+# The columns `pgpool.ops` reads of a live job, in `ops.LiveJob` order.
 _JOB_COLUMNS = f"""
     id, kind, queue, {_JOB_STATE} AS op_state, attempts, max_attempts, priority, run_at,
     extract(epoch FROM lease_until - now())::float8, locked_by, nullif({_ERROR_LINE}, ''),
     created_at,
-    CASE WHEN %(full)s THEN last_error END, CASE WHEN %(payload)s THEN payload END
+    CASE WHEN %(full)s THEN last_error END, CASE WHEN %(payload)s THEN payload END, group_id
 """
 
 #: Live jobs, filtered (a NULL filter matches all), oldest first; one more than ``limit``,
-#: so the caller can say that more are left. ``after_*`` is a keyset cursor on (run_at, id),
-#: the listing's order, for the next page (the dashboard's).
+#: so the caller can say that more are left. ``group`` takes the members of one group.
+#: ``after_*`` is a keyset cursor on (run_at, id), the listing's order, for the next page
+#: (the dashboard's).
 JOBS_LIST: Final = f"""
 SELECT {_JOB_COLUMNS} FROM pgpool_jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
   AND (%(state)s::text IS NULL OR {_JOB_STATE} = %(state)s)
+  AND (%(group)s::bigint IS NULL OR group_id = %(group)s)
   AND (%(older_than)s::float8 IS NULL
        OR created_at < now() - make_interval(secs => %(older_than)s))
   AND (%(after_run_at)s::timestamptz IS NULL
@@ -57,6 +59,14 @@ LIMIT %(limit)s + 1
 
 #: Live jobs by id.
 JOBS_BY_ID: Final = f"SELECT {_JOB_COLUMNS} FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])"
+
+#: A job kept as done (it succeeded: see `pgpool.outcomes`), in `ops.DoneJob` order; its
+#: result only when asked for (user data, as a payload is).
+DONE_BY_ID: Final = """
+SELECT id, kind, queue, 'done', tenant, attempts, created_at, finished_at, keep_until,
+       group_id, CASE WHEN %(result)s THEN result END
+FROM pgpool_done WHERE id = %(id)s
+"""
 
 # The filter every dead-job statement shares (a NULL parameter matches all); ``after_*``
 # is a keyset cursor on (died_at, id), the order replays and purges go in.

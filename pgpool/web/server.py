@@ -15,8 +15,9 @@ authentication when ``PGPOOL_WEB_USER``/``PGPOOL_WEB_PASSWORD`` are set (everyth
 ``/healthz``; compared in constant time); then for a POST: refused in read-only mode (the
 default), refused when the Origin header names another host, and refused without the CSRF
 token of ``/api/session`` in ``X-CSRF-Token``. The page's files are a fixed set read at
-start (`read_static`): no request names a path. Payloads and error text (which often
-quotes the payload) are sent only with ``--allow-payloads``.
+start (`read_static`): no request names a path. Payloads, results (what a handler returned,
+kept with a job's success) and error text (which often quotes the payload) are sent only
+with ``--allow-payloads``.
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ async def jobs(request: web.Request) -> web.Response:
     where = ops.JobFilter(queue=_text(q, "queue"), kind=_text(q, "kind"),
                           state=_text(q, "state"),  # type: ignore[arg-type]
                           older_than=_seconds(q.get("older_than")),
-                          after=_cursor(q.get("after")))
+                          after=_cursor(q.get("after")), group=_job_id(q.get("group")))
     payload = request.app[CONFIG].allow_payloads
     async with request.app[POOL].connection() as conn:
         listing = await ops.list_jobs_async(conn, where, limit=_limit(q), payload=payload)
@@ -310,9 +311,11 @@ async def jobs(request: web.Request) -> web.Response:
 
 
 async def job(request: web.Request) -> web.Response:
-    payload = request.app[CONFIG].allow_payloads
+    """A job live or kept as done (`ops.show_job`); a group's callback with its group's
+    progress."""
+    allowed = request.app[CONFIG].allow_payloads
     async with request.app[POOL].connection() as conn:
-        found = await ops.show_job_async(conn, _id(request), payload=payload)
+        found = await ops.show_job_async(conn, _id(request), payload=allowed, result=allowed)
     return _json(_row(request, found))
 
 
@@ -345,8 +348,12 @@ async def dead_job(request: web.Request) -> web.Response:
     return _json(_row(request, found))
 
 
-def _row(request: web.Request, row: ops.LiveJob | ops.DeadJob) -> dict[str, Any]:
+def _row(request: web.Request, row: ops.LiveJob | ops.DeadJob | ops.DoneJob) -> dict[str, Any]:
     d = row.as_dict()
+    if isinstance(row, ops.DoneJob):
+        if not request.app[CONFIG].allow_payloads:
+            del d["result"]  # user data, as a payload is
+        return d
     if not request.app[CONFIG].allow_payloads:
         # User data: not even its absence is shown as a value. An error's text often
         # quotes the payload (a handler's exception names what it failed on), so it is
@@ -587,9 +594,18 @@ def _limit(query: Any) -> int:
 
 
 def _id(request: web.Request) -> int:
-    text = request.match_info["id"]
-    if not text.isdigit() or not 0 < int(text) < 2**63:
-        raise ConfigError(f"{text!r} is not a job id (a positive integer)")
+    job_id = _job_id(request.match_info["id"])
+    assert job_id is not None  # the route matches a non-empty id only
+    return job_id
+
+
+def _job_id(text: str | None) -> int | None:
+    """A job id (or a group's, its callback's) from a path or a query; None if not given."""
+    if not text:
+        return None
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
+        raise ConfigError(f"{text[:40]!r} is not a job id (a positive integer)")
     return int(text)
 
 

@@ -18,7 +18,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import MARKER, RUN, one, queue_counts, read_records, start_pgpool, wait_until
+from conftest import (
+    MARKER,
+    RUN,
+    one,
+    queue_counts,
+    read_records,
+    run_pgpool,
+    start_pgpool,
+    wait_until,
+)
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
@@ -181,6 +190,61 @@ def test_the_page_shows_what_the_database_holds(db, dsn, record_dir, web, open_p
     expect(host_row(page, owner).get_by_test_id("last-seen")).to_contain_text(
         "stale", timeout=30_000)
     expect(page.get_by_test_id("fleet")).to_contain_text("0 live hosts, 1 stale")
+
+
+def test_outcomes_groups_in_progress_and_a_finished_job(db, dsn, web, open_page):
+    # A real host runs a kept job and a group of two to the end; a second group waits.
+    kept = pgpool.enqueue(db, "out.child", {"secret": MARKER}, queue="oq")
+    pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}], then=("out.combine", {}),
+                 queue="oq")
+    ran = run_pgpool(dsn, "run", "--handlers", "outcomejobs", "--burst", "--queue", "oq")
+    assert ran.returncode == 0, ran.stderr
+    waiting = pgpool.group(db, "out.score", [{"doc": 3}, {"doc": 4}],
+                           then=("out.combine", {}), queue="later")
+    members = [i for (i,) in db.execute("SELECT id FROM pgpool_jobs WHERE group_id = %s "
+                                        "ORDER BY id", (waiting.id,))]
+    page = load(open_page(), web()[1])
+
+    # Successes kept in the last hour, per kind; the group in progress and its callback.
+    succeeded = {k: page.locator(f'[data-testid="succeeded-kind"][data-kind="{k}"]')
+                 for k in ("out.child", "out.score", "out.combine")}
+    for kind, count in (("out.child", "1"), ("out.score", "2"), ("out.combine", "1")):
+        expect(succeeded[kind].get_by_test_id("succeeded-hour")).to_have_text(count)
+    group = page.locator(f'[data-testid="group"][data-group-id="{waiting.id}"]')
+    expect(page.get_by_test_id("group")).to_have_count(1)
+    expect(group.get_by_test_id("group-progress")).to_have_text("0/2")
+    expect(group.get_by_test_id("group-callback")).to_have_text("waiting")
+    screenshot(page, "outcomes")
+
+    # The group's row lists its members and shows its callback, with the group's progress.
+    group.click()
+    expect(page.get_by_test_id("f-group")).to_have_value(str(waiting.id))
+    rows = page.locator('[data-testid="job"]')
+    expect(rows).to_have_count(2)
+    assert [int(r.get_attribute("data-job-id")) for r in rows.all()] == members
+    detail = page.get_by_test_id("job-detail")
+    expect(detail.get_by_test_id("d-state")).to_have_text("waiting")
+    expect(detail.get_by_test_id("d-group")).to_contain_text("0/2 finished")
+    rows.first.click()
+    expect(detail.get_by_test_id("d-group-id")).to_have_text(f"group {waiting.id}")
+    # A member cancelled counts as finished: the progress follows.
+    ops.cancel(db, [members[1]])
+    expect(group.get_by_test_id("group-progress")).to_have_text("1/2")
+
+    # A finished job, found by its id: done, when, and its result hidden.
+    page.get_by_test_id("find-job").fill(str(kept))
+    page.get_by_test_id("find-job-show").click()
+    expect(detail.get_by_test_id("d-state")).to_have_text("done")
+    expect(detail.get_by_test_id("d-finished")).to_contain_text("ago")
+    expect(detail.get_by_test_id("d-result-hidden")).to_be_visible()
+    assert MARKER not in page.content()
+    screenshot(page, "finished-job")
+
+    # With --allow-payloads, its result.
+    page = load(open_page(), web("--allow-payloads")[1])
+    page.get_by_test_id("find-job").fill(str(kept))
+    page.get_by_test_id("find-job").press("Enter")
+    expect(page.get_by_test_id("d-result")).to_contain_text(MARKER)
 
 
 def test_lag_changes_live_as_jobs_wait_and_run(db, dsn, web, open_page):

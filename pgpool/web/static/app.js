@@ -179,6 +179,8 @@ function render(snap) {
   renderQueues(snap);
   renderHosts(snap.hosts || [], snap.fleet || {});
   renderVacuum(snap.vacuum);
+  renderGroups(snap.groups || {in_progress: 0, oldest: []});
+  renderSucceeded(snap.succeeded || []);
   updateQueueFilter(snap.queues || []);
   const dead = (snap.queues || []).reduce((sum, q) => sum + q.dead, 0);
   $("#dead-total").textContent = dead ? String(dead) : "";
@@ -390,6 +392,50 @@ function renderVacuum(v) {
              text: v.warning ? `⚠ ${v.warning}` : "no vacuum debt"}));
 }
 
+// --- outcomes: groups in progress, successes kept ------------------------------------------
+
+function renderGroups(groups) {
+  const shown = groups.oldest.length;
+  $("#groups-summary").textContent = groups.in_progress
+    ? `${groups.in_progress}${shown < groups.in_progress ? ` (the ${shown} oldest shown)` : ""}` : "";
+  const rows = groups.oldest.map((g) => {
+    const pct = g.total ? (100 * g.finished) / g.total : 100;
+    return el("tr", {"data-testid": "group", "data-group-id": g.id,
+                     title: "show its callback and list its members", onclick: () => showGroup(g.id)},
+      el("td", {class: "n", text: g.id}),
+      el("td", {},
+        el("div", {class: "meter"}, el("div", {class: "fill", style: `width:${pct.toFixed(0)}%`})),
+        el("span", {class: "meter-text", "data-testid": "group-progress", text: `${g.finished}/${g.total}`})),
+      el("td", {class: "n", text: g.done}),
+      el("td", {class: "n", text: g.dead}),
+      el("td", {}, el("span", {class: `state state-${g.callback}`, "data-testid": "group-callback",
+                               text: g.callback || "—"})),
+      el("td", {text: `${dur(g.age)} ago`}));
+  });
+  if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 6, class: "empty", text: "No group in progress."})));
+  $("#groups tbody").replaceChildren(...rows);
+}
+
+function renderSucceeded(kinds) {
+  const rows = kinds.map((s) => el("tr", {"data-testid": "succeeded-kind", "data-kind": s.kind},
+    el("td", {class: "mono", text: s.kind}),
+    el("td", {class: "n", "data-testid": "succeeded-hour", text: `${s.last_hour}${s.last_hour_more ? "+" : ""}`}),
+    el("td", {text: s.last_ago === null ? "—" : `${dur(s.last_ago)} ago`})));
+  if (!rows.length) {
+    rows.push(el("tr", {}, el("td", {colspan: 3, class: "empty",
+      text: "None kept: a success is kept with keep= on its handler or pgpool run --keep-done."})));
+  }
+  $("#succeeded tbody").replaceChildren(...rows);
+}
+
+// A group: its members in the jobs list, its callback (with the group's progress) in the detail.
+function showGroup(id) {
+  showTab("jobs");
+  $("#f-group").value = String(id);
+  loadJobs();
+  showJob(id);
+}
+
 // --- jobs --------------------------------------------------------------------------------
 
 function updateQueueFilter(queues) {
@@ -432,7 +478,8 @@ async function loadJobs(reset = true) {
     el("td", {text: j.kind}),
     el("td", {}, el("span", {class: `state state-${j.state}`, text: j.state})),
     el("td", {class: "n", text: j.max_attempts ? `${j.attempts}/${j.max_attempts}` : j.attempts}),
-    el("td", {text: j.state === "scheduled" ? `in ${dur((Date.parse(j.run_at) - Date.now()) / 1000)}` : ago(j.run_at)}),
+    el("td", {text: j.state === "scheduled" ? `in ${dur((Date.parse(j.run_at) - Date.now()) / 1000)}`
+                  : j.state === "waiting" ? "when its group finishes" : ago(j.run_at)}),
     el("td", {text: ago(j.created_at)}),
     el("td", {class: "mono", text: j.owner || ""}),
     el("td", {class: "err", text: j.error || ""})));
@@ -459,7 +506,13 @@ async function showJob(id) {
     return;
   }
   if (state.jobId !== id) return;
-  const field = (k, v, testid) => [el("dt", {text: k}), el("dd", {"data-testid": testid, text: v})];
+  const field = (k, v, testid) => [el("dt", {text: k}), el("dd", {"data-testid": testid}, v)];
+  const close = el("button", {type: "button", class: "ghost", "data-testid": "detail-close",
+                              onclick: () => { box.hidden = true; state.jobId = null; }, text: "×"});
+  if (j.state === "done" && "finished_at" in j) {
+    box.replaceChildren(...doneDetail(j, field, close));
+    return;
+  }
   const dl = el("dl", {},
     ...field("queue / kind", `${j.queue} / ${j.kind}`, "d-kind"),
     ...field("state", j.state, "d-state"),
@@ -468,13 +521,13 @@ async function showJob(id) {
     ...field("priority", j.priority, "d-priority"),
     ...field("owner", j.owner || "—", "d-owner"),
     ...field("lease left", j.lease_left === null ? "—" : dur(j.lease_left), "d-lease"),
-    ...field("due", `${j.run_at} (${ago(j.run_at)})`, "d-due"),
-    ...field("created", j.created_at, "d-created"));
+    ...field("due", j.state === "waiting" ? "when its group finishes"
+                                          : `${j.run_at} (${ago(j.run_at)})`, "d-due"),
+    ...field("created", j.created_at, "d-created"),
+    ...groupFields(j, field));
   const parts = [
     el("header", {}, el("h3", {text: `job ${j.id}`}), el("span", {class: "grow"}),
-       actionButton("cancel", "cancel-job", () => cancelJob(j.id), "danger"),
-       el("button", {type: "button", class: "ghost", "data-testid": "detail-close",
-                     onclick: () => { box.hidden = true; state.jobId = null; }, text: "×"})),
+       actionButton("cancel", "cancel-job", () => cancelJob(j.id), "danger"), close),
     dl,
     el("h4", {text: "last error"}),
     errorsShown() ? el("pre", {"data-testid": "d-error", text: j.last_error || j.error || "none"})
@@ -489,6 +542,46 @@ async function showJob(id) {
                         text: "payload hidden (start pgpool web --allow-payloads to show it)"}));
   }
   box.replaceChildren(...parts);
+}
+
+// A job's groups: the one it is a member of (a link that lists the members), and its own
+// group's progress when it is a group's callback.
+function groupFields(j, field) {
+  const out = [];
+  if (j.group_id !== null && j.group_id !== undefined) {
+    out.push(...field("member of", el("a", {class: "group", "data-testid": "d-member-of",
+      onclick: () => showGroup(j.group_id), text: `group ${j.group_id}`}), "d-group-id"));
+  }
+  const g = j.group;
+  if (g) {
+    out.push(...field("group", `${g.finished}/${g.total} finished (${g.done} done, ${g.dead} dead` +
+      ` or cancelled); callback ${g.callback}${g.completed_at ? `; completed ${ago(g.completed_at)}` : ""}`,
+      "d-group"));
+  }
+  return out;
+}
+
+// A job kept as done after its success: no error, no payload (not kept), and its result
+// only when the server allows user data.
+function doneDetail(j, field, close) {
+  const dl = el("dl", {},
+    ...field("queue / kind", `${j.queue} / ${j.kind}`, "d-kind"),
+    ...field("state", el("span", {class: "state state-done kept", text: "done"}), "d-state"),
+    ...field("attempts", String(j.attempts), "d-attempts"),
+    ...field("tenant", j.tenant || "—", "d-tenant"),
+    ...field("created", j.created_at, "d-created"),
+    ...field("finished", `${j.finished_at} (${ago(j.finished_at)})`, "d-finished"),
+    ...field("kept until", j.keep_until, "d-kept-until"),
+    ...groupFields(j, field));
+  const parts = [el("header", {}, el("h3", {text: `job ${j.id}`}), el("span", {class: "grow"}), close),
+                 dl, el("h4", {text: "result"})];
+  if (errorsShown() && "result" in j) {
+    parts.push(el("pre", {"data-testid": "d-result", text: JSON.stringify(j.result, null, 2)}));
+  } else {
+    parts.push(el("p", {class: "sub", "data-testid": "d-result-hidden",
+                        text: "result hidden: it is user data (start pgpool web --allow-payloads to show it)"}));
+  }
+  return parts;
 }
 
 async function cancelJob(id) {
@@ -609,6 +702,15 @@ async function start() {
     b.addEventListener("click", () => showTab(b.dataset.tab));
   }
   $("#job-filters").addEventListener("submit", (ev) => { ev.preventDefault(); loadJobs(); });
+  const findJob = () => {
+    const id = $("#find-job").value.trim();
+    if (/^[0-9]+$/.test(id)) showJob(Number(id));
+    else flash(`show job: ${JSON.stringify(id)} is not a job id`, "bad");
+  };
+  $("#find-job-show").addEventListener("click", findJob);
+  $("#find-job").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter") { ev.preventDefault(); findJob(); }
+  });
   $("#job-filters").addEventListener("change", () => loadJobs());
   $("#jobs-next").addEventListener("click", () => {
     state.jobsCursors.push(state.jobsNext);

@@ -1,0 +1,119 @@
+"""What operators see of outcomes (issue 24), against real PostgreSQL and real hosts:
+`pgpool jobs show` of a job kept as done (its result only when asked for), of a group's
+callback (its group's progress) and of a member (its group); `pgpool jobs --state waiting`
+and `--group ID`; and `pgpool.ops.show_job` behind them."""
+
+from __future__ import annotations
+
+import json
+
+import outcomejobs  # noqa: F401  (registers the handlers)
+import psycopg
+from conftest import MARKER, assert_user_error, run_pgpool
+
+import pgpool
+from pgpool import ops
+
+RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
+
+
+def shown(dsn: str, job_id: int, *args: str) -> dict:
+    done = run_pgpool(dsn, "jobs", "show", str(job_id), "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def fields(dsn: str, job_id: int, *args: str) -> dict[str, str]:
+    """The ``name  value`` lines of `jobs show`'s text."""
+    done = run_pgpool(dsn, "jobs", "show", str(job_id), *args)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"job {job_id}"
+    return {line[2:14].strip(): line[14:] for line in lines[1:] if line[2:14].strip()}
+
+
+def member_ids(db: psycopg.Connection, group: int) -> list[int]:
+    return [i for (i,) in db.execute("SELECT id FROM pgpool_jobs WHERE group_id = %s "
+                                     "ORDER BY id", (group,))]
+
+
+def test_jobs_show_a_kept_success_with_its_result_only_when_asked(db, dsn):
+    kept = pgpool.enqueue(db, "out.child", {"secret": MARKER}, tenant="acme")
+    loose = pgpool.enqueue(db, "out.loose", {"n": 1})
+    dead = pgpool.enqueue(db, "out.square", {"n": 1, "fail": True}, max_attempts=1)
+    assert run_pgpool(dsn, *RUN).returncode == 0
+
+    text = fields(dsn, kept)
+    assert (text["kind"], text["queue"], text["state"], text["attempts"], text["tenant"]) == (
+        "out.child", "default", "done", "1", "acme")
+    assert text["result"] == "(not shown: --result shows it)"
+    assert text["payload"] == "(not kept once a job succeeds)"
+    assert text["finished"].endswith(" ago)") and text["kept until"].endswith("Z")
+    assert "member of" not in text and "group" not in text
+    assert MARKER not in run_pgpool(dsn, "jobs", "show", str(kept)).stdout
+    assert fields(dsn, kept, "--result")["result"] == json.dumps({"secret": MARKER})
+
+    hidden = shown(dsn, kept)
+    assert (hidden["state"], hidden["result"], hidden["attempts"], hidden["group_id"]) == (
+        "done", None, 1, None)
+    assert shown(dsn, kept, "--result")["result"] == {"secret": MARKER}
+
+    # In no table: the error says where successes are kept, and how to keep them.
+    assert_user_error(run_pgpool(dsn, "jobs", "show", str(loose)),
+                      f"no live job has id {loose}", "none is kept as done", "keep=",
+                      "--keep-done")
+    assert_user_error(run_pgpool(dsn, "jobs", "show", str(dead)), f"job {dead} is dead",
+                      f"pgpool dead show {dead}")
+
+    # The Python API behind it.
+    found = ops.show_job(db, kept)
+    assert isinstance(found, ops.DoneJob) and found.result is None
+    assert ops.show_job(db, kept, result=True).result == {"secret": MARKER}
+
+
+def test_jobs_show_a_groups_progress_and_jobs_lists_waiting_callbacks_and_members(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, second = member_ids(db, group.id)
+    plain = pgpool.enqueue(db, "out.square", {"n": 1})
+
+    text = fields(dsn, group.id)
+    assert text["state"] == "waiting"
+    assert text["due / lease"] == "when its group finishes"
+    assert text["group"] == "0/2 members finished (0 done, 0 dead or cancelled); callback waiting"
+    assert fields(dsn, first)["member of"].startswith(f"group {group.id} ")
+
+    def listed(*args: str) -> list[dict]:
+        done = run_pgpool(dsn, "jobs", "--json", *args)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    assert [j["id"] for j in listed("--state", "waiting")] == [group.id]
+    members = listed("--group", str(group.id))
+    assert [(j["id"], j["group_id"]) for j in members] == [(first, group.id),
+                                                           (second, group.id)]
+    assert plain not in [j["id"] for j in listed("--group", str(group.id))]
+    assert_user_error(run_pgpool(dsn, "jobs", "--group", str(plain)),
+                      f"no group has id {plain}", "callback")
+    assert_user_error(run_pgpool(dsn, "jobs", "--group", "0"), "'0' is not a job id")
+
+    # A waiting callback is not a job to retry: it runs when its group has finished.
+    assert_user_error(run_pgpool(dsn, "retry", str(group.id)),
+                      f"job {group.id} is a group's callback waiting for its members",
+                      f"pgpool jobs show {group.id}")
+
+    assert run_pgpool(dsn, "cancel", str(second)).returncode == 0
+    assert fields(dsn, group.id)["group"].startswith("1/2 members finished (0 done, 1 dead")
+
+    assert run_pgpool(dsn, *RUN).returncode == 0
+    callback = shown(dsn, group.id)
+    assert callback["state"] == "done" and callback["result"] is None
+    progress = callback["group"]
+    assert {k: progress[k] for k in ("id", "total", "done", "dead", "finished", "callback")} == {
+        "id": group.id, "total": 2, "done": 1, "dead": 1, "finished": 2, "callback": "done"}
+    assert progress["completed_at"] is not None
+    assert fields(dsn, group.id)["group"].startswith(
+        "2/2 members finished (1 done, 1 dead or cancelled); callback done; completed ")
+    # A member that succeeded is kept (its callback reads it): shown done, in its group.
+    member = shown(dsn, first, "--result")
+    assert (member["state"], member["group_id"], member["result"]) == ("done", group.id, 0.5)
