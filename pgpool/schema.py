@@ -596,7 +596,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         );
         CREATE INDEX pgpool_done_keep_until ON pgpool_done (keep_until);
         CREATE INDEX pgpool_done_group ON pgpool_done (group_id) WHERE group_id IS NOT NULL;
-        CREATE INDEX pgpool_done_finished ON pgpool_done (finished_at);
+        CREATE INDEX pgpool_done_kind ON pgpool_done (kind, finished_at);
         COMMENT ON TABLE pgpool_done IS
             'jobs that succeeded, kept until keep_until (keep=, --keep-done, groups)';
         COMMENT ON COLUMN pgpool_done.result IS
