@@ -85,11 +85,7 @@ from chaos_checks import (
     PARENT,
     POSTGRES_RESTART,
     WORKER_KILL,
-    WORKFLOW_KINDS,
     Fault,
-    Finished,
-    GroupRow,
-    Identity,
     Verdict,
     Workflows,
     death_bound,
@@ -111,6 +107,7 @@ from chaos_cluster import (
     now_ns,
     tied_python,
     workers_of,
+    workflow_outcomes,
 )
 
 import pgpool
@@ -418,22 +415,10 @@ class Soak:
         attempts = read_attempts(self.record_dir)
         identities = read_identities(self.record_dir)
         died = death_bound(self.faults, self.watcher.died)
-        kinds = (list(WORKFLOW_KINDS),)
-        finished = {
-            r[0]: Finished(r[1], "done", r[2], r[3], result=r[4]) for r in self._rows(
-                "SELECT id, kind, group_id, attempts, result FROM pgpool_done "
-                "WHERE kind = ANY(%s)", kinds)}
-        finished.update({
-            r[0]: Finished(r[1], "dead", r[2], r[3], payload=r[4]) for r in self._rows(
-                "SELECT id, kind, group_id, attempts, payload FROM pgpool_dead "
-                "WHERE kind = ANY(%s)", kinds)})
-        left: dict[int, Identity] = {r[0]: (r[1], r[2]) for r in self._rows(
-            "SELECT id, kind, payload FROM pgpool_jobs WHERE kind = ANY(%s)", kinds)}
-        workflows = judge_workflows(
-            attempts, identities, planned=self.planned, finished=finished, left=left,
-            groups={r[0]: GroupRow(*r[1:]) for r in self._rows(
-                "SELECT id, total, done, dead, completed_at IS NOT NULL FROM pgpool_groups")},
-            died=died)
+        assert self.pg is not None
+        finished, left, groups = workflow_outcomes(self.pg.dsn)
+        workflows = judge_workflows(attempts, identities, planned=self.planned,
+                                    finished=finished, left=left, groups=groups, died=died)
         # Follow-ups are jobs of the run too: their ids are known from what they left.
         ids = set(self.ids) | set(identities) | set(finished) | set(left)
         verdict = judge(
@@ -490,10 +475,10 @@ class Soak:
                 print(f"{'re-runs by cause:':<23}{sum(verdict.causes.values())}  "
                       f"({breakdown(verdict.causes, (*FAULT_KINDS, ASKED_TO_FAIL))})")
 
-    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
         assert self.pg is not None
         with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
-            return conn.execute(sql, params).fetchall()
+            return conn.execute(sql).fetchall()
 
 
 def _say(message: str) -> None:

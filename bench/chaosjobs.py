@@ -91,15 +91,24 @@ def record(payload: dict) -> None:
     _append(f"{job.id} {job.claim} {pid} {start} {end}\n")
 
 
-def _started(payload: dict, tagged: bool = True) -> tuple[RunningJob, int]:
-    """Record the start of the running attempt (with its kind and payload if ``tagged``)
-    and spin ``payload["ms"]`` ms of CPU; the job and its start time."""
+def _started(payload: dict) -> tuple[RunningJob, int]:
+    """Record the start of the running attempt with its kind and payload, and spin
+    ``payload["ms"]`` ms of CPU; the job and its start time."""
     job = pgpool.current_job()
     start = time.monotonic_ns()
-    tag = f" {job.kind} {json.dumps(payload, separators=(',', ':'))}" if tagged else ""
-    _append(f"{job.id} {job.claim} {os.getpid()} {start} -{tag}\n")
+    _append(f"{job.id} {job.claim} {os.getpid()} {start} - {job.kind} "
+            f"{json.dumps(payload, separators=(',', ':'))}\n")
     spin(float(payload.get("ms", 1)))
     return job, start
+
+
+def _hold(payload: dict) -> None:
+    """If ``payload["hold"]`` names a file, wait until it exists (a minute at most): a test
+    holds an attempt there to kill it mid-run, then lets the next attempt through."""
+    if payload.get("hold"):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(payload["hold"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def _ended(job: RunningJob, start: int) -> None:
@@ -108,9 +117,11 @@ def _ended(job: RunningJob, start: int) -> None:
 
 @pgpool.handler(MEMBER, keep=KEEP)
 def member(payload: dict) -> dict:
-    """A member of a group: records, spins, and returns its index; one asked to ``fail``
+    """A member of a group: records, spins (and may be held: `_hold`), and returns its
+    index; one asked to ``fail``
     is discarded (dead-lettered at once: its group counts it dead) after its end record."""
     job, start = _started(payload)
+    _hold(payload)
     _ended(job, start)
     if payload.get("fail"):
         raise pgpool.Discard("chaos: a member asked to fail")
@@ -120,7 +131,8 @@ def member(payload: dict) -> dict:
 @pgpool.handler(CALLBACK, keep=KEEP)
 def callback(payload: dict) -> dict:
     """A group's callback: reads its group's members (`current_job().group_members()`) and
-    returns how many it saw and how many had finished. The read is retried through
+    returns how many it saw and how many had finished; it may be held after it (`_hold`).
+    The read is retried through
     database faults for a minute (a restart, terminated sessions), so it never fails on
     its own; a host cut off for a whole lease kills it anyway."""
     import psycopg  # only here: the other kinds never load it
@@ -135,6 +147,7 @@ def callback(payload: dict) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+    _hold(payload)
     _ended(job, start)
     return {"members": len(members),
             "finished": sum(1 for m in members if m.state in ("done", "dead", "cancelled"))}
@@ -144,9 +157,10 @@ def callback(payload: dict) -> dict:
 def parent(payload: dict) -> dict:
     """Enqueues ``payload["children"]`` children and, if ``payload["group"]``, a group of
     that many members with a callback, all through its job (written with its success
-    only); then, after its end record, one asked to ``fail`` is discarded (its follow-ups
-    must never exist), and one asked to be ``flaky`` fails its first claim (retried soon:
-    its follow-ups must exist once, from the claim that succeeded). Returns its claim."""
+    only), and may be held (`_hold`). Then, after its end record, one asked to ``fail``
+    is discarded (its follow-ups must never exist), and one asked to be ``flaky`` fails
+    its first claim (retried soon: its follow-ups must exist once, from the claim that
+    succeeded). Returns its claim."""
     job, start = _started(payload)
     for i in range(payload.get("children", 0)):
         job.enqueue(CHILD, {"p": job.id, "c": job.claim, "i": i})
@@ -155,6 +169,7 @@ def parent(payload: dict) -> dict:
         key = f"p{job.id}.{job.claim}"
         job.group(MEMBER, [{"g": key, "i": i} for i in range(size)],
                   then=(CALLBACK, {"g": key, "total": size}))
+    _hold(payload)  # its follow-ups kept, its success not yet sent
     _ended(job, start)
     if payload.get("fail"):
         raise pgpool.Discard("chaos: a parent asked to fail")
