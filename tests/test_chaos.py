@@ -387,10 +387,13 @@ SOAK_TIMEOUT = 180
 
 def test_chaos_soak_small(tmp_path):
     """bench/chaos.py at CI size: two dispatchers, random kills and restarts, and its own
-    checker; it must pass and report the figures."""
+    checkers, with the group workload (4 groups of 250 members, 100 parents with follow-up
+    children and groups): about 2000 jobs, which drain in about the time 1500 plain ones
+    did. It must pass and report the figures."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
-        [sys.executable, str(BENCH / "chaos.py"), "--jobs", "1500", "--seconds", "60",
+        [sys.executable, str(BENCH / "chaos.py"), "--jobs", "300", "--groups", "4",
+         "--members", "1000", "--parents", "100", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=BENCH.parent, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -407,15 +410,23 @@ def test_chaos_soak_small(tmp_path):
         pytest.fail(f"the soak ran over {SOAK_TIMEOUT}s:\n{out}{err[-5000:]}")
     assert soak.returncode == 0, out + err[-5000:]
     figures = json.loads(summary.read_text())
-    assert figures["jobs"] == 1500
+    # The driver's 300 + 1000 + 4 callbacks + 100 parents, and the parents' follow-ups.
+    assert figures["jobs"] > 1404
     # The soak does one fault of each kind before it ends (unless its 45 s of faults run
-    # out, which a passing run of 1500 jobs never nears).
+    # out, which a passing run of 2000 jobs never nears).
     assert figures["faults"] >= 4
     assert figures["lost"] == 0
     assert figures["overlapping"] == 0
     assert figures["unexplained re-runs"] == 0
     assert figures["not drained"] == 0
-    assert figures["completed"] + figures["dead"] >= 1500
+    assert figures["completed"] + figures["dead"] >= figures["jobs"]
+    # The four groups and those the parents that are done started, each released once.
+    assert figures["groups"] > 4
+    assert figures["callbacks run"] == figures["groups"]
+    assert figures["members"] >= 1000
+    for name in ("members lost", "callbacks duplicated", "callbacks early", "orphans",
+                 "duplicates", "children lost"):
+        assert figures[name] == 0, name
 
 
 # --- groups and follow-ups under kills ------------------------------------------------------
