@@ -11,12 +11,13 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    group workload (`chaosjobs`' other kinds, recorded the same way with their payloads):
    ``--groups`` groups (``pgpool.group``) sharing ``--members`` members, about 1 in 100 of
    them discarded on purpose (dead, and counted so in their group), each with a callback
-   that reads its members; and ``--parents`` parents that enqueue 0-4 children through
-   ``current_job().enqueue`` and, one in five, start a group of 5-30 members through
-   ``current_job().group``. One parent in 20 is discarded after enqueueing its follow-ups
-   (so they must never exist), one in 10 fails its first claim and is retried. The kinds
-   of the workload keep their successes (``keep=``), so ``pgpool_done`` and
-   ``pgpool_groups`` hold every outcome at the end.
+   that reads its members (every other one then starts a nested group of 10); and
+   ``--parents`` parents that enqueue 0-4 children through ``current_job().enqueue`` and,
+   one in five, start a group of 5-30 members through ``current_job().group``. One
+   parent in 20 is discarded after enqueueing its follow-ups (so they must never exist),
+   one in 10 fails its first claim and is retried. The kinds of the workload keep their
+   successes (``keep=``), so ``pgpool_done`` and ``pgpool_groups`` hold every outcome at
+   the end.
 2. Starts two ``pgpool run --handlers chaosjobs --lease 2 --procs 1 --batch 50``
    dispatchers.
 3. Until the queue is empty, at random intervals (``--interval``), injects one fault:
@@ -194,7 +195,9 @@ class Soak:
             members = [{"g": key, "i": i, "ms": rng.randint(1, 3)}
                        | ({"fail": True} if rng.random() < 0.01 else {})
                        for i in range(size)]
-            pgpool.group(conn, MEMBER, members, then=(CALLBACK, {"g": key, "total": size}))
+            # Every other callback starts a nested group of 10.
+            then = {"g": key, "total": size} | ({"group": 10} if g % 2 == 0 else {})
+            pgpool.group(conn, MEMBER, members, then=(CALLBACK, then))
             self.planned[key] = size
         parents = []
         for _ in range(self.args.parents):
@@ -458,7 +461,8 @@ class Soak:
                        f"{breakdown(verdict.interruptible)}",
             "attempts never run": "claimed, then lost before a worker started them",
             "groups": f"{len(self.planned)} enqueued, "
-                      f"{workflows.expected_groups - len(self.planned)} started by parents",
+                      f"{workflows.expected_groups - len(self.planned)} started by parents "
+                      "and callbacks",
             "callbacks run": "distinct callback jobs done, each after all its members",
             "members": "of every group, those started by parents too",
             "orphans": "follow-up jobs and groups of failed or cut-off attempts",

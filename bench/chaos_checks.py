@@ -462,9 +462,10 @@ def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Id
 
     The rules:
 
-    - The groups expected are the planned ones, and one per parent that is done (in
-      ``pgpool_done``) and asked for one, keyed ``p<id>.<claim>`` by the claim that
-      succeeded (its result; the same as its ``attempts`` there). ``pgpool_groups`` holds
+    - The groups expected are the planned ones, and one per parent or callback that is
+      done (in ``pgpool_done``) and asked for one (a callback's is a nested group), keyed
+      ``p<id>.<claim>`` by the claim that succeeded (its result; the same as its
+      ``attempts`` there). ``pgpool_groups`` holds
       exactly those: one more is an orphan group (a failed or cut-off attempt's), or a
       duplicate.
     - Each expected group has exactly one callback job (more: *callbacks duplicated*; none:
@@ -503,22 +504,26 @@ def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Id
     verdict = Workflows(groups=len(groups), expected_groups=0, callbacks_run=0,
                         members=len(by_kind[MEMBER]), parents_done=0, parents_dead=0,
                         children=len(by_kind[CHILD]))
-    # Parents: the claim that succeeded, and what it was asked to start.
+    # Parents, and callbacks that start a nested group: the claim that succeeded, and what
+    # it was asked to start.
     expected = dict(planned)
     claimed: dict[int, int] = {}
-    for job in by_kind[PARENT]:
+    nesting = [job for job in by_kind[CALLBACK] if known[job][1].get("group")]
+    for job in by_kind[PARENT] + nesting:
         f = finished.get(job)
         if f is None:
             continue
+        parent = known[job][0] == PARENT
         if f.state == "dead":
-            verdict.parents_dead += 1
+            verdict.parents_dead += parent
             continue
-        verdict.parents_done += 1
+        verdict.parents_done += parent
         claim = f.result["claim"]
         if claim != f.attempts:
             verdict.miscounted.append((job, f"result says claim {claim}, kept attempts "
                                             f"{f.attempts}"))
-        claimed[job] = claim
+        if parent:
+            claimed[job] = claim
         size = known[job][1].get("group", 0)
         if size:
             expected[f"p{job}.{claim}"] = size
@@ -546,7 +551,7 @@ def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Id
             verdict.callbacks_missing.append(key)
         else:
             verdict.callbacks_run += 1
-            seen = finished[cid].result
+            seen = {k: finished[cid].result.get(k) for k in ("members", "finished")}
             if seen != {"members": total, "finished": total}:
                 verdict.callbacks_early.append((key, f"saw {seen} of {total}"))
         mine = members.get(key, {})

@@ -16,9 +16,10 @@ inserted them knew::
     <job id> <claim> <worker pid> <start_ns> - <kind> <payload>
 
 Their payloads name them (``chaos_checks`` reads them): a member ``{"g": group key, "i":
-index}``, a callback ``{"g": group key, "total": members}``, a parent ``{"children": n,
-"group": m}``, and a parent's child ``{"p": parent id, "c": the parent's claim, "i": index}``;
-a parent's group has the key ``p<parent id>.<claim>``.
+index}``, a callback ``{"g": group key, "total": members}`` (with ``"group": m`` if it starts
+a nested group), a parent ``{"children": n, "group": m}``, and a parent's child ``{"p":
+parent id, "c": the parent's claim, "i": index}``; a group started by a parent or a callback
+has the key ``p<its id>.<claim>``.
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process on the
 host, so they compare with the fault times the soak driver takes. An attempt killed while
@@ -130,8 +131,10 @@ def member(payload: dict) -> dict:
 
 @pgpool.handler(CALLBACK, keep=KEEP)
 def callback(payload: dict) -> dict:
-    """A group's callback: reads its group's members (`current_job().group_members()`) and
-    returns how many it saw and how many had finished; it may be held after it (`_hold`).
+    """A group's callback: reads its group's members (`current_job().group_members()`),
+    starts a nested group of ``payload["group"]`` members if asked (through its job, as a
+    parent does), and returns how many members it saw, how many had finished, and its
+    claim; it may be held after the read (`_hold`).
     The read is retried through
     database faults for a minute (a restart, terminated sessions), so it never fails on
     its own; a host cut off for a whole lease kills it anyway."""
@@ -147,10 +150,20 @@ def callback(payload: dict) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+    _start_group(job, payload.get("group", 0))
     _hold(payload)
     _ended(job, start)
     return {"members": len(members),
-            "finished": sum(1 for m in members if m.state in ("done", "dead", "cancelled"))}
+            "finished": sum(1 for m in members if m.state in ("done", "dead", "cancelled")),
+            "claim": job.claim}
+
+
+def _start_group(job: RunningJob, size: int) -> None:
+    """Start a group of ``size`` members (none if 0) through ``job``, keyed by its claim."""
+    if size:
+        key = f"p{job.id}.{job.claim}"
+        job.group(MEMBER, [{"g": key, "i": i} for i in range(size)],
+                  then=(CALLBACK, {"g": key, "total": size}))
 
 
 @pgpool.handler(PARENT, keep=KEEP, retry=pgpool.Retry(base=0.1, cap=1.0))
@@ -164,11 +177,7 @@ def parent(payload: dict) -> dict:
     job, start = _started(payload)
     for i in range(payload.get("children", 0)):
         job.enqueue(CHILD, {"p": job.id, "c": job.claim, "i": i})
-    size = payload.get("group", 0)
-    if size:
-        key = f"p{job.id}.{job.claim}"
-        job.group(MEMBER, [{"g": key, "i": i} for i in range(size)],
-                  then=(CALLBACK, {"g": key, "total": size}))
+    _start_group(job, payload.get("group", 0))
     _hold(payload)  # its follow-ups kept, its success not yet sent
     _ended(job, start)
     if payload.get("fail"):

@@ -466,15 +466,16 @@ def kill_dispatcher(host: Host, db: psycopg.Connection) -> Fault:
 
 def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
         dsn, db, records, watcher, hosts, tmp_path):
-    """Two real hosts run a group of 300 members (3 discarded on purpose) and 40 parents
-    with follow-up children and groups (some discarded after enqueueing them, some failing
-    their first claim), while the test SIGKILLs a parent's worker after it kept its
-    follow-ups, a random worker mid-group, the dispatcher running another held parent
-    (then starts a host in its place), and the callback's worker after it read its
-    members. Then: every group's callback ran exactly once and after all its members,
-    every member is counted in its group, every parent that is done has exactly its
-    children and group, of the claim that succeeded, and nothing else exists; the soak's
-    accounting (nothing lost, no overlaps, every re-run explained) holds too."""
+    """Two real hosts run a group of 300 members (3 discarded on purpose), whose callback
+    starts a nested group, and 40 parents with follow-up children and groups (some
+    discarded after enqueueing them, some failing their first claim), while the test
+    SIGKILLs a parent's worker after it kept its follow-ups, a random worker mid-group,
+    the dispatcher running another held parent (then starts a host in its place), and the
+    callback's worker after it read its members and kept its nested group. Then: every
+    group's callback ran exactly once and after all its members, every member is counted
+    in its group, every parent that is done has exactly its children and group, of the
+    claim that succeeded, and nothing else exists; the soak's accounting (nothing lost,
+    no overlaps, every re-run explained) holds too."""
     holds = tmp_path / "holds"
     holds.mkdir()
 
@@ -496,8 +497,9 @@ def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
     p1 = pgpool.enqueue(db, PARENT, held_by_worker)
     members = [{"g": "d0", "i": i} | ({"fail": True} if i in (7, 150, 299) else {})
                for i in range(300)]
+    # Its callback starts a nested group of 4 before it is held (and killed).
     group = pgpool.group(db, MEMBER, members, then=(
-        CALLBACK, {"g": "d0", "total": 300, "hold": str(holds / "callback")}))
+        CALLBACK, {"g": "d0", "total": 300, "group": 4, "hold": str(holds / "callback")}))
     p2 = pgpool.enqueue(db, PARENT, held_by_host)
     pgpool.enqueue_many(db, PARENT, last)
     args = ("--procs", "2", "--batch", "10")
@@ -521,8 +523,9 @@ def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
     faults.append(kill_dispatcher(host, db))
     (holds / "host").touch()
     running = [h for h in running if h is not host] + [hosts(dsn, records, *args)]
-    # The callback, killed after it read its members: its next attempt is a second
-    # attempt of the one callback job, not a second release. All 300 members first: a few
+    # The callback, killed after it read its members and kept its nested group: its next
+    # attempt is a second attempt of the one callback job, not a second release, and its
+    # nested group is the next attempt's only. All 300 members first: a few
     # seconds, and the killed dispatcher's jobs wait out their lease (2 s).
     wait_until(lambda: attempts_of(records, group.id), "the callback to start", DRAIN)
     callback_first = attempts_of(records, group.id)[-1]
@@ -545,9 +548,9 @@ def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
     everyone = [*first, held_by_worker, held_by_host, *last]
     done = [p for p in everyone if not p.get("fail")]
     assert workflows.figures() == {
-        "groups": 1 + sum(1 for p in done if p.get("group")),
-        "callbacks run": 1 + sum(1 for p in done if p.get("group")),
-        "members": 300 + sum(p.get("group", 0) for p in done),
+        "groups": 2 + sum(1 for p in done if p.get("group")),
+        "callbacks run": 2 + sum(1 for p in done if p.get("group")),
+        "members": 300 + 4 + sum(p.get("group", 0) for p in done),
         "members lost": 0, "callbacks duplicated": 0, "callbacks early": 0,
         "parents done": len(done), "parents dead": len(everyone) - len(done),
         "children": sum(p["children"] for p in done),
@@ -564,4 +567,6 @@ def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
     # The group's row and its callback, as an application sees them.
     status = pgpool.group_status(db, group.id)
     assert (status.total, status.done, status.dead, status.callback) == (300, 297, 3, "done")
-    assert pgpool.job_status(db, group.id).result == {"members": 300, "finished": 300}
+    callback = pgpool.job_status(db, group.id)
+    assert callback.result == {"members": 300, "finished": 300,
+                               "claim": len(attempts[group.id])}

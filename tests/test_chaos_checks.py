@@ -392,3 +392,23 @@ def test_judge_workflows_flags_lost_members_and_miscounted_groups():
     assert verdict.callbacks_missing == ["p20.2"]
     assert verdict.callbacks_run == 1
     assert [m[0] for m in verdict.miscounted] == ["d0"]
+
+
+def test_judge_workflows_expects_the_nested_group_of_a_callback_that_is_done():
+    world = World()
+    world.identities[40] = (CALLBACK, {"g": "p20.2", "total": 2, "group": 1})
+    world.finished[40] = Finished(CALLBACK, "done", None, 1,
+                                  {"members": 2, "finished": 2, "claim": 1})
+    assert world.judge().callbacks_missing == ["p40.1"]  # expected, never written
+    world.ran(60, CALLBACK, {"g": "p40.1", "total": 1}, 9, 10)
+    world.ran(61, MEMBER, {"g": "p40.1", "i": 0}, 7, 8)
+    world.finished[60] = Finished(CALLBACK, "done", None, 1, {"members": 1, "finished": 1})
+    world.finished[61] = Finished(MEMBER, "done", 60, 1, {"i": 0})
+    world.groups[60] = GroupRow(1, 1, 0, True)
+    verdict = world.judge()
+    assert verdict.failures() == []
+    assert (verdict.groups, verdict.callbacks_run, verdict.members) == (3, 3, 5)
+    # One of another claim of that callback is an orphan group.
+    world.ran(62, CALLBACK, {"g": "p40.2", "total": 1}, 9, 10)
+    world.groups[62] = GroupRow(1, 0, 0, False)
+    assert flagged(world) == {"orphan follow-ups": 1, "orphan groups": 1}
