@@ -15,7 +15,9 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    ``--parents`` parents that enqueue 0-4 children through ``current_job().enqueue`` and,
    one in five, start a group of 5-30 members through ``current_job().group``. One
    parent in 20 is discarded after enqueueing its follow-ups (so they must never exist),
-   one in 10 fails its first claim and is retried. The kinds of the workload keep their
+   one in 10 fails its first claim and is retried. Along with about one fault in three,
+   a running member is cancelled (``pgpool.ops.cancel``, as an operator would): its host
+   stops it, and it counts as finished in its group. The kinds of the workload keep their
    successes (``keep=``), so ``pgpool_done`` and ``pgpool_groups`` hold every outcome at
    the end.
 2. Starts two ``pgpool run --handlers chaosjobs --lease 2 --procs 1 --batch 50``
@@ -112,6 +114,7 @@ from chaos_cluster import (
 )
 
 import pgpool
+from pgpool.ops import JobNotFound, cancel
 from pgpool.scheduler import ack_high_water, capacity
 
 #: The dispatchers' settings (``--lease 2 --procs 1 --batch 50``).
@@ -161,6 +164,8 @@ class Soak:
         self.ids: list[int] = []
         #: The groups the driver enqueued: key -> members.
         self.planned: dict[str, int] = {}
+        #: Members cancelled while they ran.
+        self.cancelled: list[int] = []
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -268,6 +273,8 @@ class Soak:
                 if fault is not None:
                     self.faults.append(fault)
                     _say(f"{len(self.faults):4d} {kind} ({remaining} jobs left)")
+                if self.rng.random() < 1 / 3:
+                    self.cancel_member()
                 else:
                     plan.insert(0, kind)  # nothing to hit right now: try it again soon
                 next_fault = time.monotonic() + self.rng.uniform(lo, hi)
@@ -321,6 +328,24 @@ class Soak:
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND backend_type = 'client backend'")
         return Fault(kind, t0, now_ns(), cap=cap)
+
+    def cancel_member(self) -> None:
+        """Cancel a running member of a group, as an operator would: its host stops it, and
+        its group counts it finished. Nothing if none runs, the server is away, or it
+        finished first (`pgpool.ops.cancel` then changes nothing)."""
+        assert self.pg is not None
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True, connect_timeout=5) as conn:
+                row = conn.execute(
+                    "SELECT id FROM pgpool_jobs WHERE kind = %s AND state = 'running' "
+                    "AND locked_by IS NOT NULL ORDER BY random() LIMIT 1", (MEMBER,)).fetchone()
+                if row is None:
+                    return
+                cancel(conn, [row[0]])
+        except (psycopg.Error, JobNotFound):
+            return
+        self.cancelled.append(row[0])
+        _say(f"     member {row[0]} cancelled")
 
     def _running_or(self, fallback: int) -> int:
         assert self.db is not None
@@ -421,7 +446,8 @@ class Soak:
         assert self.pg is not None
         finished, left, groups = workflow_outcomes(self.pg.dsn)
         workflows = judge_workflows(attempts, identities, planned=self.planned,
-                                    finished=finished, left=left, groups=groups, died=died)
+                                    finished=finished, left=left, groups=groups, died=died,
+                                    cancelled=self.cancelled)
         # Follow-ups are jobs of the run too: their ids are known from what they left.
         ids = set(self.ids) | set(identities) | set(finished) | set(left)
         verdict = judge(
@@ -464,7 +490,8 @@ class Soak:
                       f"{workflows.expected_groups - len(self.planned)} started by parents "
                       "and callbacks",
             "callbacks run": "distinct callback jobs done, each after all its members",
-            "members": "of every group, those started by parents too",
+            "members": "of every group, those started by parents and callbacks too",
+            "members cancelled": "while they ran, by an operator; each must be dead",
             "orphans": "follow-up jobs and groups of failed or cut-off attempts",
             "duplicates": "a follow-up or member written twice",
             "dispatcher starts": f"refused at start-up while the server was away: "
@@ -527,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         soak.setup()
-        _say(f"{args.jobs} jobs enqueued; dispatchers started")
+        _say(f"{len(soak.ids)} jobs enqueued (the group workload's too); dispatchers started")
         started = time.monotonic()
         drained = soak.run()
         elapsed = time.monotonic() - started

@@ -413,12 +413,16 @@ class Workflows:
     orphan_groups: list[Any] = field(default_factory=list)
     duplicates: list[Any] = field(default_factory=list)
     children_lost: list[Any] = field(default_factory=list)
+    #: Members cancelled while they ran, and those of them not dead at the end.
+    cancelled: int = 0
+    not_cancelled: list[int] = field(default_factory=list)
 
     def figures(self) -> dict[str, int]:
         """The counts, by the names the soak prints them under."""
         return {
             "groups": self.groups, "callbacks run": self.callbacks_run,
-            "members": self.members, "members lost": len(self.members_lost),
+            "members": self.members, "members cancelled": self.cancelled,
+            "members lost": len(self.members_lost),
             "callbacks duplicated": len(self.callbacks_duplicated),
             "callbacks early": len(self.callbacks_early),
             "parents done": self.parents_done, "parents dead": self.parents_dead,
@@ -438,7 +442,8 @@ class Workflows:
                    ("orphan follow-ups", self.orphans),
                    ("orphan groups", self.orphan_groups),
                    ("duplicate follow-ups or members", self.duplicates),
-                   ("children lost", self.children_lost))
+                   ("children lost", self.children_lost),
+                   ("cancelled members not dead", self.not_cancelled))
                if items]
         if self.groups != self.expected_groups:
             out.append(f"{self.groups} groups in pgpool_groups, not the "
@@ -449,14 +454,15 @@ class Workflows:
 def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Identity], *,
                     planned: dict[str, int], groups: dict[int, GroupRow],
                     finished: dict[int, Finished], left: dict[int, Identity],
-                    died: DeathBound) -> Workflows:
+                    died: DeathBound, cancelled: Collection[int] = ()) -> Workflows:
     """Apply the group workload's rules to a run.
 
     ``attempts`` are every recorded attempt, ``identities`` the workload's jobs' kinds and
     payloads from their records (`read_identities`), ``planned`` the groups the driver
     enqueued (key -> members), ``groups`` the rows of ``pgpool_groups`` by id, ``finished``
     the workload's jobs in ``pgpool_done`` and ``pgpool_dead`` by id, ``left`` those still
-    in ``pgpool_jobs``. Every job the workload ever had is in one of the three: it ran
+    in ``pgpool_jobs``, ``cancelled`` the members an operator cancelled while they ran (each
+    must be dead). Every job the workload ever had is in one of the three: it ran
     (records), it died (``pgpool_dead``, with its payload) or it is left (`Workflows` counts
     none left as lost: the soak's own accounting reports them not drained).
 
@@ -503,7 +509,9 @@ def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Id
 
     verdict = Workflows(groups=len(groups), expected_groups=0, callbacks_run=0,
                         members=len(by_kind[MEMBER]), parents_done=0, parents_dead=0,
-                        children=len(by_kind[CHILD]))
+                        children=len(by_kind[CHILD]), cancelled=len(set(cancelled)))
+    verdict.not_cancelled = sorted(job for job in set(cancelled)
+                                   if job not in finished or finished[job].state != "dead")
     # Parents, and callbacks that start a nested group: the claim that succeeded, and what
     # it was asked to start.
     expected = dict(planned)

@@ -322,7 +322,8 @@ def test_judge_workflows_passes_a_clean_run():
     verdict = World().judge()
     assert verdict.failures() == []
     assert verdict.figures() == {
-        "groups": 2, "callbacks run": 2, "members": 4, "members lost": 0,
+        "groups": 2, "callbacks run": 2, "members": 4, "members cancelled": 0,
+        "members lost": 0,
         "callbacks duplicated": 0, "callbacks early": 0, "parents done": 1,
         "parents dead": 1, "children": 2, "orphans": 0, "duplicates": 0, "children lost": 0,
     }
@@ -412,3 +413,14 @@ def test_judge_workflows_expects_the_nested_group_of_a_callback_that_is_done():
     world.ran(62, CALLBACK, {"g": "p40.2", "total": 1}, 9, 10)
     world.groups[62] = GroupRow(1, 0, 0, False)
     assert flagged(world) == {"orphan follow-ups": 1, "orphan groups": 1}
+
+
+def test_judge_workflows_flags_a_cancelled_member_that_did_not_die():
+    world = World()
+    world.finished[12] = Finished(MEMBER, "dead", 10, 1, payload={"g": "d0", "i": 1})
+    assert world.judge().failures() == []
+    verdict = judge_workflows(world.attempts, world.identities, planned={"d0": 2},
+                              groups=world.groups, finished=world.finished, left={},
+                              died=seen_at(w101=0.8), cancelled=[12, 41])
+    assert verdict.figures()["members cancelled"] == 2
+    assert verdict.not_cancelled == [41]  # done: the cancel did not stop it
