@@ -551,8 +551,8 @@ def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
         "groups": 2 + sum(1 for p in done if p.get("group")),
         "callbacks run": 2 + sum(1 for p in done if p.get("group")),
         "members": 300 + 4 + sum(p.get("group", 0) for p in done),
-        "members lost": 0, "callbacks duplicated": 0, "callbacks early": 0,
-        "parents done": len(done), "parents dead": len(everyone) - len(done),
+        "members cancelled": 0, "members lost": 0, "callbacks duplicated": 0,
+        "callbacks early": 0, "parents done": len(done), "parents dead": len(everyone) - len(done),
         "children": sum(p["children"] for p in done),
         "orphans": 0, "duplicates": 0, "children lost": 0,
     }
