@@ -50,11 +50,11 @@ It prints the figures (and with ``--summary`` writes them to FILE as one JSON ob
 exits 0 only if: nothing lost, nothing overlapping, everything drained, no unexplained
 re-runs, re-runs within the bound, the same attempt never started twice, every rule of the
 group workload held, no dispatcher died on its own, and every dispatcher exited 0 on the
-final SIGTERM. A dispatcher that could not
-connect at start-up because PostgreSQL was restarting at that moment (exit 2, "cannot
-connect"), or lost its connection before it started serving (backends terminated: exit 2,
-"lost the database", with no start line of its own) is not a failure: pgpool documents
-that start-up needs the database; it is restarted like a supervisor would, and counted.
+final SIGTERM. A dispatcher that could not connect at start-up because PostgreSQL was
+restarting at that moment (exit 2, "cannot connect"), or lost its connection before it
+started serving (backends terminated: exit 2, "lost the database", with no start line of
+its own) is not a failure: pgpool documents that start-up needs the database; it is
+restarted like a supervisor would, and counted.
 """
 
 from __future__ import annotations
