@@ -1,12 +1,25 @@
 """Chaos soak: two dispatchers drain N jobs while processes and PostgreSQL are killed.
 
-    python bench/chaos.py [--jobs 20000] [--seconds 300] [--seed N] [--keep] [--summary FILE]
+    python bench/chaos.py [--jobs 20000] [--groups 5] [--members 10000] [--parents 1000]
+                          [--seconds 300] [--seed N] [--keep] [--summary FILE]
 
 What it does, in order, all with real processes and a real server (``chaos_cluster``):
 
 1. Starts its own embedded PostgreSQL in a fresh ``/tmp/pgpool-chaos-*`` directory (deleted
    at the end), migrates, and enqueues ``--jobs`` jobs of `chaosjobs.record` (1-5 ms of
-   CPU each; every attempt durably records ``job attempt pid start_ns end_ns``).
+   CPU each; every attempt durably records ``job attempt pid start_ns end_ns``), and the
+   group workload (`chaosjobs`' other kinds, recorded the same way with their payloads):
+   ``--groups`` groups (``pgpool.group``) sharing ``--members`` members, about 1 in 100 of
+   them discarded on purpose (dead, and counted so in their group), each with a callback
+   that reads its members (every other one then starts a nested group of 10); and
+   ``--parents`` parents that enqueue 0-4 children through ``current_job().enqueue`` and,
+   one in five, start a group of 5-30 members through ``current_job().group``. One
+   parent in 20 is discarded after enqueueing its follow-ups (so they must never exist),
+   one in 10 fails its first claim and is retried. Along with about one fault in three,
+   a running member is cancelled (``pgpool.ops.cancel``, as an operator would): its host
+   stops it, and it counts as finished in its group. The kinds of the workload keep their
+   successes (``keep=``), so ``pgpool_done`` and ``pgpool_groups`` hold every outcome at
+   the end.
 2. Starts two ``pgpool run --handlers chaosjobs --lease 2 --procs 1 --batch 50``
    dispatchers.
 3. Until the queue is empty, at random intervals (``--interval``), injects one fault:
@@ -27,16 +40,21 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    module docstring states the rules and why each is sound. Each fault carries the number
    of jobs it could have interrupted: 1 for a worker kill, the jobs the database showed a
    killed dispatcher owning right after the kill, and for a database fault the running jobs
-   just before it plus one `pgpool.scheduler.capacity` per dispatcher.
+   just before it plus one `pgpool.scheduler.capacity` per dispatcher. The group workload
+   is judged by ``chaos_checks.judge_workflows`` (its docstring has the rules): every
+   group's callback run exactly once and only after all its members had finished, no
+   member lost, every group row counting its members, every parent that is done with
+   exactly its children and group, and no follow-up of a failed or cut-off attempt.
 
 It prints the figures (and with ``--summary`` writes them to FILE as one JSON object) and
 exits 0 only if: nothing lost, nothing overlapping, everything drained, no unexplained
-re-runs, re-runs within the bound, the same attempt never started twice, no dispatcher died
-on its own, and every dispatcher exited 0 on the final SIGTERM. A dispatcher that could not
-connect at start-up because PostgreSQL was restarting at that moment (exit 2, "cannot
-connect"), or lost its connection before it started serving (backends terminated: exit 2,
-"lost the database", with no start line of its own) is not a failure: pgpool documents
-that start-up needs the database; it is restarted like a supervisor would, and counted.
+re-runs, re-runs within the bound, the same attempt never started twice, every rule of the
+group workload held, no dispatcher died on its own, and every dispatcher exited 0 on the
+final SIGTERM. A dispatcher that could not connect at start-up because PostgreSQL was
+restarting at that moment (exit 2, "cannot connect"), or lost its connection before it
+started serving (backends terminated: exit 2, "lost the database", with no start line of
+its own) is not a failure: pgpool documents that start-up needs the database; it is
+restarted like a supervisor would, and counted.
 """
 
 from __future__ import annotations
@@ -61,16 +79,24 @@ from typing import Any
 
 import psycopg
 from chaos_checks import (
+    ASKED_TO_FAIL,
     BACKENDS_TERMINATED,
+    CALLBACK,
     DISPATCHER_KILL,
     FAULT_KINDS,
+    MEMBER,
+    PARENT,
     POSTGRES_RESTART,
     WORKER_KILL,
     Fault,
     Verdict,
+    Workflows,
     death_bound,
+    failed_on_purpose,
     judge,
+    judge_workflows,
     read_attempts,
+    read_identities,
 )
 from chaos_cluster import (
     BENCH,
@@ -84,9 +110,11 @@ from chaos_cluster import (
     now_ns,
     tied_python,
     workers_of,
+    workflow_outcomes,
 )
 
 import pgpool
+from pgpool.ops import JobNotFound, cancel
 from pgpool.scheduler import ack_high_water, capacity
 
 #: The dispatchers' settings (``--lease 2 --procs 1 --batch 50``).
@@ -134,6 +162,10 @@ class Soak:
         self.starts = 0
         self.watcher = Watcher(self.record_dir)
         self.ids: list[int] = []
+        #: The groups the driver enqueued: key -> members.
+        self.planned: dict[str, int] = {}
+        #: Members cancelled while they ran.
+        self.cancelled: list[int] = []
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -144,15 +176,47 @@ class Soak:
             pgpool.migrate(conn)
             payloads = ({"ms": self.rng.randint(1, 5)} for _ in range(self.args.jobs))
             pgpool.enqueue_many(conn, KIND, payloads)
+            self.enqueue_workflows(conn)
             self.ids = [r[0] for r in conn.execute("SELECT id FROM pgpool_jobs")]
-        if len(self.ids) != self.args.jobs:
-            raise RuntimeError(f"enqueued {len(self.ids)} jobs, not {self.args.jobs}")
+        expected = (self.args.jobs + sum(self.planned.values()) + len(self.planned)
+                    + self.args.parents)
+        if len(self.ids) != expected:
+            raise RuntimeError(f"enqueued {len(self.ids)} jobs, not {expected}")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
         self.env.update(PGPOOL_DSN=self.pg.dsn, PGPOOL_HOME=str(self.run_dir / "home"),
                         **{RECORD_ENV: str(self.record_dir)})
         self.watcher.start()
         for slot in range(DISPATCHERS):
             self.start_dispatcher(slot)
+
+    def enqueue_workflows(self, conn: psycopg.Connection) -> None:
+        """The group workload: ``--groups`` groups of ``--members`` members in all, and
+        ``--parents`` parents with follow-ups (see the module docstring)."""
+        rng = self.rng
+        groups = self.args.groups
+        for g in range(groups):
+            key = f"d{g}"
+            size = self.args.members // groups + (g < self.args.members % groups)
+            members = [{"g": key, "i": i, "ms": rng.randint(1, 3)}
+                       | ({"fail": True} if rng.random() < 0.01 else {})
+                       for i in range(size)]
+            # Every other callback starts a nested group of 10.
+            then = {"g": key, "total": size} | ({"group": 10} if g % 2 == 0 else {})
+            pgpool.group(conn, MEMBER, members, then=(CALLBACK, then))
+            self.planned[key] = size
+        parents = []
+        for _ in range(self.args.parents):
+            payload: dict[str, Any] = {"ms": rng.randint(1, 3),
+                                       "children": rng.randint(0, 4)}
+            if rng.random() < 0.2:
+                payload["group"] = rng.randint(5, 30)
+            draw = rng.random()
+            if draw < 0.05:
+                payload["fail"] = True
+            elif draw < 0.15:
+                payload["flaky"] = True
+            parents.append(payload)
+        pgpool.enqueue_many(conn, PARENT, parents)
 
     def start_dispatcher(self, slot: int) -> None:
         cmd = tied_python("-m", "pgpool", "run", "--handlers", "chaosjobs",
@@ -209,6 +273,8 @@ class Soak:
                 if fault is not None:
                     self.faults.append(fault)
                     _say(f"{len(self.faults):4d} {kind} ({remaining} jobs left)")
+                if self.rng.random() < 1 / 3:
+                    self.cancel_member()
                 else:
                     plan.insert(0, kind)  # nothing to hit right now: try it again soon
                 next_fault = time.monotonic() + self.rng.uniform(lo, hi)
@@ -262,6 +328,24 @@ class Soak:
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND backend_type = 'client backend'")
         return Fault(kind, t0, now_ns(), cap=cap)
+
+    def cancel_member(self) -> None:
+        """Cancel a running member of a group, as an operator would: its host stops it, and
+        its group counts it finished. Nothing if none runs, the server is away, or it
+        finished first (`pgpool.ops.cancel` then changes nothing)."""
+        assert self.pg is not None
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True, connect_timeout=5) as conn:
+                row = conn.execute(
+                    "SELECT id FROM pgpool_jobs WHERE kind = %s AND state = 'running' "
+                    "AND locked_by IS NOT NULL ORDER BY random() LIMIT 1", (MEMBER,)).fetchone()
+                if row is None:
+                    return
+                cancel(conn, [row[0]])
+        except (psycopg.Error, JobNotFound):
+            return
+        self.cancelled.append(row[0])
+        _say(f"     member {row[0]} cancelled")
 
     def _running_or(self, fallback: int) -> int:
         assert self.db is not None
@@ -356,17 +440,28 @@ class Soak:
         assert self.db is not None
         (self.run_dir / "faults.json").write_text(json.dumps(
             [{**dataclasses.asdict(f), "until": f.until} for f in self.faults], indent=1))
+        attempts = read_attempts(self.record_dir)
+        identities = read_identities(self.record_dir)
+        died = death_bound(self.faults, self.watcher.died)
+        assert self.pg is not None
+        finished, left, groups = workflow_outcomes(self.pg.dsn)
+        workflows = judge_workflows(attempts, identities, planned=self.planned,
+                                    finished=finished, left=left, groups=groups, died=died,
+                                    cancelled=self.cancelled)
+        # Follow-ups are jobs of the run too: their ids are known from what they left.
+        ids = set(self.ids) | set(identities) | set(finished) | set(left)
         verdict = judge(
-            self.ids, read_attempts(self.record_dir), self.faults,
-            died=death_bound(self.faults, self.watcher.died), lease=LEASE,
+            ids, attempts, self.faults, died=died, lease=LEASE,
             dead={r for (r,) in self._rows("SELECT id FROM pgpool_dead")},
-            left=int(self.db.query("SELECT count(*) FROM pgpool_jobs")))
-        figures = {**verdict.figures(), "dispatcher starts": self.starts,
+            left=int(self.db.query("SELECT count(*) FROM pgpool_jobs")),
+            failed=failed_on_purpose(attempts, identities))
+        figures = {**verdict.figures(), **workflows.figures(),
+                   "dispatcher starts": self.starts,
                    "postgres restarts": self.pg.restarts if self.pg else 0}
-        self._print(verdict, figures, drained, elapsed)
+        self._print(verdict, workflows, figures, drained, elapsed)
         if self.args.summary is not None:
             self.args.summary.write_text(json.dumps(figures, indent=1) + "\n")
-        failures = verdict.failures() + self.problems
+        failures = verdict.failures() + workflows.failures() + self.problems
         if not drained:
             failures.append(f"not drained within {self.args.seconds:g}s")
         for failure in failures:
@@ -377,10 +472,10 @@ class Soak:
                 print(f"postgres log ends:\n{self.pg.log_tail()}")
         return not failures
 
-    def _print(self, verdict: Verdict, figures: dict[str, int], drained: bool,
-               elapsed: float) -> None:
-        def breakdown(counts: Counter[str]) -> str:
-            return ", ".join(f"{k} {counts[k]}" for k in FAULT_KINDS)
+    def _print(self, verdict: Verdict, workflows: Workflows, figures: dict[str, int],
+               drained: bool, elapsed: float) -> None:
+        def breakdown(counts: Counter[str], kinds: tuple[str, ...] = FAULT_KINDS) -> str:
+            return ", ".join(f"{k} {counts[k]}" for k in kinds)
 
         done = verdict.jobs - len(verdict.lost)
         print(f"chaos soak: {verdict.jobs} jobs, {DISPATCHERS} dispatchers x {PROCS} worker, "
@@ -391,6 +486,14 @@ class Soak:
             "re-runs": f"at most {verdict.bound} interruptible: "
                        f"{breakdown(verdict.interruptible)}",
             "attempts never run": "claimed, then lost before a worker started them",
+            "groups": f"{len(self.planned)} enqueued, "
+                      f"{workflows.expected_groups - len(self.planned)} started by parents "
+                      "and callbacks",
+            "callbacks run": "distinct callback jobs done, each after all its members",
+            "members": "of every group, those started by parents and callbacks too",
+            "members cancelled": "while they ran, by an operator; each must be dead",
+            "orphans": "follow-up jobs and groups of failed or cut-off attempts",
+            "duplicates": "a follow-up or member written twice",
             "dispatcher starts": f"refused at start-up while the server was away: "
                                  f"{self.refused}; exited by themselves: {self.crashes}",
         }
@@ -398,10 +501,10 @@ class Soak:
             if name == "interruptible":
                 continue  # shown with the re-runs
             note = f"  ({notes[name]})" if name in notes else ""
-            print(f"{name + ':':<21}{value}{note}")
+            print(f"{name + ':':<23}{value}{note}")
             if name == "re-runs":
-                print(f"{'re-runs by cause:':<21}{sum(verdict.causes.values())}  "
-                      f"({breakdown(verdict.causes)})")
+                print(f"{'re-runs by cause:':<23}{sum(verdict.causes.values())}  "
+                      f"({breakdown(verdict.causes, (*FAULT_KINDS, ASKED_TO_FAIL))})")
 
     def _rows(self, sql: str) -> list[tuple[Any, ...]]:
         assert self.pg is not None
@@ -427,6 +530,12 @@ def _interval(text: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs to drain (default 20000)")
+    parser.add_argument("--groups", type=int, default=5,
+                        help="groups the driver enqueues (default 5)")
+    parser.add_argument("--members", type=int, default=10_000,
+                        help="members of those groups in all (default 10000)")
+    parser.add_argument("--parents", type=int, default=1000,
+                        help="parents that enqueue follow-ups and groups (default 1000)")
     parser.add_argument("--seconds", type=float, default=300,
                         help="time limit of the drain; faults stop after 3/4 of it (default 300)")
     parser.add_argument("--interval", type=_interval, default=(0.5, 2.0), metavar="MIN,MAX",
@@ -445,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         soak.setup()
-        _say(f"{args.jobs} jobs enqueued; dispatchers started")
+        _say(f"{len(soak.ids)} jobs enqueued (the group workload's too); dispatchers started")
         started = time.monotonic()
         drained = soak.run()
         elapsed = time.monotonic() - started

@@ -33,7 +33,12 @@ The rules, and why each is sound:
   1 per worker kill; for a dispatcher kill, the jobs the database showed it owning right
   after the kill (they are frozen until their leases expire); for a database fault, the
   running jobs just before it plus one full `pgpool.scheduler.capacity` per dispatcher for
-  claims landing around it.
+  claims landing around it. A re-run after an attempt that recorded its end and then
+  failed on purpose (``failed``: the group workload's flaky parents) is explained by that
+  failure, and not counted against the faults' bound.
+
+The group workload (members of groups, their callbacks, parents and their follow-ups; see
+``chaosjobs``) is judged by `judge_workflows`, whose docstring states its rules.
 
 Times are CLOCK_MONOTONIC nanoseconds (`time.monotonic_ns`), the clock `chaosjobs` records
 with, shared by every process on the host.
@@ -42,16 +47,20 @@ with, shared by every process on the host.
 from __future__ import annotations
 
 import bisect
+import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 WORKER_KILL = "worker kill"
 DISPATCHER_KILL = "dispatcher kill"
 POSTGRES_RESTART = "postgres restart"
 BACKENDS_TERMINATED = "backends terminated"
+#: The cause of a re-run after an attempt that failed on purpose (not a fault).
+ASKED_TO_FAIL = "asked to fail"
 #: Every fault kind; the last two are database faults.
 FAULT_KINDS = (WORKER_KILL, DISPATCHER_KILL, POSTGRES_RESTART, BACKENDS_TERMINATED)
 
@@ -111,7 +120,7 @@ def read_attempts(record_dir: Path) -> dict[int, list[Attempt]]:
         ppid, _, pid_text = f.stem.partition("-")
         parents[int(pid_text)] = int(ppid)
         for line in f.read_text().split("\n")[:-1]:
-            job, attempt, pid, start, end = line.split()
+            job, attempt, pid, start, end = line.split(" ", 5)[:5]
             key = (int(job), int(attempt), int(pid), int(start))
             if end != "-":
                 ends[key] = int(end)
@@ -182,10 +191,12 @@ def duplicate_attempts(attempts: dict[int, list[Attempt]]) -> list[tuple[int, in
 
 
 def explain_reruns(attempts: dict[int, list[Attempt]], faults: Iterable[Fault], *,
-                   lease: float) -> tuple[Counter[str], list[tuple[Attempt, Attempt]]]:
-    """Attribute each re-run (a started attempt ``b`` after ``a``) to a fault; see the module
-    docstring for the rules. ``lease`` is the dispatchers' lease in seconds. Returns re-runs
-    by fault kind, and the unexplained pairs."""
+                   lease: float, failed: Collection[tuple[int, int]] = ()
+                   ) -> tuple[Counter[str], list[tuple[Attempt, Attempt]]]:
+    """Attribute each re-run (a started attempt ``b`` after ``a``) to a fault, or to ``a``
+    failing on purpose (``failed``: its (job, attempt) pairs); see the module docstring for
+    the rules. ``lease`` is the dispatchers' lease in seconds. Returns re-runs by cause,
+    and the unexplained pairs."""
     killed_workers = defaultdict(list)
     killed_hosts = defaultdict(list)
     database = []
@@ -213,8 +224,10 @@ def explain_reruns(attempts: dict[int, list[Attempt]], faults: Iterable[Fault], 
     unexplained = []
     for runs in attempts.values():
         for a, b in pairwise(runs):
-            if any(f.t0 <= b.start and last_before.get(id(f)) == a.start
-                   for f in killed_workers.get(a.pid, ())):
+            if a.end is not None and (a.job, a.attempt) in failed:
+                causes[ASKED_TO_FAIL] += 1
+            elif any(f.t0 <= b.start and last_before.get(id(f)) == a.start
+                     for f in killed_workers.get(a.pid, ())):
                 causes[WORKER_KILL] += 1
             elif any(f.t0 <= b.start and a.start <= f.until
                      for f in killed_hosts.get(a.ppid, ())):
@@ -256,6 +269,11 @@ class Verdict:
         """The most re-runs the faults explain: the sum of their caps."""
         return sum(self.interruptible.values())
 
+    @property
+    def allowed(self) -> int:
+        """The most re-runs allowed: `bound`, and one per attempt that failed on purpose."""
+        return self.bound + self.causes[ASKED_TO_FAIL]
+
     def figures(self) -> dict[str, int]:
         """The counts, by the names the soak prints them under."""
         return {
@@ -275,9 +293,12 @@ class Verdict:
                                    ("unexplained re-runs", self.unexplained),
                                    ("records of unknown jobs", self.strays))
                if items]
-        if self.reruns > self.bound:
+        if self.reruns > self.allowed:
+            failed = self.causes[ASKED_TO_FAIL]
             out.append(f"{self.reruns} re-runs, more than the {self.bound} jobs the faults "
-                       "could have interrupted")
+                       "could have interrupted"
+                       + (f" and the {failed} attempts that failed on purpose"
+                          if failed else ""))
         if self.left:
             out.append(f"not drained: {self.left} jobs still in pgpool_jobs")
         return out
@@ -285,15 +306,15 @@ class Verdict:
 
 def judge(ids: Collection[int], attempts: dict[int, list[Attempt]], faults: Iterable[Fault],
           *, died: DeathBound, lease: float, dead: Collection[int] = (),
-          left: int = 0) -> Verdict:
+          left: int = 0, failed: Collection[tuple[int, int]] = ()) -> Verdict:
     """Apply every rule to a run: ``ids`` the jobs enqueued, ``attempts`` their records,
     ``faults`` what was injected, ``died`` the bound on each worker's death, ``lease`` the
     dispatchers' lease (s), ``dead`` the ids in ``pgpool_dead``, ``left`` the jobs still in
-    ``pgpool_jobs``."""
+    ``pgpool_jobs``, ``failed`` the (job, attempt) pairs that failed on purpose."""
     faults = list(faults)
     enqueued = set(ids)
     completed = completed_jobs(attempts)
-    causes, unexplained = explain_reruns(attempts, faults, lease=lease)
+    causes, unexplained = explain_reruns(attempts, faults, lease=lease, failed=failed)
     interruptible: Counter[str] = Counter()
     for f in faults:
         interruptible[f.kind] += f.cap
@@ -314,3 +335,291 @@ def judge(ids: Collection[int], attempts: dict[int, list[Attempt]], faults: Iter
         never_run=sum(max(a.attempt for a in runs) - len({a.attempt for a in runs})
                       for runs in attempts.values()),
     )
+
+
+# --- the group workload ----------------------------------------------------------------------
+
+#: The group workload's kinds (`chaosjobs`' handlers).
+MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
+WORKFLOW_KINDS = (MEMBER, CALLBACK, PARENT, CHILD)
+
+#: (kind, payload) of a job, as its start record or the database shows it.
+Identity = tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """A group's row in ``pgpool_groups``."""
+
+    total: int
+    done: int
+    dead: int
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A finished job of the group workload as the database keeps it: ``state`` 'done' (in
+    ``pgpool_done``, with its ``result`` and its claims, ``attempts``) or 'dead' (in
+    ``pgpool_dead``, with its ``payload``)."""
+
+    kind: str
+    state: str
+    group_id: int | None
+    attempts: int = 0
+    result: Any = None
+    payload: Any = None
+
+
+def read_identities(record_dir: Path) -> dict[int, Identity]:
+    """The kind and payload of each job whose start line carries them (the group workload's
+    kinds: see ``chaosjobs``). Lines cut short by a kill are ignored."""
+    found: dict[int, Identity] = {}
+    for f in record_dir.glob("*.log"):
+        for line in f.read_text().split("\n")[:-1]:
+            fields = line.split(" ", 6)
+            if len(fields) == 7 and fields[4] == "-":
+                found[int(fields[0])] = (fields[5], json.loads(fields[6]))
+    return found
+
+
+def failed_on_purpose(attempts: dict[int, list[Attempt]],
+                      identities: dict[int, Identity]) -> set[tuple[int, int]]:
+    """The (job, attempt) pairs that failed on purpose and were retried: a flaky parent's
+    first claim, once it recorded its end."""
+    return {(job, a.attempt) for job, (kind, payload) in identities.items()
+            if kind == PARENT and payload.get("flaky")
+            for a in attempts.get(job, ()) if a.attempt == 1 and a.end is not None}
+
+
+@dataclass
+class Workflows:
+    """The group workload's rules applied to one run (`judge_workflows`); `failures` lists
+    the broken ones. Each list holds examples: a group key, a job id, or a pair."""
+
+    groups: int
+    expected_groups: int
+    callbacks_run: int
+    members: int
+    parents_done: int
+    parents_dead: int
+    children: int
+    members_lost: list[Any] = field(default_factory=list)
+    callbacks_duplicated: list[str] = field(default_factory=list)
+    callbacks_missing: list[str] = field(default_factory=list)
+    callbacks_early: list[Any] = field(default_factory=list)
+    miscounted: list[Any] = field(default_factory=list)
+    orphans: list[int] = field(default_factory=list)
+    orphan_groups: list[Any] = field(default_factory=list)
+    duplicates: list[Any] = field(default_factory=list)
+    children_lost: list[Any] = field(default_factory=list)
+    #: Members cancelled while they ran, and those of them not dead at the end.
+    cancelled: int = 0
+    not_cancelled: list[int] = field(default_factory=list)
+
+    def figures(self) -> dict[str, int]:
+        """The counts, by the names the soak prints them under."""
+        return {
+            "groups": self.groups, "callbacks run": self.callbacks_run,
+            "members": self.members, "members cancelled": self.cancelled,
+            "members lost": len(self.members_lost),
+            "callbacks duplicated": len(self.callbacks_duplicated),
+            "callbacks early": len(self.callbacks_early),
+            "parents done": self.parents_done, "parents dead": self.parents_dead,
+            "children": self.children, "orphans": len(self.orphans) + len(self.orphan_groups),
+            "duplicates": len(self.duplicates), "children lost": len(self.children_lost),
+        }
+
+    def failures(self) -> list[str]:
+        """One line per broken rule, with a few examples; empty if every rule held."""
+        out = [f"{what}: {len(items)}, e.g. {items[:5]}"
+               for what, items in (
+                   ("members lost", self.members_lost),
+                   ("callbacks duplicated", self.callbacks_duplicated),
+                   ("callbacks not run", self.callbacks_missing),
+                   ("callbacks started before their members finished", self.callbacks_early),
+                   ("groups miscounted", self.miscounted),
+                   ("orphan follow-ups", self.orphans),
+                   ("orphan groups", self.orphan_groups),
+                   ("duplicate follow-ups or members", self.duplicates),
+                   ("children lost", self.children_lost),
+                   ("cancelled members not dead", self.not_cancelled))
+               if items]
+        if self.groups != self.expected_groups:
+            out.append(f"{self.groups} groups in pgpool_groups, not the "
+                       f"{self.expected_groups} enqueued and started by parents that are done")
+        return out
+
+
+def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Identity], *,
+                    planned: dict[str, int], groups: dict[int, GroupRow],
+                    finished: dict[int, Finished], left: dict[int, Identity],
+                    died: DeathBound, cancelled: Collection[int] = ()) -> Workflows:
+    """Apply the group workload's rules to a run.
+
+    ``attempts`` are every recorded attempt, ``identities`` the workload's jobs' kinds and
+    payloads from their records (`read_identities`), ``planned`` the groups the driver
+    enqueued (key -> members), ``groups`` the rows of ``pgpool_groups`` by id, ``finished``
+    the workload's jobs in ``pgpool_done`` and ``pgpool_dead`` by id, ``left`` those still
+    in ``pgpool_jobs``, ``cancelled`` the members an operator cancelled while they ran (each
+    must be dead). Every job the workload ever had is in one of the three: it ran
+    (records), it died (``pgpool_dead``, with its payload) or it is left (`Workflows` counts
+    none left as lost: the soak's own accounting reports them not drained).
+
+    The rules:
+
+    - The groups expected are the planned ones, and one per parent or callback that is
+      done (in ``pgpool_done``) and asked for one (a callback's is a nested group), keyed
+      ``p<id>.<claim>`` by the claim that succeeded (its result; the same as its
+      ``attempts`` there). ``pgpool_groups`` holds
+      exactly those: one more is an orphan group (a failed or cut-off attempt's), or a
+      duplicate.
+    - Each expected group has exactly one callback job (more: *callbacks duplicated*; none:
+      *callbacks not run*), done in ``pgpool_done``, which saw every member finished
+      (its result), and whose first attempt started after every attempt of every member
+      had ended (its end record, or an upper bound on its worker's death, as for overlaps):
+      otherwise *callbacks early*.
+    - Its row is complete (``completed_at`` set), ``done + dead == total``, and those
+      counts are the members in ``pgpool_done`` and in ``pgpool_dead`` with its id:
+      otherwise *groups miscounted*.
+    - Its members are indices ``0..total-1``, each exactly one job (more: *duplicates*),
+      each done or dead in its group: otherwise *members lost*.
+    - A parent that is done has exactly its children of the claim that succeeded, indices
+      ``0..n-1``, each one job (more: *duplicates*), each that ran to its end or is dead
+      (otherwise *children lost*). Any other child (of a dead parent, or of another claim)
+      is an *orphan*, and so is a member or callback of a group nobody expects.
+    """
+    known: dict[int, Identity] = dict(identities)
+    for job, f in finished.items():
+        if f.state == "dead" and job not in known:
+            known[job] = (f.kind, f.payload)
+    for job, ident in left.items():
+        known.setdefault(job, ident)
+    by_kind: dict[str, list[int]] = defaultdict(list)
+    for job, (kind, _) in known.items():
+        by_kind[kind].append(job)
+
+    def done(job: int) -> bool:
+        return job in finished and finished[job].state == "done"
+
+    def final(job: int) -> int | None:
+        """When the last attempt of ``job`` was over, if known (0: it never started)."""
+        ends = [a.end if a.end is not None else died(a.pid) for a in attempts.get(job, ())]
+        return None if None in ends else max(ends, default=0)
+
+    verdict = Workflows(groups=len(groups), expected_groups=0, callbacks_run=0,
+                        members=len(by_kind[MEMBER]), parents_done=0, parents_dead=0,
+                        children=len(by_kind[CHILD]), cancelled=len(set(cancelled)))
+    verdict.not_cancelled = sorted(job for job in set(cancelled)
+                                   if job not in finished or finished[job].state != "dead")
+    # Parents, and callbacks that start a nested group: the claim that succeeded, and what
+    # it was asked to start.
+    expected = dict(planned)
+    claimed: dict[int, int] = {}
+    nesting = [job for job in by_kind[CALLBACK] if known[job][1].get("group")]
+    for job in by_kind[PARENT] + nesting:
+        f = finished.get(job)
+        if f is None:
+            continue
+        parent = known[job][0] == PARENT
+        if f.state == "dead":
+            verdict.parents_dead += parent
+            continue
+        verdict.parents_done += parent
+        claim = f.result["claim"]
+        if claim != f.attempts:
+            verdict.miscounted.append((job, f"result says claim {claim}, kept attempts "
+                                            f"{f.attempts}"))
+        if parent:
+            claimed[job] = claim
+        size = known[job][1].get("group", 0)
+        if size:
+            expected[f"p{job}.{claim}"] = size
+    verdict.expected_groups = len(expected)
+
+    # Groups: one callback each, run once and after every member.
+    callbacks: dict[str, list[int]] = defaultdict(list)
+    for job in by_kind[CALLBACK]:
+        callbacks[known[job][1]["g"]].append(job)
+    members: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for job in by_kind[MEMBER]:
+        payload = known[job][1]
+        members[payload["g"]][payload["i"]].append(job)
+    matched: set[int] = set()
+    for key, total in sorted(expected.items()):
+        ids = sorted(callbacks.get(key, ()))
+        if len(ids) > 1:
+            verdict.callbacks_duplicated.append(key)
+        if not ids:
+            verdict.callbacks_missing.append(key)
+            continue
+        cid = ids[0]
+        matched.update(ids)
+        if not (done(cid) and any(a.end is not None for a in attempts.get(cid, ()))):
+            verdict.callbacks_missing.append(key)
+        else:
+            verdict.callbacks_run += 1
+            seen = {k: finished[cid].result.get(k) for k in ("members", "finished")}
+            if seen != {"members": total, "finished": total}:
+                verdict.callbacks_early.append((key, f"saw {seen} of {total}"))
+        mine = members.get(key, {})
+        done_here = dead_here = 0
+        for i in range(total):
+            jobs = mine.get(i, [])
+            if len(jobs) > 1:
+                verdict.duplicates.append((key, i, jobs))
+            if not jobs:
+                verdict.members_lost.append((key, i))
+            for job in jobs:
+                f = finished.get(job)
+                if f is None or f.group_id != cid:
+                    verdict.members_lost.append((key, i, job))
+                elif f.state == "done":
+                    done_here += 1
+                else:
+                    dead_here += 1
+        extra = [(key, i) for i in mine if not 0 <= i < total]
+        verdict.duplicates.extend(extra)
+        starts = [a.start for a in attempts.get(cid, ())]
+        if starts:
+            ends = [final(job) for jobs in mine.values() for job in jobs]
+            if None in ends or max((e for e in ends if e is not None), default=0) >= min(
+                    starts):
+                verdict.callbacks_early.append(
+                    (key, "started before a member's attempt was over (or unknown)"))
+        row = groups.get(cid)
+        if row is None:
+            verdict.miscounted.append((key, "no row in pgpool_groups"))
+        elif (row.total, row.done, row.dead, row.completed) != (total, done_here, dead_here,
+                                                                True):
+            verdict.miscounted.append((key, row, f"members done {done_here}, dead {dead_here}"))
+    verdict.orphan_groups = sorted(gid for gid in groups if gid not in matched)
+    verdict.orphans.extend(sorted(
+        [job for key in set(callbacks) - set(expected) for job in callbacks[key]]
+        + [job for key in set(members) - set(expected)
+           for jobs in members[key].values() for job in jobs]))
+
+    # Children: exactly those of each done parent's successful claim.
+    children: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(
+        lambda: defaultdict(list))
+    for job in by_kind[CHILD]:
+        payload = known[job][1]
+        children[payload["p"], payload["c"]][payload["i"]].append(job)
+    for parent, claim in sorted(claimed.items()):
+        asked = known[parent][1].get("children", 0)
+        mine = children.get((parent, claim), {})
+        for i in range(asked):
+            jobs = mine.get(i, [])
+            if len(jobs) > 1:
+                verdict.duplicates.append((parent, claim, i, jobs))
+            if not jobs:
+                verdict.children_lost.append((parent, claim, i))
+            for job in jobs:
+                ran = any(a.end is not None for a in attempts.get(job, ()))
+                if not ran and not (job in finished and finished[job].state == "dead"):
+                    verdict.children_lost.append((parent, claim, i, job))
+        verdict.duplicates.extend((parent, claim, i) for i in mine if not 0 <= i < asked)
+    verdict.orphans.extend(sorted(job for (parent, claim), jobs in children.items()
+                                  if claimed.get(parent) != claim
+                                  for ids in jobs.values() for job in ids))
+    return verdict

@@ -5,6 +5,8 @@ Used by the soak (``bench/chaos.py``) and ``tests/test_chaos.py``:
 - `Postgres`: a dedicated embedded server, restarted or stopped in place (same socket, so a
   DSN stays valid across restarts);
 - `Db`: the driver's one connection, which reconnects after a fault broke it;
+- `workflow_outcomes`: what the database shows of the group workload at the end, for
+  ``chaos_checks.judge_workflows``;
 - processes: `tied_python` starts a dispatcher that dies with the driver, `workers_of` finds
   a dispatcher's workers, `alive` and `catches` look at a process, and `Watcher` notes when
   each worker that recorded an attempt exited (an upper bound on its death, for the
@@ -30,6 +32,7 @@ from typing import Any
 
 import psutil
 import psycopg
+from chaos_checks import WORKFLOW_KINDS, Finished, GroupRow, Identity
 from psycopg.conninfo import make_conninfo
 
 from pgpool import embedded
@@ -214,6 +217,28 @@ class Db:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+
+
+def workflow_outcomes(dsn: str) -> tuple[dict[int, Finished], dict[int, Identity],
+                                         dict[int, GroupRow]]:
+    """The group workload's jobs in ``pgpool_done`` and ``pgpool_dead`` (`Finished`), those
+    still in ``pgpool_jobs`` (kind and payload), and every row of ``pgpool_groups``, by id:
+    the database's side of ``chaos_checks.judge_workflows``."""
+    kinds = (list(WORKFLOW_KINDS),)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        finished = {
+            r[0]: Finished(r[1], "done", r[2], r[3], result=r[4]) for r in conn.execute(
+                "SELECT id, kind, group_id, attempts, result FROM pgpool_done "
+                "WHERE kind = ANY(%s)", kinds)}
+        finished.update({
+            r[0]: Finished(r[1], "dead", r[2], r[3], payload=r[4]) for r in conn.execute(
+                "SELECT id, kind, group_id, attempts, payload FROM pgpool_dead "
+                "WHERE kind = ANY(%s)", kinds)})
+        left = {r[0]: (r[1], r[2]) for r in conn.execute(
+            "SELECT id, kind, payload FROM pgpool_jobs WHERE kind = ANY(%s)", kinds)}
+        groups = {r[0]: GroupRow(*r[1:]) for r in conn.execute(
+            "SELECT id, total, done, dead, completed_at IS NOT NULL FROM pgpool_groups")}
+    return finished, left, groups
 
 
 # --- processes -----------------------------------------------------------------------------

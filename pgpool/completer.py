@@ -621,10 +621,12 @@ def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:
         return sql.ACK_CONTROL, p
     kept = [a for a in arms["done"] if a.keep is not None]
     p["kept_ids"] = int_array(a.job.id for a in kept)
+    p["kept_attempts"] = int_array(a.job.attempt for a in kept)
     p["kept_seconds"] = [a.keep for a in kept]
     p["kept_results"] = [None if a.result is None else a.result.decode() for a in kept]
-    follow = [(a.job.id, job) for a in arms["done"] if a.follow for job in a.follow[0]]
-    p["follow_parents"] = int_array(parent for parent, _ in follow)
+    follow = [(a.job, job) for a in arms["done"] if a.follow for job in a.follow[0]]
+    p["follow_parents"] = int_array(parent.id for parent, _ in follow)
+    p["follow_attempts"] = int_array(parent.attempt for parent, _ in follow)
     for column, key in _FOLLOW_COLUMNS:
         p[column] = [job[key] for _, job in follow]
     return (sql.ACK_KEPT if successes else sql.ACK_OUTCOMES), p
@@ -644,12 +646,14 @@ _FOLLOW_COLUMNS: Final = (
     ("follow_concurrency_keys", "concurrency_key"))
 
 
-def follow_up_groups(acks: list[Ack], recorded: list[int]) -> list[dict[str, Any]]:
+def follow_up_groups(acks: list[Ack], recorded: list[list[int]]) -> list[dict[str, Any]]:
     """The parameters of `sql.ENQUEUE_GROUP` for each group a handler started (through
     its job) in the attempts of ``acks`` whose success a `RECORDING` statement recorded
-    (the ids it returned last): written in the same transaction, after it."""
-    done = set(recorded)
-    return [group for a in acks if a.follow and a.job.id in done for group in a.follow[1]]
+    (the (id, attempt) pairs it returned last: not a stale ack's of an earlier attempt of
+    the same job): written in the same transaction, after it."""
+    done = {(job_id, attempt) for job_id, attempt in recorded}
+    return [group for a in acks if a.follow and (a.job.id, a.job.attempt) in done
+            for group in a.follow[1]]
 
 
 def _reason(ack: Ack, exc: BaseException) -> str:

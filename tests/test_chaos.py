@@ -13,8 +13,11 @@ loaded two-core machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,14 +36,32 @@ from pgpool.scheduler import capacity
 sys.path.insert(0, str(BENCH))
 from chaos_checks import (
     BACKENDS_TERMINATED,
+    CALLBACK,
+    DISPATCHER_KILL,
+    MEMBER,
+    PARENT,
     POSTGRES_RESTART,
+    WORKER_KILL,
     Attempt,
     Fault,
+    death_bound,
+    failed_on_purpose,
     find_overlaps,
     judge,
+    judge_workflows,
     read_attempts,
+    read_identities,
 )
-from chaos_cluster import KIND, RECORD_ENV, Db, Watcher, now_ns
+from chaos_cluster import (
+    KIND,
+    RECORD_ENV,
+    Db,
+    Watcher,
+    alive,
+    now_ns,
+    workers_of,
+    workflow_outcomes,
+)
 
 # The soak tier: `make soak-test` (which CI runs too), not `make test`.
 pytestmark = pytest.mark.soak
@@ -366,10 +387,13 @@ SOAK_TIMEOUT = 180
 
 def test_chaos_soak_small(tmp_path):
     """bench/chaos.py at CI size: two dispatchers, random kills and restarts, and its own
-    checker; it must pass and report the figures."""
+    checkers, with the group workload (4 groups of 250 members, 100 parents with follow-up
+    children and groups): about 2000 jobs, which drain in about the time 1500 plain ones
+    did. It must pass and report the figures."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
-        [sys.executable, str(BENCH / "chaos.py"), "--jobs", "1500", "--seconds", "60",
+        [sys.executable, str(BENCH / "chaos.py"), "--jobs", "300", "--groups", "4",
+         "--members", "1000", "--parents", "100", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=BENCH.parent, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -386,12 +410,163 @@ def test_chaos_soak_small(tmp_path):
         pytest.fail(f"the soak ran over {SOAK_TIMEOUT}s:\n{out}{err[-5000:]}")
     assert soak.returncode == 0, out + err[-5000:]
     figures = json.loads(summary.read_text())
-    assert figures["jobs"] == 1500
+    # The driver's 300 + 1000 + 4 callbacks + 100 parents, and the parents' follow-ups.
+    assert figures["jobs"] > 1404
     # The soak does one fault of each kind before it ends (unless its 45 s of faults run
-    # out, which a passing run of 1500 jobs never nears).
+    # out, which a passing run of 2000 jobs never nears).
     assert figures["faults"] >= 4
     assert figures["lost"] == 0
     assert figures["overlapping"] == 0
     assert figures["unexplained re-runs"] == 0
     assert figures["not drained"] == 0
-    assert figures["completed"] + figures["dead"] >= 1500
+    assert figures["completed"] + figures["dead"] >= figures["jobs"]
+    # The four groups and those the parents that are done started, each released once.
+    assert figures["groups"] > 4
+    assert figures["callbacks run"] == figures["groups"]
+    assert figures["members"] >= 1000
+    for name in ("members lost", "callbacks duplicated", "callbacks early", "orphans",
+                 "duplicates", "children lost"):
+        assert figures[name] == 0, name
+
+
+# --- groups and follow-ups under kills ------------------------------------------------------
+
+
+def attempts_of(records: Path, job_id: int) -> list[Attempt]:
+    """The attempts of ``job_id`` recorded so far, by start time."""
+    return read_attempts(records).get(job_id, [])
+
+
+def kill_worker(pid: int) -> Fault:
+    """SIGKILL worker ``pid``: the fault, which could interrupt the one job it runs."""
+    t0 = now_ns()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return Fault(WORKER_KILL, t0, now_ns(), pid=pid, cap=1)
+
+
+def kill_dispatcher(host: Host, db: psycopg.Connection) -> Fault:
+    """SIGKILL ``host``'s dispatcher, wait until its workers are gone with it, and count
+    the jobs it held (frozen until their leases expire): the fault."""
+    workers = workers_of(host.proc.pid)
+    t0 = now_ns()
+    host.proc.kill()
+    t1 = now_ns()
+    host.proc.wait(timeout=30)
+    # They die with it (PR_SET_PDEATHSIG): at once, 10 s on a loaded machine is plenty.
+    wait_until(lambda: not any(alive(w) for w in workers), "its workers to die with it", 10,
+               interval=0.002)
+    gone = now_ns()
+    held = db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running' "
+                      "AND locked_by LIKE %s",
+                      (f"{socket.gethostname()}:{host.proc.pid}:%",)).fetchone()[0]
+    return Fault(DISPATCHER_KILL, t0, t1, pid=host.proc.pid, cap=held, workers_gone=gone,
+                 workers=workers)
+
+
+def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
+        dsn, db, records, watcher, hosts, tmp_path):
+    """Two real hosts run a group of 300 members (3 discarded on purpose), whose callback
+    starts a nested group, and 40 parents with follow-up children and groups (some
+    discarded after enqueueing them, some failing their first claim), while the test
+    SIGKILLs a parent's worker after it kept its follow-ups, a random worker mid-group,
+    the dispatcher running another held parent (then starts a host in its place), and the
+    callback's worker after it read its members and kept its nested group. Then: every
+    group's callback ran exactly once and after all its members, every member is counted
+    in its group, every parent that is done has exactly its children and group, of the
+    claim that succeeded, and nothing else exists; the soak's accounting (nothing lost,
+    no overlaps, every re-run explained) holds too."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+
+    def parent(i: int) -> dict:
+        payload = {"children": i % 5}
+        if i % 4 == 0:
+            payload["group"] = 5 + i % 6
+        if i % 10 == 3:
+            payload["fail"] = True
+        elif i % 10 == 7:
+            payload["flaky"] = True
+        return payload
+
+    first = [parent(i) for i in range(20)]
+    last = [parent(i) for i in range(20, 40)]
+    held_by_worker = {"children": 3, "group": 6, "hold": str(holds / "worker")}
+    held_by_host = {"children": 4, "hold": str(holds / "host")}
+    pgpool.enqueue_many(db, PARENT, first)
+    p1 = pgpool.enqueue(db, PARENT, held_by_worker)
+    members = [{"g": "d0", "i": i} | ({"fail": True} if i in (7, 150, 299) else {})
+               for i in range(300)]
+    # Its callback starts a nested group of 4 before it is held (and killed).
+    group = pgpool.group(db, MEMBER, members, then=(
+        CALLBACK, {"g": "d0", "total": 300, "group": 4, "hold": str(holds / "callback")}))
+    p2 = pgpool.enqueue(db, PARENT, held_by_host)
+    pgpool.enqueue_many(db, PARENT, last)
+    args = ("--procs", "2", "--batch", "10")
+    running = [hosts(dsn, records, *args), hosts(dsn, records, *args)]
+    faults = []
+
+    # A parent killed after it kept its follow-ups: they must never exist. Start-up takes a
+    # few seconds on a loaded machine, 20 parents half a second more: 60 s is plenty.
+    (attempt,) = wait_until(lambda: attempts_of(records, p1), "the held parent to start", 60)
+    faults.append(kill_worker(attempt.pid))
+    (holds / "worker").touch()
+    # A worker killed mid-group, whatever it runs: after 100 attempts, while the claims
+    # (at most two hosts' capacity ahead) are still far from the second held parent.
+    wait_until(lambda: ended(records) >= 100, "100 attempts to end")
+    victim = running[1].proc.pid
+    faults.append(kill_worker(wait_until(lambda: workers_of(victim, ready=True),
+                                         "a started worker")[0]))
+    # The dispatcher running the second held parent, and a host started in its place.
+    attempt = wait_until(lambda: attempts_of(records, p2), "the second held parent")[-1]
+    (host,) = [h for h in running if h.proc.pid == attempt.ppid]
+    faults.append(kill_dispatcher(host, db))
+    (holds / "host").touch()
+    running = [h for h in running if h is not host] + [hosts(dsn, records, *args)]
+    # The callback, killed after it read its members and kept its nested group: its next
+    # attempt is a second attempt of the one callback job, not a second release, and its
+    # nested group is the next attempt's only. All 300 members first: a few
+    # seconds, and the killed dispatcher's jobs wait out their lease (2 s).
+    wait_until(lambda: attempts_of(records, group.id), "the callback to start", DRAIN)
+    callback_first = attempts_of(records, group.id)[-1]
+    faults.append(kill_worker(callback_first.pid))
+    (holds / "callback").touch()
+
+    poller = Db(dsn)
+    wait_until(lambda: jobs_left(poller) == 0, "every job, follow-up and callback", DRAIN)
+    poller.close()
+    for host in running:
+        assert host.stop() == 0, host.output()
+    assert watcher.settle() == []
+    attempts = read_attempts(records)
+    identities = read_identities(records)
+    finished, left, groups = workflow_outcomes(dsn)
+    died = death_bound(faults, watcher.died)
+    workflows = judge_workflows(attempts, identities, planned={"d0": 300}, groups=groups,
+                                finished=finished, left=left, died=died)
+    assert workflows.failures() == []
+    everyone = [*first, held_by_worker, held_by_host, *last]
+    done = [p for p in everyone if not p.get("fail")]
+    assert workflows.figures() == {
+        "groups": 2 + sum(1 for p in done if p.get("group")),
+        "callbacks run": 2 + sum(1 for p in done if p.get("group")),
+        "members": 300 + 4 + sum(p.get("group", 0) for p in done),
+        "members cancelled": 0, "members lost": 0, "callbacks duplicated": 0,
+        "callbacks early": 0, "parents done": len(done), "parents dead": len(everyone) - len(done),
+        "children": sum(p["children"] for p in done),
+        "orphans": 0, "duplicates": 0, "children lost": 0,
+    }
+    ids = {r[0] for r in db.execute("SELECT id FROM pgpool_dead")}
+    verdict = judge(set(identities) | set(finished), attempts, faults, died=died,
+                    lease=LEASE, dead=ids, failed=failed_on_purpose(attempts, identities))
+    assert verdict.failures() == []
+    # The kills hit what they were aimed at: each held attempt was cut off and run again.
+    for job in (p1, p2, group.id):
+        cut, *again = attempts[job]
+        assert cut.end is None and again and again[-1].end is not None, attempts[job]
+    # The group's row and its callback, as an application sees them.
+    status = pgpool.group_status(db, group.id)
+    assert (status.total, status.done, status.dead, status.callback) == (300, 297, 3, "done")
+    callback = pgpool.job_status(db, group.id)
+    assert callback.result == {"members": 300, "finished": 300,
+                               "claim": len(attempts[group.id])}

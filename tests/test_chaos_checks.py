@@ -4,25 +4,39 @@ accept, and what it must flag. No processes, no database."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from chaos_checks import (
+    ASKED_TO_FAIL,
     BACKENDS_TERMINATED,
+    CALLBACK,
+    CHILD,
     DISPATCHER_KILL,
+    MEMBER,
+    PARENT,
     POSTGRES_RESTART,
     WORKER_KILL,
     Attempt,
     DeathBound,
     Fault,
+    Finished,
+    GroupRow,
+    Identity,
+    Workflows,
     death_bound,
     duplicate_attempts,
     explain_reruns,
+    failed_on_purpose,
     find_overlaps,
     judge,
+    judge_workflows,
     read_attempts,
+    read_identities,
 )
 
 S = 10**9  # one second in the checker's unit (monotonic ns)
@@ -231,3 +245,182 @@ def test_judge_flags_more_reruns_than_the_faults_could_cause():
     assert verdict.unexplained == []
     assert verdict.failures() == ["2 re-runs, more than the 1 jobs the faults could have "
                                   "interrupted"]
+
+
+def test_judge_explains_a_rerun_after_an_attempt_that_failed_on_purpose():
+    # A flaky parent's first claim recorded its end and raised: its re-run is no fault's.
+    a, b = attempt(1, 1, W1, 0, 1), attempt(1, 2, W3, 2, 3)
+    verdict = judge({1}, runs(a, b), [], died=never_seen, lease=LEASE, failed={(1, 1)})
+    assert verdict.causes == {ASKED_TO_FAIL: 1}
+    assert verdict.failures() == []
+    # Without it, the same re-run is unexplained and over the faults' bound.
+    assert len(judge({1}, runs(a, b), [], died=never_seen, lease=LEASE).failures()) == 2
+
+
+# --- the group workload ---------------------------------------------------------------------
+
+
+def test_read_identities_and_the_attempts_that_failed_on_purpose(tmp_path):
+    (tmp_path / f"{HOST}-{W1}.log").write_text(
+        f'7 1 {W1} 5 - chaos.parent {{"children":2,"flaky":true}}\n7 1 {W1} 5 9\n'
+        f"8 1 {W1} 10 -\n"  # a plain chaos.record job: no identity
+        f'9 1 {W1} 12 - chaos.member {{"g":"d0","i":3}}\n'
+        f'10 1 {W1} 14 - chaos.child {{"p":7,')  # cut short by a kill
+    identities = read_identities(tmp_path)
+    assert identities == {7: (PARENT, {"children": 2, "flaky": True}),
+                          9: (MEMBER, {"g": "d0", "i": 3})}
+    attempts = read_attempts(tmp_path)
+    assert attempts[9] == [Attempt(9, 1, W1, HOST, 12, None)]
+    assert failed_on_purpose(attempts, identities) == {(7, 1)}
+
+
+@dataclass
+class World:
+    """A run of the group workload, by hand: a planned group d0 (callback 10, member 11
+    done, member 12 discarded); parent 20 done on its second claim (the first was killed)
+    with children 30 and 31 and group p20.2 (callback 40, members 41 and 42); parent 21
+    discarded with none. Members end by 2 s, callbacks start at 5 s."""
+
+    attempts: dict[int, list[Attempt]] = field(default_factory=lambda: runs(
+        attempt(11, 1, W1, 0, 1), attempt(12, 1, W2, 0, 2), attempt(10, 1, W3, 5, 6),
+        attempt(20, 1, W1, 0, None), attempt(20, 2, W3, 1, 1.5), attempt(21, 1, W2, 0, 0.5),
+        attempt(30, 1, W1, 2, 3), attempt(31, 1, W1, 3, 4),
+        attempt(41, 1, W1, 1.6, 2), attempt(42, 1, W3, 1.6, 2), attempt(40, 1, W2, 5, 6)))
+    identities: dict[int, Identity] = field(default_factory=lambda: {
+        10: (CALLBACK, {"g": "d0", "total": 2}), 11: (MEMBER, {"g": "d0", "i": 0}),
+        12: (MEMBER, {"g": "d0", "i": 1, "fail": True}),
+        20: (PARENT, {"children": 2, "group": 2}), 21: (PARENT, {"children": 1, "fail": True}),
+        30: (CHILD, {"p": 20, "c": 2, "i": 0}), 31: (CHILD, {"p": 20, "c": 2, "i": 1}),
+        40: (CALLBACK, {"g": "p20.2", "total": 2}), 41: (MEMBER, {"g": "p20.2", "i": 0}),
+        42: (MEMBER, {"g": "p20.2", "i": 1})})
+    finished: dict[int, Finished] = field(default_factory=lambda: {
+        10: Finished(CALLBACK, "done", None, 1, {"members": 2, "finished": 2}),
+        11: Finished(MEMBER, "done", 10, 1, {"i": 0}),
+        12: Finished(MEMBER, "dead", 10, 1, payload={"g": "d0", "i": 1, "fail": True}),
+        20: Finished(PARENT, "done", None, 2, {"claim": 2}),
+        21: Finished(PARENT, "dead", None, 1, payload={"children": 1, "fail": True}),
+        40: Finished(CALLBACK, "done", None, 1, {"members": 2, "finished": 2}),
+        41: Finished(MEMBER, "done", 40, 1, {"i": 0}),
+        42: Finished(MEMBER, "done", 40, 1, {"i": 1})})
+    groups: dict[int, GroupRow] = field(default_factory=lambda: {
+        10: GroupRow(2, 1, 1, True), 40: GroupRow(2, 2, 0, True)})
+    left: dict[int, Identity] = field(default_factory=dict)
+
+    def ran(self, job: int, kind: str, payload: dict[str, Any], start: float,
+            end: float | None = None) -> None:
+        """Add a job that ran once, from ``start`` to ``end`` seconds."""
+        self.identities[job] = (kind, payload)
+        self.attempts[job] = [attempt(job, 1, W1, start, end)]
+
+    def judge(self) -> Workflows:
+        return judge_workflows(self.attempts, self.identities, planned={"d0": 2},
+                               groups=self.groups, finished=self.finished, left=self.left,
+                               died=seen_at(w101=0.8))
+
+
+def test_judge_workflows_passes_a_clean_run():
+    verdict = World().judge()
+    assert verdict.failures() == []
+    assert verdict.figures() == {
+        "groups": 2, "callbacks run": 2, "members": 4, "members cancelled": 0,
+        "members lost": 0,
+        "callbacks duplicated": 0, "callbacks early": 0, "parents done": 1,
+        "parents dead": 1, "children": 2, "orphans": 0, "duplicates": 0, "children lost": 0,
+    }
+
+
+def flagged(world: World) -> dict[str, int]:
+    """The broken rules, by the start of their failure line."""
+    return {line.split(":")[0]: int(line.split(":")[1].split(",")[0])
+            for line in world.judge().failures() if ":" in line}
+
+
+def test_judge_workflows_flags_follow_ups_of_other_attempts_and_written_twice():
+    world = World()
+    world.ran(32, CHILD, {"p": 20, "c": 1, "i": 0}, 1, 1.2)  # of the killed first claim
+    world.ran(33, CHILD, {"p": 21, "c": 1, "i": 0}, 1, 1.2)  # of the discarded parent
+    world.ran(34, CHILD, {"p": 20, "c": 2, "i": 1}, 4, 5)  # child 1 again: a re-acked flush
+    assert flagged(world) == {"orphan follow-ups": 2, "duplicate follow-ups or members": 1}
+    assert world.judge().orphans == [32, 33]
+
+
+def test_judge_workflows_flags_a_child_missing_or_never_finished():
+    world = World()
+    del world.attempts[31], world.identities[31]
+    world.attempts[30] = [attempt(30, 1, W1, 2, None)]  # killed, never run again nor dead
+    assert world.judge().children_lost == [(20, 2, 0, 30), (20, 2, 1)]
+
+
+def test_judge_workflows_flags_a_group_of_a_failed_or_cut_off_attempt():
+    world = World()
+    world.ran(50, CALLBACK, {"g": "p20.1", "total": 1}, 7, 8)
+    world.ran(51, MEMBER, {"g": "p20.1", "i": 0}, 6, 6.5)
+    world.groups[50] = GroupRow(1, 1, 0, True)
+    assert flagged(world) == {"orphan follow-ups": 2, "orphan groups": 1}
+    assert "3 groups in pgpool_groups, not the 2 enqueued" in world.judge().failures()[-1]
+
+
+def test_judge_workflows_flags_a_second_callback_and_a_callback_run_early():
+    world = World()
+    world.ran(50, CALLBACK, {"g": "d0", "total": 2}, 7, 8)  # a second callback of d0
+    world.attempts[40] = [attempt(40, 1, W2, 1.8, 3)]  # before members 41 and 42 ended
+    verdict = world.judge()
+    assert verdict.callbacks_duplicated == ["d0"]
+    assert [key for key, _ in verdict.callbacks_early] == ["p20.2"]
+    # A callback that saw a member unfinished was released early, whatever the records say.
+    world = World()
+    world.finished[10] = Finished(CALLBACK, "done", None, 1, {"members": 2, "finished": 1})
+    assert [key for key, _ in world.judge().callbacks_early] == ["d0"]
+    # A member killed and never seen dead: the callback is not proven to have come after.
+    world = World()
+    world.attempts[41] = [attempt(41, 1, W2, 1.6, None), attempt(41, 2, W3, 1.7, 2)]
+    assert [key for key, _ in world.judge().callbacks_early] == ["p20.2"]
+
+
+def test_judge_workflows_flags_lost_members_and_miscounted_groups():
+    world = World()
+    del world.finished[42]  # ran, but neither done nor dead
+    world.groups[10] = GroupRow(2, 2, 0, True)  # counts the dead member as done
+    del world.attempts[11], world.identities[11], world.finished[11]  # never existed
+    verdict = world.judge()
+    assert verdict.members_lost == [("d0", 0), ("p20.2", 1, 42)]
+    assert [m[0] for m in verdict.miscounted] == ["d0", "p20.2"]
+    # A group whose callback never ran, and a row never completed.
+    world = World()
+    del world.finished[40]
+    world.groups[10] = GroupRow(2, 1, 1, False)
+    verdict = world.judge()
+    assert verdict.callbacks_missing == ["p20.2"]
+    assert verdict.callbacks_run == 1
+    assert [m[0] for m in verdict.miscounted] == ["d0"]
+
+
+def test_judge_workflows_expects_the_nested_group_of_a_callback_that_is_done():
+    world = World()
+    world.identities[40] = (CALLBACK, {"g": "p20.2", "total": 2, "group": 1})
+    world.finished[40] = Finished(CALLBACK, "done", None, 1,
+                                  {"members": 2, "finished": 2, "claim": 1})
+    assert world.judge().callbacks_missing == ["p40.1"]  # expected, never written
+    world.ran(60, CALLBACK, {"g": "p40.1", "total": 1}, 9, 10)
+    world.ran(61, MEMBER, {"g": "p40.1", "i": 0}, 7, 8)
+    world.finished[60] = Finished(CALLBACK, "done", None, 1, {"members": 1, "finished": 1})
+    world.finished[61] = Finished(MEMBER, "done", 60, 1, {"i": 0})
+    world.groups[60] = GroupRow(1, 1, 0, True)
+    verdict = world.judge()
+    assert verdict.failures() == []
+    assert (verdict.groups, verdict.callbacks_run, verdict.members) == (3, 3, 5)
+    # One of another claim of that callback is an orphan group.
+    world.ran(62, CALLBACK, {"g": "p40.2", "total": 1}, 9, 10)
+    world.groups[62] = GroupRow(1, 0, 0, False)
+    assert flagged(world) == {"orphan follow-ups": 1, "orphan groups": 1}
+
+
+def test_judge_workflows_flags_a_cancelled_member_that_did_not_die():
+    world = World()
+    world.finished[12] = Finished(MEMBER, "dead", 10, 1, payload={"g": "d0", "i": 1})
+    assert world.judge().failures() == []
+    verdict = judge_workflows(world.attempts, world.identities, planned={"d0": 2},
+                              groups=world.groups, finished=world.finished, left={},
+                              died=seen_at(w101=0.8), cancelled=[12, 41])
+    assert verdict.figures()["members cancelled"] == 2
+    assert verdict.not_cancelled == [41]  # done: the cancel did not stop it

@@ -15,7 +15,8 @@ from conftest import JSON_LOGS, one, only_event, run_pgpool, start_pgpool, wait_
 
 import pgpool
 from pgpool import testing
-from pgpool.completer import Ack, ack_statement
+from pgpool.completer import Ack, ack_statement, follow_up_groups
+from pgpool.groups import group_params
 from pgpool.job import Job
 from pgpool.sql import jobs as sql
 
@@ -172,6 +173,38 @@ def test_a_stale_or_repeated_ack_adds_no_follow_ups(db):
         assert query is sql.ACK_KEPT
         db.execute(query, params)
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (1,)
+
+
+def test_a_stale_ack_in_the_flush_of_the_next_attempt_records_nothing(db):
+    # A host could not write its ack of attempt 1 (the database was away), lost the job's
+    # lease, claimed the job again and ran attempt 2: both acks go in its next flush. Only
+    # attempt 2's success is recorded: its result, its follow-up job and group, and none
+    # of attempt 1's (the chaos soak found both attempts' follow-ups written, and attempt
+    # 1's result kept).
+    job_id = pgpool.enqueue(db, "out.parent", {"children": 0})
+    db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 2, locked_by = 'me', "
+               "lease_until = now() + interval '1 minute' WHERE id = %s", (job_id,))
+
+    def ack(attempt: int) -> Ack:
+        child = {"queue": "default", "kind": "out.child", "payload": f'{{"n": {attempt}}}',
+                 "priority": 0, "run_at": None, "delay": 0.0, "max_attempts": None,
+                 "unique_key": None, "tenant": "", "concurrency_key": None}
+        group = group_params("out.score", [{"doc": attempt}], ("out.combine", {"n": attempt}))
+        job = Job(job_id, "out.parent", "default", attempt, 0, 2, b"{}", None)
+        return Ack.done(job, 60.0, f'{{"claim": {attempt}}}'.encode(), ([child], [group]))
+
+    acks = [ack(1), ack(2)]
+    query, params = ack_statement(acks, "me")
+    with db.transaction():
+        row = db.execute(query, params).fetchone()
+        for group in follow_up_groups(acks, row[-1]):
+            db.execute(sql.ENQUEUE_GROUP, group)
+    assert one(db, "SELECT result FROM pgpool_done WHERE id = %s", job_id) == ({"claim": 2},)
+    assert db.execute("SELECT kind, payload FROM pgpool_jobs WHERE state <> 'waiting' "
+                      "ORDER BY id").fetchall() == [("out.child", {"n": 2}),
+                                                    ("out.score", {"doc": 2})]
+    assert db.execute("SELECT payload FROM pgpool_jobs WHERE state = 'waiting'").fetchall() \
+        == [({"n": 2},)]
 
 
 def test_a_plain_flush_still_writes_the_plain_statements():

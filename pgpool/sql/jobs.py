@@ -603,16 +603,20 @@ ACK_CONTROL: Final = (_ACK_ARMS.format(done="j.id") + _SNOOZED + _buried(reasons
 # seconds to keep; and the follow-up jobs of each attempt whose success the statement
 # records (its job deleted here: owned, this attempt), and of no other: an attempt that
 # failed, or whose lease was lost, leaves none, and the same ack written again (its first
-# answer lost) finds its job gone and adds none. No ON CONFLICT on the record: a job's id
-# is in pgpool_done at most once, and the check cost a tenth of the flush.
+# answer lost) finds its job gone and adds none. Records and follow-ups are matched to the
+# deleted job by (id, attempt): a host may hold a stale ack of an earlier attempt of the
+# same job in the same flush (it could not write it, lost the lease, and ran the job
+# again). No ON CONFLICT on the record: so matched, a job's id goes in once, and the check
+# cost a tenth of the flush.
 _KEPT_AND_FOLLOWED: Final = """, kept AS (
     INSERT INTO pgpool_done (id, queue, kind, tenant, attempts, created_at, keep_until,
                              result, group_id)
     SELECT d.id, d.queue, d.kind, d.tenant, d.attempts, d.created_at,
            now() + make_interval(secs => k.seconds), k.result::jsonb, d.group_id
     FROM done AS d
-    JOIN unnest(%(kept_ids)s::bigint[], %(kept_seconds)s::float8[], %(kept_results)s::text[])
-         AS k(id, seconds, result) ON k.id = d.id
+    JOIN unnest(%(kept_ids)s::bigint[], %(kept_attempts)s::int[], %(kept_seconds)s::float8[],
+                %(kept_results)s::text[])
+         AS k(id, attempt, seconds, result) ON k.id = d.id AND k.attempt = d.attempts
     RETURNING id
 ), followed AS (
     INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
@@ -620,32 +624,33 @@ _KEPT_AND_FOLLOWED: Final = """, kept AS (
     SELECT f.queue, f.kind, f.payload::jsonb, f.priority, due.at,
            CASE WHEN due.at <= now() THEN 'ready' ELSE 'scheduled' END,
            f.max_attempts, f.unique_key, f.tenant, f.concurrency_key
-    FROM unnest(%(follow_parents)s::bigint[], %(follow_queues)s::text[],
+    FROM unnest(%(follow_parents)s::bigint[], %(follow_attempts)s::int[],
+                %(follow_queues)s::text[],
                 %(follow_kinds)s::text[], %(follow_payloads)s::text[],
                 %(follow_priorities)s::int[], %(follow_run_at)s::float8[],
                 %(follow_delays)s::float8[], %(follow_max_attempts)s::int[],
                 %(follow_unique_keys)s::text[], %(follow_tenants)s::text[],
                 %(follow_concurrency_keys)s::text[])
-         AS f(parent, queue, kind, payload, priority, run_at, delay, max_attempts,
+         AS f(parent, attempt, queue, kind, payload, priority, run_at, delay, max_attempts,
               unique_key, tenant, concurrency_key)
     CROSS JOIN LATERAL (
         SELECT coalesce(to_timestamp(f.run_at), now() + make_interval(secs => f.delay)) AS at
     ) AS due
-    WHERE f.parent IN (SELECT id FROM done)
+    WHERE (f.parent, f.attempt) IN (SELECT id, attempts FROM done)
     ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING queue, state
 )"""
 
 #: The columns that end `ACK_OUTCOMES` and `ACK_KEPT`: the queues told (of the follow-ups,
-#: and of the callbacks `COUNT_MEMBERS` made ready), the waiters told, and the ids of the
-#: jobs whose success the statement recorded.
+#: and of the callbacks `COUNT_MEMBERS` made ready), the waiters told, and the (id,
+#: attempt) pairs whose success the statement recorded.
 _OUTCOMES_TAIL: Final = """,
        (SELECT count(pg_notify(""" + OUR_CHANNEL + """, q)) FROM (
             SELECT DISTINCT CASE WHEN state = 'ready' THEN queue ELSE '""" + STAGE + """' END
             FROM (SELECT queue, state FROM followed
                   UNION ALL SELECT queue, 'ready' FROM called) AS w(queue, state)) AS n(q)),
        {finished},
-       ARRAY(SELECT id FROM done)
+       ARRAY(SELECT ARRAY[id, attempts] FROM done)
 """
 _DONE_RECORDED: Final = "j.id, j.queue, j.kind, j.tenant, j.attempts, j.created_at, j.group_id"
 
@@ -655,9 +660,9 @@ _DONE_RECORDED: Final = "j.id, j.queue, j.kind, j.tenant, j.attempts, j.created_
 #: (`_KEPT_AND_FOLLOWED`), the groups' counts (`COUNT_MEMBERS`) of the members done or dead
 #: here, the callbacks made ready, and the waiters woken (`notify_finished`).
 #:
-#: Returns `ACK_CONTROL`'s counts, then the queues told, the waiters told, and the ids of
-#: the jobs whose success it recorded (for their follow-up groups, written next in the same
-#: transaction: `ENQUEUE_GROUP`).
+#: Returns `ACK_CONTROL`'s counts, then the queues told, the waiters told, and the (id,
+#: attempt) pairs whose success it recorded (for their follow-up groups, written next in
+#: the same transaction: `ENQUEUE_GROUP`).
 ACK_OUTCOMES: Final = (
     _ACK_ARMS.format(done=_DONE_RECORDED) + _SNOOZED + _buried(reasons=True)
     + _KEPT_AND_FOLLOWED + COUNT_MEMBERS.format(finished="""
