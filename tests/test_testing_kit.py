@@ -27,6 +27,7 @@ from conftest import JSON_LOGS, SECRET, UNREACHABLE, run_pgpool
 import pgpool
 from pgpool import ops
 from pgpool.errors import HandlerError, PayloadError
+from pgpool.followups import RunningJob
 from pgpool.testing import (
     Counts,
     EnqueuedJob,
@@ -141,8 +142,8 @@ def test_current_job_inside_drain_says_which_job_and_attempt(db) -> None:
     second = pgpool.enqueue(db, "kit.note", {})
 
     assert drain(db, "kit.note") == Counts(done=2)
-    seen = [pgpool.JobInfo(first, "kit.note", "notes", 1, 4, 1),
-            pgpool.JobInfo(second, "kit.note", "default", 1, 20, 1)]
+    seen = [RunningJob(first, "kit.note", "notes", 1, 4, 1),
+            RunningJob(second, "kit.note", "default", 1, 20, 1)]
     assert kitjobs.seen_by_note == seen
 
 
@@ -291,7 +292,7 @@ def test_run_handler_gives_current_job_and_returns_what_the_handler_returns() ->
 
     kitjobs.seen_by_note.clear()
     assert run_handler("kit.note", {}, attempt=3, max_attempts=5, job_id=7, queue="q") is None
-    seen = [pgpool.JobInfo(7, "kit.note", "q", 3, 5, 3)]
+    seen = [RunningJob(7, "kit.note", "q", 3, 5, 3)]
     assert kitjobs.seen_by_note == seen
 
 
