@@ -113,7 +113,6 @@ def test_isolate_halves_untried_every_part_as_large_as_one_the_timeout_cancelled
     assert calls == [8, 4, 2, 2, 2, 2]
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 @pytest.mark.own_schema
 def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_again(
         db, dsn):
@@ -194,7 +193,6 @@ def test_an_ack_that_runs_past_the_statement_timeout_alone_is_kept_done(db, dsn,
     assert runs(record_dir) == Counter(ids + later)
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 @pytest.mark.own_schema
 def test_the_reaper_buries_in_parts_a_batch_that_runs_past_the_statement_timeout(db, dsn):
     ids = enqueue_records(db, 20, max_attempts=1)

@@ -33,7 +33,6 @@ BENCH = Path(__file__).parent.parent / "bench"
 BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_bench_%'"
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -> None:
     mine = pgpool.enqueue(db, "user.kind", {"keep": True})
     done = run_pgpool(dsn, "bench", "--jobs", "200", "--profile", "noop", "--procs", "2",

@@ -81,7 +81,6 @@ def by_job(record_dir: Path) -> dict[int, list[tuple[int, str]]]:
     return out
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 def test_cancelling_a_queued_job_leaves_the_job_running_ahead_of_it_alone(
         db, dsn, record_dir, tmp_path):
     release = tmp_path / "release"

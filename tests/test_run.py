@@ -65,7 +65,6 @@ def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_di
         "done": 300, "retried": 0, "dead": 0, "released": 0}
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, record_dir):
     # 1 s jobs: a job or two per claim keeps a worker fed, so the rest stay claimable by
     # other hosts. The host never holds more than procs + 3 * batch jobs, and the first

@@ -100,7 +100,6 @@ def test_three_hosts_enqueue_each_tick_once_and_a_gap_collapses(db, dsn):
             assert consecutive(live), f"ticks lost while hosts were up: {live}"
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 def test_status_lists_schedules_and_a_schedule_removed_from_the_code_stops(db, dsn):
     host = start_host(dsn)
     start = db_now(db)

@@ -108,7 +108,6 @@ def test_owner_ids_differ_between_containers_of_one_hostname_all_running_as_pid_
     assert all(re.fullmatch(r"worker:1:[0-9a-f]{32}", o) for o in owners), owners
 
 
-@pytest.mark.soak  # several hosts or long waits: the soak tier, run by CI
 def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_it(db, dsn):
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1")
     ((owner, *_),) = wait_until(lambda: host_rows(db), "the dispatcher to register")
