@@ -138,6 +138,26 @@ def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
     )
 
 
+def add_drain_options(parser: Parser) -> None:
+    """The options of a script that times drains by variant (bench/hooks_cost.py,
+    bench/outcomes_cost.py): ``--dsn``, ``--jobs``, ``--procs``, ``--batch``,
+    ``--rounds``, ``--json``."""
+    parser.add_argument("--dsn", help="the database (default: as `pgpool run` finds it)")
+    parser.add_argument("--jobs", type=at_least(1000), default=40_000)
+    parser.add_argument("--procs", type=at_least(1), default=2)
+    parser.add_argument("--batch", type=at_least(1), default=50)
+    parser.add_argument("--rounds", type=at_least(1), default=2)
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def in_turns(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, variant) for ``rounds`` rounds, the variants in a new order each round,
+    so that none always runs first (the machine's speed drifts)."""
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            yield r, name
+
+
 def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, procs: int,
                 batch: int, handlers: Iterable[str] = (), **env: str) -> dict[str, float]:
     """``jobs_`` fresh no-op bench jobs, COPY-loaded into the just-vacuumed table, drained

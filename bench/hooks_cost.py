@@ -34,7 +34,9 @@ from typing import Any, Final
 import psycopg
 from drains import (  # bench/ is on the path: this script's directory
     Parser,
+    add_drain_options,
     at_least,
+    in_turns,
     script_main,
     session,
     timed_drain,
@@ -51,13 +53,8 @@ VARIANTS: Final = {"plain": (), "hooks": ("costhooks",), "otel": ("costotel",)}
 
 def main() -> int:
     parser = Parser(description="Observability's cost beside the plain case")
-    parser.add_argument("--dsn", help="the database (default: as `pgpool run` finds it)")
-    parser.add_argument("--jobs", type=at_least(1000), default=40_000)
+    add_drain_options(parser)
     parser.add_argument("--enqueues", type=at_least(100), default=2000)
-    parser.add_argument("--procs", type=at_least(1), default=2)
-    parser.add_argument("--batch", type=at_least(1), default=50)
-    parser.add_argument("--rounds", type=at_least(1), default=2)
-    parser.add_argument("--json", action="store_true", help="one JSON object")
     return script_main(parser, run, render)
 
 
@@ -65,10 +62,9 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     names = list(VARIANTS)
     drains: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with session(args.dsn, progress) as s:
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
-                drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
+        for r, name in in_turns(names, args.rounds):
+            progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
+            drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
         enqueues = enqueue_costs(s.conn, args.enqueues, args.rounds)
     return {"server": s.server, "jobs": args.jobs, "procs": args.procs,
             "batch": args.batch, "drains": drains, "enqueue_us": enqueues,

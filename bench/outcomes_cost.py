@@ -31,7 +31,9 @@ from typing import Any, Final
 import psycopg
 from drains import (  # bench/ is on the path: this script's directory
     Parser,
+    add_drain_options,
     at_least,
+    in_turns,
     script_main,
     session,
     timed_drain,
@@ -56,13 +58,8 @@ OWNER: Final = "outcomes-cost"
 
 def main() -> int:
     parser = Parser(description="Keeping outcomes' cost beside the plain case")
-    parser.add_argument("--dsn", help="the database (default: as `pgpool run` finds it)")
-    parser.add_argument("--jobs", type=at_least(1000), default=40_000)
+    add_drain_options(parser)
     parser.add_argument("--flushes", type=at_least(10), default=200)
-    parser.add_argument("--procs", type=at_least(1), default=2)
-    parser.add_argument("--batch", type=at_least(1), default=50)
-    parser.add_argument("--rounds", type=at_least(1), default=2)
-    parser.add_argument("--json", action="store_true", help="one JSON object")
     return script_main(parser, run, render)
 
 
@@ -72,10 +69,9 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with session(args.dsn, progress) as s:
         progress.step(f"{args.flushes} ack flushes of {FLUSH} per variant")
         flushes = flush_costs(s.conn, args.flushes)
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
-                drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
+        for r, name in in_turns(names, args.rounds):
+            progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
+            drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
     return {"server": s.server, "jobs": args.jobs, "procs": args.procs,
             "batch": args.batch, "flush_us": flushes, "drains": drains,
             "command": (f"python bench/outcomes_cost.py --jobs {args.jobs} --flushes "

@@ -5,13 +5,23 @@ groups whose callback runs once after every member has finished."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
 import outcomejobs  # noqa: F401  (registers the handlers drain runs)
 import psycopg
 import pytest
-from conftest import JSON_LOGS, one, only_event, run_pgpool, start_pgpool, wait_until
+from conftest import (
+    BENCH_SCHEMAS,
+    JSON_LOGS,
+    one,
+    only_event,
+    run_bench_script,
+    run_pgpool,
+    start_pgpool,
+    wait_until,
+)
 
 import pgpool
 from pgpool import testing
@@ -363,3 +373,15 @@ def test_wait_until_in_a_thread_ends_with_the_group(db, dsn):
     assert found[group.id].result["members"] == 4
     wait_until(lambda: pgpool.group_status(db, group.id).callback == "done", "the callback")
     assert host.stop() == 0
+
+
+@pytest.mark.soak  # two real drains: the soak tier, run by CI
+def test_the_outcomes_cost_bench_measures_every_variant_and_leaves_nothing(db, dsn):
+    result = run_bench_script("outcomes_cost.py", dsn, "--jobs", "1000", "--flushes", "10",
+                              "--rounds", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["flush_us"]) == {"plain", "keep", "member"}
+    assert all(f["median"] > 0 for f in report["flush_us"].values())
+    assert [len(runs) for runs in report["drains"].values()] == [1, 1]
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []
