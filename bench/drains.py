@@ -150,12 +150,18 @@ def add_drain_options(parser: Parser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object")
 
 
-def in_turns(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
-    """(round, variant) for ``rounds`` rounds, the variants in a new order each round,
-    so that none always runs first (the machine's speed drifts)."""
-    for r in range(rounds):
+def drains_in_turns(s: Session, names: list[str], args: argparse.Namespace,
+                    progress: Progress, drain: Callable[..., dict[str, float]]
+                    ) -> dict[str, list[dict[str, float]]]:
+    """``args.rounds`` rounds of ``drain(conn, dsn, tmp, name, args)`` for each variant of
+    ``names``, in a new order each round so that none always runs first (the machine's
+    speed drifts): each variant's figures, round by round."""
+    drains: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            yield r, name
+            progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
+            drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
+    return drains
 
 
 def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, procs: int,

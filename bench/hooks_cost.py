@@ -36,7 +36,7 @@ from drains import (  # bench/ is on the path: this script's directory
     Parser,
     add_drain_options,
     at_least,
-    in_turns,
+    drains_in_turns,
     script_main,
     session,
     timed_drain,
@@ -59,12 +59,8 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    names = list(VARIANTS)
-    drains: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with session(args.dsn, progress) as s:
-        for r, name in in_turns(names, args.rounds):
-            progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
-            drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
+        drains = drains_in_turns(s, list(VARIANTS), args, progress, drain)
         enqueues = enqueue_costs(s.conn, args.enqueues, args.rounds)
     return {"server": s.server, "jobs": args.jobs, "procs": args.procs,
             "batch": args.batch, "drains": drains, "enqueue_us": enqueues,

@@ -33,7 +33,7 @@ from drains import (  # bench/ is on the path: this script's directory
     Parser,
     add_drain_options,
     at_least,
-    in_turns,
+    drains_in_turns,
     script_main,
     session,
     timed_drain,
@@ -64,14 +64,10 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    names = list(DRAINS)
-    drains: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with session(args.dsn, progress) as s:
         progress.step(f"{args.flushes} ack flushes of {FLUSH} per variant")
         flushes = flush_costs(s.conn, args.flushes)
-        for r, name in in_turns(names, args.rounds):
-            progress.step(f"round {r + 1}: {name} drain of {args.jobs:,} jobs")
-            drains[name].append(drain(s.conn, s.scratch.dsn, s.tmp, name, args))
+        drains = drains_in_turns(s, list(DRAINS), args, progress, drain)
     return {"server": s.server, "jobs": args.jobs, "procs": args.procs,
             "batch": args.batch, "flush_us": flushes, "drains": drains,
             "command": (f"python bench/outcomes_cost.py --jobs {args.jobs} --flushes "

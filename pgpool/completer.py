@@ -60,6 +60,7 @@ from typing import Any, Final, Literal
 from psycopg_pool import AsyncConnectionPool
 
 from .errors import first_line
+from .ipc import FollowUpsWire
 from .isolate import Interrupted, describe, isolate, transient
 from .job import Job, Outcome
 from .logs import event
@@ -109,11 +110,11 @@ class Ack:
     keep: float | None = None
     result: bytes | None = None
     #: A success's follow-up jobs and groups (`pgpool.followups.FollowUps`).
-    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    follow: FollowUpsWire | None = None
 
     @classmethod
     def done(cls, job: Job, keep: float | None = None, result: bytes | None = None,
-             follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+             follow: FollowUpsWire | None = None
              ) -> Ack:
         """The attempt succeeded: delete the job; keep it ``keep`` seconds in
         ``pgpool_done`` with ``result``, and insert its ``follow`` ups, when given."""

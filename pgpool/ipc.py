@@ -119,6 +119,11 @@ class Ended(NamedTuple):
     elapsed: float
 
 
+#: An attempt's follow-ups on the wire: the parameters of each job and of each group it
+#: enqueued through its job (`pgpool.followups.FollowUps`).
+FollowUpsWire = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
 class Finished(NamedTuple):
     """A success that returned a value or enqueued follow-ups (`pgpool.followups`);
     a plain success is a `Done`."""
@@ -127,7 +132,7 @@ class Finished(NamedTuple):
     elapsed: float
     result: bytes | None  # the returned value as JSON text; None: it returned None
     result_error: str | None  # why the returned value cannot be stored: not JSON, too big
-    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None  # `FollowUps`
+    follow: FollowUpsWire | None
 
 
 class Skipped(NamedTuple):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from .ipc import Done, Ended, Failed, Finished, Snoozed, Verdict, WorkItem
+from .ipc import Done, Ended, Failed, Finished, FollowUpsWire, Snoozed, Verdict, WorkItem
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +96,7 @@ class Outcome:
     #: be stored (``result_error``); and its follow-ups (`pgpool.followups.FollowUps`).
     result: bytes | None = None
     result_error: str | None = None
-    follow: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    follow: FollowUpsWire | None = None
 
     @classmethod
     def of(cls, job: Job, message: Done | Failed | Snoozed | Ended | Finished) -> Outcome:
