@@ -342,8 +342,7 @@ def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJo
     # Its own group, when it is a group's callback (a group's id is its callback's).
     group = yield _Query(outcomes_sql.GROUP, {"id": job_id})
     if group:
-        found = replace(found, group=GroupStatus(job_id, *group[0][:5],
-                                                 group[0][5] or "unknown"))
+        found = replace(found, group=GroupStatus.of_row(job_id, group[0]))
     return found
 
 

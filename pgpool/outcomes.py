@@ -85,6 +85,11 @@ class GroupStatus:
     def finished(self) -> int:
         return self.done + self.dead
 
+    @classmethod
+    def of_row(cls, group_id: int, row: tuple[Any, ...]) -> GroupStatus:
+        """The group ``group_id`` from its row of `pgpool.sql.outcomes.GROUP`."""
+        return cls(group_id, *row[:5], row[5] or "unknown")
+
 
 @dataclass(frozen=True, slots=True)
 class Member:
@@ -176,7 +181,7 @@ def group_status(conn: psycopg.Connection, group_id: int) -> GroupStatus | None:
     pruned)."""
     with schema_required():
         row = conn.execute(sql.GROUP, {"id": group_id}).fetchone()
-    return None if row is None else GroupStatus(group_id, *row[:5], row[5] or "unknown")
+    return None if row is None else GroupStatus.of_row(group_id, row)
 
 
 async def group_status_async(conn: psycopg.AsyncConnection,
@@ -184,7 +189,7 @@ async def group_status_async(conn: psycopg.AsyncConnection,
     """Async twin of `group_status`."""
     with schema_required():
         row = await (await conn.execute(sql.GROUP, {"id": group_id})).fetchone()
-    return None if row is None else GroupStatus(group_id, *row[:5], row[5] or "unknown")
+    return None if row is None else GroupStatus.of_row(group_id, row)
 
 
 def group_members(conn: psycopg.Connection, group_id: int) -> list[Member]:
