@@ -80,6 +80,27 @@ ENQUEUE_BY_FUNCTION: Final = """
 SELECT pgpool_enqueue(CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),""" + \
     _FUNCTION_OPTIONS + ")"
 
+# Jobs of one kind from the payloads of a JSON array (`ENQUEUE_ARRAY`, a group's members in
+# `ENQUEUE_GROUP`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert. Each parameter is
+# cast, so that drivers which send them untyped (psycopg2) or type them from the statement
+# (asyncpg) agree. Format with ``group_id`` (the column's value) and ``source`` (what the
+# payloads are selected from besides the array, with its comma).
+_INSERT_ARRAY: Final = """
+    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
+                             tenant, concurrency_key, group_id)
+    SELECT CAST(%(queue)s AS text), CAST(%(kind)s AS text), payload,
+           CAST(%(priority)s AS integer), coalesce(CAST(%(run_at)s AS timestamptz), now()),
+           CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN 'ready'
+                ELSE 'scheduled' END,
+           CAST(%(max_attempts)s AS integer), CAST(%(tenant)s AS text),
+           CAST(%(concurrency_key)s AS text), {group_id}
+    FROM {source}jsonb_array_elements(CAST(%(payloads)s AS jsonb)) AS payload
+    RETURNING 1"""
+#: Who the jobs of `_INSERT_ARRAY` wake: their queue's hosts, or the stagers for jobs
+#: scheduled for later.
+_ARRAY_WAKES: Final = ("CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL "
+                       "THEN CAST(%(queue)s AS text) ELSE '" + STAGE + "' END")
+
 #: A group (`pgpool.groups`): its callback, waiting (or ready at once for a group of no
 #: members), whose id is the group's; its members, the payloads one JSON array, each with
 #: that ``group_id``; and the group's row with their number. One statement, so all or
@@ -94,22 +115,13 @@ WITH callback AS (
             CASE WHEN %(total)s::int = 0 THEN 'ready' ELSE 'waiting' END,
             %(then_max_attempts)s, %(then_tenant)s, %(then_concurrency_key)s)
     RETURNING id
-), members AS (
-    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             tenant, concurrency_key, group_id)
-    SELECT %(queue)s, %(kind)s, payload, %(priority)s,
-           coalesce(%(run_at)s::timestamptz, now()),
-           CASE WHEN %(run_at)s::timestamptz IS NULL THEN 'ready' ELSE 'scheduled' END,
-           %(max_attempts)s, %(tenant)s, %(concurrency_key)s, callback.id
-    FROM callback, jsonb_array_elements(%(payloads)s::jsonb) AS payload
-    RETURNING 1
+), members AS (""" + _INSERT_ARRAY.format(group_id="callback.id", source="callback, ") + """
 ), grouped AS (
     INSERT INTO pgpool_groups (id, total) SELECT id, %(total)s FROM callback
 )
 SELECT id, pg_notify(""" + OUR_CHANNEL + """,
                      CASE WHEN %(total)s::int = 0 THEN %(then_queue)s
-                          WHEN %(run_at)s::timestamptz IS NULL THEN %(queue)s
-                          ELSE '""" + STAGE + """' END)
+                          ELSE """ + _ARRAY_WAKES + """ END)
 FROM callback
 """
 
@@ -119,23 +131,11 @@ FROM callback
 #: in. As with COPY, the checks are made in Python before: calling ``pgpool_enqueue`` once
 #: per payload instead ran about 7 times slower.
 ENQUEUE_ARRAY: Final = """
-WITH job AS (
-    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             tenant, concurrency_key)
-    SELECT CAST(%(queue)s AS text), CAST(%(kind)s AS text), payload,
-           CAST(%(priority)s AS integer), coalesce(CAST(%(run_at)s AS timestamptz), now()),
-           CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN 'ready'
-                ELSE 'scheduled' END,
-           CAST(%(max_attempts)s AS integer), CAST(%(tenant)s AS text),
-           CAST(%(concurrency_key)s AS text)
-    FROM jsonb_array_elements(CAST(%(payloads)s AS jsonb)) AS payload
-    RETURNING 1
+WITH job AS (""" + _INSERT_ARRAY.format(group_id="NULL", source="") + """
 ), inserted AS (
     SELECT count(*) AS n FROM job
 )
-SELECT n, CASE WHEN n > 0 THEN pg_notify(""" + OUR_CHANNEL + """,
-    CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN CAST(%(queue)s AS text)
-         ELSE '""" + STAGE + """' END) END
+SELECT n, CASE WHEN n > 0 THEN pg_notify(""" + OUR_CHANNEL + ", " + _ARRAY_WAKES + """) END
 FROM inserted
 """
 
