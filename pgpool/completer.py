@@ -171,10 +171,13 @@ def keep_of(job: Job, keeps: Mapping[str, float], keep_done: float | None) -> fl
     return 0.0 if keep is None and job.group_id is not None else keep
 
 
-def unstorable(outcome: Outcome) -> Outcome:
-    """A kept success whose returned value cannot be stored (`Outcome.result_error`), as
-    the failure it is: final, since the value would not change (the job is dead-lettered
-    with the reason, and nothing of the success written)."""
+def as_kept(outcome: Outcome, keep: float | None) -> Outcome:
+    """``outcome`` as it is decided for a success kept ``keep`` seconds (None: not kept):
+    a kept success whose returned value cannot be stored (`Outcome.result_error`) is the
+    failure it is, final, since the value would not change (the job is dead-lettered with
+    the reason, and nothing of the success written); any other outcome as it is."""
+    if keep is None or outcome.result_error is None:
+        return outcome
     return dataclasses.replace(
         outcome, error=f"succeeded, but its result cannot be stored: {outcome.result_error}",
         cause="ResultError", verdict="final")
@@ -323,8 +326,8 @@ class Completer:
             return None
         keep = (keep_of(job, self._keeps, self._keep_done)
                 if self._keeping or job.group_id is not None else None)
-        if keep is not None and outcome.result_error is not None:
-            outcome = unstorable(outcome)
+        if keep is not None:  # no call on the common path
+            outcome = as_kept(outcome, keep)
         ack = decide(outcome, self._retry if outcome.error is None
                      else self._retries.get(job.kind, self._retry), keep)
         if keep is None and outcome.error is None and (

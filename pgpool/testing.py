@@ -42,10 +42,10 @@ from .completer import (
     RECORDING,
     Ack,
     ack_statement,
+    as_kept,
     decide,
     follow_up_groups,
     keep_of,
-    unstorable,
 )
 from .config import DEFAULT_MAX_ATTEMPTS
 from .enqueue import encode_payload, schema_required
@@ -206,11 +206,8 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
         raised: list[BaseException] = []
         result = run_job(handlers, job.wire(), (), raised)
         policy = _AT_ONCE if retries else handlers[job.kind].retry or default
-        outcome = Outcome.of(job, result)
         keep = keep_of(job, keeps, None)
-        if keep is not None and outcome.result_error is not None:
-            outcome = unstorable(outcome)
-        ack = decide(outcome, policy, keep)
+        ack = decide(as_kept(Outcome.of(job, result), keep), policy, keep)
         host.ack(ack)
         counts[_COUNTED[ack.kind]] += 1
         # A failure, not what a handler asked for (a snooze, a discard, a cancel).
