@@ -545,7 +545,8 @@ def function_params(
     params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
                              max_attempts, tenant, concurrency_key, payload_as=bytes.decode)
     # The function takes run_at or delay (not both), and NULL for "no tenant".
-    params.update(delay=None if run_at is not None else params["delay"], tenant=tenant)
+    params.update(delay=None if run_at is not None else params["delay"], tenant=tenant,
+                  max_payload_bytes=str(max_payload_bytes()))
     return params
 
 
@@ -570,4 +571,5 @@ def array_params(
     return {"kind": kind, "queue": queue, "priority": priority, "run_at": run_at,
             "max_attempts": max_attempts, "tenant": tenant or "",
             "concurrency_key": concurrency_key,
-            "payloads": (b"[" + b",".join(encoded) + b"]").decode(), "total": len(encoded)}
+            "payloads": (b"[" + b",".join(encoded) + b"]").decode(), "total": len(encoded),
+            "max_payload_bytes": str(max_payload_bytes())}

@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NamedTuple, NoReturn
 
 import psycopg
 import pytest
@@ -135,6 +135,56 @@ def _new_schema(server_dsn: str) -> Iterator[str]:
     yield make_conninfo(server_dsn, options=f"-c search_path={name}")
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+class RoleInstallation(NamedTuple):
+    """A pgpool installation in a schema of its own, with an application role and a worker
+    role set up by ``pgpool grants --apply`` (`role_installation`)."""
+
+    #: The schema, and a DSN to it as the tables' owner (the server's superuser).
+    schema: str
+    owner: str
+    #: The roles' names, and DSNs to the schema as each.
+    app_role: str
+    app: str
+    worker_role: str
+    worker: str
+
+    def empty(self) -> None:
+        """Delete every row a test left, as the owner (the migration's rows stay)."""
+        with psycopg.connect(self.owner, autocommit=True) as conn:
+            conn.execute("DELETE FROM pgpool_jobs; DELETE FROM pgpool_dead; "
+                         "DELETE FROM pgpool_done; DELETE FROM pgpool_groups; "
+                         "DELETE FROM pgpool_hosts")
+
+
+@pytest.fixture(scope="module")
+def role_installation(server_dsn: str) -> Iterator[RoleInstallation]:
+    """A `RoleInstallation` shared by a module's tests (each should `empty` it first):
+    migrating a schema and creating roles for every test would cost more than the tests."""
+    suffix = uuid.uuid4().hex[:8]
+    app, worker = f"pgpool_app_{suffix}", f"pgpool_worker_{suffix}"
+    with _new_schema(server_dsn) as owner, psycopg.connect(owner, autocommit=True) as conn:
+        pgpool.migrate(conn)
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        for role in (app, worker):
+            conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(role)))
+        try:
+            applied = run_pgpool(owner, "grants", "--app", app, "--worker", worker, "--apply")
+            assert applied.returncode == 0, applied.stderr
+            yield RoleInstallation(schema, owner, app, as_role(owner, app), worker,
+                                   as_role(owner, worker))
+        finally:
+            for role in (app, worker):
+                conn.execute(pgsql.SQL("DROP OWNED BY {0} CASCADE; DROP ROLE {0}").format(
+                    pgsql.Identifier(role)))
+
+
+def as_role(dsn: str, role: str) -> str:
+    """``dsn`` logging in as ``role`` instead."""
+    limited = make_conninfo(dsn, user=role)
+    assert conninfo_to_dict(limited)["user"] == role
+    return limited
 
 
 def with_options(dsn: str, *settings: str) -> str:

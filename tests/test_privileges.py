@@ -9,9 +9,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import assert_user_error, one, run_pgpool, start_pgpool, status_json, wait_until
+from conftest import (
+    as_role,
+    assert_user_error,
+    one,
+    run_pgpool,
+    start_pgpool,
+    status_json,
+    wait_until,
+)
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 import pgpool
 
@@ -46,12 +54,6 @@ def roles(db: psycopg.Connection) -> Iterator[tuple[str, str]]:
     for name in names:
         db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
         db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
-def as_role(dsn: str, role: str) -> str:
-    limited = make_conninfo(dsn, user=role)
-    assert conninfo_to_dict(limited)["user"] == role
-    return limited
 
 
 def refused(conn: psycopg.Connection, statements: tuple[str, ...]) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import psycopg
 import psycopg2
 import pytest
@@ -20,6 +21,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
 import pgpool
+from pgpool.enqueue import function_params, max_payload_bytes
+from pgpool.sql import jobs as sql_jobs
 
 #: A job row as a comparable value: every column but the id.
 ROW = "SELECT to_jsonb(j) - 'id' FROM pgpool_jobs AS j WHERE id = %s"
@@ -278,3 +281,57 @@ def test_the_app_role_of_pgpool_grants_may_call_it_and_another_role_may_not(db, 
         for role in (app, other):
             db.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(role)))
             db.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
+
+
+def sized_payload(size: int) -> dict[str, Any]:
+    """A payload of exactly ``size`` bytes of compact JSON (what `pgpool.enqueue` measures),
+    with a separator every two bytes: jsonb's text form of it, which puts a space after
+    each, is half as long again."""
+    items = [1] * (size // 3)
+    bare = len(orjson.dumps({"items": items, "pad": ""}))
+    payload = {"items": items, "pad": "x" * (size - bare)}
+    assert len(orjson.dumps(payload)) == size
+    return payload
+
+
+def test_the_payload_limit_is_pgpool_enqueues_measured_as_it_measures(db, dsn):
+    limit = max_payload_bytes()
+    for size, taken in ((800_000, True), (limit, True), (limit + 1, False)):
+        payload = sized_payload(size)
+        if taken:
+            assert pgpool.enqueue(db, "record", payload) is not None
+            assert sql_enqueue(db, "record", Jsonb(payload)) is not None
+        else:
+            with pytest.raises(pgpool.PayloadError, match=f"{size:,} bytes, over the"):
+                pgpool.enqueue(db, "record", payload)
+            with pytest.raises(psycopg.errors.InvalidParameterValue,
+                               match=f"payload is {size} bytes, over the {limit}-byte limit"):
+                sql_enqueue(db, "record", Jsonb(payload))
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 4
+
+
+def test_the_functions_take_the_limit_pgpool_enqueue_has(db, dsn, monkeypatch):
+    """PGPOOL_MAX_PAYLOAD_BYTES reaches the functions a Python producer calls
+    (``pgpool_enqueue`` through another driver, ``pgpool_enqueue_group`` through
+    `pgpool.group`); SQL callers set ``pgpool.max_payload_bytes``."""
+    big = sized_payload(1_500_000)
+    monkeypatch.setenv("PGPOOL_MAX_PAYLOAD_BYTES", "2000000")
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(sql_jobs.ENQUEUE_BY_FUNCTION,
+                    function_params("record", big))
+        assert cur.fetchone()[0] is not None
+    assert pgpool.group(db, "record", [big], then=("record", {})).size == 1
+    monkeypatch.setenv("PGPOOL_MAX_PAYLOAD_BYTES", "100")
+    with pytest.raises(pgpool.PayloadError, match="over the 100-byte limit"):
+        pgpool.group(db, "record", [sized_payload(101)], then=("record", {}))
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET pgpool.max_payload_bytes = 100")
+        assert sql_enqueue(conn, "record", Jsonb(sized_payload(100))) is not None
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="over the 100-byte"):
+            sql_enqueue(conn, "record", Jsonb(sized_payload(101)))
+        conn.rollback()
+        conn.execute("SET pgpool.max_payload_bytes = 'lots'")
+        with pytest.raises(psycopg.errors.InvalidParameterValue,
+                           match=r'the setting pgpool\.max_payload_bytes is "lots"'):
+            sql_enqueue(conn, "record", Jsonb({}))
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 3

@@ -67,6 +67,7 @@ SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_ver
 #: ``{privileges}`` one of pgpool.grants' fixed lists.
 REVOKE_TABLES: Final = "REVOKE ALL ON {tables} FROM {role}"
 GRANT_SCHEMA: Final = "GRANT USAGE ON SCHEMA {schema} TO {role}"
+REVOKE_CREATE: Final = "REVOKE CREATE ON SCHEMA {schema} FROM {role}"
 GRANT_TABLES: Final = "GRANT {privileges} ON {tables} TO {role}"
 #: ``{functions}``: schema-qualified signatures (`pgpool.grants.FUNCTIONS`).
 REVOKE_FUNCTIONS: Final = "REVOKE ALL ON FUNCTION {functions} FROM {role}"

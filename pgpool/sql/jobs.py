@@ -76,66 +76,61 @@ _FUNCTION_OPTIONS: Final = """
     unique_key => CAST(%(unique_key)s AS text),
     max_attempts => CAST(%(max_attempts)s AS integer), tenant => CAST(%(tenant)s AS text),
     concurrency_key => CAST(%(concurrency_key)s AS text)"""
+#: The payload limit the SQL functions apply (the setting ``pgpool.max_payload_bytes``, for
+#: the transaction) made this process's (`pgpool.enqueue.max_payload_bytes`), so that a
+#: payload `pgpool.enqueue` would take is taken: a FROM clause, evaluated before the select
+#: list that calls the function (a subquery with a volatile function is not flattened).
+_PAYLOAD_LIMIT: Final = """
+FROM (SELECT set_config('pgpool.max_payload_bytes', CAST(%(max_payload_bytes)s AS text), true)
+     ) AS payload_limit"""
 ENQUEUE_BY_FUNCTION: Final = """
 SELECT pgpool_enqueue(CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),""" + \
-    _FUNCTION_OPTIONS + ")"
+    _FUNCTION_OPTIONS + ")" + _PAYLOAD_LIMIT
 
-# Jobs of one kind from the payloads of a JSON array (`ENQUEUE_ARRAY`, a group's members in
-# `ENQUEUE_GROUP`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert. Each parameter is
-# cast, so that drivers which send them untyped (psycopg2) or type them from the statement
-# (asyncpg) agree. Format with ``group_id`` (the column's value) and ``source`` (what the
-# payloads are selected from besides the array, with its comma).
-_INSERT_ARRAY: Final = """
+#: A group (`pgpool.groups`), through the SQL function ``pgpool_enqueue_group`` (migration
+#: 18): its callback, waiting (or ready at once for a group of no members), whose id is the
+#: group's; its members, the payloads one JSON array, each with that ``group_id``; and the
+#: group's row. All or none, in the caller's transaction (or an ack's: a handler's
+#: follow-up group); the function wakes the hosts. It runs as the tables' owner, so that a
+#: producer needs no right to write ``group_id`` or ``pgpool_groups``; it checks the
+#: payloads as ``pgpool_enqueue`` does (`_PAYLOAD_LIMIT`). Returns the group's id. Each
+#: parameter is cast, so that drivers which send them untyped (psycopg2) or type
+#: them from the statement (asyncpg) agree.
+ENQUEUE_GROUP: Final = """
+SELECT pgpool_enqueue_group(
+    CAST(%(kind)s AS text), CAST(%(payloads)s AS jsonb), CAST(%(queue)s AS text),
+    CAST(%(priority)s AS integer), CAST(%(run_at)s AS timestamptz),
+    CAST(%(max_attempts)s AS integer), CAST(%(tenant)s AS text),
+    CAST(%(concurrency_key)s AS text),
+    CAST(%(then_kind)s AS text), CAST(%(then_payload)s AS jsonb), CAST(%(then_queue)s AS text),
+    CAST(%(then_priority)s AS integer), CAST(%(then_max_attempts)s AS integer),
+    CAST(%(then_tenant)s AS text), CAST(%(then_concurrency_key)s AS text))""" + _PAYLOAD_LIMIT
+
+#: Many jobs of one kind, the payloads one JSON array, for drivers other than psycopg 3
+#: (`pgpool.enqueue.array_params`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert,
+#: and the wake-up `NOTIFY` or `NOTIFY_STAGE` would send (their queue's hosts, or the
+#: stagers for jobs scheduled for later), in one statement; how many went in. Each
+#: parameter is cast, as in `ENQUEUE_GROUP`. As with COPY, the checks are made in Python
+#: before: calling ``pgpool_enqueue`` once per payload instead ran about 7 times slower.
+ENQUEUE_ARRAY: Final = """
+WITH job AS (
     INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             tenant, concurrency_key, group_id)
+                             tenant, concurrency_key)
     SELECT CAST(%(queue)s AS text), CAST(%(kind)s AS text), payload,
            CAST(%(priority)s AS integer), coalesce(CAST(%(run_at)s AS timestamptz), now()),
            CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL THEN 'ready'
                 ELSE 'scheduled' END,
            CAST(%(max_attempts)s AS integer), CAST(%(tenant)s AS text),
-           CAST(%(concurrency_key)s AS text), {group_id}
-    FROM {source}jsonb_array_elements(CAST(%(payloads)s AS jsonb)) AS payload
-    RETURNING 1"""
-#: Who the jobs of `_INSERT_ARRAY` wake: their queue's hosts, or the stagers for jobs
-#: scheduled for later.
-_ARRAY_WAKES: Final = ("CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL "
-                       "THEN CAST(%(queue)s AS text) ELSE '" + STAGE + "' END")
-
-#: A group (`pgpool.groups`): its callback, waiting (or ready at once for a group of no
-#: members), whose id is the group's; its members, the payloads one JSON array, each with
-#: that ``group_id``; and the group's row with their number. One statement, so all or
-#: none, in the caller's transaction (or an ack's: a handler's follow-up group). Wakes the
-#: hosts of the members' queue (the stagers for members scheduled for later), or of the
-#: callback's for an empty group. Returns the group's id.
-ENQUEUE_GROUP: Final = """
-WITH callback AS (
-    INSERT INTO pgpool_jobs (queue, kind, payload, priority, run_at, state, max_attempts,
-                             tenant, concurrency_key)
-    VALUES (%(then_queue)s, %(then_kind)s, %(then_payload)s::jsonb, %(then_priority)s, now(),
-            CASE WHEN %(total)s::int = 0 THEN 'ready' ELSE 'waiting' END,
-            %(then_max_attempts)s, %(then_tenant)s, %(then_concurrency_key)s)
-    RETURNING id
-), members AS (""" + _INSERT_ARRAY.format(group_id="callback.id", source="callback, ") + """
-), grouped AS (
-    INSERT INTO pgpool_groups (id, total) SELECT id, %(total)s FROM callback
-)
-SELECT id, pg_notify(""" + OUR_CHANNEL + """,
-                     CASE WHEN %(total)s::int = 0 THEN %(then_queue)s
-                          ELSE """ + _ARRAY_WAKES + """ END)
-FROM callback
-"""
-
-#: Many jobs of one kind, the payloads one JSON array, for drivers other than psycopg 3
-#: (`pgpool.enqueue.array_params`): the rows `COPY_JOBS` or `COPY_JOBS_AT` would insert,
-#: and the wake-up `NOTIFY` or `NOTIFY_STAGE` would send, in one statement; how many went
-#: in. As with COPY, the checks are made in Python before: calling ``pgpool_enqueue`` once
-#: per payload instead ran about 7 times slower.
-ENQUEUE_ARRAY: Final = """
-WITH job AS (""" + _INSERT_ARRAY.format(group_id="NULL", source="") + """
+           CAST(%(concurrency_key)s AS text)
+    FROM jsonb_array_elements(CAST(%(payloads)s AS jsonb)) AS payload
+    RETURNING 1
 ), inserted AS (
     SELECT count(*) AS n FROM job
 )
-SELECT n, CASE WHEN n > 0 THEN pg_notify(""" + OUR_CHANNEL + ", " + _ARRAY_WAKES + """) END
+SELECT n, CASE WHEN n > 0 THEN pg_notify(""" + OUR_CHANNEL + """,
+                                         CASE WHEN CAST(%(run_at)s AS timestamptz) IS NULL
+                                              THEN CAST(%(queue)s AS text)
+                                              ELSE '""" + STAGE + """' END) END
 FROM inserted
 """
 
@@ -707,18 +702,20 @@ RETURNING j.id
 #: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
 #: it has left. SKIP LOCKED lets every host run this concurrently without two of
 #: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.parts.reaper`
-#: isolating a job it cannot return). A buried member of a group counts as finished in its
-#: group (`COUNT_MEMBERS`). Returns (revived, dead, queues told, waiters told).
+#: isolating a job it cannot return). A running row with no lease was written by hand (no
+#: claim writes one): it is as expired as any, and an attempt that never started, so it
+#: holds its keys for one pass at most. A buried member of a group counts as finished in
+#: its group (`COUNT_MEMBERS`). Returns (revived, dead, queues told, waiters told).
 REAP: Final = """
 WITH expired AS (
     SELECT id FROM pgpool_jobs
-    WHERE state = 'running' AND lease_until < now()
+    WHERE state = 'running' AND (lease_until < now() OR lease_until IS NULL)
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), judged AS (
-    SELECT j.id, j.locked_by, j.locked_by IS NULL AS cancelled,
+    SELECT j.id, j.locked_by, j.locked_by IS NULL AND j.lease_until IS NOT NULL AS cancelled,
            NOT j.started AND j.interruptions < %(max_interruptions)s AS uncounted,
            j.attempts - j.interruptions - j.snoozes < j.max_attempts AS attempts_left
     FROM pgpool_jobs AS j JOIN expired AS e USING (id)
@@ -761,7 +758,7 @@ SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead), """ + NOTIFY
 #: (`pgpool.isolate`) when REAP fails on one of its rows.
 REAP_CANDIDATES: Final = """
 SELECT id FROM pgpool_jobs
-WHERE state = 'running' AND lease_until < now()
+WHERE state = 'running' AND (lease_until < now() OR lease_until IS NULL)
 ORDER BY id
 LIMIT %(limit)s
 """
@@ -774,7 +771,8 @@ SET state = 'parked', lease_until = NULL, locked_by = NULL,
     last_error = coalesce('lease expired while running on ' || j.locked_by, j.last_error)
                  || '; ' || a.reason
 FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS a(id, reason)
-WHERE j.id = a.id AND j.state = 'running' AND j.lease_until < now()
+WHERE j.id = a.id AND j.state = 'running'
+  AND (j.lease_until < now() OR j.lease_until IS NULL)
 RETURNING j.id
 """
 
