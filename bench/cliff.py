@@ -2,7 +2,7 @@
 round, on the table the previous round left behind (issue 20).
 
     python bench/cliff.py [--dsn DSN] [--jobs 400000] [--rounds 2] [--procs 2] [--batch 50]
-                          [--interval 4] [--json]
+                          [--interval 4] [--pin] [--json]
 
 In a scratch schema (`pgpool.bench.scratch`, dropped afterwards), each round COPY-loads
 ``--jobs`` no-op bench jobs (`pgpool.enqueue_many`, kind `pgpool.bench.jobs.KIND`) and
@@ -21,6 +21,11 @@ claim rates over the first and last tenth and their ratio, the slowest interval 
 the first, and the table's dead rows and autovacuum runs; at the end each later round's mean
 rate against round 1's. ``--json`` prints all of it as one JSON object instead.
 
+With ``--pin``, another session holds a REPEATABLE READ snapshot open from before the
+first load to the end of the last round, as a long report, a ``pg_dump`` or a session left
+idle in a transaction would: it pins the xmin horizon, so no vacuum can remove a row that
+any round's claims and acks leave dead.
+
 A dispatcher that exits before the jobs are drained, makes no progress for `STALL` seconds
 or does not exit once they are drained ends the run with an error (exit 1), killed.
 """
@@ -31,6 +36,8 @@ import argparse
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 from typing import IO, Any, Final
 
@@ -85,6 +92,9 @@ def main() -> int:
     parser.add_argument("--interval", type=_interval, default=4.0,
                         help=f"seconds between counts of the jobs left (default 4, at most "
                              f"{STALL / 2:g}: a stall is noticed at a count)")
+    parser.add_argument("--pin", action="store_true",
+                        help="hold a REPEATABLE READ snapshot open through every round (a "
+                             "pinned xmin horizon)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return script_main(parser, run, render)
 
@@ -103,7 +113,8 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Every round, in a scratch schema; returns the report as a JSON-ready dict. Raises
     `BenchError` if a dispatcher fails or stalls."""
     rounds: list[dict[str, Any]] = []
-    with session(args.dsn, progress) as (server, scratch, conn, tmp):
+    with (session(args.dsn, progress) as (server, scratch, conn, tmp),
+          pinned(scratch.dsn if args.pin else None)):
         for number in range(1, args.rounds + 1):
             progress.step(f"round {number}: loading {args.jobs:,} jobs (COPY, no vacuum)")
             started = time.monotonic()
@@ -120,9 +131,23 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         r["mean_to_round_1"] = r["mean_jobs_per_s"] / rounds[0]["mean_jobs_per_s"]
     return {"server": server, "schema": scratch.name,
             "options": {"jobs": args.jobs, "rounds": args.rounds, "procs": args.procs,
-                        "batch": args.batch, "interval": args.interval,
+                        "batch": args.batch, "interval": args.interval, "pin": args.pin,
                         "max_claims_per_sec": UNTHROTTLED},
             "rounds": rounds}
+
+
+@contextmanager
+def pinned(dsn: str | None) -> Iterator[None]:
+    """With a DSN, a session holding a REPEATABLE READ snapshot open (the xmin horizon
+    pinned) until the block ends; with None, nothing."""
+    if dsn is None:
+        yield
+        return
+    with psycopg.connect(dsn) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pgpool_jobs")  # takes the snapshot
+        yield
+        holder.rollback()
 
 
 def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id: int,
@@ -223,8 +248,9 @@ def table_stats(conn: psycopg.Connection) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     """The report as text: a paragraph per round, then each round against round 1."""
     s, o = report["server"], report["options"]
+    pin = ", a REPEATABLE READ snapshot held open throughout" if o["pin"] else ""
     lines = [f"{o['jobs']:,} no-op jobs per round, {o['rounds']} rounds, no vacuum between "
-             f"them; `pgpool run --procs {o['procs']} --batch {o['batch']} --burst`, claims "
+             f"them{pin}; `pgpool run --procs {o['procs']} --batch {o['batch']} --burst`, claims "
              f"unthrottled; PostgreSQL {s['version']} (fsync={s['fsync']}, "
              f"synchronous_commit={s['synchronous_commit']})"]
     for r in report["rounds"]:
