@@ -210,3 +210,17 @@ def test_a_running_row_without_a_lease_is_reaped_and_frees_its_keys(installed, r
     with psycopg.connect(installed.owner) as owner:
         assert one(owner, "SELECT count(*) FROM pgpool_jobs") == (0,)
         assert one(owner, "SELECT count(*) FROM pgpool_dead") == (0,)
+
+
+def test_the_worker_role_starts_a_handlers_group(installed):
+    """A handler's follow-up group is made by ``pgpool_enqueue_group``, which the worker
+    role of `pgpool grants` may call (it writes pgpool_groups through it only)."""
+    with app_session(installed) as conn:
+        pgpool.enqueue(conn, "out.fanout", {})
+    done = run_pgpool(installed.worker, "run", "--handlers", "outcomejobs", "--burst",
+                      timeout=60)
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(installed.owner) as owner:
+        assert one(owner, "SELECT total, done FROM pgpool_groups") == (4, 4)
+        assert one(owner, "SELECT count(*) FROM pgpool_jobs") == (0,)
+        assert one(owner, "SELECT count(*) FROM pgpool_dead") == (0,)
