@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 import pgpool
 from pgpool import dsn as dsnlib
 from pgpool.sql import jobs as sql
+from pgpool.sql.jobs import SWEEP
 
 
 def main() -> int:
@@ -46,7 +47,7 @@ def main() -> int:
                                  "SELECT 'k', '{}' FROM generate_series(1, 10000)")
                 conn.execute("VACUUM ANALYZE pgpool_jobs")
                 params = {"queues": ["default"], "kinds": ["k"], "kind_max_attempts": [20],
-                          "owner": "bench", "lease": 30, "limit": 50, "after": "",
+                          "owner": "bench", "lease": 30, "limit": 50, "after": "", **SWEEP,
                           "tenant_cap": None}
                 times = []
                 for _ in range(200):

@@ -35,6 +35,7 @@ from psycopg.conninfo import make_conninfo
 import pgpool
 from pgpool import dsn as dsnlib
 from pgpool.sql import jobs as sql
+from pgpool.sql.jobs import SWEEP
 
 BENCH = Path(__file__).parent
 KIND = "tenants.work"
@@ -126,7 +127,7 @@ def run_flood(dsn: str, args: argparse.Namespace, record: Path) -> None:
 
 def claim_costs(conn: psycopg.Connection, flood: int) -> None:
     params = {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [5],
-              "owner": "bench", "lease": 30, "limit": 50, "after": "", "tenant_cap": None}
+              "owner": "bench", "lease": 30, "limit": 50, "after": "", **SWEEP, "tenant_cap": None}
     print("claim of 50 (one statement, autocommit): p50 / p99 of 200, and the pages one "
           "touches (shared buffers; does not depend on the machine's load):")
     for label, flooded, tenants in (("no tenants, empty", 0, 0),

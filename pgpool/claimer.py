@@ -5,6 +5,18 @@ concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) other
 queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
 waits, or something needs fairness) is followed at once by a fair one, which says whether
 the next claim can be plain again.
+
+The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
+key of the last job this claimer took there. Before it lie the index entries of the jobs
+claimed since the table was last vacuumed, dead, and with the xmin horizon pinned by a long
+transaction, nothing removes them: a claim from the start would walk all of them, more at
+every claim. What a cursor skips can also hold a job that became ready behind it (its
+producer's transaction committed late, a retry fell due, another host let a locked row go),
+so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
+back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
+sooner after the last one than `SWEEP_COST` times its round trip. On a clean table a sweep
+costs what a cursor claim does, so every short claim is followed by one, as before cursors;
+with a pinned horizon, sweeps are few and the cursor claims stay cheap.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from datetime import datetime
 
 import psycopg
 from psycopg.adapt import Loader
@@ -38,6 +51,14 @@ KEY_RACE_TRIES = 5
 #: for no other lock (SKIP LOCKED) but a table's, held by a DDL statement.
 KEY_RACE_LOST = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
                  psycopg.errors.LockNotAvailable)
+#: Seconds between sweeps while every claim comes back full (a backlog draining).
+SWEEP_EVERY = 1.0
+#: A sweep follows the last one by at least this many times its round trip: at most about a
+#: twentieth of the claim connection's time goes to sweeps, however many dead rows they
+#: walk.
+SWEEP_COST = 20
+#: The cursor of a pair the claimer has taken nothing from: none, from the start.
+_FROM_START = (None, None, None)
 
 
 class RawJsonLoader(Loader):
@@ -111,8 +132,20 @@ class Claimer:
         #: Whether the next claim is the plain one (`sql.CLAIM_PLAIN`): as far as the last
         #: fair claim saw, no job waiting has a tenant or a concurrency key.
         self.plain = True
+        #: The plain claim's cursors: per (queue, kind), the claim-order key (priority,
+        #: run_at, id) of the last job taken there.
+        self._cursors: dict[tuple[str, str], tuple[int, datetime, int]] = {}
+        #: Whether a sweep is due (the last plain claim came back short), when the last
+        #: one started (monotonic seconds) and its round trip.
+        self._sweep_wanted = True
+        self._swept_at = -math.inf
+        self._sweep_rtt = 0.0
+        self.sweeps = 0
         self._lease = lease
         self._queues = list(queues)
+        #: The queues claimed from: those not paused.
+        self._serving = self._queues
+        self._kinds = kinds
         self.claims = 0
         self.claimed = 0
         #: The most recent round trips, seconds, for percentiles.
@@ -129,7 +162,8 @@ class Claimer:
     def pause(self, paused: frozenset[str]) -> None:
         """Claim from none of the ``paused`` queues (`pgpool.parts.control`), until the next
         call."""
-        self._params["queues"] = [q for q in self._queues if q not in paused]
+        self._serving = [q for q in self._queues if q not in paused]
+        self._params["queues"] = self._serving
 
     def p99_ms(self, last: int = P99_SAMPLES) -> float | None:
         """The 99th percentile of the last ``last`` claim round trips, in ms (None before
@@ -157,7 +191,8 @@ class Claimer:
         """
         # A dict per claim: a claim waiting for a connection must not send another's limit.
         params = {**self._params, "limit": limit}
-        if not params["queues"]:
+        queues = self._serving
+        if not queues:
             return []  # every queue it serves is paused
         started = time.monotonic()
         # No longer than claiming goes on without a heartbeat: with the database gone, a
@@ -165,7 +200,8 @@ class Claimer:
         # for the claim in flight. Its jobs would be handed back by then anyway.
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
-            rows = await self._claim_plain(conn, params) if self.plain else []
+            rows = (await self._claim_plain(conn, params, queues, limit, started)
+                    if self.plain else [])
             if not rows:
                 # The fair claim's jobs are leased from its own start: the plain claim
                 # before it took none, however long it waited (for a lock, say).
@@ -188,14 +224,35 @@ class Claimer:
             self._on_claimed(rtt, jobs)
         return jobs
 
-    async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object]
-                           ) -> list[tuple]:
-        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``: its rows in claim order
-        (priority, then longest due, then id). No rows when nothing waits, or when a job
-        with a tenant or a concurrency key does: the fair claim, run next, tells which."""
-        rows = await (await conn.execute(sql.CLAIM_PLAIN, params)).fetchall()
-        rows.sort(key=lambda row: (-row[9], -row[7], row[0]))
-        return rows
+    async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                           queues: list[str], limit: int, now: float) -> list[tuple]:
+        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``, from the cursors or as a
+        sweep (see the module's docstring), and move the cursors on: its rows in claim
+        order (priority, then due time, then id), without the last column (run_at). No
+        rows when nothing waits, or when a job with a tenant or a concurrency key does: the
+        fair claim, run next, tells which."""
+        wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
+        sweep = wanted and now - self._swept_at >= SWEEP_COST * self._sweep_rtt
+        cursors = sql.SWEEP if sweep or not self._cursors else self._cursor_params(queues)
+        rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
+        if sweep:
+            self._swept_at, self._sweep_rtt = now, time.monotonic() - now
+            self.sweeps += 1
+        self._sweep_wanted = len(rows) < limit
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        cursors_ = self._cursors
+        for row in rows:  # in claim order: each pair's last row is its cursor
+            cursors_[row[2], row[1]] = (row[9], row[13], row[0])
+        return [row[:13] for row in rows]
+
+    def _cursor_params(self, queues: list[str]) -> dict[str, list[object]]:
+        """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
+        outer, kinds inner, `_FROM_START` for a pair with none yet."""
+        cursors: dict[tuple[str, str], tuple[object, object, object]] = self._cursors
+        keys = [cursors.get((queue, kind), _FROM_START)
+                for queue in queues for kind in self._kinds]
+        return {"after_priorities": [k[0] for k in keys],
+                "after_run_ats": [k[1] for k in keys], "after_ids": [k[2] for k in keys]}
 
     async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
                           ) -> list[tuple]:

@@ -280,6 +280,7 @@ class _Host:
             "lease": LEASE,
             "tenant_cap": None,
             "limit": 1,
+            **sql.SWEEP,  # one job at a time, from the start
         }
         #: The fair claim's cursor (see `Claimer._fair_order`): the last tenant served.
         self._after = ""

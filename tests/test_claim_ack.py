@@ -26,6 +26,7 @@ from pgpool.parts.heartbeat import Heartbeat
 from pgpool.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.retry import FREE_INTERRUPTIONS, Retry
+from pgpool.sql.jobs import SWEEP
 
 
 def _handlers(*kinds: str, max_attempts: int | None = None) -> dict[str, Handler]:
@@ -387,7 +388,7 @@ def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues, statement):
     pgpool.enqueue_many(db, "k", ({"n": i} for i in range(3000)), queue="other")
     db.execute("ANALYZE pgpool_jobs")
     params = {"queues": queues, "kinds": ["k"], "kind_max_attempts": [20], "owner": "h",
-              "lease": 30, "limit": 10, "after": "", "tenant_cap": None}
+              "lease": 30, "limit": 10, "after": "", **SWEEP, "tenant_cap": None}
     from pgpool.sql import jobs as sql
 
     (plan,) = db.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + getattr(sql, statement),

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import explain_prepared, in_registry, wait_until
+from conftest import explain_prepared, in_registry, one, wait_until
 from psycopg_pool import AsyncConnectionPool
 from test_routing import buffers
 
@@ -21,6 +21,7 @@ from pgpool.claimer import Claimer
 from pgpool.lease import Lease
 from pgpool.registry import Handler
 from pgpool.sql import jobs as sql
+from pgpool.sql.jobs import SWEEP
 
 #: A hand-written claim of the same jobs, what a user without a framework would write: the
 #: floor the plain claim is held to.
@@ -43,7 +44,7 @@ def claimer(pool: AsyncConnectionPool, *kinds: str) -> Claimer:
 
 def claim_params(*kinds: str, limit: int) -> dict[str, Any]:
     return {"queues": ["default"], "kinds": list(kinds), "kind_max_attempts": [5] * len(kinds),
-            "owner": "h", "lease": 30, "limit": limit, "after": "", "tenant_cap": None}
+            "owner": "h", "lease": 30, "limit": limit, "after": "", **SWEEP, "tenant_cap": None}
 
 
 #: Other sessions of this database holding a snapshot (or a transaction id).
@@ -167,3 +168,73 @@ def test_kinds_with_nothing_ready_add_a_few_pages_each(db, mode):
     # An empty (queue, kind) pair costs a descent of the ready index and one of the fair
     # index, a page each while both are small (two levels deep: 3).
     assert many - alone <= 3 * len(idle), (alone, many)
+
+
+def scan_buffers(node: dict[str, Any]) -> int:
+    """Shared buffers the plain claim's scans of the ready index touched (its Append of the
+    three scans per pair, the rows they lock included): what the cursor changes, apart
+    from the update's own writes."""
+    if node["Node Type"] == "Append":
+        return buffers(node)
+    return sum(scan_buffers(child) for child in node.get("Plans", []))
+
+
+def test_behind_a_pinned_horizon_a_claim_from_its_cursor_reads_what_it_does_on_a_clean_table(
+        db, dsn):
+    # A transaction holds a snapshot, so no vacuum can remove the 100,000 jobs claimed and
+    # acked since: their ready-index entries stay ahead of the jobs still ready. A claim
+    # from the cursor (after the last job taken) starts past them; a sweep, from the
+    # start, walks them all (what this test would catch if the cursor were lost).
+    params, mode = claim_params("k", limit=50), "force_generic_plan"  # a dispatcher's
+    db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
+    try:
+        db.execute("TRUNCATE pgpool_jobs")
+        pgpool.enqueue_many(db, "k", ({"n": i} for i in range(100_200)))
+        db.execute("VACUUM ANALYZE pgpool_jobs")
+        with db.transaction(force_rollback=True):
+            clean = scan_buffers(explain_prepared(db, sql.CLAIM_PLAIN, params, mode,
+                                                  "ANALYZE, BUFFERS, FORMAT JSON"))
+        with psycopg.connect(dsn) as holder:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM pgpool_jobs")
+            last = db.execute("SELECT max(id) FROM pgpool_jobs").fetchone()[0] - 200
+            db.execute("UPDATE pgpool_jobs SET state = 'running' WHERE id <= %s", (last,))
+            db.execute("DELETE FROM pgpool_jobs WHERE state = 'running'")
+            priority, run_at = db.execute("SELECT priority, run_at FROM pgpool_jobs LIMIT 1"
+                                          ).fetchone()
+            cursor = {"after_priorities": [priority], "after_run_ats": [run_at],
+                      "after_ids": [last]}
+            with db.transaction(force_rollback=True):
+                pinned = scan_buffers(explain_prepared(
+                    db, sql.CLAIM_PLAIN, {**params, **cursor}, mode,
+                    "ANALYZE, BUFFERS, FORMAT JSON"))
+                assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
+                           ) == (50,)
+            with db.transaction(force_rollback=True):
+                swept = scan_buffers(explain_prepared(db, sql.CLAIM_PLAIN, params, mode,
+                                                      "ANALYZE, BUFFERS, FORMAT JSON"))
+    finally:
+        db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
+    assert pinned <= clean + 10, (clean, pinned)
+    assert swept > clean + 1000, (clean, swept)  # the dead rows are there: it can fail
+
+
+def test_a_job_committed_behind_the_cursor_is_claimed_by_the_next_claim(db, dsn):
+    # A producer's transaction enqueues first and commits last: its job's claim-order key
+    # (run_at, the transaction's start; its id) is behind the cursor of the claim that
+    # took the job committed meanwhile. The claim after one that came back short looks
+    # from the start (a sweep, or the fair claim that follows a plain claim that took
+    # nothing), so the job waits for no poll.
+    async def claims(pool: AsyncConnectionPool) -> list[list[int]]:
+        c = claimer(pool)
+        with psycopg.connect(dsn) as late:
+            behind = pgpool.enqueue(late, "k", {})
+            ahead = pgpool.enqueue(db, "k", {})
+            first = [j.id for j in await c.claim(10)]
+            late.commit()
+        second = [j.id for j in await c.claim(10)]
+        return [first, second, [ahead, behind]]
+
+    first, second, (ahead, behind) = in_registry(dsn, claims)
+    assert behind < ahead
+    assert (first, second) == ([ahead], [behind])

@@ -13,9 +13,11 @@ from conftest import JSON_LOGS, RUN, assert_user_error, explain_prepared, only_e
 
 import pgpool
 from pgpool.sql import jobs as sql
+from pgpool.sql.jobs import SWEEP
 
 #: What every claim below sends but its kinds and limit: one queue.
-CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", "tenant_cap": None}
+CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", **SWEEP,
+                "tenant_cap": None}
 
 
 def buffers(node: dict[str, Any]) -> int:

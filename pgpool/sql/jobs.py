@@ -215,16 +215,40 @@ _NEED_FAIR: Final = """
           AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
 """
 
+#: The plain claim's scan of one (queue, kind) pair, from its cursor ``a`` on (see
+#: `CLAIM_PLAIN`): the ready jobs without a tenant or a concurrency key whose priority is
+#: ``{cond}``, in claim order; SKIP LOCKED, as many as a claim takes. Format with ``cond``,
+#: ``order`` and ``n`` (the alias).
+_PAIR_SCAN: Final = """SELECT * FROM (
+            SELECT p.id, p.priority, p.run_at FROM pgpool_jobs AS p
+            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = k.kind
+              AND p.tenant = '' AND p.run_at <= now() AND p.concurrency_key IS NULL
+              AND {cond}
+            ORDER BY {order}
+            LIMIT %(limit)s
+            FOR NO KEY UPDATE SKIP LOCKED) AS s{n}"""
+
 #: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, when nothing
 #: waiting there has a tenant or a concurrency key (`_NEED_FAIR`, read once): then the fair
 #: claim (`CLAIM`) would pick the same jobs, at more than twice the cost. It is the claim a
-#: hand-written loop sends, plus that look and ``max_attempts``.
+#: hand-written loop sends, plus that look, ``max_attempts`` and a cursor.
 #:
 #: - One LATERAL scan per (queue, kind) pair on the ready index, in claim order (priority,
 #:   due time, id), stopped by its LIMIT; then the pairs' rows merged in that order. SKIP
 #:   LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block
 #:   foreign keys that reference a job. Rows a scan locked but the batch did not take stay
 #:   ready when the statement ends.
+#: - The cursor: each pair's scan starts after the claim-order key (priority, run_at, id)
+#:   ``after_priorities``, ``after_run_ats``, ``after_ids`` give it (one per pair, queues
+#:   outer and kinds inner; NULL, or NULL arrays: from the start, a sweep, which reads
+#:   what a claim without cursors would). The index
+#:   entries of jobs claimed since the table was last vacuumed lie before it: dead rows,
+#:   which a claim from the start walks over one by one, and which nothing can remove
+#:   while a long transaction pins the xmin horizon (a claim from the start then costs more
+#:   with every job claimed; issue 32). Three scans, chained in claim order and read only
+#:   as far as the batch needs (an Append under the LIMIT): higher priorities from the
+#:   start (usually none), the cursor's own priority after the cursor, lower priorities
+#:   from the start. What the cursor skips is left to sweeps (`pgpool.claimer`).
 #: - A job's ``max_attempts`` is fixed at its first claim from its handler's setting when
 #:   the producer left it open, so the reaper (which has no handler registry) can decide
 #:   retry-or-dead on its own.
@@ -234,8 +258,8 @@ _NEED_FAIR: Final = """
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority, snoozes, meta, group_id), in no order: the claimer puts them in
-#: claim order.
+#: due, tenant, priority, snoozes, meta, group_id, run_at), in no order: the claimer puts
+#: them in claim order.
 #: None when something waiting needs the fair claim, and none when nothing waits: then the
 #: claimer claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
@@ -250,22 +274,41 @@ SET state = 'running',
     started = false
 WHERE j.id = ANY(ARRAY(
     SELECT c.id
-    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
+    CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS k(kind, kn)
     CROSS JOIN LATERAL (
-        SELECT p.id, p.priority, p.run_at FROM pgpool_jobs AS p
-        WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = k.kind AND p.tenant = ''
-          AND p.run_at <= now() AND p.concurrency_key IS NULL
-        ORDER BY p.priority DESC, p.run_at, p.id
+        SELECT (q.qn - 1) * cardinality(%(kinds)s::text[]) + k.kn AS n
+    ) AS pair
+    -- With no cursor (NULL), the first two scans compare with NULL: the index is not read
+    -- at all, and the third reads every priority (upto, the highest there is).
+    CROSS JOIN LATERAL (
+        SELECT (%(after_priorities)s::int[])[pair.n] AS priority,
+               (%(after_run_ats)s::timestamptz[])[pair.n] AS run_at,
+               (%(after_ids)s::bigint[])[pair.n] AS id,
+               coalesce((%(after_priorities)s::int[])[pair.n] - 1, 2147483647) AS upto
+    ) AS a
+    CROSS JOIN LATERAL (
+        """ + _PAIR_SCAN.format(cond="p.priority > a.priority",
+                                order="p.priority DESC, p.run_at, p.id", n=1) + """
+        UNION ALL
+        """ + _PAIR_SCAN.format(
+            cond="p.priority = a.priority AND (p.run_at, p.id) > (a.run_at, a.id)",
+            order="p.run_at, p.id", n=2) + """
+        UNION ALL
+        """ + _PAIR_SCAN.format(cond="p.priority <= a.upto",
+                                order="p.priority DESC, p.run_at, p.id", n=3) + """
         LIMIT %(limit)s
-        FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
-          j.meta, j.group_id
+          j.meta, j.group_id, j.run_at
 """
+
+#: `CLAIM_PLAIN`'s cursor parameters for a sweep: every pair from the start.
+SWEEP: Final = {"after_priorities": None, "after_run_ats": None, "after_ids": None}
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
