@@ -3,8 +3,9 @@
 Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
 concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
 queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
-waits, or something needs fairness) is followed at once by a fair one, which says whether
-the next claim can be plain again.
+waits, or something needs fairness) is followed by a look at whether something needs
+fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
+claim can be plain again.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -14,9 +15,11 @@ every claim. What a cursor skips can also hold a job that became ready behind it
 producer's transaction committed late, a retry fell due, another host let a locked row go),
 so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
 back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
-sooner after the last one than `SWEEP_COST` times its round trip. On a clean table a sweep
-costs what a cursor claim does, so every short claim is followed by one, as before cursors;
-with a pinned horizon, sweeps are few and the cursor claims stay cheap.
+sooner after the last one than `SWEEP_COST` times its round trip; and at once after a
+cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`). On a clean table a
+sweep costs what a cursor claim does, so a job committed behind a cursor waits for no
+poll, as before cursors; with a pinned horizon, sweeps are few and the cursor claims stay
+cheap.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ SWEEP_EVERY = 1.0
 #: twentieth of the claim connection's time goes to sweeps, however many dead rows they
 #: walk.
 SWEEP_COST = 20
+#: Seconds: a sweep that took no longer than this (a clean table's) is run at once after a
+#: cursor claim that took nothing, whatever `SWEEP_COST` says.
+CHEAP_SWEEP = 0.005
 #: The cursor of a pair the claimer has taken nothing from: none, from the start.
 _FROM_START = (None, None, None)
 
@@ -202,7 +208,7 @@ class Claimer:
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows = (await self._claim_plain(conn, params, queues, limit, started)
                     if self.plain else [])
-            if not rows:
+            if not rows and (not self.plain or await self._needs_fair(conn, params)):
                 # The fair claim's jobs are leased from its own start: the plain claim
                 # before it took none, however long it waited (for a lock, say).
                 leased = time.monotonic()
@@ -232,18 +238,36 @@ class Claimer:
         rows when nothing waits, or when a job with a tenant or a concurrency key does: the
         fair claim, run next, tells which."""
         wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
-        sweep = wanted and now - self._swept_at >= SWEEP_COST * self._sweep_rtt
-        cursors = sql.SWEEP if sweep or not self._cursors else self._cursor_params(queues)
-        rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
-        if sweep:
-            self._swept_at, self._sweep_rtt = now, time.monotonic() - now
-            self.sweeps += 1
+        sweep = ((wanted and now - self._swept_at >= SWEEP_COST * self._sweep_rtt)
+                 or not self._cursors)
+        rows = await self._plain_rows(conn, params, queues, sweep, now)
+        if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
+            rows = await self._plain_rows(conn, params, queues, True, time.monotonic())
         self._sweep_wanted = len(rows) < limit
         rows.sort(key=lambda row: (-row[9], row[13], row[0]))
         cursors_ = self._cursors
         for row in rows:  # in claim order: each pair's last row is its cursor
             cursors_[row[2], row[1]] = (row[9], row[13], row[0])
         return [row[:13] for row in rows]
+
+    async def _plain_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                          queues: list[str], sweep: bool, now: float) -> list[tuple]:
+        """The rows of one plain claim, a sweep or from the cursors; a sweep's round trip
+        kept (not the first one's, which prepares the statement too)."""
+        cursors = sql.SWEEP if sweep else self._cursor_params(queues)
+        rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
+        if sweep:
+            if self.sweeps:
+                self._sweep_rtt = time.monotonic() - now
+            self._swept_at = now
+            self.sweeps += 1
+        return rows
+
+    async def _needs_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                          ) -> bool:
+        """Whether a job waiting in the queues and kinds served needs the fair claim."""
+        row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
+        return bool(row and row[0])
 
     def _cursor_params(self, queues: list[str]) -> dict[str, list[object]]:
         """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues

@@ -215,7 +215,9 @@ def test_behind_a_pinned_horizon_a_claim_from_its_cursor_reads_what_it_does_on_a
                                                       "ANALYZE, BUFFERS, FORMAT JSON"))
     finally:
         db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
-    assert pinned <= clean + 10, (clean, pinned)
+    # Within a page per job claimed (58 and 64 here, 96 once under a loaded machine, where
+    # the sweep read 2,817): it does not grow with the dead rows.
+    assert pinned <= clean + 50, (clean, pinned)
     assert swept > clean + 1000, (clean, swept)  # the dead rows are there: it can fail
 
 

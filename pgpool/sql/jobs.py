@@ -307,6 +307,11 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.
           j.meta, j.group_id, j.run_at
 """
 
+#: Whether anything waiting in the given queues and kinds needs the fair claim: asked after
+#: a plain claim that took nothing, instead of running the fair claim blindly (which reads
+#: from the start, over every dead entry a pinned horizon keeps).
+NEEDS_FAIR: Final = "SELECT EXISTS (" + _NEED_FAIR + ")"
+
 #: `CLAIM_PLAIN`'s cursor parameters for a sweep: every pair from the start.
 SWEEP: Final = {"after_priorities": None, "after_run_ats": None, "after_ids": None}
 
