@@ -34,6 +34,7 @@ from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     ConfigError,
     ConnectError,
+    GroupNotFound,
     HandlerError,
     PayloadError,
     PgpoolError,
@@ -71,6 +72,7 @@ __all__ = [
     "ConnectError",
     "Discard",
     "Group",
+    "GroupNotFound",
     "GroupStatus",
     "Handler",
     "HandlerError",

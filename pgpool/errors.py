@@ -38,5 +38,9 @@ class HandlerError(PgpoolError):
     """A handler module failed to import, or handlers were registered incorrectly."""
 
 
+class GroupNotFound(PgpoolError, LookupError):
+    """An id names no group: no group was started with it, or it was pruned."""
+
+
 class PayloadError(PgpoolError, ValueError):
     """A job payload cannot be stored: not JSON-serialisable, too large, or not an object."""

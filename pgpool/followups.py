@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .enqueue import function_params
-from .errors import ConfigError
+from .errors import ConfigError, GroupNotFound
 from .groups import group_params
 from .job import JobInfo
 from .outcomes import Member, group_members
 from .registry import Handler
+
+if TYPE_CHECKING:  # workers import psycopg only to read a group's members
+    import psycopg
 
 #: Most follow-up jobs one attempt may enqueue (a group's members count as one): more
 #: belong in a group, or in `pgpool.enqueue_many` from a connection of the handler's own.
@@ -47,6 +50,10 @@ _groups: list[dict[str, Any]] = []
 class RunningJob(JobInfo):
     """What `pgpool.current_job` returns in a handler: the job (`pgpool.JobInfo`), and the
     follow-ups it may enqueue, written with this attempt's success or not at all."""
+
+    #: The connection `group_members` reads on: the test's under `pgpool.testing.drain`
+    #: (its transaction holds the members); None in a worker, which opens its own.
+    _conn: psycopg.Connection[Any] | None = field(default=None, compare=False, repr=False)
 
     def enqueue(self, kind: str | Handler[Any], payload: Any, **options: Any) -> None:
         """Enqueue a job once this attempt has succeeded: it is inserted in the transaction
@@ -74,16 +81,26 @@ class RunningJob(JobInfo):
         """In a group's callback: the group's members, every one finished, each done one
         with what its handler returned, each dead or cancelled one with its last error
         (`pgpool.group_members`, on a connection of its own to the host's database,
-        ``PGPOOL_DSN``, which ``pgpool run`` sets for its workers)."""
-        import psycopg  # not at import: workers that never call this never load it
+        ``PGPOOL_DSN``, which ``pgpool run`` sets for its workers; under
+        `pgpool.testing.drain`, on the test's connection). Raises `GroupNotFound` in a job
+        that is not a group's callback."""
+        try:
+            if self._conn is not None:
+                return group_members(self._conn, self.id)
+            import psycopg  # not at import: workers that never call this never load it
 
-        dsn = os.environ.get("PGPOOL_DSN")
-        if not dsn:
-            raise ConfigError("current_job().group_members() needs PGPOOL_DSN, which pgpool "
-                              "run sets for its workers: elsewhere, call "
-                              "pgpool.group_members(conn, current_job().id)")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            return group_members(conn, self.id)
+            dsn = os.environ.get("PGPOOL_DSN")
+            if not dsn:
+                raise ConfigError("current_job().group_members() needs PGPOOL_DSN, which "
+                                  "pgpool run sets for its workers: elsewhere, call "
+                                  "pgpool.group_members(conn, current_job().id)")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                return group_members(conn, self.id)
+        except GroupNotFound:
+            raise GroupNotFound(
+                f"current_job().group_members(): job {self.id} ({self.kind}) is not a "
+                "group's callback: only the callback of pgpool.group(..., then=...) has "
+                "members to read") from None
 
 
 def enqueue(kind: str | Handler[Any], payload: Any, options: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from setproctitle import setproctitle
@@ -44,6 +44,9 @@ from .enqueue import has_non_finite
 from .errors import ConfigError, PgpoolError
 from .followups import RunningJob
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
+
+if TYPE_CHECKING:  # a worker never imports psycopg for its own use
+    import psycopg
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
@@ -281,18 +284,20 @@ class _Inbox:
 
 def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             streams: tuple[output.JobStream, ...] = (),
-            raised: list[BaseException] | None = None
+            raised: list[BaseException] | None = None,
+            conn: psycopg.Connection[Any] | None = None
             ) -> ipc.Done | ipc.Failed | ipc.Finished | Controlled:
     """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
     its outcome: done (finished, with what it returned and its follow-ups, when it has
     either: `_finished`), failed, or what a handler's control exception or its `Retry` asks
     for (`_controlled`). ``streams``: what prints go to (`output.install`). ``raised``: if
     given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
-    this, and re-raises it in the test)."""
+    this, and re-raises it in the test). ``conn``: what a group's callback reads its
+    members on (`RunningJob.group_members`; `pgpool.testing.drain` gives the test's)."""
     global _current
     started = time.perf_counter()
     _current = RunningJob(job.id, job.kind, job.queue, job.attempt - job.uncounted,
-                       job.max_attempts, job.attempt)
+                          job.max_attempts, job.attempt, conn)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
     handler = None
