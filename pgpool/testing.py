@@ -92,8 +92,9 @@ class EnqueuedJob:
 class Counts:
     """What `drain` did: attempts that succeeded (``done``: the job is deleted), failed with
     attempts left (``retried``: scheduled again after the backoff), or failed for good
-    (``dead``: moved to ``pgpool_dead``, its last attempt failed or its handler's
-    `pgpool.Retry` does not retry the error); and what handlers asked for: ``snoozed``
+    (``dead``: moved to ``pgpool_dead``, its last attempt failed, its handler's
+    `pgpool.Retry` does not retry the error, or its payload does not fit the handler's
+    type); and what handlers asked for: ``snoozed``
     (`pgpool.Snooze`: scheduled for later, no attempt used), ``discarded`` and
     ``cancelled`` (`pgpool.Discard`, `pgpool.Cancel`: moved to ``pgpool_dead`` with that
     reason)."""

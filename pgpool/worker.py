@@ -2,8 +2,9 @@
 
 It imports the handler modules once, then loops: take the next job, run it (decoding its
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
-or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, or an
-error the handler's `pgpool.Retry` does not retry) per job to the result pipe. A reader
+or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, an
+error the handler's `pgpool.Retry` does not retry, or a payload that does not fit the
+handler's type) per job to the result pipe. A reader
 thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
 seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
 `ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
@@ -41,7 +42,7 @@ from setproctitle import setproctitle
 
 from . import fence, followups, hooks, ipc, logs, output, portable, registry, schedules
 from .enqueue import has_non_finite
-from .errors import ConfigError, PgpoolError
+from .errors import ConfigError, PayloadDecodeError, PgpoolError
 from .followups import RunningJob
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 
@@ -314,8 +315,11 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         if raised is not None:
             raised.append(exc)
         elapsed = time.perf_counter() - started
-        if isinstance(exc, Control) or (handler is not None and handler.retry is not None
-                                        and not handler.retry.retries(exc)):
+        # A payload that does not fit its type fails alike on every attempt: final,
+        # whatever the handler's Retry says.
+        if isinstance(exc, Control | PayloadDecodeError) or (
+                handler is not None and handler.retry is not None
+                and not handler.retry.retries(exc)):
             return _controlled(job.id, exc, elapsed)
         return ipc.Failed(job.id, format_error(exc), type(exc).__name__, elapsed)
     finally:
@@ -374,9 +378,14 @@ Controlled = ipc.Snoozed | ipc.Ended
 
 def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
     """The outcome of an attempt that raised a control exception (`pgpool.Snooze`,
-    `Discard`, `Cancel`), or an error its handler's `pgpool.Retry` does not retry."""
+    `Discard`, `Cancel`), a `PayloadDecodeError`, or an error its handler's `pgpool.Retry`
+    does not retry."""
     if isinstance(exc, Snooze):
         return ipc.Snoozed(job_id, exc.seconds, elapsed)
+    if isinstance(exc, PayloadDecodeError):
+        # Its message says it all; a traceback would show pgpool's frames only.
+        return ipc.Ended(job_id, "final", clean_text(str(exc))[:MAX_ERROR_CHARS],
+                         type(exc).__name__, elapsed)
     if isinstance(exc, Discard | Cancel):
         verdict: ipc.Verdict = "discard" if isinstance(exc, Discard) else "cancel"
         reason = clean_text(exc.reason)
