@@ -236,6 +236,27 @@ def test_follow_ups_are_checked_in_the_handler(db):
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (0,)
 
 
+def test_a_thread_a_handler_left_behind_cannot_enqueue_through_another_job(db, dsn):
+    # While its job runs, the thread's follow-up is the job's. It calls again once its
+    # job's handler has returned and the next job runs in the same worker: nothing it asks
+    # for then may ride on that job's success, and each call says the job it was started
+    # by has finished.
+    left = pgpool.enqueue(db, "out.leaver", {}, priority=1)  # claimed first
+    following = pgpool.enqueue(db, "out.next", {})
+    done = run_pgpool(dsn, "run", "--handlers", "outcomejobs", "--burst", "--procs", "1")
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT kind, result FROM pgpool_done WHERE id <> %s ORDER BY id",
+                      (following,)).fetchall() == [("out.child", {"from": "while it ran"})]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT count(*) FROM pgpool_groups") == (0,)
+    ended = (f"RuntimeError: pgpool.current_job() is used outside a running job: the job "
+             f"{left} that started this thread has finished")
+    assert pgpool.job_status(db, following).result == {"job": following, "calls": [
+        f"current_job() returned {left} while it ran",
+        *(f"{call} raised {ended}" for call in (
+            "current_job()", "held enqueue", "held group", "current_job().enqueue"))]}
+
+
 # --- groups -------------------------------------------------------------------------------
 
 
