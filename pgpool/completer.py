@@ -558,14 +558,20 @@ def _fields(outcome: Outcome) -> dict[str, object]:
             "cause": outcome.cause}
 
 
+#: Why a job died at once, by the cause of its failure, where its Retry did not decide it.
+_PERMANENT: Final = {"PayloadDecodeError": "its payload does not fit its handler's type",
+                     "ResultError": "its result cannot be stored"}
+
+
 def _log_decision(ack: Ack, outcome: Outcome) -> None:
     """The event of a decision other than done: what became of the job, and why."""
     job, fields = outcome.job, _fields(outcome)
     if ack.kind == "dead":
         permanent = outcome.verdict == "final"
+        why = (_PERMANENT.get(outcome.cause, "an error its handler's Retry does not retry")
+               if permanent else "no attempts left")
         event(log, logging.ERROR, "job_dead", "%s failed (%s), %s: moved to pgpool_dead",
-              job, outcome.cause, "an error its handler's Retry does not retry"
-              if permanent else "no attempts left", permanent=permanent, **fields)
+              job, outcome.cause, why, permanent=permanent, **fields)
     elif ack.kind == "retry":
         event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
               outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)

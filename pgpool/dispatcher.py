@@ -542,18 +542,21 @@ class Dispatcher:
     def _summary(self) -> None:
         elapsed = max(1e-9, time.monotonic() - self._started)
         c = self.completer.counts
-        rate = (c["done"] + c["dead"] + c["discarded"] + c["cancelled"]) / elapsed
+        # Everything moved to pgpool_dead: failed for good, discarded or cancelled.
+        dead_lettered = c["dead"] + c["discarded"] + c["cancelled"]
+        rate = (c["done"] + dead_lettered) / elapsed
         auto = self.scheduler.sizer is not None
         event(
             log, logging.INFO, "finished",
-            "finished: %d succeeded, %d failed and retried later, %d dead-lettered, "
-            "%d handed back, %d cut off by the shutdown, in %.2fs (%.0f jobs/s); "
-            "%d claims, %d ack flushes; batch %d%s",
-            c["done"], c["retried"], c["dead"], c["released"], c["interrupted"], elapsed, rate,
+            "finished: %d succeeded, %d failed and retried later, %d dead-lettered (%d "
+            "failed, %d discarded, %d cancelled), %d snoozed, %d handed back, %d cut off by "
+            "the shutdown, in %.2fs (%.0f jobs/s); %d claims, %d ack flushes; batch %d%s",
+            c["done"], c["retried"], dead_lettered, c["dead"], c["discarded"], c["cancelled"],
+            c["snoozed"], c["released"], c["interrupted"], elapsed, rate,
             self.claimer.claims, self.completer.stats.flushes, self.scheduler.batch,
             " (auto)" if auto else "",
             done=c["done"], retried=c["retried"], dead=c["dead"], released=c["released"],
-            interrupted=c["interrupted"],
+            interrupted=c["interrupted"], dead_lettered=dead_lettered,
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
             batch_auto=auto, lost=c["lost"], parked=c["parked"], snoozed=c["snoozed"],

@@ -38,5 +38,15 @@ class HandlerError(PgpoolError):
     """A handler module failed to import, or handlers were registered incorrectly."""
 
 
+class GroupNotFound(PgpoolError, LookupError):
+    """An id names no group: no group was started with it, or it was pruned."""
+
+
 class PayloadError(PgpoolError, ValueError):
     """A job payload cannot be stored: not JSON-serialisable, too large, or not an object."""
+
+
+class PayloadDecodeError(PayloadError):
+    """A stored payload does not fit its handler's payload type, so the handler cannot be
+    called with it: it was written without the handler's checks (``pgpool_enqueue``, an
+    INSERT, an older producer). Workers dead-letter its job at once: no retry changes it."""

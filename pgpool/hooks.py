@@ -50,7 +50,8 @@ class Outcome(StrEnum):
     #: The handler returned: the job succeeded.
     DONE = "done"
     #: The handler raised ``exc``: the attempt failed (retried later, or dead-lettered when
-    #: it was the last or its `pgpool.Retry` does not retry the error).
+    #: it was the last, its `pgpool.Retry` does not retry the error, or its payload does
+    #: not fit its type: `pgpool.PayloadDecodeError`).
     FAILED = "failed"
     #: The handler raised `pgpool.Snooze`: the job runs again later, no attempt used.
     SNOOZED = "snoozed"

@@ -112,9 +112,11 @@ class Snoozed(NamedTuple):
 class Ended(NamedTuple):
     id: int
     #: "discard" or "cancel" (`pgpool.Discard`, `pgpool.Cancel`), or "final": an error its
-    #: handler's `pgpool.Retry` does not retry (`pgpool.job.Outcome.verdict`).
+    #: handler's `pgpool.Retry` does not retry, or a payload that does not fit its type
+    #: (`pgpool.job.Outcome.verdict`).
     verdict: Verdict
-    error: str  # what pgpool_dead keeps: the reason given, or the bounded traceback
+    #: What pgpool_dead keeps: the reason given, the decode failure, or the bounded traceback.
+    error: str
     cause: str  # the exception's type name: what logs show
     elapsed: float
 

@@ -88,8 +88,9 @@ class Outcome:
     interrupted: bool = False
     #: What its handler asked for instead of a plain failure (``error`` is set then too):
     #: "snooze" (run again in ``delay`` seconds, not counted), "discard" or "cancel"
-    #: (dead-letter it now, with that reason), "final" (a failure its handler's
-    #: `pgpool.Retry` does not retry: dead-letter it now). None: a plain outcome.
+    #: (dead-letter it now, with that reason), "final" (a failure no retry would change:
+    #: one its handler's `pgpool.Retry` does not retry, a payload that does not fit its
+    #: type, a kept result that cannot be stored; dead-letter it now). None: a plain outcome.
     verdict: Verdict | None = None
     delay: float = 0.0
     #: A success's returned value, as JSON text (None: it returned None), or why it cannot

@@ -207,10 +207,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     where.check()
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
-        if args.group is not None and outcomes.group_status(conn, args.group) is None:
-            raise ConfigError(f"no group has id {args.group}: a group's id is its callback "
-                              "job's (`pgpool.group` returns it), and a group is forgotten "
-                              "once its callback and its members' records are gone")
+        if args.group is not None:
+            outcomes.group_status(conn, args.group)  # GroupNotFound: a one-line error
         listing = ops.list_jobs(conn, where, limit=args.limit, payload=args.payload)
     if args.json:
         _json_lines(j.as_dict() for j in listing.rows)

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .enqueue import schema_required
-from .errors import ConfigError
+from .errors import ConfigError, GroupNotFound
 from .sql import outcomes as sql
 from .sql.common import listen_statement
 
@@ -176,36 +176,54 @@ async def wait_async(conn: psycopg.AsyncConnection, ids: Iterable[int], *,
         await conn.execute("UN" + listen)
 
 
-def group_status(conn: psycopg.Connection, group_id: int) -> GroupStatus | None:
-    """Group ``group_id``'s progress, or None when there is no such group (or it was
-    pruned)."""
+def group_status(conn: psycopg.Connection, group_id: int) -> GroupStatus:
+    """Group ``group_id``'s progress. Raises `GroupNotFound` when there is no such group
+    (or it was pruned)."""
     with schema_required():
         row = conn.execute(sql.GROUP, {"id": group_id}).fetchone()
-    return None if row is None else GroupStatus.of_row(group_id, row)
+    if row is None:
+        raise GroupNotFound(no_group(group_id))
+    return GroupStatus.of_row(group_id, row)
 
 
-async def group_status_async(conn: psycopg.AsyncConnection,
-                             group_id: int) -> GroupStatus | None:
+async def group_status_async(conn: psycopg.AsyncConnection, group_id: int) -> GroupStatus:
     """Async twin of `group_status`."""
     with schema_required():
         row = await (await conn.execute(sql.GROUP, {"id": group_id})).fetchone()
-    return None if row is None else GroupStatus.of_row(group_id, row)
+    if row is None:
+        raise GroupNotFound(no_group(group_id))
+    return GroupStatus.of_row(group_id, row)
 
 
 def group_members(conn: psycopg.Connection, group_id: int) -> list[Member]:
     """The finished members of group ``group_id``, in id order: each done one with what its
     handler returned, each dead or cancelled one with its last error. In a group's callback,
-    every member is there."""
+    every member is there. Raises `GroupNotFound` when there is no such group (or it was
+    pruned)."""
     with schema_required():
         rows = conn.execute(sql.GROUP_MEMBERS, {"id": group_id}).fetchall()
-    return [Member(*row) for row in rows]
+    return _members(group_id, rows)
 
 
 async def group_members_async(conn: psycopg.AsyncConnection, group_id: int) -> list[Member]:
     """Async twin of `group_members`."""
     with schema_required():
         rows = await (await conn.execute(sql.GROUP_MEMBERS, {"id": group_id})).fetchall()
-    return [Member(*row) for row in rows]
+    return _members(group_id, rows)
+
+
+def no_group(group_id: int) -> str:
+    """Why ``group_id`` names no group, and where a group's id comes from."""
+    return (f"no group has id {group_id}: a group's id is its callback job's (`pgpool.group` "
+            "returns it), and a group is forgotten once its callback and its members' "
+            "records are gone")
+
+
+def _members(group_id: int, rows: list[tuple[Any, ...]]) -> list[Member]:
+    # No row: no group (an empty list would pass for a group of no finished member).
+    if not rows:
+        raise GroupNotFound(no_group(group_id))
+    return [Member(*row) for row in rows if row[0] is not None]
 
 
 def _ids(ids: Iterable[int]) -> list[int]:

@@ -30,7 +30,7 @@ from typing import Any, Final, NoReturn
 
 import orjson
 
-from .errors import HandlerError, PayloadError
+from .errors import HandlerError, PayloadDecodeError, PayloadError
 
 #: What a field may be, for the message that refuses another type.
 SUPPORTED: Final = ("str, int, float, bool, None, X | None, a Union, Literal, list[X], "
@@ -60,12 +60,19 @@ class Codec:
             raise PayloadError(exc.message(self.kind)) from None
 
     def decode(self, data: object) -> Any:
-        """The stored JSON ``data`` as the handler's type; `PayloadError` naming the first
-        field that does not fit (a row written by hand, or by another version)."""
+        """The stored JSON ``data`` as the handler's type; `PayloadDecodeError` naming the
+        type and the first field that does not fit (a row written by hand, or by another
+        version), never its value."""
         try:
             return self._root.load(data)
         except _Mismatch as exc:
-            raise PayloadError(exc.message(self.kind)) from None
+            field = f"field {exc.where()!r}: " if exc.path else ""
+            raise PayloadDecodeError(
+                f"payload decode failure: the stored payload does not fit "
+                f"{self.type.__name__}, the payload type of handler {self.kind!r}: "
+                f"{field}{exc.problem}. It would not on a retry either: enqueue with the "
+                "handler's .enqueue, which checks the payload (pgpool_enqueue and an INSERT "
+                "do not)") from None
 
 
 def codec_for(kind: str, fn: Callable[..., Any]) -> Codec | None:

@@ -92,8 +92,9 @@ class EnqueuedJob:
 class Counts:
     """What `drain` did: attempts that succeeded (``done``: the job is deleted), failed with
     attempts left (``retried``: scheduled again after the backoff), or failed for good
-    (``dead``: moved to ``pgpool_dead``, its last attempt failed or its handler's
-    `pgpool.Retry` does not retry the error); and what handlers asked for: ``snoozed``
+    (``dead``: moved to ``pgpool_dead``, its last attempt failed, its handler's
+    `pgpool.Retry` does not retry the error, or its payload does not fit the handler's
+    type); and what handlers asked for: ``snoozed``
     (`pgpool.Snooze`: scheduled for later, no attempt used), ``discarded`` and
     ``cancelled`` (`pgpool.Discard`, `pgpool.Cancel`: moved to ``pgpool_dead`` with that
     reason)."""
@@ -174,7 +175,8 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
     jobs once due. Returns how many attempts succeeded, were retried and died.
 
     Each job runs as a host runs it: claimed (with the handler's ``max_attempts`` when the
-    producer gave none), its handler called with `pgpool.current_job` set, and acked, each
+    producer gave none), its handler called with `pgpool.current_job` set (a group's
+    callback reads its members on ``conn``, never through ``PGPOOL_DSN``), and acked, each
     step committed as it happens (on ``conn``: in its transaction, as savepoints, if one is
     open). A failed attempt with attempts left is scheduled for its retry after the usual
     backoff and not run again by this call; with ``retries=True`` its retry is due at once
@@ -204,7 +206,9 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
             return Counts(**counts)
         ran.add(job.id)
         raised: list[BaseException] = []
-        result = run_job(handlers, job.wire(), (), raised)
+        # On the test's connection, a group's callback reads the members the test's
+        # transaction holds, never another database's through PGPOOL_DSN.
+        result = run_job(handlers, job.wire(), (), raised, conn)
         policy = _AT_ONCE if retries else handlers[job.kind].retry or default
         keep = keep_of(job, keeps, None)
         ack = decide(as_kept(Outcome.of(job, result), keep), policy, keep)

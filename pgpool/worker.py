@@ -2,8 +2,9 @@
 
 It imports the handler modules once, then loops: take the next job, run it (decoding its
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
-or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, or an
-error the handler's `pgpool.Retry` does not retry) per job to the result pipe. A reader
+or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, an
+error the handler's `pgpool.Retry` does not retry, or a payload that does not fit the
+handler's type) per job to the result pipe. A reader
 thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
 seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
 `ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
@@ -32,18 +33,22 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from setproctitle import setproctitle
 
-from . import fence, followups, hooks, ipc, logs, output, portable, registry, schedules
+from . import fence, hooks, ipc, logs, output, portable, registry, schedules
 from .enqueue import has_non_finite
-from .errors import ConfigError, PgpoolError
-from .followups import RunningJob
+from .errors import ConfigError, PayloadDecodeError, PgpoolError
+from .followups import Attempt, FollowUps, RunningJob, ended_message
 from .retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
+
+if TYPE_CHECKING:  # a worker never imports psycopg for its own use
+    import psycopg
 
 #: The `ipc.Retiring` reason of a worker that leaves after a MemoryError.
 RETIRED_AFTER_MEMORY_ERROR = "retired after a MemoryError"
@@ -60,15 +65,60 @@ _FAILURES = (ipc.Failed, ipc.Ended)
 _current: RunningJob | None = None
 
 
+class _LeftThreads:
+    """The threads attempts left running, each with the job that started it: there,
+    `current_job` raises rather than answer with whichever job runs now.
+
+    A thread is taken to be an attempt's when it was first seen at that attempt's end (one
+    look at the process's threads per attempt); those alive before the first attempt, and
+    the handler's own, belong to none."""
+
+    def __init__(self) -> None:
+        self.known: set[threading.Thread] | None = None
+        self.by: weakref.WeakKeyDictionary[threading.Thread, int] = (
+            weakref.WeakKeyDictionary())
+
+    def begin(self) -> None:
+        """An attempt starts in this thread."""
+        if self.known is None:
+            self.known = set(threading.enumerate())
+        elif self.by:  # a thread an attempt left, now running handlers itself (a test's)
+            self.by.pop(threading.current_thread(), None)
+
+    def ended(self, job_id: int) -> None:
+        """Job ``job_id``'s attempt, run in this thread, has ended."""
+        threads = threading.enumerate()
+        known = self.known
+        assert known is not None  # begin() came first
+        if len(threads) == len(known) and known.issuperset(threads):
+            return  # the common case: no thread started, none ended
+        me = threading.current_thread()
+        for thread in threads:
+            if thread not in known and thread is not me:
+                self.by[thread] = job_id
+        self.known = {*threads, me}
+
+
+_left = _LeftThreads()
+
+
 def current_job() -> RunningJob:
-    """The job being run by this worker process; only valid inside a handler.
+    """The job being run by this worker process; only valid inside a handler (and in the
+    threads it starts, while it runs).
 
     Useful for idempotency (key side effects on ``current_job().id``) and for logging;
     its ``enqueue``, ``enqueue_many`` and ``group`` add follow-ups, written with this
-    attempt's success (`pgpool.followups.RunningJob`).
+    attempt's success (`pgpool.followups.RunningJob`). Raises `RuntimeError` outside a
+    running job: between jobs, and in a thread a handler left running once its attempt
+    has ended (even while another job runs).
     """
+    if _left.by:
+        started_by = _left.by.get(threading.current_thread())
+        if started_by is not None:
+            raise RuntimeError(ended_message(started_by, left_behind=True))
     if _current is None:
-        raise RuntimeError("pgpool.current_job() is only available inside a running handler")
+        raise RuntimeError("pgpool.current_job() is used outside a running job: call it in "
+                           "a handler, or in a thread the handler started, while it runs")
     return _current
 
 
@@ -281,18 +331,22 @@ class _Inbox:
 
 def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             streams: tuple[output.JobStream, ...] = (),
-            raised: list[BaseException] | None = None
+            raised: list[BaseException] | None = None,
+            conn: psycopg.Connection[Any] | None = None
             ) -> ipc.Done | ipc.Failed | ipc.Finished | Controlled:
     """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
     its outcome: done (finished, with what it returned and its follow-ups, when it has
     either: `_finished`), failed, or what a handler's control exception or its `Retry` asks
     for (`_controlled`). ``streams``: what prints go to (`output.install`). ``raised``: if
     given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
-    this, and re-raises it in the test)."""
+    this, and re-raises it in the test). ``conn``: what a group's callback reads its
+    members on (`RunningJob.group_members`; `pgpool.testing.drain` gives the test's)."""
     global _current
     started = time.perf_counter()
+    _left.begin()
+    attempt = Attempt(job.id, conn)
     _current = RunningJob(job.id, job.kind, job.queue, job.attempt - job.uncounted,
-                       job.max_attempts, job.attempt)
+                          job.max_attempts, job.attempt, attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
     handler = None
@@ -305,25 +359,32 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         with hooks.watching(_current, job.meta) if hooks.watched() else _UNWATCHED:
             value = _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
-        followups.drop()  # they go with the attempt's success only
         if raised is not None:
             raised.append(exc)
         elapsed = time.perf_counter() - started
-        if isinstance(exc, Control) or (handler is not None and handler.retry is not None
-                                        and not handler.retry.retries(exc)):
+        # A payload that does not fit its type fails alike on every attempt: final,
+        # whatever the handler's Retry says.
+        if isinstance(exc, Control | PayloadDecodeError) or (
+                handler is not None and handler.retry is not None
+                and not handler.retry.retries(exc)):
             return _controlled(job.id, exc, elapsed)
         return ipc.Failed(job.id, format_error(exc), type(exc).__name__, elapsed)
     finally:
+        # In this order: a thread the handler left sees it as left (`current_job`) before
+        # the attempt ends, and what it asked for before then is the attempt's.
+        _left.ended(job.id)
+        follow = attempt.end()  # a failure's are dropped with it: only a success has any
         _current = None
         for stream in streams:
             stream.end()
     elapsed = time.perf_counter() - started
-    if value is None and not followups.pending():  # the common case: nothing to record
+    if value is None and follow is None:  # the common case: nothing to record
         return ipc.Done(job.id, elapsed)
-    return _finished(job.id, value, elapsed)
+    return _finished(job.id, value, elapsed, follow)
 
 
-def _finished(job_id: int, value: Any, elapsed: float) -> ipc.Finished:
+def _finished(job_id: int, value: Any, elapsed: float,
+              follow: FollowUps | None) -> ipc.Finished:
     """A success that returned ``value`` or enqueued follow-ups: the value as JSON, or why
     it cannot be stored (the dispatcher dead-letters the job for it only if its outcome is
     kept)."""
@@ -347,7 +408,7 @@ def _finished(job_id: int, value: Any, elapsed: float) -> ipc.Finished:
                          "represent: return None or a string in their place")
             if error is not None:
                 result = None
-    return ipc.Finished(job_id, elapsed, result, error, followups.take())
+    return ipc.Finished(job_id, elapsed, result, error, follow)
 
 
 @functools.cache
@@ -369,9 +430,14 @@ Controlled = ipc.Snoozed | ipc.Ended
 
 def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
     """The outcome of an attempt that raised a control exception (`pgpool.Snooze`,
-    `Discard`, `Cancel`), or an error its handler's `pgpool.Retry` does not retry."""
+    `Discard`, `Cancel`), a `PayloadDecodeError`, or an error its handler's `pgpool.Retry`
+    does not retry."""
     if isinstance(exc, Snooze):
         return ipc.Snoozed(job_id, exc.seconds, elapsed)
+    if isinstance(exc, PayloadDecodeError):
+        # Its message says it all; a traceback would show pgpool's frames only.
+        return ipc.Ended(job_id, "final", clean_text(str(exc))[:MAX_ERROR_CHARS],
+                         type(exc).__name__, elapsed)
     if isinstance(exc, Discard | Cancel):
         verdict: ipc.Verdict = "discard" if isinstance(exc, Discard) else "cancel"
         reason = clean_text(exc.reason)

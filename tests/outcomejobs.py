@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pgpool
@@ -82,3 +83,51 @@ def fan_out(payload: dict) -> None:
                                then=("out.combine", {"label": "fanned"}))
     if payload.get("fail"):
         raise RuntimeError("failed after starting its group")
+
+
+#: `out.leaver`'s thread and `out.next`, in one worker process: each lets the other go.
+_started = threading.Event()
+_next_runs = threading.Event()
+_left_done = threading.Event()
+_left_calls: list[str] = []
+
+
+@pgpool.handler("out.leaver")
+def leaver(payload: dict) -> None:
+    """Starts a thread that outlives this attempt, as a handler that forgot one would, once
+    it has enqueued a follow-up while the attempt runs."""
+    threading.Thread(target=_left_behind, args=(pgpool.current_job(),), daemon=True).start()
+    _started.wait(60)
+
+
+def _left_behind(job: pgpool.JobInfo) -> None:
+    """Enqueues a follow-up while its job runs; then, once the next job runs (`out.next`),
+    long after its handler returned, calls the job it was started by and `current_job()`,
+    and records what each call did."""
+    _left_calls.append(f"current_job() returned {pgpool.current_job().id} while it ran")
+    pgpool.current_job().enqueue("out.child", {"from": "while it ran"})
+    _started.set()
+    _next_runs.wait(60)
+    calls = {
+        "current_job()": lambda: pgpool.current_job().id,
+        "held enqueue": lambda: job.enqueue("out.child", {"from": "held"}),  # type: ignore[attr-defined]
+        "held group": lambda: job.group("out.score", [{"doc": 1}],  # type: ignore[attr-defined]
+                                        then=("out.combine", {"label": "left"})),
+        "current_job().enqueue": lambda: pgpool.current_job().enqueue("out.child",
+                                                                     {"from": "fresh"}),
+    }
+    for name, call in calls.items():
+        try:
+            _left_calls.append(f"{name} returned {call()!r}")
+        except Exception as exc:
+            _left_calls.append(f"{name} raised {type(exc).__name__}: {exc}")
+    _left_done.set()
+
+
+@pgpool.handler("out.next", keep=3600)
+def next_job(payload: dict) -> dict:
+    """Runs after ``out.leaver`` in the same worker: lets its thread go, waits for it, and
+    succeeds with what the thread's calls did."""
+    _next_runs.set()
+    _left_done.wait(60)
+    return {"job": pgpool.current_job().id, "calls": _left_calls}

@@ -117,7 +117,8 @@ def test_text_is_the_default_and_unchanged(db, dsn) -> None:
     assert re.fullmatch(r"dispatcher \S+: 1 workers, batch 7, queues default, kinds \S+",
                         messages[0]), messages
     assert re.fullmatch(r"finished: 5 succeeded, 0 failed and retried later, "
-                        r"0 dead-lettered, 0 handed back, 0 cut off by the shutdown, "
+                        r"0 dead-lettered \(0 failed, 0 discarded, 0 cancelled\), "
+                        r"0 snoozed, 0 handed back, 0 cut off by the shutdown, "
                         r"in [0-9.]+s \(\d+ jobs/s\); \d+ claims, \d+ ack flushes; batch 7",
                         messages[-1]), messages
 
@@ -147,6 +148,25 @@ def test_json_lines_carry_the_events_and_their_fields(db, dsn) -> None:
     assert finished["batch"] >= 1 and finished["seconds"] > 0 and finished["jobs_per_s"] > 0
     # The message is the text format's, word for word.
     assert finished["message"].startswith("finished: 5 succeeded, 0 failed")
+
+
+def test_the_shutdown_summary_counts_every_way_a_job_ends_or_is_put_off(db, dsn) -> None:
+    pgpool.enqueue(db, "noop", {})
+    pgpool.enqueue(db, "picky", {"raise": "ConnectionResetError"})  # retried in 30 s
+    pgpool.enqueue(db, "picky", {"raise": "ValueError"})  # dead: its Retry does not retry it
+    pgpool.enqueue(db, "ender", {"how": "discard", "reason": MARKER})
+    pgpool.enqueue(db, "ender", {"how": "cancel", "reason": MARKER})
+    pgpool.enqueue(db, "snoozer", {"until_claim": 1, "seconds": 3600})
+    done = run_pgpool(dsn, *RUN, "--burst", **JSON_LOGS)
+    assert done.returncode == 0, done.stderr
+    finished = only_event(done.stderr, "finished")
+    assert {k: finished[k] for k in ("done", "retried", "dead", "discarded", "cancelled",
+                                     "snoozed", "dead_lettered", "released", "interrupted")
+            } == {"done": 1, "retried": 1, "dead": 1, "discarded": 1, "cancelled": 1,
+                  "snoozed": 1, "dead_lettered": 3, "released": 0, "interrupted": 0}
+    assert finished["message"].startswith(
+        "finished: 1 succeeded, 1 failed and retried later, 3 dead-lettered (1 failed, "
+        "1 discarded, 1 cancelled), 1 snoozed, 0 handed back, 0 cut off by the shutdown, in ")
 
 
 def test_the_environment_sets_the_format_and_the_option_wins(db, dsn) -> None:

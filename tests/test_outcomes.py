@@ -236,6 +236,27 @@ def test_follow_ups_are_checked_in_the_handler(db):
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.child'") == (0,)
 
 
+def test_a_thread_a_handler_left_behind_cannot_enqueue_through_another_job(db, dsn):
+    # While its job runs, the thread's follow-up is the job's. It calls again once its
+    # job's handler has returned and the next job runs in the same worker: nothing it asks
+    # for then may ride on that job's success, and each call says the job it was started
+    # by has finished.
+    left = pgpool.enqueue(db, "out.leaver", {}, priority=1)  # claimed first
+    following = pgpool.enqueue(db, "out.next", {})
+    done = run_pgpool(dsn, "run", "--handlers", "outcomejobs", "--burst", "--procs", "1")
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT kind, result FROM pgpool_done WHERE id <> %s ORDER BY id",
+                      (following,)).fetchall() == [("out.child", {"from": "while it ran"})]
+    assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT count(*) FROM pgpool_groups") == (0,)
+    ended = (f"RuntimeError: pgpool.current_job() is used outside a running job: the job "
+             f"{left} that started this thread has finished")
+    assert pgpool.job_status(db, following).result == {"job": following, "calls": [
+        f"current_job() returned {left} while it ran",
+        *(f"{call} raised {ended}" for call in (
+            "current_job()", "held enqueue", "held group", "current_job().enqueue"))]}
+
+
 # --- groups -------------------------------------------------------------------------------
 
 
@@ -288,14 +309,74 @@ def test_a_cancelled_member_counts_as_finished(db, dsn):
     assert [m.state for m in pgpool.group_members(db, group.id)] == ["done", "cancelled"]
 
 
-def test_a_handler_starts_a_group_only_with_its_success(db, monkeypatch):
-    monkeypatch.setenv("PGPOOL_DSN", db.info.dsn)  # the callback reads its members
+def test_a_handler_starts_a_group_only_with_its_success(db):
     pgpool.enqueue(db, "out.fanout", {"fail": True}, max_attempts=1)
     pgpool.enqueue(db, "out.fanout", {})
     testing.drain(db, raise_errors=False)
     assert one(db, "SELECT count(*) FROM pgpool_groups") == (1,)
     assert one(db, "SELECT result FROM pgpool_done WHERE kind = 'out.combine'") == (
         {"label": "fanned", "members": 4, "total": 3.0, "failed": 0},)
+
+
+@pytest.mark.parametrize("pgpool_dsn", ["unset", "another installation"])
+def test_a_callback_under_drain_reads_its_members_in_the_tests_transaction(
+        dsn, other_dsn, monkeypatch, pgpool_dsn):
+    # The callback reads its group on the test's connection: PGPOOL_DSN unset does not
+    # stop it, and one leading to another installation, with a group of the same id, is
+    # not read instead.
+    with psycopg.connect(dsn) as conn:  # not autocommit: one transaction, rolled back
+        group = pgpool.group(conn, "out.score", [{"doc": d} for d in range(4)],
+                             then=("out.combine", {"label": "mine"}))
+        if pgpool_dsn == "unset":
+            monkeypatch.delenv("PGPOOL_DSN", raising=False)
+        else:
+            with psycopg.connect(other_dsn, autocommit=True) as other:
+                pgpool.migrate(other)
+                other.execute("SELECT setval(pg_get_serial_sequence('pgpool_jobs', 'id'), "
+                              "%s, false)", (group.id,))
+                twin = pgpool.group(other, "out.score", [{"doc": 9}],
+                                    then=("out.combine", {"label": "theirs"}))
+                assert twin.id == group.id
+                testing.drain(other, "out.score")  # its member done, its callback ready
+            monkeypatch.setenv("PGPOOL_DSN", other_dsn)
+        assert testing.drain(conn) == testing.Counts(done=5)
+        assert pgpool.job_status(conn, group.id).result == {
+            "label": "mine", "members": 4, "total": 3.0, "failed": 0}
+        conn.rollback()
+
+
+def test_the_members_of_an_id_that_is_no_group_are_an_error_not_none(db, dsn):
+    plain = pgpool.enqueue(db, "out.square", {"n": 1})
+    for call in (pgpool.group_members, pgpool.group_status):
+        with pytest.raises(pgpool.GroupNotFound) as caught:
+            call(db, plain)
+        assert str(caught.value).startswith(f"no group has id {plain}: a group's id is its "
+                                            "callback job's")
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            for call in (pgpool.group_members_async, pgpool.group_status_async):
+                with pytest.raises(pgpool.GroupNotFound, match=f"no group has id {plain}:"):
+                    await call(aconn, plain)
+
+    asyncio.run(main())
+    # A group with no member finished yet has none; an empty group too.
+    waiting = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    empty = pgpool.group(db, "out.score", [], then=("out.combine", {}))
+    assert pgpool.group_members(db, waiting.id) == pgpool.group_members(db, empty.id) == []
+    assert pgpool.group_status(db, empty.id).total == 0
+
+
+def test_a_job_that_is_no_callback_cannot_read_its_group(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)
+    plain = pgpool.enqueue(db, "out.combine", {})  # the callback's kind, enqueued alone
+    with pytest.raises(pgpool.GroupNotFound) as caught:
+        testing.drain(db)
+    assert str(caught.value) == (
+        f"current_job().group_members(): job {plain} (out.combine) is not a group's "
+        "callback: only the callback of pgpool.group(..., then=...) has members to read")
+    status = pgpool.job_status(db, plain)  # a failed attempt, as any handler's error
+    assert status.state == "scheduled" and status.error.endswith(f"GroupNotFound: {caught.value}\n")
 
 
 def test_group_arguments_are_checked_before_anything_is_sent(db):

@@ -147,6 +147,22 @@ def test_current_job_inside_drain_says_which_job_and_attempt(db) -> None:
     assert kitjobs.seen_by_note == seen
 
 
+def test_a_job_object_kept_past_its_attempt_adds_nothing_to_the_next(db) -> None:
+    kitjobs.seen_by_note.clear()
+    first = pgpool.enqueue(db, "kit.note", {})
+    assert drain(db) == Counts(done=1)
+    [kept] = kitjobs.seen_by_note
+    with pytest.raises(RuntimeError) as caught:
+        kept.enqueue("kit.ok", {})
+    assert str(caught.value) == ("pgpool.current_job() is used outside a running job: "
+                                 f"job {first}, which it was taken in, has finished")
+    pgpool.enqueue(db, "kit.note", {})
+    assert drain(db) == Counts(done=1)  # the next attempt's success carried nothing
+    assert enqueued(db) == []
+    with pytest.raises(RuntimeError, match="made by hand, not by a worker"):
+        RunningJob(7, "kit.note", "default", 1, 1, 1).group("kit.ok", [{}], then=("kit.ok", {}))
+
+
 def test_drain_works_inside_the_callers_transaction(db, dsn) -> None:
     with psycopg.connect(dsn) as conn:  # not autocommit: one transaction, rolled back
         pgpool.enqueue(conn, "kit.ok", {})
@@ -306,7 +322,7 @@ def test_run_handler_raises_what_the_handler_raises() -> None:
     with pytest.raises(ValueError, match=r"kit\.fail always fails") as raised:
         run_handler(kitjobs.fail, {})
     assert traceback.extract_tb(raised.value.__traceback__)[-1].name == "fail"
-    with pytest.raises(RuntimeError, match="only available inside a running handler"):
+    with pytest.raises(RuntimeError, match=r"current_job\(\) is used outside a running job"):
         pgpool.current_job()  # set only while the handler ran
 
 

@@ -24,12 +24,13 @@ from typing import Annotated, Any, Literal, NewType, NotRequired, TypedDict
 import psycopg
 import pytest
 import typedjobs
-from conftest import MARKER, assert_user_error, run_pgpool
+from conftest import JSON_LOGS, MARKER, assert_user_error, events, run_pgpool
 from psycopg.types.json import Jsonb
 from typedjobs import Invoice, Note, Owner, Report, Size, Thumb
 
 import pgpool
 from pgpool import registry
+from pgpool.testing import Counts, drain
 
 # --- the object ---------------------------------------------------------------------------
 
@@ -408,21 +409,60 @@ def test_a_real_worker_gets_the_payload_decoded_into_its_type(
     assert MARKER not in done.stderr
 
 
-def test_a_stored_payload_that_does_not_fit_fails_with_a_payload_error(
+def stored_without_checks(db: psycopg.Connection) -> dict[int, str]:
+    """Jobs of typed kinds with the default retries whose payloads do not fit, written as
+    the SQL function and a plain INSERT let anyone write them (the values are MARKER, which
+    nothing may show); what each dead letter must say."""
+    ids: dict[int, str] = {}
+    for kind, payload, field, problem in [
+            ("typed.owner", {"tags": [MARKER]}, "name", "missing (required by Owner)"),
+            ("typed.bill", {"invoice_id": 1, "total": MARKER, "issued": "2024-05-01T00:00:00Z"},
+             "total", "Input should be a valid number, unable to parse string as a number"),
+    ]:
+        (job,) = db.execute("SELECT pgpool_enqueue(%s, %s)", (kind, Jsonb(payload))).fetchone()
+        ids[job] = (f"payload decode failure: the stored payload does not fit "
+                    f"{'Owner' if kind == 'typed.owner' else 'Invoice'}, the payload type of "
+                    f"handler {kind!r}: field {field!r}: {problem}. {DECODE_FIX}")
+    (job,) = db.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES ('typed.report', %s) "
+                        "RETURNING id", (Jsonb({"report_id": MARKER, "pages": []}),)).fetchone()
+    ids[job] = ("payload decode failure: the stored payload does not fit Report, the payload "
+                "type of handler 'typed.report': field 'report_id': expected int, got str. "
+                + DECODE_FIX)
+    return ids
+
+
+DECODE_FIX = ("It would not on a retry either: enqueue with the handler's .enqueue, which "
+              "checks the payload (pgpool_enqueue and an INSERT do not)")
+
+
+def test_a_stored_payload_that_does_not_fit_is_dead_at_once_naming_the_field(
         db: psycopg.Connection, dsn: str, record_dir: Path) -> None:
-    # Written by hand (or by an older version): the worker cannot decode it.
-    db.execute("INSERT INTO pgpool_jobs (queue, kind, payload) VALUES ('thumbs', "
-               "'typed.thumb', %s)", (Jsonb({"image_id": 1, "size": 100, "secret": MARKER}),))
+    # Decoding fails alike on every attempt: the job dies on its first, as an error its
+    # Retry does not retry would, not after the 20 attempts of its default schedule.
+    expected = stored_without_checks(db)
     done = run_pgpool(dsn, "run", "--handlers", "typedjobs", "--burst", "--procs", "1",
-                      "--queue", "thumbs", record_dir=record_dir)
+                      record_dir=record_dir, **JSON_LOGS)
     assert done.returncode == 0, done.stderr
-    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone() == (0,)
-    error = db.execute("SELECT last_error FROM pgpool_dead").fetchone()[0]
-    assert error.splitlines()[-1] == ("pgpool.errors.PayloadError: payload for 'typed.thumb': "
-                                      "field 'size': expected one of Size's values, got "
-                                      "another int")
-    assert not list(record_dir.glob("*.pickle"))  # the function never ran
+    assert db.execute("SELECT id, state FROM pgpool_jobs").fetchall() == []
+    dead = {job: (reason, attempts, error) for job, reason, attempts, error in db.execute(
+        "SELECT id, reason, attempts, last_error FROM pgpool_dead")}
+    assert dead == {job: ("failed", 1, error) for job, error in expected.items()}
+    assert {e["job_id"]: (e["permanent"], e["cause"]) for e in events(done.stderr, "job_dead")
+            } == dict.fromkeys(expected, (True, "PayloadDecodeError"))
+    assert not list(record_dir.glob("*.pickle"))  # no function ran
     assert MARKER not in done.stderr
+
+
+def test_drain_dead_letters_a_payload_that_does_not_fit_at_once_too(
+        db: psycopg.Connection) -> None:
+    expected = stored_without_checks(db)
+    first = min(expected)
+    with pytest.raises(pgpool.PayloadDecodeError) as caught:
+        drain(db, ["typed.owner", "typed.bill", "typed.report"])
+    assert str(caught.value) == expected[first]
+    assert drain(db, ["typed.owner", "typed.bill", "typed.report"],
+                 raise_errors=False) == Counts(dead=2)
+    assert dict(db.execute("SELECT id, last_error FROM pgpool_dead").fetchall()) == expected
 
 
 def test_run_refuses_a_module_whose_typed_handler_cannot_be_resolved(

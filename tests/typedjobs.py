@@ -94,6 +94,17 @@ async def invoice(payload: Invoice) -> None:
     _record(payload)
 
 
+@pgpool.handler("typed.owner")
+def owner(payload: Owner) -> None:
+    """The default retry schedule, as typed.report's and typed.bill's."""
+    _record(payload)
+
+
+@pgpool.handler("typed.bill")
+def bill(payload: Invoice) -> None:
+    _record(payload)
+
+
 def legacy(payload: dict) -> None:
     _record(payload)
 

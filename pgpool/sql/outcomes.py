@@ -42,17 +42,20 @@ FROM pgpool_groups AS g WHERE g.id = %(id)s
 """
 
 #: The finished members of a group, in id order: (id, state, result, error), state 'done'
-#: (with its result), 'dead' or 'cancelled' (with its last error).
+#: (with its result), 'dead' or 'cancelled' (with its last error). No row when there is no
+#: such group; one of NULLs for a group none of whose members has finished.
 GROUP_MEMBERS: Final = """
-SELECT id, state, result, error FROM (
+SELECT m.id, m.state, m.result, m.error
+FROM pgpool_groups AS g LEFT JOIN LATERAL (
     SELECT id, 'done' AS state, result, NULL AS error FROM pgpool_done
     WHERE group_id = %(id)s
     UNION ALL
     SELECT id, CASE WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END, NULL,
            last_error
     FROM pgpool_dead WHERE group_id = %(id)s
-) AS m
-ORDER BY id
+) AS m ON true
+WHERE g.id = %(id)s
+ORDER BY m.id
 """
 
 #: Delete up to ``limit`` records of finished jobs past their ``keep_until``, oldest first
