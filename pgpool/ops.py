@@ -29,7 +29,7 @@ import contextlib
 import math
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
@@ -180,13 +180,47 @@ class Listing(Generic[T]):
 class Replayed:
     """What a replay did: ``moved`` back to ready, ``skipped`` (a live job of that kind
     holds its unique key: it stays dead), ``seconds`` it took; a dry run moves nothing and
-    counts the matching jobs as ``would_move``."""
+    counts the matching jobs as ``would_move``.
+
+    Members of groups (see `replay_dead`): ``refused`` stayed dead, members of the groups
+    ``refused_groups``, whose callbacks have not run yet; ``outside`` were moved back
+    outside the groups ``outside_groups``, whose callbacks have run. `notes` says so."""
 
     moved: int = 0
     skipped: int = 0
     batches: int = 0
     seconds: float = 0.0
     would_move: int = 0
+    refused: int = 0
+    refused_groups: list[int] = field(default_factory=list)
+    outside: int = 0
+    outside_groups: list[int] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """What the replay did besides moving jobs back, a sentence each: the same words
+        for the CLI and the dashboard."""
+        notes = []
+        if self.skipped:
+            notes.append(f"{self.skipped} stayed dead: a live job of the same kind holds its "
+                         "unique key")
+        if self.refused:
+            one = self.refused == 1
+            groups = _ids_text(self.refused_groups)
+            notes.append(
+                f"{self.refused} stayed dead: "
+                + (f"member of group {groups}, whose callback has not run yet (it reads "
+                   "the member's end): replay it after the callback has run" if one else
+                   f"members of groups {groups}, whose callbacks have not run yet (they "
+                   "read the members' ends): replay them after the callbacks have run"))
+        if self.outside:
+            groups = _ids_text(self.outside_groups)
+            notes.append(
+                f"{self.outside} replayed outside "
+                + (f"its group: the callback of group {groups} has run already, and "
+                   "nothing reads the replayed job's end" if self.outside == 1 else
+                   f"their groups: the callbacks of groups {groups} have run already, and "
+                   "nothing reads the replayed jobs' ends"))
+        return notes
 
 
 @dataclass(slots=True)
@@ -394,10 +428,15 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
                 yield _Pause(wait)
         want = size if limit is None else min(size, limit - picked_total)
         rows = yield _Query(sql.REPLAY_DEAD, {**params, "limit": want})
-        picked, moved, after_died, after_id, _ = rows[0]
+        (picked, moved, after_died, after_id, _, refused, refused_groups, outside,
+         outside_groups) = rows[0]
         picked_total += picked
         result.moved += moved
-        result.skipped += picked - moved
+        result.skipped += picked - moved - refused
+        result.refused += refused
+        result.refused_groups = sorted({*result.refused_groups, *refused_groups})
+        result.outside += outside
+        result.outside_groups = sorted({*result.outside_groups, *outside_groups})
         result.batches += 1
         if picked < want:
             break
@@ -666,7 +705,12 @@ def replay_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | Non
     """Move dead jobs matching ``where`` (at most ``limit``, oldest death first) back to
     ready: same id, attempts from 0, due now. ``rate`` (jobs per second, autocommit
     connections only) trickles them. A job whose unique key a live job holds stays dead
-    (counted as skipped). ``DeadFilter()`` matches every dead job."""
+    (counted as skipped). ``DeadFilter()`` matches every dead job.
+
+    A member of a group whose callback is still waiting goes back into its group, which
+    counts its new end instead of the old; one whose group is complete but whose callback
+    has not run yet stays dead (counted as refused: the callback reads its end); one whose
+    callback has run goes back outside its group (counted as outside)."""
     _check_rate(conn, rate, dry_run)
     return _run(conn, _replay_dead(where, limit, rate, dry_run), dry_run=dry_run,
                 batched=True)

@@ -356,9 +356,8 @@ def cmd_dead_replay(args: argparse.Namespace) -> int:
     rate = f" at up to {args.rate:g} jobs/s" if args.rate else ""
     print(f"pgpool: replayed {_n(done.moved, 'dead job')} back to ready in "
           f"{done.seconds:.2f}s ({_n(done.batches, 'batch')}{rate})")
-    if done.skipped:
-        print(f"pgpool: {done.skipped} stayed dead: a live job of the same kind holds its "
-              "unique key", file=sys.stderr)
+    for note in done.notes():
+        print(f"pgpool: {note}", file=sys.stderr)
     return 0
 
 

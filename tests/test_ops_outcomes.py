@@ -12,7 +12,7 @@ import psycopg
 from conftest import MARKER, assert_user_error, run_pgpool
 
 import pgpool
-from pgpool import ops
+from pgpool import ops, testing
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 
@@ -117,3 +117,64 @@ def test_jobs_show_a_groups_progress_and_jobs_lists_waiting_callbacks_and_member
     # A member that succeeded is kept (its callback reads it): shown done, in its group.
     member = shown(dsn, first, "--result")
     assert (member["state"], member["group_id"], member["result"]) == ("done", group.id, 0.5)
+
+
+# --- replaying the members and callbacks of groups ----------------------------------------
+
+
+def replayed(dsn: str, job_id: int) -> tuple[list[str], list[str]]:
+    """`pgpool dead replay --id` of one job: its stdout and stderr lines."""
+    done = run_pgpool(dsn, "dead", "replay", "--id", str(job_id))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines(), done.stderr.splitlines()
+
+
+def test_a_replayed_member_of_an_unfinished_group_goes_back_into_it(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)  # the callback reads its members
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, second = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(second)).returncode == 0
+    assert pgpool.group_status(db, group.id).dead == 1
+
+    out, err = replayed(dsn, second)
+    assert out[0].startswith("pgpool: replayed 1 dead job back to ready") and err == []
+    # Back in its group, and no longer counted: the group waits for its new end.
+    assert pgpool.job_status(db, second).group_id == group.id
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.done, progress.dead, progress.callback) == (0, 0, "waiting")
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result == {"label": None, "members": 2,
+                                                      "total": 1.5, "failed": 0}
+    assert [m.id for m in pgpool.group_members(db, group.id)] == [first, second]
+
+
+def test_a_member_of_a_group_whose_callback_has_not_run_stays_dead(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    (member,) = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(member)).returncode == 0
+    assert pgpool.job_status(db, group.id).state == "ready"  # its group is complete
+
+    out, err = replayed(dsn, member)
+    assert out[0].startswith("pgpool: replayed 0 dead jobs back to ready")
+    assert err == [f"pgpool: 1 stayed dead: member of group {group.id}, whose callback has "
+                   "not run yet (it reads the member's end): replay it after the callback "
+                   "has run"]
+    assert pgpool.job_status(db, member).state == "cancelled"
+    assert pgpool.group_status(db, group.id).dead == 1
+
+
+def test_a_member_whose_callback_has_run_is_replayed_outside_its_group(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    (member,) = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(member)).returncode == 0
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result["failed"] == 1
+
+    out, err = replayed(dsn, member)
+    assert out[0].startswith("pgpool: replayed 1 dead job back to ready")
+    assert err == ["pgpool: 1 replayed outside its group: the callback of group "
+                   f"{group.id} has run already, and nothing reads the replayed job's end"]
+    assert pgpool.job_status(db, member).group_id is None
+    assert pgpool.group_status(db, group.id).dead == 1

@@ -391,3 +391,28 @@ def test_finished_jobs_groups_and_successes_are_served(db: psycopg.Connection, d
     assert get(f"{allowed}/api/jobs/{ran.id}")["result"]["members"] == 2
     assert MARKER not in hidden.stderr
 
+
+
+def test_a_replay_of_group_members_says_what_the_cli_says(db: psycopg.Connection, dsn: str,
+                                                          web: Web) -> None:
+    # One member of a complete group whose callback has not run (it stays dead), one of a
+    # group that waits (back into it): the dashboard's replay is the CLI's, words and all.
+    pending = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    waiting = pgpool.group(db, "out.score", [{"doc": 2}, {"doc": 3}],
+                           then=("out.combine", {}))
+    refused, back = [one(db, "SELECT min(id) FROM pgpool_jobs WHERE group_id = %s", g.id)[0]
+                     for g in (pending, waiting)]
+    ops.cancel(db, [refused, back])
+    cli = run_pgpool(dsn, "dead", "replay", "--id", str(refused), "--dry-run")
+    assert cli.stdout == "pgpool: dry run: would replay 1 dead job; nothing changed\n"
+    _, base = web("--read-write")
+    status, _, answer = http(base + "/api/dead/replay", {"ids": [refused, back]},
+                             token(base))
+    assert status == 200, answer
+    assert (answer["count"], answer["refused"], answer["outside"]) == (1, 1, 0)
+    assert answer["notes"] == [
+        f"1 stayed dead: member of group {pending.id}, whose callback has not run yet (it "
+        "reads the member's end): replay it after the callback has run"]
+    assert one(db, "SELECT group_id FROM pgpool_jobs WHERE id = %s", back) == (waiting.id,)
+    cli = run_pgpool(dsn, "dead", "replay", "--id", str(refused))
+    assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
