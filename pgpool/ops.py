@@ -182,9 +182,10 @@ class Replayed:
     holds its unique key: it stays dead), ``seconds`` it took; a dry run moves nothing and
     counts the matching jobs as ``would_move``.
 
-    Members of groups (see `replay_dead`): ``refused`` stayed dead, members of the groups
+    Groups (see `replay_dead`): ``refused`` stayed dead, members of the groups
     ``refused_groups``, whose callbacks have not run yet; ``outside`` were moved back
-    outside the groups ``outside_groups``, whose callbacks have run. `notes` says so."""
+    outside the groups ``outside_groups``, whose callbacks have run; ``waiting`` are
+    callbacks moved back to wait for their groups' members. `notes` says so."""
 
     moved: int = 0
     skipped: int = 0
@@ -195,6 +196,7 @@ class Replayed:
     refused_groups: list[int] = field(default_factory=list)
     outside: int = 0
     outside_groups: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
 
     def notes(self) -> list[str]:
         """What the replay did besides moving jobs back, a sentence each: the same words
@@ -220,6 +222,14 @@ class Replayed:
                    "nothing reads the replayed job's end" if self.outside == 1 else
                    f"their groups: the callbacks of groups {groups} have run already, and "
                    "nothing reads the replayed jobs' ends"))
+        if self.waiting:
+            groups = _ids_text(self.waiting)
+            notes.append(
+                f"{len(self.waiting)} of them "
+                + (f"waits again: the callback of group {groups} runs once its members "
+                   "have all finished" if len(self.waiting) == 1 else
+                   f"wait again: the callbacks of groups {groups} run once their members "
+                   "have all finished"))
         return notes
 
 
@@ -429,7 +439,7 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
         want = size if limit is None else min(size, limit - picked_total)
         rows = yield _Query(sql.REPLAY_DEAD, {**params, "limit": want})
         (picked, moved, after_died, after_id, _, refused, refused_groups, outside,
-         outside_groups) = rows[0]
+         outside_groups, waiting) = rows[0]
         picked_total += picked
         result.moved += moved
         result.skipped += picked - moved - refused
@@ -437,6 +447,7 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
         result.refused_groups = sorted({*result.refused_groups, *refused_groups})
         result.outside += outside
         result.outside_groups = sorted({*result.outside_groups, *outside_groups})
+        result.waiting += waiting
         result.batches += 1
         if picked < want:
             break
@@ -710,7 +721,9 @@ def replay_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | Non
     A member of a group whose callback is still waiting goes back into its group, which
     counts its new end instead of the old; one whose group is complete but whose callback
     has not run yet stays dead (counted as refused: the callback reads its end); one whose
-    callback has run goes back outside its group (counted as outside)."""
+    callback has run goes back outside its group (counted as outside). A group's callback
+    goes back waiting while its group is not complete (listed in ``waiting``), and ready
+    once it is."""
     _check_rate(conn, rate, dry_run)
     return _run(conn, _replay_dead(where, limit, rate, dry_run), dry_run=dry_run,
                 batched=True)

@@ -178,3 +178,28 @@ def test_a_member_whose_callback_has_run_is_replayed_outside_its_group(db, dsn, 
                    f"{group.id} has run already, and nothing reads the replayed job's end"]
     assert pgpool.job_status(db, member).group_id is None
     assert pgpool.group_status(db, group.id).dead == 1
+
+
+def test_a_replayed_callback_waits_again_for_its_unfinished_group(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    assert run_pgpool(dsn, "cancel", str(group.id)).returncode == 0
+    out, err = replayed(dsn, group.id)
+    assert pgpool.job_status(db, group.id).state == "waiting"
+    assert out[0].startswith("pgpool: replayed 1 dead job back")
+    assert err == [f"pgpool: 1 of them waits again: the callback of group {group.id} runs "
+                   "once its members have all finished"]
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result["members"] == 2
+
+    # The callback of a group complete meanwhile is ready at once.
+    done = pgpool.group(db, "out.score", [{"doc": 3}], then=("out.combine", {}))
+    assert run_pgpool(dsn, "cancel", str(done.id)).returncode == 0
+    testing.drain(db)
+    assert pgpool.group_status(db, done.id).completed_at is not None
+    out, err = replayed(dsn, done.id)
+    assert out[0].startswith("pgpool: replayed 1 dead job back") and err == []
+    assert pgpool.job_status(db, done.id).state == "ready"
+    testing.drain(db)
+    assert pgpool.job_status(db, done.id).result["members"] == 1

@@ -135,9 +135,13 @@ DEAD_IDS: Final = "SELECT id FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[]) 
 #: - its group's callback has finished, or its group is gone: back outside its group
 #:   (``group_id`` NULL), since nothing would read its new end.
 #:
+#: A group's callback (cancelled while it waited, say) goes back waiting while its group
+#: is not complete, and ready once it is: its members' acks make it ready then.
+#:
 #: Returns how many were picked and moved, the (died_at, id) cursor of the last picked,
 #: from which the next batch goes on, the queues told; then how many stayed dead refused
-#: and their groups, and how many went back outside their group and those groups.
+#: and their groups, how many went back outside their group and those groups, and the
+#: callbacks that went back waiting.
 REPLAY_DEAD: Final = f"""
 WITH picked AS (
     SELECT id, died_at, group_id FROM pgpool_dead
@@ -150,7 +154,7 @@ WITH picked AS (
            EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = g.id)
            OR g.id IN (SELECT id FROM picked) AS callback_pending
     FROM pgpool_groups AS g
-    WHERE g.id IN (SELECT group_id FROM picked)
+    WHERE g.id IN (SELECT group_id FROM picked) OR g.id IN (SELECT id FROM picked)
     ORDER BY g.id
     FOR NO KEY UPDATE OF g
 ), judged AS (
@@ -158,19 +162,23 @@ WITH picked AS (
            CASE WHEN p.group_id IS NULL THEN 'plain'
                 WHEN NOT g.complete THEN 'into'
                 WHEN g.callback_pending THEN 'refused'
-                ELSE 'outside' END AS way  -- a group row gone: outside
-    FROM picked AS p LEFT JOIN locked_groups AS g ON g.id = p.group_id
+                ELSE 'outside' END AS way,  -- a group row gone: outside
+           CASE WHEN NOT c.complete THEN 'waiting' ELSE 'ready' END AS state
+    FROM picked AS p
+    LEFT JOIN locked_groups AS g ON g.id = p.group_id
+    LEFT JOIN locked_groups AS c ON c.id = p.id  -- its own group, if it is a callback
 ), revived AS (
-    INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
-                             last_error, created_at, tenant, concurrency_key, meta, group_id)
+    INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, state, max_attempts,
+                             unique_key, last_error, created_at, tenant, concurrency_key, meta,
+                             group_id)
     OVERRIDING SYSTEM VALUE
-    SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
-           d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta,
+    SELECT d.id, d.queue, d.kind, d.payload, d.priority, j.state, d.max_attempts,
+           d.unique_key, d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta,
            CASE WHEN j.way = 'into' THEN d.group_id END
     FROM pgpool_dead AS d JOIN judged AS j USING (id)
     WHERE j.way <> 'refused'
     ON CONFLICT DO NOTHING
-    RETURNING id, queue, group_id
+    RETURNING id, queue, group_id, state
 ), uncounted AS (
     UPDATE pgpool_groups AS g SET dead = g.dead - r.n
     FROM (SELECT group_id, count(*) AS n FROM revived WHERE group_id IS NOT NULL
@@ -184,12 +192,13 @@ WITH picked AS (
 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
        (SELECT died_at FROM last), (SELECT id FROM last),
        (SELECT count(pg_notify({OUR_CHANNEL}, queue))
-        FROM (SELECT DISTINCT queue FROM revived) AS q),
+        FROM (SELECT DISTINCT queue FROM revived WHERE state = 'ready') AS q),
        (SELECT count(*) FROM judged WHERE way = 'refused'),
        ARRAY(SELECT DISTINCT group_id FROM judged WHERE way = 'refused' ORDER BY 1),
        (SELECT count(*) FROM judged JOIN gone USING (id) WHERE way = 'outside'),
        ARRAY(SELECT DISTINCT group_id FROM judged JOIN gone USING (id)
-             WHERE way = 'outside' ORDER BY 1)
+             WHERE way = 'outside' ORDER BY 1),
+       ARRAY(SELECT id FROM revived WHERE state = 'waiting' ORDER BY id)
 """
 
 #: Delete up to ``limit`` matching dead jobs, oldest death first (a purge's or the
