@@ -235,10 +235,31 @@ class Replayed:
 
 @dataclass(slots=True)
 class Purged:
+    """What a purge did: ``deleted`` (a dry run deletes nothing and counts what it would as
+    ``would_delete``), in ``batches``, in ``seconds``; ``kept`` matched but stayed,
+    members of the groups ``kept_groups`` whose callbacks have not run yet (see
+    `purge_dead`). `notes` says so."""
+
     deleted: int = 0
     batches: int = 0
     seconds: float = 0.0
     would_delete: int = 0
+    kept: int = 0
+    kept_groups: list[int] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """What the purge left, a sentence each: the same words for the CLI and the
+        dashboard."""
+        if not self.kept:
+            return []
+        groups = _ids_text(self.kept_groups)
+        if self.kept == 1:
+            return [f"1 dead job stays: member of group {groups}, whose callback has not run "
+                    "yet (it reads its end): --force deletes it too"]
+        whose = ("group {}, whose callback has not run yet (it reads" if len(self.kept_groups)
+                 == 1 else "groups {}, whose callbacks have not run yet (they read")
+        return [f"{self.kept} dead jobs stay: members of {whose.format(groups)} their "
+                "ends): --force deletes them too"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +445,8 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
     started = time.monotonic()
     params = where.params()
     if dry_run:
-        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
+        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit,
+                                             "keep_pending": False})
         result.would_move = rows[0][0]
         return result
     size = BATCH if rate is None else max(1, min(BATCH, math.ceil(
@@ -456,22 +478,26 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
     return result
 
 
-def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool) -> Plan[Purged]:
+def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool,
+                force: bool) -> Plan[Purged]:
     _check_batch_op(where, limit)
     result = Purged()
     started = time.monotonic()
-    params = where.params()
+    params = {**where.params(), "keep_pending": not force}
     if dry_run:
         rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
         result.would_delete = rows[0][0]
-        return result
-    while limit is None or result.deleted < limit:
-        want = BATCH if limit is None else min(BATCH, limit - result.deleted)
-        rows = yield _Query(sql.PURGE_DEAD, {**params, "limit": want})
-        result.deleted += rows[0][0]
-        result.batches += 1
-        if rows[0][0] < want:
-            break
+    else:
+        while limit is None or result.deleted < limit:
+            want = BATCH if limit is None else min(BATCH, limit - result.deleted)
+            rows = yield _Query(sql.PURGE_DEAD, {**params, "limit": want})
+            result.deleted += rows[0][0]
+            result.batches += 1
+            if rows[0][0] < want:
+                break
+    if not force:
+        rows = yield _Query(sql.DEAD_PENDING, params)
+        result.kept, result.kept_groups = rows[0]
     result.seconds = time.monotonic() - started
     return result
 
@@ -739,17 +765,21 @@ async def replay_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
 
 
 def purge_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | None = None,
-               dry_run: bool = False) -> Purged:
+               dry_run: bool = False, force: bool = False) -> Purged:
     """Delete dead jobs matching ``where`` (``DeadFilter()``: all of them), oldest death
-    first, in batches of `BATCH` (each its own transaction on an autocommit connection)."""
-    return _run(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run, batched=True)
+    first, in batches of `BATCH` (each its own transaction on an autocommit connection).
+    A member of a group whose callback has not run yet is kept (the callback reads its
+    end; counted as ``kept``) unless ``force``."""
+    return _run(conn, _purge_dead(where, limit, dry_run, force), dry_run=dry_run,
+                batched=True)
 
 
 async def purge_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
-                           limit: int | None = None, dry_run: bool = False) -> Purged:
+                           limit: int | None = None, dry_run: bool = False,
+                           force: bool = False) -> Purged:
     """Async twin of `purge_dead`."""
-    return await _run_async(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run,
-                            batched=True)
+    return await _run_async(conn, _purge_dead(where, limit, dry_run, force),
+                            dry_run=dry_run, batched=True)
 
 
 def cancel(conn: psycopg.Connection, ids: Iterable[int], *,

@@ -143,6 +143,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                     cmd_dead_purge, dead_sub)
     _dead_filters(purge, older_than_required=True)
     purge.add_argument("--limit", type=_positive, metavar="N", help="at most N jobs")
+    purge.add_argument("--force", action="store_true",
+                       help="delete members of groups whose callback has not run yet too "
+                       "(kept by default: the callback reads them)")
     dry_run(purge)
 
     cancel = command("cancel", "cancel jobs: ready or scheduled ones never run, running ones "
@@ -365,13 +368,16 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
     where = _dead_filter(args)
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
-        done = ops.purge_dead(conn, where, limit=args.limit, dry_run=args.dry_run)
+        done = ops.purge_dead(conn, where, limit=args.limit, dry_run=args.dry_run,
+                              force=args.force)
     if args.dry_run:
         print(f"pgpool: dry run: would delete {_n(done.would_delete, 'dead job')}; "
               "nothing changed")
     else:
         print(f"pgpool: deleted {_n(done.deleted, 'dead job')} in {done.seconds:.2f}s "
               f"({_n(done.batches, 'batch')})")
+    for note in done.notes():
+        print(f"pgpool: {note}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,7 @@ import json
 
 import outcomejobs  # noqa: F401  (registers the handlers)
 import psycopg
-from conftest import MARKER, assert_user_error, run_pgpool
+from conftest import MARKER, assert_user_error, one, run_pgpool
 
 import pgpool
 from pgpool import ops, testing
@@ -203,3 +203,25 @@ def test_a_replayed_callback_waits_again_for_its_unfinished_group(db, dsn, monke
     assert pgpool.job_status(db, done.id).state == "ready"
     testing.drain(db)
     assert pgpool.job_status(db, done.id).result["members"] == 1
+
+
+def test_purge_keeps_the_members_whose_callback_has_not_run_unless_forced(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, second = member_ids(db, group.id)
+    loose = pgpool.enqueue(db, "out.square", {"n": 1})
+    ops.cancel(db, [first, second, loose])
+    db.execute("UPDATE pgpool_dead SET died_at = now() - interval '2 days'")
+    kept = (f"2 dead jobs stay: members of group {group.id}, whose callback has not run yet "
+            "(it reads their ends): --force deletes them too")
+
+    dry = run_pgpool(dsn, "dead", "purge", "--older-than", "1d", "--dry-run")
+    assert dry.stdout == "pgpool: dry run: would delete 1 dead job; nothing changed\n"
+    assert dry.stderr == f"pgpool: {kept}\n"
+    done = run_pgpool(dsn, "dead", "purge", "--older-than", "1d")
+    assert done.stdout.startswith("pgpool: deleted 1 dead job in ")
+    assert done.stderr == f"pgpool: {kept}\n"
+    assert [i for (i,) in db.execute("SELECT id FROM pgpool_dead ORDER BY id")] == [first, second]
+    forced = run_pgpool(dsn, "dead", "purge", "--older-than", "1d", "--force")
+    assert forced.stdout.startswith("pgpool: deleted 2 dead jobs in ") and forced.stderr == ""
+    assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)

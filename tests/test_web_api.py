@@ -272,8 +272,9 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: 
     assert (trickled[0]["user"], trickled[0]["count"]) == (USER, 2)
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = ANY(%s)", beta)[0] == 2
     purge = {"ids": [cancelled]}
-    assert act("/api/dead/purge", {**purge, "dry_run": True}) == {"count": 1, "dry_run": True}
-    assert act("/api/dead/purge", purge) == {"count": 1}
+    assert act("/api/dead/purge", {**purge, "dry_run": True}) == {
+        "count": 1, "kept": 0, "notes": [], "dry_run": True}
+    assert act("/api/dead/purge", purge) == {"count": 1, "kept": 0, "notes": []}
     assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", cancelled)[0] == 0
 
     pause = wait_until(lambda: logged("pause"), "the pause in the log", TIMEOUT)
@@ -393,7 +394,7 @@ def test_finished_jobs_groups_and_successes_are_served(db: psycopg.Connection, d
 
 
 
-def test_a_replay_of_group_members_says_what_the_cli_says(db: psycopg.Connection, dsn: str,
+def test_a_replay_or_purge_of_group_members_says_what_the_cli_says(db: psycopg.Connection, dsn: str,
                                                           web: Web) -> None:
     # One member of a complete group whose callback has not run (it stays dead), one of a
     # group that waits (back into it): the dashboard's replay is the CLI's, words and all.
@@ -416,3 +417,9 @@ def test_a_replay_of_group_members_says_what_the_cli_says(db: psycopg.Connection
     assert one(db, "SELECT group_id FROM pgpool_jobs WHERE id = %s", back) == (waiting.id,)
     cli = run_pgpool(dsn, "dead", "replay", "--id", str(refused))
     assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
+    # Its purge keeps the member too, and says so as the CLI does.
+    status, _, answer = http(base + "/api/dead/purge", {"ids": [refused]}, token(base))
+    assert (status, answer["count"], answer["kept"]) == (200, 0, 1), answer
+    cli = run_pgpool(dsn, "dead", "purge", "--id", str(refused), "--older-than", "0s")
+    assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
+    assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", refused) == (1,)

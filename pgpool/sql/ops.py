@@ -110,9 +110,29 @@ ORDER BY 4 DESC, 1, 2, 3
 LIMIT %(limit)s + 1
 """
 
-#: How many dead jobs match (a dry run of a replay or purge), at most ``limit``.
+# With ``keep_pending``, a dead member of a group whose callback has not finished (it is
+# still in pgpool_jobs) is left out: the callback reads it. A NOT EXISTS of its own, the
+# parameter inside: an anti-join, one primary-key probe per dead job, never a scan of the
+# live jobs (a dead job of no group matches none: ``id = NULL``).
+_NOT_PENDING = """
+    NOT EXISTS (SELECT FROM pgpool_jobs AS j
+                WHERE j.id = pgpool_dead.group_id AND %(keep_pending)s)
+"""
+
+#: How many dead jobs match (a dry run of a replay or purge), at most ``limit``; with
+#: ``keep_pending``, none that a callback that has not run yet reads (`PURGE_DEAD`).
 DEAD_COUNT: Final = f"""
-SELECT count(*) FROM (SELECT FROM pgpool_dead WHERE {_DEAD_FILTER} LIMIT %(limit)s) AS d
+SELECT count(*) FROM (SELECT FROM pgpool_dead WHERE {_DEAD_FILTER} AND {_NOT_PENDING}
+                      LIMIT %(limit)s) AS d
+"""
+
+#: The dead jobs matching the filter that `PURGE_DEAD` keeps with ``keep_pending``: how
+#: many, and their groups.
+DEAD_PENDING: Final = f"""
+SELECT count(*), coalesce(array_agg(DISTINCT group_id ORDER BY group_id), '{{}}')
+FROM pgpool_dead
+WHERE {_DEAD_FILTER} AND group_id IS NOT NULL
+  AND EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = pgpool_dead.group_id)
 """
 
 #: Which of these ids are dead jobs (to explain why a live-job command did not find them).
@@ -204,11 +224,14 @@ SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
 #: Delete up to ``limit`` matching dead jobs, oldest death first (a purge's or the
 #: retention's batch): bounded, so no delete holds many locks or leaves a vacuum storm.
 #: No FOR UPDATE: it needs UPDATE on the table, which the worker role (which prunes) does
-#: not have. A row another purge deletes first is waited for, then skipped.
+#: not have. A row another purge deletes first is waited for, then skipped. With
+#: ``keep_pending`` (the retention's, and a purge's unless forced), a member of a group
+#: whose callback has not finished is kept, as `pgpool.sql.outcomes.PRUNE_DONE` keeps the
+#: records of its members that succeeded.
 PURGE_DEAD: Final = f"""
 WITH doomed AS (
     SELECT id FROM pgpool_dead
-    WHERE {_DEAD_FILTER}
+    WHERE {_DEAD_FILTER} AND {_NOT_PENDING}
     ORDER BY died_at, id
     LIMIT %(limit)s
 ), gone AS (

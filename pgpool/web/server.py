@@ -498,10 +498,11 @@ async def purge(request: web.Request) -> web.Response:
             where = await _usable(request, conn, where)
             done = await ops.purge_dead_async(conn, where, limit=limit, dry_run=dry_run)
     if dry_run:
-        return _json({"count": done.would_delete, "dry_run": True})
-    _logged(request, "purge", count=done.deleted, batches=done.batches,
+        return _json({"count": done.would_delete, "kept": done.kept, "notes": done.notes(),
+                      "dry_run": True})
+    _logged(request, "purge", count=done.deleted, kept=done.kept, batches=done.batches,
             **_described(request, where))
-    return _json({"count": done.deleted})
+    return _json({"count": done.deleted, "kept": done.kept, "notes": done.notes()})
 
 
 class _Places:
