@@ -522,7 +522,7 @@ class Completer:
         }
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.PARK, p)
-            return [job_id for job_id, in await cur.fetchall()]
+            return [row[0] for row in await cur.fetchall()]
 
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int, int]:
         """One statement for ``acks`` (`ack_statement`): rows (done, retried, released,

@@ -95,8 +95,14 @@ class LiveJob:
     group_id: int | None = None
     group: GroupStatus | None = None
 
+    @property
+    def parked(self) -> bool:
+        """The database refused its ack: 'parked', or 'done' (it succeeded, and neither
+        its result nor its follow-ups were stored); ``last_error`` says why."""
+        return self.state in ("parked", "done")
+
     def as_dict(self) -> dict[str, Any]:
-        d = _jsonable(self)
+        d = _jsonable(self) | {"parked": self.parked}
         if self.lease_left is not None:
             d["lease_left"] = round(self.lease_left, 3)
         return d

@@ -256,9 +256,11 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         ]:
             print(f"  {name:<12}{value}")
         return 0
+    state = (f"{job.state}, parked: its ack was refused (see its last error), so its result "
+             "and follow-ups were not stored" if job.state == "done" else job.state)
     _print_fields(f"job {job.id}", [
         ("kind", job.kind), ("queue", job.queue),
-        ("state", job.state), ("attempts", _attempts(job.attempts, job.max_attempts)),
+        ("state", state), ("attempts", _attempts(job.attempts, job.max_attempts)),
         ("due / lease", _due(job, now)), ("owner", job.owner or "-"),
         ("priority", job.priority), ("enqueued", _when(job.created_at, now)), *_groups(job, now),
     ], job.last_error, job.payload if args.payload else None, args.payload)
