@@ -30,10 +30,11 @@ def huge(payload: dict) -> str:
     return "x" * payload["size"]
 
 
-@pgpool.handler("out.parent", max_attempts=2)
+@pgpool.handler("out.parent", max_attempts=2, retry=pgpool.Retry(base=3600, cap=3600))
 def parent(payload: dict) -> None:
     """Enqueues ``children`` follow-ups, then fails if asked, or is killed (with its worker)
-    on its first attempt if asked."""
+    on its first attempt if asked. Retried an hour later: a test sees it wait for its retry
+    however slow the machine (`pgpool retry` runs it now)."""
     job = pgpool.current_job()
     for i in range(payload["children"]):
         job.enqueue("out.child", {"parent": job.id, "i": i})
