@@ -83,3 +83,9 @@ def fan_out(payload: dict) -> None:
                                then=("out.combine", {"label": "fanned"}))
     if payload.get("fail"):
         raise RuntimeError("failed after starting its group")
+
+
+@pgpool.handler("out.fanout_later", retry=pgpool.Retry(base=3600, cap=3600))
+def fan_out_later(payload: dict) -> None:
+    """`fan_out`, retried an hour after a failure: a test sees it waiting for its retry."""
+    fan_out(payload)

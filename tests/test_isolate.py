@@ -420,3 +420,35 @@ def test_a_member_whose_success_is_parked_counts_in_its_group(db, dsn):
     assert ("  state       done, parked: its ack was refused (see its last error), so its "
             "result and follow-ups were not stored") in shown.stdout.splitlines(), shown.stdout
     assert not pgpool.job_status(db, second).parked
+
+
+@pytest.mark.own_schema
+def test_a_success_whose_follow_up_group_is_refused_fails_and_runs_again(db, dsn):
+    # The database refuses the group a handler started (an application's trigger here): its
+    # success cannot be written whole, and a success without its follow-ups would lose
+    # them. It fails instead, as an error its handler never saw, and runs again.
+    db.execute("""
+        CREATE FUNCTION no_groups() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'no groups today'; END $$;
+        CREATE TRIGGER no_groups BEFORE INSERT ON pgpool_groups
+            FOR EACH ROW EXECUTE FUNCTION no_groups();
+    """)
+    parent = pgpool.enqueue(db, "out.fanout_later", {}, max_attempts=2)
+    run = ("run", "--handlers", "outcomejobs", "--burst")
+    done = run_pgpool(dsn, *run, **JSON_LOGS)
+    assert done.returncode == 0, done.stderr
+    status = pgpool.job_status(db, parent)
+    assert (status.state, status.parked) == ("scheduled", False), status
+    assert status.error == ("succeeded, but the database refused to store its outcome (its "
+                            "result, follow-up jobs or groups): RaiseException (P0001): no "
+                            "groups today")
+    refused = only_event(done.stderr, "outcome_refused")
+    assert (refused["job_id"], refused["error"]) == (parent, "RaiseException (P0001)")
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.score'") == (0,)
+
+    db.execute("DROP TRIGGER no_groups ON pgpool_groups")
+    assert run_pgpool(dsn, "retry", str(parent)).returncode == 0
+    assert run_pgpool(dsn, *run).returncode == 0
+    assert pgpool.job_status(db, parent).state == "unknown"  # succeeded, kept by nothing
+    assert one(db, "SELECT result->>'label' FROM pgpool_done WHERE kind = 'out.combine'") == (
+        "fanned",)
