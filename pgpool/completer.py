@@ -26,15 +26,18 @@ foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
 ``lock_timeout``), or cancels it at ``statement_timeout`` (each delete scans an
 application's table that references jobs without an index), `pgpool.isolate` bisects it:
 every other ack commits, and each refused one is parked with `sql.PARK`, its reason in
-``last_error``: a job that succeeded but could not be deleted is kept as 'done', any other
-as 'parked'. Neither is claimed again. An ack refused on a lock, or that runs past the
-statement timeout even alone, is first tried `LOCK_RETRIES` more times, alone, at the next
-flushes (the lock may be a short application transaction's, the slowness a moment's); if
-parking is refused too, the ack is dropped and the job comes back through its lease and
-the reaper. After a timeout, flushes write at most half as many acks per statement as
-the one cancelled, a limit that doubles again with each flush that runs without one. A
-flush cut short by the timeout is logged (``ack_timeout``), as the sign of a missing index
-it usually is.
+``last_error``: a job that succeeded but could not be deleted is kept as 'done' (and counted
+in its group, if a member), any other as 'parked'. Neither is claimed again. A success whose
+job the database deletes alone, but not with its outcome (its kept result, follow-up jobs
+or groups: an application's trigger, say), is not parked: it becomes the failure it is,
+retried or dead, its handler unaware (a success parked without its follow-ups would lose
+them for good). An ack refused on a lock, or that runs past the statement timeout even
+alone, is first tried `LOCK_RETRIES` more times, alone, at the next flushes (the lock may
+be a short application transaction's, the slowness a moment's); if parking is refused too,
+the ack is dropped and the job comes back through its lease and the reaper. After a
+timeout, flushes write at most half as many acks per statement as the one cancelled, a
+limit that doubles again with each flush that runs without one. A flush cut short by the
+timeout is logged (``ack_timeout``), as the sign of a missing index it usually is.
 
 Backpressure: `has_room` turns False once ``high_water`` acks are waiting, and the claim
 scheduler stops claiming until flushes catch up, so a slow or unreachable database bounds
@@ -57,11 +60,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .errors import first_line
 from .ipc import FollowUpsWire
-from .isolate import Interrupted, describe, isolate, transient
+from .isolate import Interrupted, Isolated, describe, isolate, row_error, transient
 from .job import Job, Outcome
 from .logs import event
 from .outage import Failures, backoff
@@ -238,7 +242,7 @@ class FlushResult:
     #: Acks refused because of their row, parked instead (`sql.PARK`).
     parked: int = 0
     #: Acks refused on a row lock or the statement timeout, to be tried again, alone, at
-    #: the next flush.
+    #: the next flush; and the failures of successes whose outcome the database refused.
     later: list[Ack] = field(default_factory=list)
     #: Statements of this flush cancelled by the statement timeout.
     timeouts: int = 0
@@ -466,6 +470,8 @@ class Completer:
                 if ack not in result.later:
                     self._lock_misses.pop((ack.job.id, ack.job.attempt), None)
         if refused:
+            refused = await self._fail_refused_outcomes(refused, result.later)
+        if refused:
             result.parked = await self._park(refused, result.later)
         result.seconds = time.monotonic() - started
         result.stale = (len(acks) - len(refused) - len(result.later)
@@ -485,6 +491,54 @@ class Completer:
 
     def _missed_lock(self, ack: Ack) -> bool:
         return (ack.job.id, ack.job.attempt) in self._lock_misses
+
+    async def _fail_refused_outcomes(self, refused: list[tuple[Ack, BaseException]],
+                                     later: list[Ack]) -> list[tuple[Ack, BaseException]]:
+        """``refused`` but the successes whose outcome the database refused (their kept
+        result, follow-up jobs or groups: an application's trigger, say), not their delete:
+        each of those becomes the failed attempt it is, its handler unaware, put in
+        ``later`` (the next flush writes it). Parked as done instead, it would have lost its
+        follow-ups for good; it is retried, or dead when that was its last attempt."""
+        parked = []
+        for i, (ack, exc) in enumerate(refused):
+            if ack.kind != "done" or not ack.records:
+                parked.append((ack, exc))
+                continue
+            try:
+                outcome_refused = await self._deletes_alone(ack)
+            except (psycopg.Error, OSError) as error:  # not about its rows: kept, retried
+                left = [a for a, _ in parked + refused[i:]] + later
+                raise Interrupted(error, left, Isolated()) from error
+            if not outcome_refused:
+                parked.append((ack, exc))
+                continue
+            error = (f"succeeded, but the database refused to store its outcome (its result, "
+                     f"follow-up jobs or groups): {describe(exc)}: {first_line(exc)}")
+            failure = decide(Outcome(ack.job, error, 0.0, cause=describe(exc)),
+                             self._retries.get(ack.job.kind, self._retry))
+            self.counts["done"] -= 1
+            self.counts[_COUNTED[failure.kind]] += 1
+            later.append(failure)
+            event(log, logging.ERROR, "outcome_refused",
+                  "%s succeeded, but the database refused to store its outcome (%s): %s",
+                  ack.job, describe(exc), "retried" if failure.kind == "retry"
+                  else "moved to pgpool_dead", job_id=ack.job.id, kind=ack.job.kind,
+                  error=describe(exc), then=failure.kind)
+        return parked
+
+    async def _deletes_alone(self, ack: Ack) -> bool:
+        """Whether the database deletes the job of ``ack`` (a success) alone, without its
+        outcome, in a transaction rolled back: then what it refused was the outcome."""
+        p = {"owner": self._owner, "done_ids": int_array([ack.job.id]),
+             "done_attempts": int_array([ack.job.attempt])}
+        try:
+            async with self._pool.connection() as conn, conn.transaction(
+                    force_rollback=True):
+                return (await conn.execute(sql.ACK_DONE, p)).rowcount == 1
+        except psycopg.Error as exc:
+            if row_error(exc):
+                return False
+            raise
 
     async def _park(self, refused: list[tuple[Ack, BaseException]], later: list[Ack]) -> int:
         """Park the acks the database refused, each with its reason; returns how many were
@@ -522,7 +576,7 @@ class Completer:
         }
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.PARK, p)
-            return [job_id for job_id, in await cur.fetchall()]
+            return [row[0] for row in await cur.fetchall()]
 
     async def _write(self, acks: list[Ack]) -> tuple[int, int, int, int, int, int]:
         """One statement for ``acks`` (`ack_statement`): rows (done, retried, released,

@@ -29,7 +29,7 @@ import contextlib
 import math
 import time
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
@@ -95,8 +95,14 @@ class LiveJob:
     group_id: int | None = None
     group: GroupStatus | None = None
 
+    @property
+    def parked(self) -> bool:
+        """The database refused its ack: 'parked', or 'done' (it succeeded, and neither
+        its result nor its follow-ups were stored); ``last_error`` says why."""
+        return self.state in ("parked", "done")
+
     def as_dict(self) -> dict[str, Any]:
-        d = _jsonable(self)
+        d = _jsonable(self) | {"parked": self.parked}
         if self.lease_left is not None:
             d["lease_left"] = round(self.lease_left, 3)
         return d
@@ -180,21 +186,86 @@ class Listing(Generic[T]):
 class Replayed:
     """What a replay did: ``moved`` back to ready, ``skipped`` (a live job of that kind
     holds its unique key: it stays dead), ``seconds`` it took; a dry run moves nothing and
-    counts the matching jobs as ``would_move``."""
+    counts the matching jobs as ``would_move``.
+
+    Groups (see `replay_dead`): ``refused`` stayed dead, members of the groups
+    ``refused_groups``, whose callbacks have not run yet; ``outside`` were moved back
+    outside the groups ``outside_groups``, whose callbacks have run; ``waiting`` are
+    callbacks moved back to wait for their groups' members. `notes` says so."""
 
     moved: int = 0
     skipped: int = 0
     batches: int = 0
     seconds: float = 0.0
     would_move: int = 0
+    refused: int = 0
+    refused_groups: list[int] = field(default_factory=list)
+    outside: int = 0
+    outside_groups: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """What the replay did besides moving jobs back, a sentence each: the same words
+        for the CLI and the dashboard."""
+        notes = []
+        if self.skipped:
+            notes.append(f"{self.skipped} stayed dead: a live job of the same kind holds its "
+                         "unique key")
+        if self.refused:
+            one = self.refused == 1
+            groups = _ids_text(self.refused_groups)
+            notes.append(
+                f"{self.refused} stayed dead: "
+                + (f"member of group {groups}, whose callback has not run yet (it reads "
+                   "the member's end): replay it after the callback has run" if one else
+                   f"members of groups {groups}, whose callbacks have not run yet (they "
+                   "read the members' ends): replay them after the callbacks have run"))
+        if self.outside:
+            groups = _ids_text(self.outside_groups)
+            notes.append(
+                f"{self.outside} replayed outside "
+                + (f"its group: the callback of group {groups} has run already, and "
+                   "nothing reads the replayed job's end" if self.outside == 1 else
+                   f"their groups: the callbacks of groups {groups} have run already, and "
+                   "nothing reads the replayed jobs' ends"))
+        if self.waiting:
+            groups = _ids_text(self.waiting)
+            notes.append(
+                f"{len(self.waiting)} of them "
+                + (f"waits again: the callback of group {groups} runs once its members "
+                   "have all finished" if len(self.waiting) == 1 else
+                   f"wait again: the callbacks of groups {groups} run once their members "
+                   "have all finished"))
+        return notes
 
 
 @dataclass(slots=True)
 class Purged:
+    """What a purge did: ``deleted`` (a dry run deletes nothing and counts what it would as
+    ``would_delete``), in ``batches``, in ``seconds``; ``kept`` matched but stayed,
+    members of the groups ``kept_groups`` whose callbacks have not run yet (see
+    `purge_dead`). `notes` says so."""
+
     deleted: int = 0
     batches: int = 0
     seconds: float = 0.0
     would_delete: int = 0
+    kept: int = 0
+    kept_groups: list[int] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """What the purge left, a sentence each: the same words for the CLI and the
+        dashboard."""
+        if not self.kept:
+            return []
+        groups = _ids_text(self.kept_groups)
+        if self.kept == 1:
+            return [f"1 dead job stays: member of group {groups}, whose callback has not run "
+                    "yet (it reads its end): --force deletes it too"]
+        whose = ("group {}, whose callback has not run yet (it reads" if len(self.kept_groups)
+                 == 1 else "groups {}, whose callbacks have not run yet (they read")
+        return [f"{self.kept} dead jobs stay: members of {whose.format(groups)} their "
+                "ends): --force deletes them too"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +451,8 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
     started = time.monotonic()
     params = where.params()
     if dry_run:
-        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
+        rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit,
+                                             "keep_pending": False})
         result.would_move = rows[0][0]
         return result
     size = BATCH if rate is None else max(1, min(BATCH, math.ceil(
@@ -394,10 +466,16 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
                 yield _Pause(wait)
         want = size if limit is None else min(size, limit - picked_total)
         rows = yield _Query(sql.REPLAY_DEAD, {**params, "limit": want})
-        picked, moved, after_died, after_id, _ = rows[0]
+        (picked, moved, after_died, after_id, _, refused, refused_groups, outside,
+         outside_groups, waiting) = rows[0]
         picked_total += picked
         result.moved += moved
-        result.skipped += picked - moved
+        result.skipped += picked - moved - refused
+        result.refused += refused
+        result.refused_groups = sorted({*result.refused_groups, *refused_groups})
+        result.outside += outside
+        result.outside_groups = sorted({*result.outside_groups, *outside_groups})
+        result.waiting += waiting
         result.batches += 1
         if picked < want:
             break
@@ -406,22 +484,26 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
     return result
 
 
-def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool) -> Plan[Purged]:
+def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool,
+                force: bool) -> Plan[Purged]:
     _check_batch_op(where, limit)
     result = Purged()
     started = time.monotonic()
-    params = where.params()
+    params = {**where.params(), "keep_pending": not force}
     if dry_run:
         rows = yield _Query(sql.DEAD_COUNT, {**params, "limit": limit})
         result.would_delete = rows[0][0]
-        return result
-    while limit is None or result.deleted < limit:
-        want = BATCH if limit is None else min(BATCH, limit - result.deleted)
-        rows = yield _Query(sql.PURGE_DEAD, {**params, "limit": want})
-        result.deleted += rows[0][0]
-        result.batches += 1
-        if rows[0][0] < want:
-            break
+    else:
+        while limit is None or result.deleted < limit:
+            want = BATCH if limit is None else min(BATCH, limit - result.deleted)
+            rows = yield _Query(sql.PURGE_DEAD, {**params, "limit": want})
+            result.deleted += rows[0][0]
+            result.batches += 1
+            if rows[0][0] < want:
+                break
+    if not force:
+        rows = yield _Query(sql.DEAD_PENDING, params)
+        result.kept, result.kept_groups = rows[0]
     result.seconds = time.monotonic() - started
     return result
 
@@ -666,7 +748,14 @@ def replay_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | Non
     """Move dead jobs matching ``where`` (at most ``limit``, oldest death first) back to
     ready: same id, attempts from 0, due now. ``rate`` (jobs per second, autocommit
     connections only) trickles them. A job whose unique key a live job holds stays dead
-    (counted as skipped). ``DeadFilter()`` matches every dead job."""
+    (counted as skipped). ``DeadFilter()`` matches every dead job.
+
+    A member of a group whose callback is still waiting goes back into its group, which
+    counts its new end instead of the old; one whose group is complete but whose callback
+    has not run yet stays dead (counted as refused: the callback reads its end); one whose
+    callback has run goes back outside its group (counted as outside). A group's callback
+    goes back waiting while its group is not complete (listed in ``waiting``), and ready
+    once it is."""
     _check_rate(conn, rate, dry_run)
     return _run(conn, _replay_dead(where, limit, rate, dry_run), dry_run=dry_run,
                 batched=True)
@@ -682,17 +771,21 @@ async def replay_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
 
 
 def purge_dead(conn: psycopg.Connection, where: DeadFilter, *, limit: int | None = None,
-               dry_run: bool = False) -> Purged:
+               dry_run: bool = False, force: bool = False) -> Purged:
     """Delete dead jobs matching ``where`` (``DeadFilter()``: all of them), oldest death
-    first, in batches of `BATCH` (each its own transaction on an autocommit connection)."""
-    return _run(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run, batched=True)
+    first, in batches of `BATCH` (each its own transaction on an autocommit connection).
+    A member of a group whose callback has not run yet is kept (the callback reads its
+    end; counted as ``kept``) unless ``force``."""
+    return _run(conn, _purge_dead(where, limit, dry_run, force), dry_run=dry_run,
+                batched=True)
 
 
 async def purge_dead_async(conn: psycopg.AsyncConnection, where: DeadFilter, *,
-                           limit: int | None = None, dry_run: bool = False) -> Purged:
+                           limit: int | None = None, dry_run: bool = False,
+                           force: bool = False) -> Purged:
     """Async twin of `purge_dead`."""
-    return await _run_async(conn, _purge_dead(where, limit, dry_run), dry_run=dry_run,
-                            batched=True)
+    return await _run_async(conn, _purge_dead(where, limit, dry_run, force),
+                            dry_run=dry_run, batched=True)
 
 
 def cancel(conn: psycopg.Connection, ids: Iterable[int], *,

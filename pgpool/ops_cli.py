@@ -143,6 +143,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                     cmd_dead_purge, dead_sub)
     _dead_filters(purge, older_than_required=True)
     purge.add_argument("--limit", type=_positive, metavar="N", help="at most N jobs")
+    purge.add_argument("--force", action="store_true",
+                       help="delete members of groups whose callback has not run yet too "
+                       "(kept by default: the callback reads them)")
     dry_run(purge)
 
     cancel = command("cancel", "cancel jobs: ready or scheduled ones never run, running ones "
@@ -251,9 +254,11 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         ]:
             print(f"  {name:<12}{value}")
         return 0
+    state = (f"{job.state}, parked: its ack was refused (see its last error), so its result "
+             "and follow-ups were not stored" if job.state == "done" else job.state)
     _print_fields(f"job {job.id}", [
         ("kind", job.kind), ("queue", job.queue),
-        ("state", job.state), ("attempts", _attempts(job.attempts, job.max_attempts)),
+        ("state", state), ("attempts", _attempts(job.attempts, job.max_attempts)),
         ("due / lease", _due(job, now)), ("owner", job.owner or "-"),
         ("priority", job.priority), ("enqueued", _when(job.created_at, now)), *_groups(job, now),
     ], job.last_error, job.payload if args.payload else None, args.payload)
@@ -354,9 +359,8 @@ def cmd_dead_replay(args: argparse.Namespace) -> int:
     rate = f" at up to {args.rate:g} jobs/s" if args.rate else ""
     print(f"pgpool: replayed {_n(done.moved, 'dead job')} back to ready in "
           f"{done.seconds:.2f}s ({_n(done.batches, 'batch')}{rate})")
-    if done.skipped:
-        print(f"pgpool: {done.skipped} stayed dead: a live job of the same kind holds its "
-              "unique key", file=sys.stderr)
+    for note in done.notes():
+        print(f"pgpool: {note}", file=sys.stderr)
     return 0
 
 
@@ -364,13 +368,16 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
     where = _dead_filter(args)
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
-        done = ops.purge_dead(conn, where, limit=args.limit, dry_run=args.dry_run)
+        done = ops.purge_dead(conn, where, limit=args.limit, dry_run=args.dry_run,
+                              force=args.force)
     if args.dry_run:
         print(f"pgpool: dry run: would delete {_n(done.would_delete, 'dead job')}; "
               "nothing changed")
     else:
         print(f"pgpool: deleted {_n(done.deleted, 'dead job')} in {done.seconds:.2f}s "
               f"({_n(done.batches, 'batch')})")
+    for note in done.notes():
+        print(f"pgpool: {note}", file=sys.stderr)
     return 0
 
 

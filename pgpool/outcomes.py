@@ -50,7 +50,12 @@ DEFAULT_POLL: Final = 1.0
 class JobStatus:
     """What a job is now. ``result`` is what its handler returned, decoded from JSON (done
     and kept); ``error`` its last error (dead or cancelled, or a live job's failed attempt);
-    ``finished_at`` when it succeeded or died; ``attempts`` its claims so far."""
+    ``finished_at`` when it succeeded or died; ``attempts`` its claims so far.
+
+    ``parked``: the database refused its ack, and it was parked in ``pgpool_jobs``
+    (`pgpool.isolate`); ``error`` says why. Parked and 'done', it succeeded, but neither
+    its result nor its follow-ups were stored (``result`` is None); 'parked', it waits for
+    an operator (``pgpool retry``, ``pgpool cancel``)."""
 
     id: int
     state: State
@@ -61,6 +66,7 @@ class JobStatus:
     error: str | None = None
     finished_at: datetime | None = None
     group_id: int | None = None
+    parked: bool = False
 
     @property
     def finished(self) -> bool:

@@ -31,10 +31,11 @@ def huge(payload: dict) -> str:
     return "x" * payload["size"]
 
 
-@pgpool.handler("out.parent", max_attempts=2)
+@pgpool.handler("out.parent", max_attempts=2, retry=pgpool.Retry(base=3600, cap=3600))
 def parent(payload: dict) -> None:
     """Enqueues ``children`` follow-ups, then fails if asked, or is killed (with its worker)
-    on its first attempt if asked."""
+    on its first attempt if asked. Retried an hour later: a test sees it wait for its retry
+    however slow the machine (`pgpool retry` runs it now)."""
     job = pgpool.current_job()
     for i in range(payload["children"]):
         job.enqueue("out.child", {"parent": job.id, "i": i})
@@ -131,3 +132,9 @@ def next_job(payload: dict) -> dict:
     _next_runs.set()
     _left_done.wait(60)
     return {"job": pgpool.current_job().id, "calls": _left_calls}
+
+
+@pgpool.handler("out.fanout_later", retry=pgpool.Retry(base=3600, cap=3600))
+def fan_out_later(payload: dict) -> None:
+    """`fan_out`, retried an hour after a failure: a test sees it waiting for its retry."""
+    fan_out(payload)

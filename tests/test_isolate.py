@@ -383,3 +383,72 @@ def test_the_reaper_leaves_a_job_refused_on_a_lock_for_a_few_passes_then_parks_i
     assert passes == [((0, 0), "running")] * REAPER_LOCK_RETRIES + [
         ((0, 0), "parked")]
     assert "LockNotAvailable (55P03)" in one(db, "SELECT last_error FROM pgpool_jobs")[0]
+
+
+# --- groups ---------------------------------------------------------------------------------
+
+
+def flush_members(dsn: str, acks: Callable[[Any], Ack]) -> tuple[list[int], int, int]:
+    """Claim the ready ``record`` jobs as host-a and flush ``acks(job)`` of each with a real
+    `Completer`: the ids claimed, and how many were done and parked."""
+    async def main() -> tuple[list[int], int, int]:
+        async with record_claimer(dsn, Lease(30), "host-a") as (pool, claimer):
+            jobs = await claimer.claim(10)
+            result = await Completer(pool, "host-a").flush([acks(job) for job in jobs])
+            return sorted(job.id for job in jobs), result.done, result.parked
+
+    return asyncio.run(main())
+
+
+@pytest.mark.own_schema
+def test_a_member_whose_success_is_parked_counts_in_its_group(db, dsn):
+    group = pgpool.group(db, "record", [{"n": 1}, {"n": 2}], then=("record", {"n": 0}))
+    first, second = [i for (i,) in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE group_id = %s ORDER BY id", (group.id,))]
+    db.execute("CREATE TABLE app_orders (job bigint NOT NULL REFERENCES pgpool_jobs (id))")
+    db.execute("INSERT INTO app_orders VALUES (%s)", (first,))
+    assert flush_members(dsn, lambda job: Ack.done(job, 0.0)) == ([first, second], 1, 1)
+    # The success it could not delete counts: the callback is released.
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.done, progress.dead, progress.callback) == (2, 0, "ready")
+    # And it is not plainly done: parked, its result and follow-ups never stored.
+    status = pgpool.job_status(db, first)
+    assert (status.state, status.parked, status.result) == ("done", True, None)
+    assert status.error.startswith("succeeded, but the database refused to delete it: "
+                                   "ForeignKeyViolation (23503)")
+    shown = run_pgpool(dsn, "jobs", "show", str(first))
+    assert ("  state       done, parked: its ack was refused (see its last error), so its "
+            "result and follow-ups were not stored") in shown.stdout.splitlines(), shown.stdout
+    assert not pgpool.job_status(db, second).parked
+
+
+@pytest.mark.own_schema
+def test_a_success_whose_follow_up_group_is_refused_fails_and_runs_again(db, dsn):
+    # The database refuses the group a handler started (an application's trigger here): its
+    # success cannot be written whole, and a success without its follow-ups would lose
+    # them. It fails instead, as an error its handler never saw, and runs again.
+    db.execute("""
+        CREATE FUNCTION no_groups() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'no groups today'; END $$;
+        CREATE TRIGGER no_groups BEFORE INSERT ON pgpool_groups
+            FOR EACH ROW EXECUTE FUNCTION no_groups();
+    """)
+    parent = pgpool.enqueue(db, "out.fanout_later", {}, max_attempts=2)
+    run = ("run", "--handlers", "outcomejobs", "--burst")
+    done = run_pgpool(dsn, *run, **JSON_LOGS)
+    assert done.returncode == 0, done.stderr
+    status = pgpool.job_status(db, parent)
+    assert (status.state, status.parked) == ("scheduled", False), status
+    assert status.error == ("succeeded, but the database refused to store its outcome (its "
+                            "result, follow-up jobs or groups): RaiseException (P0001): no "
+                            "groups today")
+    refused = only_event(done.stderr, "outcome_refused")
+    assert (refused["job_id"], refused["error"]) == (parent, "RaiseException (P0001)")
+    assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE kind = 'out.score'") == (0,)
+
+    db.execute("DROP TRIGGER no_groups ON pgpool_groups")
+    assert run_pgpool(dsn, "retry", str(parent)).returncode == 0
+    assert run_pgpool(dsn, *run).returncode == 0
+    assert pgpool.job_status(db, parent).state == "unknown"  # succeeded, kept by nothing
+    assert one(db, "SELECT result->>'label' FROM pgpool_done WHERE kind = 'out.combine'") == (
+        "fanned",)

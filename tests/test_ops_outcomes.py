@@ -9,10 +9,10 @@ import json
 
 import outcomejobs  # noqa: F401  (registers the handlers)
 import psycopg
-from conftest import MARKER, assert_user_error, run_pgpool
+from conftest import MARKER, assert_user_error, one, run_pgpool
 
 import pgpool
-from pgpool import ops
+from pgpool import ops, testing
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 
@@ -117,3 +117,111 @@ def test_jobs_show_a_groups_progress_and_jobs_lists_waiting_callbacks_and_member
     # A member that succeeded is kept (its callback reads it): shown done, in its group.
     member = shown(dsn, first, "--result")
     assert (member["state"], member["group_id"], member["result"]) == ("done", group.id, 0.5)
+
+
+# --- replaying the members and callbacks of groups ----------------------------------------
+
+
+def replayed(dsn: str, job_id: int) -> tuple[list[str], list[str]]:
+    """`pgpool dead replay --id` of one job: its stdout and stderr lines."""
+    done = run_pgpool(dsn, "dead", "replay", "--id", str(job_id))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines(), done.stderr.splitlines()
+
+
+def test_a_replayed_member_of_an_unfinished_group_goes_back_into_it(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)  # the callback reads its members
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, second = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(second)).returncode == 0
+    assert pgpool.group_status(db, group.id).dead == 1
+
+    out, err = replayed(dsn, second)
+    assert out[0].startswith("pgpool: replayed 1 dead job back to ready") and err == []
+    # Back in its group, and no longer counted: the group waits for its new end.
+    assert pgpool.job_status(db, second).group_id == group.id
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.done, progress.dead, progress.callback) == (0, 0, "waiting")
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result == {"label": None, "members": 2,
+                                                      "total": 1.5, "failed": 0}
+    assert [m.id for m in pgpool.group_members(db, group.id)] == [first, second]
+
+
+def test_a_member_of_a_group_whose_callback_has_not_run_stays_dead(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    (member,) = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(member)).returncode == 0
+    assert pgpool.job_status(db, group.id).state == "ready"  # its group is complete
+
+    out, err = replayed(dsn, member)
+    assert out[0].startswith("pgpool: replayed 0 dead jobs back to ready")
+    assert err == [f"pgpool: 1 stayed dead: member of group {group.id}, whose callback has "
+                   "not run yet (it reads the member's end): replay it after the callback "
+                   "has run"]
+    assert pgpool.job_status(db, member).state == "cancelled"
+    assert pgpool.group_status(db, group.id).dead == 1
+
+
+def test_a_member_whose_callback_has_run_is_replayed_outside_its_group(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    (member,) = member_ids(db, group.id)
+    assert run_pgpool(dsn, "cancel", str(member)).returncode == 0
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result["failed"] == 1
+
+    out, err = replayed(dsn, member)
+    assert out[0].startswith("pgpool: replayed 1 dead job back to ready")
+    assert err == ["pgpool: 1 replayed outside its group: the callback of group "
+                   f"{group.id} has run already, and nothing reads the replayed job's end"]
+    assert pgpool.job_status(db, member).group_id is None
+    assert pgpool.group_status(db, group.id).dead == 1
+
+
+def test_a_replayed_callback_waits_again_for_its_unfinished_group(db, dsn, monkeypatch):
+    monkeypatch.setenv("PGPOOL_DSN", dsn)
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    assert run_pgpool(dsn, "cancel", str(group.id)).returncode == 0
+    out, err = replayed(dsn, group.id)
+    assert pgpool.job_status(db, group.id).state == "waiting"
+    assert out[0].startswith("pgpool: replayed 1 dead job back")
+    assert err == [f"pgpool: 1 of them waits again: the callback of group {group.id} runs "
+                   "once its members have all finished"]
+    testing.drain(db)
+    assert pgpool.job_status(db, group.id).result["members"] == 2
+
+    # The callback of a group complete meanwhile is ready at once.
+    done = pgpool.group(db, "out.score", [{"doc": 3}], then=("out.combine", {}))
+    assert run_pgpool(dsn, "cancel", str(done.id)).returncode == 0
+    testing.drain(db)
+    assert pgpool.group_status(db, done.id).completed_at is not None
+    out, err = replayed(dsn, done.id)
+    assert out[0].startswith("pgpool: replayed 1 dead job back") and err == []
+    assert pgpool.job_status(db, done.id).state == "ready"
+    testing.drain(db)
+    assert pgpool.job_status(db, done.id).result["members"] == 1
+
+
+def test_purge_keeps_the_members_whose_callback_has_not_run_unless_forced(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, second = member_ids(db, group.id)
+    loose = pgpool.enqueue(db, "out.square", {"n": 1})
+    ops.cancel(db, [first, second, loose])
+    db.execute("UPDATE pgpool_dead SET died_at = now() - interval '2 days'")
+    kept = (f"2 dead jobs stay: members of group {group.id}, whose callback has not run yet "
+            "(it reads their ends): --force deletes them too")
+
+    dry = run_pgpool(dsn, "dead", "purge", "--older-than", "1d", "--dry-run")
+    assert dry.stdout == "pgpool: dry run: would delete 1 dead job; nothing changed\n"
+    assert dry.stderr == f"pgpool: {kept}\n"
+    done = run_pgpool(dsn, "dead", "purge", "--older-than", "1d")
+    assert done.stdout.startswith("pgpool: deleted 1 dead job in ")
+    assert done.stderr == f"pgpool: {kept}\n"
+    assert [i for (i,) in db.execute("SELECT id FROM pgpool_dead ORDER BY id")] == [first, second]
+    forced = run_pgpool(dsn, "dead", "purge", "--older-than", "1d", "--force")
+    assert forced.stdout.startswith("pgpool: deleted 2 dead jobs in ") and forced.stderr == ""
+    assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)

@@ -15,6 +15,7 @@ import pytest
 from conftest import (
     BENCH_SCHEMAS,
     JSON_LOGS,
+    explain_prepared,
     one,
     only_event,
     run_bench_script,
@@ -24,11 +25,12 @@ from conftest import (
 )
 
 import pgpool
-from pgpool import testing
+from pgpool import ops, testing
 from pgpool.completer import Ack, ack_statement, follow_up_groups
 from pgpool.groups import group_params
 from pgpool.job import Job
 from pgpool.sql import jobs as sql
+from pgpool.sql import ops as ops_sql
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 
@@ -447,13 +449,27 @@ def test_retention_prunes_records_past_their_keep_but_not_a_pending_groups(db, d
     assert one(db, "SELECT count(*) FROM pgpool_groups") == (0,)
 
 
-async def _prune(dsn: str) -> int | None:
+def test_dead_letter_retention_keeps_the_members_whose_callback_has_not_run(db, dsn):
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}], then=("out.combine", {}))
+    member = one(db, "SELECT min(id) FROM pgpool_jobs WHERE group_id = %s", group.id)[0]
+    loose = pgpool.enqueue(db, "out.square", {"n": 1})
+    ops.cancel(db, [member, loose])
+    db.execute("UPDATE pgpool_dead SET died_at = now() - interval '2 days'")
+    assert asyncio.run(_prune(dsn, retention=86_400)) == 1  # the loose one only
+    assert db.execute("SELECT id FROM pgpool_dead").fetchall() == [(member,)]
+    # Once the callback has run (here: it is gone), nothing reads the member any more.
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (group.id,))
+    assert asyncio.run(_prune(dsn, retention=86_400)) == 1
+    assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
+
+
+async def _prune(dsn: str, retention: float | None = None) -> int | None:
     from psycopg_pool import AsyncConnectionPool
 
     from pgpool.parts.retention import Retention
 
     async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
-        return await Retention(pool, None).prune()
+        return await Retention(pool, retention).prune()
 
 
 def test_wait_until_in_a_thread_ends_with_the_group(db, dsn):
@@ -476,3 +492,30 @@ def test_the_outcomes_cost_bench_measures_every_variant_and_leaves_nothing(db, d
     assert all(f["median"] > 0 for f in report["flush_us"].values())
     assert [len(runs) for runs in report["drains"].values()] == [1, 1]
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
+
+
+def _scans(node: dict, relation: str) -> list[tuple[str, str | None]]:
+    """(node type, index) of every scan of ``relation`` in a plan."""
+    found = [(node["Node Type"], node.get("Index Name"))] if node.get(
+        "Relation Name") == relation else []
+    return found + [s for child in node.get("Plans", []) for s in _scans(child, relation)]
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_dead_letter_retention_probes_the_live_jobs_by_key_only(db, mode):
+    # Its guard of members is an anti-join: a key probe per dead job, never a scan of every
+    # live job (a hashed subplan would read them all at each batch).
+    pgpool.enqueue_many(db, "k", ({"n": i} for i in range(5000)))
+    db.execute("INSERT INTO pgpool_dead (id, queue, kind, payload, priority, attempts, "
+               "created_at, died_at, group_id) SELECT 10000000 + g, 'default', 'k', '{}', 0, "
+               "1, now(), now() - interval '40 days' + g * interval '1 s', "
+               "CASE WHEN g % 100 = 0 THEN g % 50 + 1 END FROM generate_series(1, 20000) g")
+    db.execute("ANALYZE pgpool_dead")
+    db.execute("ANALYZE pgpool_jobs")
+    params = {**ops.DeadFilter(older_than=30 * 86_400).params(), "keep_pending": True,
+              "limit": 1000}
+    with db.transaction(force_rollback=True):
+        plan = explain_prepared(db, ops_sql.PURGE_DEAD, params, mode)
+    assert {scan for scan in _scans(plan, "pgpool_jobs")} <= {
+        ("Index Only Scan", "pgpool_jobs_pkey"), ("Index Scan", "pgpool_jobs_pkey")}, plan
+    assert _scans(plan, "pgpool_jobs")

@@ -272,8 +272,9 @@ def test_actions_work_and_are_logged_with_the_user(db: psycopg.Connection, web: 
     assert (trickled[0]["user"], trickled[0]["count"]) == (USER, 2)
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = ANY(%s)", beta)[0] == 2
     purge = {"ids": [cancelled]}
-    assert act("/api/dead/purge", {**purge, "dry_run": True}) == {"count": 1, "dry_run": True}
-    assert act("/api/dead/purge", purge) == {"count": 1}
+    assert act("/api/dead/purge", {**purge, "dry_run": True}) == {
+        "count": 1, "kept": 0, "notes": [], "dry_run": True}
+    assert act("/api/dead/purge", purge) == {"count": 1, "kept": 0, "notes": []}
     assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", cancelled)[0] == 0
 
     pause = wait_until(lambda: logged("pause"), "the pause in the log", TIMEOUT)
@@ -391,3 +392,34 @@ def test_finished_jobs_groups_and_successes_are_served(db: psycopg.Connection, d
     assert get(f"{allowed}/api/jobs/{ran.id}")["result"]["members"] == 2
     assert MARKER not in hidden.stderr
 
+
+
+def test_a_replay_or_purge_of_group_members_says_what_the_cli_says(db: psycopg.Connection, dsn: str,
+                                                          web: Web) -> None:
+    # One member of a complete group whose callback has not run (it stays dead), one of a
+    # group that waits (back into it): the dashboard's replay is the CLI's, words and all.
+    pending = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    waiting = pgpool.group(db, "out.score", [{"doc": 2}, {"doc": 3}],
+                           then=("out.combine", {}))
+    refused, back = [one(db, "SELECT min(id) FROM pgpool_jobs WHERE group_id = %s", g.id)[0]
+                     for g in (pending, waiting)]
+    ops.cancel(db, [refused, back])
+    cli = run_pgpool(dsn, "dead", "replay", "--id", str(refused), "--dry-run")
+    assert cli.stdout == "pgpool: dry run: would replay 1 dead job; nothing changed\n"
+    _, base = web("--read-write")
+    status, _, answer = http(base + "/api/dead/replay", {"ids": [refused, back]},
+                             token(base))
+    assert status == 200, answer
+    assert (answer["count"], answer["refused"], answer["outside"]) == (1, 1, 0)
+    assert answer["notes"] == [
+        f"1 stayed dead: member of group {pending.id}, whose callback has not run yet (it "
+        "reads the member's end): replay it after the callback has run"]
+    assert one(db, "SELECT group_id FROM pgpool_jobs WHERE id = %s", back) == (waiting.id,)
+    cli = run_pgpool(dsn, "dead", "replay", "--id", str(refused))
+    assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
+    # Its purge keeps the member too, and says so as the CLI does.
+    status, _, answer = http(base + "/api/dead/purge", {"ids": [refused]}, token(base))
+    assert (status, answer["count"], answer["kept"]) == (200, 0, 1), answer
+    cli = run_pgpool(dsn, "dead", "purge", "--id", str(refused), "--older-than", "0s")
+    assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
+    assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", refused) == (1,)

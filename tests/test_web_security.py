@@ -43,6 +43,8 @@ Web = Callable[..., tuple[Any, str]]
 STATIC = Path(server.__file__).parent / "static"
 #: In the error text of the jobs below; no digits, so the error signature keeps it whole.
 ERROR_MARKER = "card holder Zebra Quokka"
+#: The rest of a replay's answer when no job was skipped, and none was a group's member.
+NO_GROUPS = {"skipped": 0, "refused": 0, "outside": 0, "notes": []}
 
 
 def raw_get(base: str, target: str) -> tuple[int, bytes]:
@@ -208,7 +210,7 @@ def test_error_text_is_hidden_unless_payloads_are_allowed(db: psycopg.Connection
     assert len(listed) == 2
     assert http(base + "/api/dead/purge", {"kind": "charge", "signature": token,
                                            "dry_run": True}, csrf(base)) == (
-        200, {"count": 2, "dry_run": True})
+        200, {"count": 2, "kept": 0, "notes": [], "dry_run": True})
     # Filters that would tell the text by what they match are refused.
     for query in (f"error={quote('Zebra')}", f"kind=charge&signature={quote(signature)}"):
         status, answer = http(f"{base}/api/dead?{query}")
@@ -228,7 +230,7 @@ def test_error_text_is_hidden_unless_payloads_are_allowed(db: psycopg.Connection
     assert len(get(f"{allowed}/api/dead?error={quote('Zebra')}")["dead"]) == 2
     # The group's token replays it; the log names the token, never the text.
     assert http(base + "/api/dead/replay", {"signature": token}, csrf(base)) == (
-        200, {"count": 2, "skipped": 0})
+        200, {"count": 2, **NO_GROUPS})
     assert one(db, "SELECT count(*) FROM pgpool_dead")[0] == 0
     (logged,) = wait_until(lambda: proc.events("web_action"), "the replay in the log",
                            TIMEOUT)
@@ -253,7 +255,7 @@ def test_purge_and_replay_run_in_bounded_batches(db: psycopg.Connection, web: We
     proc, base = web("--read-write")
     headers = csrf(base)
     assert http(base + "/api/dead/replay", {"kind": "bulk-replay"}, headers) == (
-        200, {"count": many, "skipped": 0})
+        200, {"count": many, **NO_GROUPS})
     # Each batch committed on its own: the revived rows carry three transaction ids.
     assert one(db, "SELECT count(*), count(DISTINCT xmin::text) FROM pgpool_jobs "
                    "WHERE kind = 'bulk-replay'") == (many, 3)
@@ -266,10 +268,10 @@ def test_purge_and_replay_run_in_bounded_batches(db: psycopg.Connection, web: We
             FOR EACH STATEMENT EXECUTE FUNCTION purge_seen();
     """)
     assert http(base + "/api/dead/purge", {"kind": "bulk-purge", "dry_run": True},
-                headers) == (200, {"count": many, "dry_run": True})
+                headers) == (200, {"count": many, "kept": 0, "notes": [], "dry_run": True})
     assert one(db, "SELECT count(*) FROM purge_seen")[0] == 0
     assert http(base + "/api/dead/purge", {"kind": "bulk-purge"}, headers) == (
-        200, {"count": many})
+        200, {"count": many, "kept": 0, "notes": []})
     assert one(db, "SELECT count(*), count(DISTINCT xid::text) FROM purge_seen") == (3, 3)
     assert one(db, "SELECT count(*) FROM pgpool_dead")[0] == 0
     logged = wait_until(lambda: [e for e in proc.events("web_action")
@@ -308,7 +310,7 @@ def test_concurrent_purges_and_replays_are_capped(db: psycopg.Connection, dsn: s
     assert one(db, "SELECT count(*) FROM pgpool_dead")[0] == len(others)
     # The places are free again.
     assert http(base + "/api/dead/replay", {"kind": "other"}, headers) == (
-        200, {"count": len(others), "skipped": 0})
+        200, {"count": len(others), **NO_GROUPS})
 
 
 def test_replays_at_a_rate_are_capped(db: psycopg.Connection, web: Web) -> None:

@@ -1,7 +1,7 @@
 """Retention: dead jobs older than ``--dead-retention`` are deleted, and so are the records
-of finished jobs past their ``keep_until`` (`pgpool.sql.outcomes.PRUNE_DONE`: never those of
-a group whose callback has not finished) and groups with nothing left to show
-(`pgpool.sql.outcomes.PRUNE_GROUPS`).
+of finished jobs past their ``keep_until`` (`pgpool.sql.outcomes.PRUNE_DONE`), never those of
+a member of a group whose callback has not finished, dead or done, and groups with nothing
+left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`).
 
 Every host runs this part, and one at a time prunes: each batch's transaction first takes
 a per-schema advisory lock with ``pg_try_advisory_xact_lock`` (`sql.RETENTION_LOCK`), and a
@@ -60,7 +60,7 @@ class Retention(LoopPart):
         if retention is not None:
             self._prunes.insert(0, ("dead jobs", sql.PURGE_DEAD,
                                     {**DeadFilter(older_than=retention).params(),
-                                     "limit": BATCH}))
+                                     "keep_pending": True, "limit": BATCH}))
         self._loop = Loop(log, "retention",
                           interval=60.0 if retention is None else interval(retention))
 

@@ -731,16 +731,28 @@ ACK_KEPT: Final = (
 #: it would have), 'parked' for any other ack; ``reason`` goes to ``last_error``. The claim
 #: takes only 'ready' jobs, so neither runs again until someone changes it. An UPDATE of
 #: non-key columns: FOR KEY SHARE holders (foreign key checks) do not block it.
+#:
+#: A success parked as done has finished: a member of a group counts as done in its group
+#: here (`COUNT_MEMBERS`), so its callback is not kept waiting by a row nothing will end
+#: (a cancel, a retry and a delete leave it alone). Returns the ids parked, each with the
+#: queues and the waiters told.
 PARK: Final = """
-UPDATE pgpool_jobs AS j
-SET state = a.state, locked_by = NULL, lease_until = NULL, last_error = a.reason,
-    unique_key = CASE WHEN a.state = 'done' THEN NULL ELSE j.unique_key END
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
-            array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
-            %(states)s::text[], %(reasons)s::text[])
-     AS a(id, attempt, owner, state, reason)
-WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
-RETURNING j.id
+WITH parked AS (
+    UPDATE pgpool_jobs AS j
+    SET state = a.state, locked_by = NULL, lease_until = NULL, last_error = a.reason,
+        unique_key = CASE WHEN a.state = 'done' THEN NULL ELSE j.unique_key END
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[],
+                array_fill(%(owner)s::text, ARRAY[cardinality(%(ids)s::bigint[])]),
+                %(states)s::text[], %(reasons)s::text[])
+         AS a(id, attempt, owner, state, reason)
+    WHERE j.id = a.id AND j.attempts = a.attempt AND j.locked_by = a.owner
+    RETURNING j.id, j.state, j.group_id
+)""" + COUNT_MEMBERS.format(finished="""
+    SELECT group_id, false AS dead FROM parked
+    WHERE state = 'done' AND group_id IS NOT NULL""") + """
+SELECT id, """ + NOTIFY_CALLED + """,
+       """ + notify_finished("EXISTS (SELECT FROM parked WHERE state = 'done')") + """
+FROM parked
 """
 
 #: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,

@@ -110,9 +110,29 @@ ORDER BY 4 DESC, 1, 2, 3
 LIMIT %(limit)s + 1
 """
 
-#: How many dead jobs match (a dry run of a replay or purge), at most ``limit``.
+# With ``keep_pending``, a dead member of a group whose callback has not finished (it is
+# still in pgpool_jobs) is left out: the callback reads it. A NOT EXISTS of its own, the
+# parameter inside: an anti-join, one primary-key probe per dead job, never a scan of the
+# live jobs (a dead job of no group matches none: ``id = NULL``).
+_NOT_PENDING = """
+    NOT EXISTS (SELECT FROM pgpool_jobs AS j
+                WHERE j.id = pgpool_dead.group_id AND %(keep_pending)s)
+"""
+
+#: How many dead jobs match (a dry run of a replay or purge), at most ``limit``; with
+#: ``keep_pending``, none that a callback that has not run yet reads (`PURGE_DEAD`).
 DEAD_COUNT: Final = f"""
-SELECT count(*) FROM (SELECT FROM pgpool_dead WHERE {_DEAD_FILTER} LIMIT %(limit)s) AS d
+SELECT count(*) FROM (SELECT FROM pgpool_dead WHERE {_DEAD_FILTER} AND {_NOT_PENDING}
+                      LIMIT %(limit)s) AS d
+"""
+
+#: The dead jobs matching the filter that `PURGE_DEAD` keeps with ``keep_pending``: how
+#: many, and their groups.
+DEAD_PENDING: Final = f"""
+SELECT count(*), coalesce(array_agg(DISTINCT group_id ORDER BY group_id), '{{}}')
+FROM pgpool_dead
+WHERE {_DEAD_FILTER} AND group_id IS NOT NULL
+  AND EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = pgpool_dead.group_id)
 """
 
 #: Which of these ids are dead jobs (to explain why a live-job command did not find them).
@@ -121,24 +141,69 @@ DEAD_IDS: Final = "SELECT id FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[]) 
 #: Move up to ``limit`` matching dead jobs back to ready, oldest death first: same id,
 #: attempts from 0, due now; the last error is kept for reference. One whose unique key a
 #: live job holds stays dead (ON CONFLICT). SKIP LOCKED: two replays never move one job
-#: twice. Wakes the hosts of each queue. Returns how many were picked and moved, and the
-#: (died_at, id) cursor of the last picked, from which the next batch goes on.
+#: twice. Wakes the hosts of each queue.
+#:
+#: A member of a group (``group_id``) goes back according to its group's row, locked in id
+#: order as `COUNT_MEMBERS` locks it, so the acks that count the group's other members wait
+#: for the replay or it for them, and it reads the row as they left it:
+#:
+#: - its group is not complete: back into it, uncounted in the same statement (``dead`` -
+#:   1), so its new end is counted again and the callback waits for it;
+#: - its group is complete and its callback has not finished (it is still in
+#:   ``pgpool_jobs``, or it is replayed by this same statement): it stays dead, refused,
+#:   since the callback reads its end as it is;
+#: - its group's callback has finished, or its group is gone: back outside its group
+#:   (``group_id`` NULL), since nothing would read its new end.
+#:
+#: A group's callback (cancelled while it waited, say) goes back waiting while its group
+#: is not complete, and ready once it is: its members' acks make it ready then.
+#:
+#: Returns how many were picked and moved, the (died_at, id) cursor of the last picked,
+#: from which the next batch goes on, the queues told; then how many stayed dead refused
+#: and their groups, how many went back outside their group and those groups, and the
+#: callbacks that went back waiting.
 REPLAY_DEAD: Final = f"""
 WITH picked AS (
-    SELECT id, died_at FROM pgpool_dead
+    SELECT id, died_at, group_id FROM pgpool_dead
     WHERE {_DEAD_FILTER}
     ORDER BY died_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), locked_groups AS (
+    SELECT g.id, g.completed_at IS NOT NULL AS complete,
+           EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = g.id)
+           OR g.id IN (SELECT id FROM picked) AS callback_pending
+    FROM pgpool_groups AS g
+    WHERE g.id IN (SELECT group_id FROM picked) OR g.id IN (SELECT id FROM picked)
+    ORDER BY g.id
+    FOR NO KEY UPDATE OF g
+), judged AS (
+    SELECT p.id, p.group_id,
+           CASE WHEN p.group_id IS NULL THEN 'plain'
+                WHEN NOT g.complete THEN 'into'
+                WHEN g.callback_pending THEN 'refused'
+                ELSE 'outside' END AS way,  -- a group row gone: outside
+           CASE WHEN NOT c.complete THEN 'waiting' ELSE 'ready' END AS state
+    FROM picked AS p
+    LEFT JOIN locked_groups AS g ON g.id = p.group_id
+    LEFT JOIN locked_groups AS c ON c.id = p.id  -- its own group, if it is a callback
 ), revived AS (
-    INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, max_attempts, unique_key,
-                             last_error, created_at, tenant, concurrency_key, meta)
+    INSERT INTO pgpool_jobs (id, queue, kind, payload, priority, state, max_attempts,
+                             unique_key, last_error, created_at, tenant, concurrency_key, meta,
+                             group_id)
     OVERRIDING SYSTEM VALUE
-    SELECT d.id, d.queue, d.kind, d.payload, d.priority, d.max_attempts, d.unique_key,
-           d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta
-    FROM pgpool_dead AS d JOIN picked USING (id)
+    SELECT d.id, d.queue, d.kind, d.payload, d.priority, j.state, d.max_attempts,
+           d.unique_key, d.last_error, d.created_at, d.tenant, d.concurrency_key, d.meta,
+           CASE WHEN j.way = 'into' THEN d.group_id END
+    FROM pgpool_dead AS d JOIN judged AS j USING (id)
+    WHERE j.way <> 'refused'
     ON CONFLICT DO NOTHING
-    RETURNING id, queue
+    RETURNING id, queue, group_id, state
+), uncounted AS (
+    UPDATE pgpool_groups AS g SET dead = g.dead - r.n
+    FROM (SELECT group_id, count(*) AS n FROM revived WHERE group_id IS NOT NULL
+          GROUP BY group_id) AS r
+    WHERE g.id = r.group_id
 ), gone AS (
     DELETE FROM pgpool_dead AS d USING revived WHERE d.id = revived.id RETURNING d.id
 ), last AS (
@@ -147,17 +212,26 @@ WITH picked AS (
 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
        (SELECT died_at FROM last), (SELECT id FROM last),
        (SELECT count(pg_notify({OUR_CHANNEL}, queue))
-        FROM (SELECT DISTINCT queue FROM revived) AS q)
+        FROM (SELECT DISTINCT queue FROM revived WHERE state = 'ready') AS q),
+       (SELECT count(*) FROM judged WHERE way = 'refused'),
+       ARRAY(SELECT DISTINCT group_id FROM judged WHERE way = 'refused' ORDER BY 1),
+       (SELECT count(*) FROM judged JOIN gone USING (id) WHERE way = 'outside'),
+       ARRAY(SELECT DISTINCT group_id FROM judged JOIN gone USING (id)
+             WHERE way = 'outside' ORDER BY 1),
+       ARRAY(SELECT id FROM revived WHERE state = 'waiting' ORDER BY id)
 """
 
 #: Delete up to ``limit`` matching dead jobs, oldest death first (a purge's or the
 #: retention's batch): bounded, so no delete holds many locks or leaves a vacuum storm.
 #: No FOR UPDATE: it needs UPDATE on the table, which the worker role (which prunes) does
-#: not have. A row another purge deletes first is waited for, then skipped.
+#: not have. A row another purge deletes first is waited for, then skipped. With
+#: ``keep_pending`` (the retention's, and a purge's unless forced), a member of a group
+#: whose callback has not finished is kept, as `pgpool.sql.outcomes.PRUNE_DONE` keeps the
+#: records of its members that succeeded.
 PURGE_DEAD: Final = f"""
 WITH doomed AS (
     SELECT id FROM pgpool_dead
-    WHERE {_DEAD_FILTER}
+    WHERE {_DEAD_FILTER} AND {_NOT_PENDING}
     ORDER BY died_at, id
     LIMIT %(limit)s
 ), gone AS (

@@ -11,21 +11,24 @@ __all__ = ["FINISHED_CHANNEL", "GROUP", "GROUP_MEMBERS", "PRUNE_DONE", "PRUNE_GR
            "STATUSES"]
 
 #: What each of ``ids`` is now, one row each that is known anywhere: (id, state, kind,
-#: queue, attempts, result, error, finished_at, group_id). A live job's state is its
-#: ``pgpool_jobs`` state (a ready job not yet due is 'scheduled'); a kept success is
-#: 'done' with its result; a dead letter 'dead', or 'cancelled' when cancelled, with its
-#: last error. A job in none of them is not returned.
+#: queue, attempts, result, error, finished_at, group_id, parked). A live job's state is
+#: its ``pgpool_jobs`` state (a ready job not yet due is 'scheduled'), parked when its ack
+#: was refused ('parked', or 'done': it succeeded, and neither its result nor its
+#: follow-ups were stored); a kept success is 'done' with its result; a dead letter
+#: 'dead', or 'cancelled' when cancelled, with its last error. A job in none of them is
+#: not returned.
 STATUSES: Final = """
 SELECT id,
        CASE WHEN state = 'ready' AND run_at > now() THEN 'scheduled' ELSE state END,
-       kind, queue, attempts, NULL::jsonb, last_error, NULL::timestamptz, group_id
+       kind, queue, attempts, NULL::jsonb, last_error, NULL::timestamptz, group_id,
+       state IN ('parked', 'done')
 FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
 UNION ALL
-SELECT id, 'done', kind, queue, attempts, result, NULL, finished_at, group_id
+SELECT id, 'done', kind, queue, attempts, result, NULL, finished_at, group_id, false
 FROM pgpool_done WHERE id = ANY(%(ids)s::bigint[])
 UNION ALL
 SELECT id, CASE WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END, kind, queue,
-       attempts, NULL, last_error, died_at, group_id
+       attempts, NULL, last_error, died_at, group_id, false
 FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[])
 """
 

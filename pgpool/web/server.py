@@ -467,9 +467,10 @@ async def replay(request: web.Request) -> web.Response:
         async with pool.connection() as conn:
             where = await _usable(request, conn, where)
             done = await ops.replay_dead_async(conn, where, limit=limit)
-    _logged(request, "replay", count=done.moved, skipped=done.skipped, batches=done.batches,
-            **_described(request, where))
-    return _json({"count": done.moved, "skipped": done.skipped})
+    _logged(request, "replay", count=done.moved, skipped=done.skipped, refused=done.refused,
+            outside=done.outside, batches=done.batches, **_described(request, where))
+    return _json({"count": done.moved, "skipped": done.skipped, "refused": done.refused,
+                  "outside": done.outside, "notes": done.notes()})
 
 
 async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | None,
@@ -485,8 +486,9 @@ async def _trickle(request: web.Request, where: ops.DeadFilter, limit: int | Non
         event(log, logging.ERROR, "web_action_failed", "replay by %s failed: %s",
               request["user"], first_line(exc), user=request["user"], action="replay")
         return
-    _logged(request, "replay", count=done.moved, skipped=done.skipped, rate=rate,
-            batches=done.batches, **_described(request, where))
+    _logged(request, "replay", count=done.moved, skipped=done.skipped, refused=done.refused,
+            outside=done.outside, rate=rate, batches=done.batches,
+            **_described(request, where))
 
 
 async def purge(request: web.Request) -> web.Response:
@@ -496,10 +498,11 @@ async def purge(request: web.Request) -> web.Response:
             where = await _usable(request, conn, where)
             done = await ops.purge_dead_async(conn, where, limit=limit, dry_run=dry_run)
     if dry_run:
-        return _json({"count": done.would_delete, "dry_run": True})
-    _logged(request, "purge", count=done.deleted, batches=done.batches,
+        return _json({"count": done.would_delete, "kept": done.kept, "notes": done.notes(),
+                      "dry_run": True})
+    _logged(request, "purge", count=done.deleted, kept=done.kept, batches=done.batches,
             **_described(request, where))
-    return _json({"count": done.deleted})
+    return _json({"count": done.deleted, "kept": done.kept, "notes": done.notes()})
 
 
 class _Places:

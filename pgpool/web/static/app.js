@@ -651,9 +651,12 @@ async function deadAction(verb, group) {
   try {
     const done = await post(`/api/dead/${verb}`, body);
     const jobs = `${done.count} job${done.count === 1 ? "" : "s"}`;
-    // A replay at a rate goes on in the server after it answers (202, "started").
-    flash(done.started ? `replaying ${jobs} at ${done.rate}/s` :
-          `${verb === "replay" ? "replayed" : "purged"} ${jobs}`, "ok");
+    // A replay at a rate goes on in the server after it answers (202, "started"). The
+    // notes (what it left dead, or moved back outside a group, and why) are the CLI's words.
+    const notes = (done.notes || []).join("; ");
+    flash((done.started ? `replaying ${jobs} at ${done.rate}/s` :
+           `${verb === "replay" ? "replayed" : "purged"} ${jobs}`) + (notes ? `; ${notes}` : ""),
+          notes ? "info" : "ok");
   } catch (err) {
     flash(`${verb}: ${err.message}`, "bad");
   }
