@@ -212,30 +212,29 @@ class Replayed:
             notes.append(f"{self.skipped} stayed dead: a live job of the same kind holds its "
                          "unique key")
         if self.refused:
-            one = self.refused == 1
-            groups = _ids_text(self.refused_groups)
-            notes.append(
-                f"{self.refused} stayed dead: "
-                + (f"member of group {groups}, whose callback has not run yet (it reads "
-                   "the member's end): replay it after the callback has run" if one else
-                   f"members of groups {groups}, whose callbacks have not run yet (they "
-                   "read the members' ends): replay them after the callbacks have run"))
+            notes.append(f"{self.refused} stayed dead: "
+                         + _pending_members(self.refused, self.refused_groups)
+                         + ": replay " + ("it after the callback has run" if self.refused == 1
+                                          else "them after the callbacks have run"
+                                          if len(self.refused_groups) > 1
+                                          else "them after the callback has run"))
         if self.outside:
-            groups = _ids_text(self.outside_groups)
+            one_group = len(self.outside_groups) == 1
             notes.append(
                 f"{self.outside} replayed outside "
-                + (f"its group: the callback of group {groups} has run already, and "
-                   "nothing reads the replayed job's end" if self.outside == 1 else
-                   f"their groups: the callbacks of groups {groups} have run already, and "
-                   "nothing reads the replayed jobs' ends"))
-        if self.waiting:
-            groups = _ids_text(self.waiting)
-            notes.append(
-                f"{len(self.waiting)} of them "
-                + (f"waits again: the callback of group {groups} runs once its members "
-                   "have all finished" if len(self.waiting) == 1 else
-                   f"wait again: the callbacks of groups {groups} run once their members "
-                   "have all finished"))
+                + ("its" if self.outside == 1 else "their") + " group"
+                + ("" if one_group else "s") + ": the callback"
+                + (f" of group {self.outside_groups[0]} has" if one_group else
+                   f"s of groups {_ids_text(self.outside_groups)} have")
+                + " run already, and nothing reads the replayed "
+                + ("job's end" if self.outside == 1 else "jobs' ends"))
+        if len(self.waiting) == 1:
+            notes.append(f"1 of them waits again: the callback of group {self.waiting[0]} "
+                         "runs once its members have all finished")
+        elif self.waiting:
+            notes.append(f"{len(self.waiting)} of them wait again: the callbacks of groups "
+                         f"{_ids_text(self.waiting)} run once their members have all "
+                         "finished")
         return notes
 
 
@@ -258,14 +257,22 @@ class Purged:
         dashboard."""
         if not self.kept:
             return []
-        groups = _ids_text(self.kept_groups)
-        if self.kept == 1:
-            return [f"1 dead job stays: member of group {groups}, whose callback has not run "
-                    "yet (it reads its end): --force deletes it too"]
-        whose = ("group {}, whose callback has not run yet (it reads" if len(self.kept_groups)
-                 == 1 else "groups {}, whose callbacks have not run yet (they read")
-        return [f"{self.kept} dead jobs stay: members of {whose.format(groups)} their "
-                "ends): --force deletes them too"]
+        one = self.kept == 1
+        return [f"{self.kept} dead job{'' if one else 's'} stay{'s' if one else ''}: "
+                + _pending_members(self.kept, self.kept_groups)
+                + f": --force deletes {'it' if one else 'them'} too"]
+
+
+def _pending_members(count: int, groups: list[int]) -> str:
+    """``count`` members of ``groups`` whose callbacks have not run yet, in words."""
+    if count == 1:
+        return (f"member of group {groups[0]}, whose callback has not run yet (it reads the "
+                "member's end)")
+    if len(groups) == 1:
+        return (f"members of group {groups[0]}, whose callback has not run yet (it reads "
+                "their ends)")
+    return (f"members of groups {_ids_text(groups)}, whose callbacks have not run yet (they "
+            "read their ends)")
 
 
 @dataclass(frozen=True, slots=True)

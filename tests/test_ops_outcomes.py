@@ -225,3 +225,25 @@ def test_purge_keeps_the_members_whose_callback_has_not_run_unless_forced(db, ds
     forced = run_pgpool(dsn, "dead", "purge", "--older-than", "1d", "--force")
     assert forced.stdout.startswith("pgpool: deleted 2 dead jobs in ") and forced.stderr == ""
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
+
+
+def test_the_notes_of_a_replay_or_purge_name_the_groups_in_words():
+    replayed = ops.Replayed(refused=3, refused_groups=[4, 9], outside=2, outside_groups=[7],
+                            waiting=[12, 15])
+    assert replayed.notes() == [
+        "3 stayed dead: members of groups 4, 9, whose callbacks have not run yet (they read "
+        "their ends): replay them after the callbacks have run",
+        "2 replayed outside their group: the callback of group 7 has run already, and "
+        "nothing reads the replayed jobs' ends",
+        "2 of them wait again: the callbacks of groups 12, 15 run once their members have "
+        "all finished"]
+    assert ops.Replayed(refused=2, refused_groups=[4], outside=3,
+                        outside_groups=[5, 6]).notes() == [
+        "2 stayed dead: members of group 4, whose callback has not run yet (it reads their "
+        "ends): replay them after the callback has run",
+        "3 replayed outside their groups: the callbacks of groups 5, 6 have run already, and "
+        "nothing reads the replayed jobs' ends"]
+    assert ops.Purged(kept=1, kept_groups=[4]).notes() == [
+        "1 dead job stays: member of group 4, whose callback has not run yet (it reads the "
+        "member's end): --force deletes it too"]
+    assert ops.Purged(deleted=5).notes() == ops.Replayed(moved=5).notes() == []
