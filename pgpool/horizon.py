@@ -237,6 +237,7 @@ class DeadRowsTrend:
         set its ``dead_rows_per_min`` (None until the reports span `LEAST` seconds)."""
         now = time.monotonic() if at is None else at
         jobs = _jobs_table(report["tables"])
+        report["dead_rows_per_min"] = None
         if jobs is None:
             return
         self._samples.append((now, jobs["dead_tuples"]))

@@ -318,8 +318,9 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-#: Holders younger than this are left out of the text (a busy database always has some
-#: short transaction holding the horizon for a moment); ``--json`` lists them.
+#: Holders younger than this (or than ``--horizon-warn``, if shorter) are left out of the
+#: text (a busy database always has some short transaction holding the horizon for a
+#: moment); ``--json`` lists them.
 HOLDER_SHOWN_AFTER = 60.0
 
 
@@ -337,8 +338,8 @@ def _horizon(h: dict[str, Any]) -> list[str]:
                else horizon_.span(oldest["age_seconds"]))
         out.append(f"xmin horizon: {age} ({oldest['age_transactions']} transactions), held by "
                    f"{horizon_.describe(oldest)}")
-    shown = [x for x in holders
-             if x["age_seconds"] is None or x["age_seconds"] >= HOLDER_SHOWN_AFTER]
+    after = min(HOLDER_SHOWN_AFTER, h["warn_after"] or HOLDER_SHOWN_AFTER)
+    shown = [x for x in holders if x["age_seconds"] is None or x["age_seconds"] >= after]
     if shown:
         out += _table(
             ("HOLDER", "USER", "APPLICATION", "CLIENT", "STATE", "OPEN", "XIDS", "QUERY RAN",
