@@ -48,6 +48,10 @@ TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "
                  "pgpool_schedules")
 #: What a role without pg_read_all_stats is told of the sessions it may not inspect.
 HIDDEN_HINT: Final = "grant pg_read_all_stats to see it"
+#: Holders younger than this (or than ``--horizon-warn``, if shorter) are not shown on a
+#: screen, status's or the dashboard's (a busy database always has some short transaction
+#: holding the horizon for a moment); ``--json`` and the snapshot list them.
+SHOWN_AFTER: Final = 60.0
 #: A query's first line is cut to this many characters.
 QUERY_CHARS: Final = 200
 
@@ -59,11 +63,13 @@ def collect(conn: psycopg.Connection, warn_after: float | None) -> dict[str, Any
     ``age_transactions``, ``age_seconds``, ``pid``, ``user``, ``application_name``,
     ``client_addr``, ``state``, ``query_seconds``, ``query`` (its first line), ``name``
     (a slot's or a prepared transaction's), ``slot_type``, ``end`` (the statement that ends
-    it, or None) and ``advice`` (what to do, in words)), ``catalog_holders`` (logical slots:
+    it, or None), ``advice`` (what to do, in words) and ``description`` (`describe`'s
+    line)), ``catalog_holders`` (logical slots:
     they hold back the catalogs only), ``hidden_sessions`` (sessions of the database this
     role may not inspect), ``tables`` (dead and live rows and vacuums of each of `TABLES`),
     ``piling_up`` (the dead rows of ``pgpool_jobs`` are past ``pile_at``), ``claim_p99_ms``
-    (the worst of the live hosts'), ``warn_after`` and ``warning`` (None, or its text).
+    (the worst of the live hosts'), ``warn_after``, ``shown_after`` (`SHOWN_AFTER`, or
+    ``warn_after`` if shorter) and ``warning`` (None, or its text).
     Runs in the caller's transaction, if any."""
     rows = conn.execute(sql.HORIZON_HOLDERS, {"limit": HOLDERS_SHOWN}).fetchall()
     hidden = _one(conn, sql.HORIZON_HIDDEN)
@@ -92,6 +98,7 @@ def collect(conn: psycopg.Connection, warn_after: float | None) -> dict[str, Any
         "dead_rows_per_min": None,  # `DeadRowsTrend`'s, where reports follow each other
         "claim_p99_ms": _round(p99),
         "warn_after": warn_after,
+        "shown_after": min(SHOWN_AFTER, warn_after or SHOWN_AFTER),
     }
     report["warning"] = _warning(report, jobs)
     return report
@@ -126,6 +133,7 @@ def holder(row: tuple[Any, ...]) -> dict[str, Any]:
         "name": name, "slot_type": slot_type, "end": end,
     }
     holder["advice"] = _advice(holder)
+    holder["description"] = describe(holder)
     return holder
 
 

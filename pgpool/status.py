@@ -318,12 +318,6 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-#: Holders younger than this (or than ``--horizon-warn``, if shorter) are left out of the
-#: text (a busy database always has some short transaction holding the horizon for a
-#: moment); ``--json`` lists them.
-HOLDER_SHOWN_AFTER = 60.0
-
-
 def _horizon(h: dict[str, Any]) -> list[str]:
     """The xmin horizon's lines: who holds it, pgpool's tables' dead rows and vacuums, and
     the warning. The holders' query text and client address are shown: this is the
@@ -338,8 +332,8 @@ def _horizon(h: dict[str, Any]) -> list[str]:
                else horizon_.span(oldest["age_seconds"]))
         out.append(f"xmin horizon: {age} ({oldest['age_transactions']} transactions), held by "
                    f"{horizon_.describe(oldest)}")
-    after = min(HOLDER_SHOWN_AFTER, h["warn_after"] or HOLDER_SHOWN_AFTER)
-    shown = [x for x in holders if x["age_seconds"] is None or x["age_seconds"] >= after]
+    shown = [x for x in holders
+             if x["age_seconds"] is None or x["age_seconds"] >= h["shown_after"]]
     if shown:
         out += _table(
             ("HOLDER", "USER", "APPLICATION", "CLIENT", "STATE", "OPEN", "XIDS", "QUERY RAN",
