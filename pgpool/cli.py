@@ -277,10 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     horizon_warn: dict[str, Any] = dict(
         type=_retention, metavar="DURATION",
-        help="warn when the oldest transaction, slot or standby holding back vacuum of "
-             "pgpool's tables is older than this and their dead rows pile up (90s, 15m, 2h; "
-             f"0 or off: never; env {HORIZON_WARN_VARIABLE}; default "
-             f"{HORIZON_WARN / 60:g}m)")
+        help="warn when what holds back vacuum of pgpool's tables (a transaction, a "
+             "prepared transaction, a slot, a standby's feedback) is older than this while "
+             "pgpool_jobs' dead rows pile up (90s, 15m, 2h; 0 or off: never; env "
+             f"{HORIZON_WARN_VARIABLE}; default {HORIZON_WARN / 60:g}m)")
     status = sub.add_parser("status", parents=[common],
                             help="show hosts, per-queue counts and kinds no live host handles")
     status.add_argument("--dsn", help=dsn_help)
