@@ -64,8 +64,8 @@ def collect(conn: psycopg.Connection, warn_after: float | None) -> dict[str, Any
     ``client_addr``, ``state``, ``query_seconds``, ``query`` (its first line), ``name``
     (a slot's or a prepared transaction's), ``slot_type``, ``end`` (the statement that ends
     it, or None), ``advice`` (what to do, in words) and ``description`` (`describe`'s
-    line)), ``catalog_holders`` (logical slots:
-    they hold back the catalogs only), ``hidden_sessions`` (sessions of the database this
+    line)), ``catalog_holders`` (logical slots: they hold back the catalogs only),
+    ``hidden_sessions`` (sessions of the database this
     role may not inspect), ``tables`` (dead and live rows and vacuums of each of `TABLES`),
     ``piling_up`` (the dead rows of ``pgpool_jobs`` are past ``pile_at``), ``claim_p99_ms``
     (the worst of the live hosts'), ``warn_after``, ``shown_after`` (`SHOWN_AFTER`, or
@@ -93,8 +93,7 @@ def collect(conn: psycopg.Connection, warn_after: float | None) -> dict[str, Any
         "hidden_sessions": hidden,
         "tables": tables,
         "pile_at": pile_at,
-        "piling_up": jobs is not None and pile_at is not None
-                     and jobs["dead_tuples"] >= pile_at,
+        "piling_up": jobs is not None and jobs["dead_tuples"] >= max(MIN_DEAD, pile_at or 0),
         "dead_rows_per_min": None,  # `DeadRowsTrend`'s, where reports follow each other
         "claim_p99_ms": _round(p99),
         "warn_after": warn_after,
@@ -123,7 +122,7 @@ def holder(row: tuple[Any, ...]) -> dict[str, Any]:
     """A holder as `collect` lists it, from a row of `sql.HORIZON_HOLDERS`."""
     (kind, _, age_xids, age_seconds, pid, user, application, client, state, query_seconds,
      query, name, slot_type, end) = row
-    holder = {
+    found = {
         "kind": kind, "age_transactions": age_xids,
         "age_seconds": _round(age_seconds), "pid": pid, "user": user,
         "application_name": application or None, "client_addr": client, "state": state,
@@ -132,9 +131,9 @@ def holder(row: tuple[Any, ...]) -> dict[str, Any]:
         "query": query[:QUERY_CHARS] if query else None,
         "name": name, "slot_type": slot_type, "end": end,
     }
-    holder["advice"] = _advice(holder)
-    holder["description"] = describe(holder)
-    return holder
+    found["advice"] = _advice(found)
+    found["description"] = describe(found)
+    return found
 
 
 def _advice(h: dict[str, Any]) -> str:
