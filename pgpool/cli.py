@@ -108,9 +108,9 @@ def _boolean(text: str) -> bool:
 
 
 def _retention(text: str) -> float:
-    """``--dead-retention`` and ``--keep-done``: a duration in seconds; 0 or off: 0 (for
-    dead letters, kept forever; for successes, not kept; not None, which means "not
-    given")."""
+    """``--dead-retention``, ``--keep-done`` and ``--horizon-warn``: a duration in seconds;
+    0 or off: 0 (for dead letters, kept forever; for successes, not kept; for the horizon,
+    no warning; not None, which means "not given")."""
     if text.strip().lower() == "off":
         return 0.0
     try:
@@ -143,6 +143,18 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("keep_done", "PGPOOL_KEEP_DONE", _retention, None),
 )
 _RUN_VARIABLES = {dest: variable for dest, variable, _, _ in RUN_ENVIRONMENT}
+#: ``--horizon-warn``'s variable, read by status, health and web.
+HORIZON_WARN_VARIABLE = "PGPOOL_HORIZON_WARN"
+
+
+def _horizon_warn(args: argparse.Namespace) -> float | None:
+    """``--horizon-warn``, else its variable, else the default, in seconds; None: off."""
+    from .horizon import HORIZON_WARN
+
+    value = _from_env(args.horizon_warn, HORIZON_WARN_VARIABLE, _retention)
+    if value is None:
+        return HORIZON_WARN
+    return value or None
 
 
 def _add_run_option(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
@@ -261,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--dsn", help=dsn_help)
     enq.set_defaults(func=cmd_enqueue)
 
+    from .horizon import HORIZON_WARN  # here: worker processes import this module, never parse
+
+    horizon_warn: dict[str, Any] = dict(
+        type=_retention, metavar="DURATION",
+        help="warn when what holds back vacuum of pgpool's tables (a transaction, a "
+             "prepared transaction, a slot, a standby's feedback) is older than this while "
+             "pgpool_jobs' dead rows pile up (90s, 15m, 2h; 0 or off: never; env "
+             f"{HORIZON_WARN_VARIABLE}; default {HORIZON_WARN / 60:g}m)")
     status = sub.add_parser("status", parents=[common],
                             help="show hosts, per-queue counts and kinds no live host handles")
     status.add_argument("--dsn", help=dsn_help)
@@ -268,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", nargs="?", const=2.0, type=poll_seconds, metavar="SECONDS",
                         help="refresh every SECONDS (default 2) until interrupted: in place "
                              "on a terminal; with --json, one object per line")
+    status.add_argument("--horizon-warn", **horizon_warn)
     status.set_defaults(func=cmd_status)
 
     health = sub.add_parser("health", parents=[common],
@@ -279,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the dispatcher serves it (default 127.0.0.1)")
     health.add_argument("--timeout", type=positive_seconds, default=5.0,
                         help="seconds to wait for the answer (default 5)")
+    health.add_argument("--dsn", help="PostgreSQL DSN to read the xmin horizon from (default: "
+                                      "$PGPOOL_DSN, then the PG* environment; never the "
+                                      "embedded server: without one, no horizon is read)")
+    health.add_argument("--horizon-warn", **horizon_warn)
     health.set_defaults(func=cmd_health)
 
     budget = sub.add_parser("budget", parents=[common],
@@ -358,7 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "read-only. Off loopback, only with PGPOOL_WEB_USER and "
                           "PGPOOL_WEB_PASSWORD set")
     web.add_argument("--allow-payloads", action="store_true",
-                     help="show job payloads and error text (user data; hidden by default)")
+                     help="show job payloads and error text, and the query and client "
+                          "address of a session holding back vacuum (user data; hidden by "
+                          "default)")
+    web.add_argument("--horizon-warn", **horizon_warn)
     web.set_defaults(func=cmd_web)
     # Imported here, not at the top: worker processes import this module and never parse.
     from . import ops_cli
@@ -507,17 +535,49 @@ def cmd_health(args: argparse.Namespace) -> int:
     if port is None:
         raise ConfigError("pgpool health asks a running dispatcher: give --port (its "
                           "--metrics-port) or set PGPOOL_METRICS_PORT")
+    horizon_warn = _horizon_warn(args)
     url = f"http://{args.host}:{port}/healthz"
+    healthy = False
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as answer:
             print(f"pgpool: healthy: {answer.read().decode().strip()}")
-            return 0
+            healthy = True
     except urllib.error.HTTPError as exc:
         print(f"pgpool: unhealthy: {exc.read().decode().strip()}")
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         print(f"pgpool: unhealthy: no dispatcher answered on {args.host}:{port} ({reason})")
-    return 1
+    if horizon_warn is not None:
+        _horizon_health(args.dsn, horizon_warn, args.timeout)
+    # A held horizon never fails the check: restarting a dispatcher does not release it,
+    # and a liveness probe failing on it would restart healthy hosts.
+    return 0 if healthy else 1
+
+
+def _horizon_health(cli_dsn: str | None, warn_after: float, timeout: float) -> None:
+    """Print the horizon's warning, if any, from the configured database; never start the
+    embedded server for it, and say in one line when it cannot be read."""
+    import psycopg
+
+    from . import dsn as dsnlib
+    from .horizon import collect
+
+    dsn = dsnlib.configured(cli_dsn)
+    if dsn is None:
+        return
+    try:
+        with dsnlib.connect(dsn, autocommit=True, connect_timeout=max(1, round(timeout))
+                            ) as conn:
+            conn.execute(f"SET statement_timeout = {round(timeout * 1000)}")
+            warning = collect(conn, warn_after)["warning"]
+    except psycopg.Error as exc:
+        print(f"pgpool: horizon not read: {first_line(exc)}")
+        return
+    except PgpoolError as exc:  # cannot connect: the message says where and why
+        print(f"pgpool: horizon not read: {' '.join(str(exc).split())}")
+        return
+    if warning:
+        print(f"pgpool: warning: {warning}")
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -530,7 +590,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         dsn="", host=_from_env(args.host, "PGPOOL_WEB_HOST", str) or "127.0.0.1",
         port=8080 if port is None else port,
         read_write=args.read_write, allow_payloads=args.allow_payloads, user=user,
-        password=password)
+        password=password, horizon_warn=_horizon_warn(args))
     config.check()
     try:
         from .web import server
@@ -673,18 +733,22 @@ def _unique_key(text: str) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from . import dsn as dsnlib
     from . import status
+    from .horizon import DeadRowsTrend
 
+    horizon_warn = _horizon_warn(args)
     dsn = dsnlib.resolve(args.dsn)
     with dsnlib.connect(dsn, autocommit=True) as conn:
         schema.check(conn)
         if args.watch is None:
-            report = status.collect(conn)
+            report = status.collect(conn, horizon_warn)
             print(json.dumps(report) if args.json else status.render(report))
             return 0
         clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and not args.json else ""
+        trend = DeadRowsTrend()  # a watch sees the dead rows grow; one report cannot
         try:
             while True:
-                report = status.collect(conn)
+                report = status.collect(conn, horizon_warn)
+                trend.add(report["horizon"])
                 if args.json:
                     print(json.dumps(report), flush=True)
                 else:

@@ -445,6 +445,8 @@ class Dispatcher:
             leases_lost=self.heartbeat.lost, lease_abandonments=self.heartbeat.abandoned,
             ack_flush_failures=self.completer.stats.failed_flushes,
             db_reached_at=self.hosts.last_ok,
+            vacuums=0 if self.vacuum is None else self.vacuum.vacuums,
+            vacuum_left=0 if self.vacuum is None else self.vacuum.left,
         )
 
     def _job_finished(self, outcome: Outcome) -> None:

@@ -39,13 +39,9 @@ def locate(cli_dsn: str | None) -> tuple[str, str]:
     ``PGPOOL_DSN``, `PG_ENVIRONMENT` (the DSN is then empty) or `EMBEDDED` (started here).
     `ConfigError` if ``PGPOOL_EMBEDDED`` is invalid, or is 0 and nothing is configured."""
     embedded_allowed = _embedded_allowed()
-    if cli_dsn is not None:
-        return cli_dsn, "--dsn"
-    env = os.environ.get("PGPOOL_DSN")
-    if env is not None:
-        return env, "PGPOOL_DSN"
-    if os.environ.get("PGHOST") or os.environ.get("PGDATABASE"):
-        return "", PG_ENVIRONMENT
+    found = _configured(cli_dsn)
+    if found is not None:
+        return found
     if not embedded_allowed:
         raise ConfigError(
             "no database configured, and PGPOOL_EMBEDDED=0 refuses the embedded server: set "
@@ -56,6 +52,24 @@ def locate(cli_dsn: str | None) -> tuple[str, str]:
     from . import embedded  # imported lazily: it starts a server
 
     return embedded.start_default(), EMBEDDED
+
+
+def configured(cli_dsn: str | None) -> str | None:
+    """The DSN given by ``--dsn``, ``PGPOOL_DSN`` or the PG* environment (empty), or None:
+    never the embedded server's, for a command that must not start one."""
+    found = _configured(cli_dsn)
+    return None if found is None else found[0]
+
+
+def _configured(cli_dsn: str | None) -> tuple[str, str] | None:
+    if cli_dsn is not None:
+        return cli_dsn, "--dsn"
+    env = os.environ.get("PGPOOL_DSN")
+    if env is not None:
+        return env, "PGPOOL_DSN"
+    if os.environ.get("PGHOST") or os.environ.get("PGDATABASE"):
+        return "", PG_ENVIRONMENT
+    return None
 
 
 def _embedded_allowed() -> bool:

@@ -9,11 +9,14 @@ Two kinds of figures, from two places:
   in plain Python (no lock per job); a scrape copies them on the loop, with what the parts
   count anyway, and prometheus-client turns them into its text format (`_HostCollector`).
 - The queue's (`QueueCollector`), read from the database at scrape time: jobs by queue and
-  state, the age of the oldest ready job, dead letters, the fleet's claims per second and
-  autovacuum debt on ``pgpool_jobs``. Those describe the database, not a host, so exactly
-  one dispatcher serves them at a time: the one whose scrape connection holds a
-  session-level advisory lock (one per schema). If it dies, its connection closes, the lock
-  is released, and the next host scraped takes over. Every host exports
+  state, the age of the oldest ready job, dead letters, the fleet's claims per second,
+  autovacuum debt on ``pgpool_jobs``, the dead rows and vacuums of each of pgpool's tables,
+  and the age and kind of what holds back their vacuum (`pgpool.horizon`; figures and
+  bounded labels only: never a query, a name or an address). Those describe the database,
+  not a host, so exactly one dispatcher serves them at a time: the one whose scrape
+  connection holds a session-level advisory lock (one per schema). If it dies, its
+  connection closes, the lock is released, and the next host scraped takes over. Every
+  host exports
   ``pgpool_queue_metrics_reporter`` (1 on the one that serves them), so
   ``sum(pgpool_queue_jobs)`` over a fleet scrape counts each job once.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from bisect import bisect_left
@@ -45,6 +49,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from . import horizon
 from .errors import ConfigError
 from .lease import STALE_AFTER_LEASES
 from .sql import observe as sql
@@ -68,6 +73,8 @@ DB_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 FLUSH_SIZE_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 #: The ``reason`` of ``pgpool_queue_dead_jobs``, each served for every queue (0 when none).
 DEAD_REASONS: Final[Mapping[str, int]] = {"failed": 0, "cancelled": 0, "discarded": 0}
+#: The ``kind`` of ``pgpool_xmin_horizon_holder``, each served (1 for the oldest holder's).
+HOLDER_KINDS: Final = ("backend", "prepared", "slot", "standby")
 #: What ``/healthz`` waits for the event loop to answer, seconds.
 LOOP_TIMEOUT: Final = 2.0
 #: The scrape connection's statement timeout, ms: a scrape must not hang on a lock.
@@ -95,6 +102,8 @@ class HostState:
     lease_abandonments: int  # attempts given up for want of a heartbeat
     ack_flush_failures: int
     db_reached_at: float  # time.monotonic() when this host last reached the database
+    vacuums: int  # the vacuum keeper's vacuums of pgpool_jobs (0: it runs none)
+    vacuum_left: int  # dead rows its last vacuum could not remove, when that many were due
 
 
 class _Histogram:
@@ -268,6 +277,13 @@ class _HostCollector(Collector):
         yield CounterMetricFamily("pgpool_ack_flush_failures", "Ack flushes that failed "
                                   "(their acks are kept and retried)",
                                   value=s.ack_flush_failures)
+        yield CounterMetricFamily("pgpool_vacuum_keeper_vacuums",
+                                  "Vacuums of pgpool_jobs this host's vacuum keeper ran",
+                                  value=s.vacuums)
+        yield GaugeMetricFamily("pgpool_vacuum_keeper_dead_rows_left",
+                                "Dead rows of pgpool_jobs the keeper's last vacuum could not "
+                                "remove, as the xmin horizon held them (0: it removed what "
+                                "was due)", value=s.vacuum_left)
         yield GaugeMetricFamily("pgpool_database_reached_seconds_ago",
                                 "Seconds since this host last reached the database",
                                 value=time.monotonic() - s.db_reached_at)
@@ -335,7 +351,7 @@ class QueueCollector(Collector):
             sql.METRICS_FLEET, {"stale_leases": STALE_AFTER_LEASES}).fetchone()
         dead_tuples, live_tuples, vacuum_ago = conn.execute(sql.METRICS_VACUUM).fetchone()
         return [
-            jobs, lag, dead, paused,
+            jobs, lag, dead, paused, *self._horizon(conn),
             GaugeMetricFamily("pgpool_fleet_hosts", "Live dispatchers", value=hosts),
             GaugeMetricFamily("pgpool_fleet_claims_per_second",
                               "Jobs claimed per second by all live hosts",
@@ -352,6 +368,56 @@ class QueueCollector(Collector):
             GaugeMetricFamily("pgpool_jobs_table_last_autovacuum_seconds_ago",
                               "Seconds since autovacuum last finished on pgpool_jobs "
                               "(NaN: never)", value=vacuum_ago),
+        ]
+
+    @staticmethod
+    def _horizon(conn: psycopg.Connection) -> list[Metric]:
+        """What holds back vacuum of pgpool's tables, and their dead rows and vacuums."""
+        h = horizon.collect(conn, None)
+        oldest = h["holders"][0] if h["holders"] else None
+        holder = GaugeMetricFamily("pgpool_xmin_horizon_holder",
+                                   "1 for the kind of the oldest holder of the xmin horizon of "
+                                   "pgpool's tables (backend, prepared, slot, standby)",
+                                   labels=["kind"])
+        for kind in HOLDER_KINDS:
+            holder.add_metric([kind], 1 if oldest and oldest["kind"] == kind else 0)
+        dead = GaugeMetricFamily("pgpool_table_dead_tuples",
+                                 "Dead rows in each of pgpool's tables", labels=["table"])
+        live = GaugeMetricFamily("pgpool_table_live_tuples",
+                                 "Live rows in each of pgpool's tables", labels=["table"])
+        vacuums = CounterMetricFamily("pgpool_table_vacuums",
+                                      "Vacuums of each of pgpool's tables, by a VACUUM (the "
+                                      "vacuum keeper's or an operator's) or autovacuum",
+                                      labels=["table", "by"])
+        ago = GaugeMetricFamily("pgpool_table_last_vacuum_seconds_ago",
+                                "Seconds since a vacuum of each kind last finished on each of "
+                                "pgpool's tables (NaN: never)", labels=["table", "by"])
+        for t in h["tables"]:
+            dead.add_metric([t["table"]], t["dead_tuples"])
+            live.add_metric([t["table"]], t["live_tuples"])
+            for by, count, seconds in (("vacuum", t["vacuums"], t["last_vacuum_ago"]),
+                                       ("autovacuum", t["autovacuums"],
+                                        t["last_autovacuum_ago"])):
+                vacuums.add_metric([t["table"], by], count)
+                ago.add_metric([t["table"], by], math.nan if seconds is None else seconds)
+        return [
+            GaugeMetricFamily("pgpool_xmin_horizon_age_transactions",
+                              "Age in transactions of the oldest xmin holding back vacuum of "
+                              "pgpool's tables (0: none)",
+                              value=0 if oldest is None else oldest["age_transactions"]),
+            GaugeMetricFamily("pgpool_xmin_horizon_age_seconds",
+                              "Age in seconds of the oldest xmin holding back vacuum of "
+                              "pgpool's tables (0: none; NaN: the server keeps no clock for "
+                              "it, a standby's feedback or an active slot)",
+                              value=0 if oldest is None else
+                              math.nan if oldest["age_seconds"] is None
+                              else oldest["age_seconds"]),
+            holder,
+            GaugeMetricFamily("pgpool_xmin_horizon_hidden_sessions",
+                              "Sessions of the database whose transactions this role may not "
+                              "see (grant pg_read_all_stats): one may hold the horizon",
+                              value=h["hidden_sessions"]),
+            dead, live, vacuums, ago,
         ]
 
     def close(self) -> None:

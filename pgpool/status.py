@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from . import horizon as horizon_
 from . import schedules
 from .budget import COUNTED_LEASES
 from .lease import STALE_AFTER_LEASES
@@ -24,7 +25,8 @@ from .sql.fleet import FLEET_BUDGET
 from .sql.ops import PAUSED
 
 
-def collect(conn: psycopg.Connection) -> dict[str, Any]:
+def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORIZON_WARN
+            ) -> dict[str, Any]:
     """Status as a JSON-ready dict with keys ``hosts``, ``fleet``, ``queues`` and ``unhandled``.
 
     Each host reports ``jobs_claimed`` (since it started), ``claims_per_sec`` (between its
@@ -64,8 +66,10 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     says it). ``succeeded`` lists, per kind with successes kept in ``pgpool_done``
     (``keep=``, ``--keep-done``, members of groups), ``last_hour`` (how many finished in
     the last hour, counted up to `SUCCEEDED_CAP`; ``last_hour_more``: more than that) and
-    ``last_ago`` (seconds since the latest). ``conn`` must be in autocommit mode, outside
-    a transaction.
+    ``last_ago`` (seconds since the latest). ``horizon`` is `pgpool.horizon.collect`'s:
+    who holds back vacuum of pgpool's tables, their dead rows and vacuums, and the warning
+    past ``horizon_warn`` seconds (None: never). ``conn`` must be in autocommit mode,
+    outside a transaction.
     """
     params = {"stale_leases": STALE_AFTER_LEASES, "counted_leases": COUNTED_LEASES}
     with conn.transaction():
@@ -79,6 +83,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
         groups = conn.execute(sql.STATUS_GROUPS, {"limit": GROUPS_SHOWN}).fetchall()
         succeeded = conn.execute(sql.STATUS_SUCCEEDED, {"cap": SUCCEEDED_CAP}).fetchall()
+        horizon = horizon_.collect(conn, horizon_warn)
     host_list = [
         {
             "owner": owner, "hostname": hostname, "pid": pid, "procs": procs,
@@ -100,6 +105,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         "fleet": _fleet(host_list, fleet[0] if fleet else None),
         "queues": _queues(queues, paused),
         "vacuum": _vacuum(vacuum),
+        "horizon": horizon,
         "unhandled": [
             {"queue": q, "kind": kind, "ready": ready, "oldest_ago": round(ago, 3)}
             for q, kind, ready, ago in unhandled
@@ -269,6 +275,7 @@ def render(status: dict[str, Any]) -> str:
                    f"{'never' if ago is None else _ago(ago)}")
         if vacuum["warning"]:
             out.append(f"warning: {vacuum['warning']}")
+    out += _horizon(status["horizon"])
     out.append("")
     out.append("kinds waiting with no live handler:")
     out += _table(
@@ -309,6 +316,73 @@ def render(status: dict[str, Any]) -> str:
              for s in status["succeeded"]],
         )
     return "\n".join(out)
+
+
+def _horizon(h: dict[str, Any]) -> list[str]:
+    """The xmin horizon's lines: who holds it, pgpool's tables' dead rows and vacuums, and
+    the warning. The holders' query text and client address are shown: this is the
+    operator's own command (the Security guide says what the other surfaces show)."""
+    holders = h["holders"]
+    out = [""]
+    if not holders:
+        out.append("xmin horizon: nothing holds back vacuum of pgpool's tables")
+    else:
+        oldest = holders[0]
+        age = ("age unknown in time" if oldest["age_seconds"] is None
+               else horizon_.span(oldest["age_seconds"]))
+        out.append(f"xmin horizon: {age} ({oldest['age_transactions']} transactions), held by "
+                   f"{horizon_.describe(oldest)}")
+    shown = [x for x in holders
+             if x["age_seconds"] is None or x["age_seconds"] >= h["shown_after"]]
+    if shown:
+        out += _table(
+            ("HOLDER", "USER", "APPLICATION", "CLIENT", "STATE", "OPEN", "XIDS", "QUERY RAN",
+             "QUERY", "END IT WITH"),
+            [(_holder_name(x), x["user"] or "-", x["application_name"] or "-",
+              x["client_addr"] or "-", x["state"] or "-",
+              "?" if x["age_seconds"] is None else horizon_.span(x["age_seconds"]),
+              x["age_transactions"],
+              "-" if x["query_seconds"] is None else horizon_.span(x["query_seconds"]),
+              _query(x), x["end"] or "(on the standby: see the warning)") for x in shown])
+    for c in h["catalog_holders"]:
+        out.append(f"not holding pgpool's tables: {horizon_.describe(c)} holds back vacuum of "
+                   f"the system catalogs only ({c['age_transactions']} transactions)")
+    if h["hidden_sessions"]:
+        out.append(f"note: {h['hidden_sessions']} sessions of this database are hidden from "
+                   "this role, and one may hold the horizon (their transactions and queries: "
+                   f"{horizon_.HIDDEN_HINT})")
+    growth = h["dead_rows_per_min"]
+    out.append("pgpool's tables:" + ("" if growth is None
+                                     else f" pgpool_jobs dead rows {growth:+.0f}/min"))
+    out += _table(
+        ("TABLE", "DEAD ROWS", "LIVE ROWS", "LAST VACUUM", "VACUUMS", "LAST AUTOVACUUM",
+         "AUTOVACUUMS"),
+        [(t["table"], t["dead_tuples"], t["live_tuples"], _ago_or_never(t["last_vacuum_ago"]),
+          t["vacuums"], _ago_or_never(t["last_autovacuum_ago"]), t["autovacuums"])
+         for t in h["tables"]])
+    if h["warning"]:
+        out.append(f"warning: {h['warning']}")
+    return out
+
+
+def _holder_name(holder: dict[str, Any]) -> str:
+    kind = holder["kind"]
+    if kind in ("backend", "standby"):
+        return f"{kind} pid {holder['pid']}"
+    return f"{kind} {holder['name']!r}"
+
+
+def _query(holder: dict[str, Any]) -> str:
+    if holder["kind"] != "backend":
+        return "-"
+    query = holder["query"]
+    if query is None:
+        return "(none shown)"
+    return query if len(query) <= 60 else query[:59] + "…"
+
+
+def _ago_or_never(seconds: float | None) -> str:
+    return "never" if seconds is None else _ago(seconds)
 
 
 def _fleet_line(fleet: dict[str, Any]) -> str:
@@ -355,14 +429,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]
 
 
 def _ago(seconds: float) -> str:
-    s = max(0, round(seconds))
-    if s < 120:
-        return f"{s}s ago"
-    if s < 7200:
-        return f"{s // 60}m ago"
-    if s < 172_800:
-        return f"{s // 3600}h ago"
-    return f"{s // 86_400}d ago"
+    return horizon_.span(seconds) + " ago"
 
 
 def _utc(iso: str) -> str:

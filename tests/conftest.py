@@ -234,7 +234,8 @@ class _Installation:
     the one schema instead with its rows put back as `migrate` left them: every row
     deleted, the id sequence restarted, then the rows migrate wrote put back from a copy.
     ``DELETE`` costs a sixth of ``TRUNCATE`` on the few rows most tests leave; after a test
-    that left many, ``TRUNCATE`` follows, so that no test walks another's dead rows. After
+    that left many, or many dead rows in pgpool_jobs, ``TRUNCATE`` follows, so that no
+    test walks another's dead rows. After
     each test the definition is compared with the one migrate made (`_DEFINITION`): a test
     that changed it fails, and the schema is made anew.
     """
@@ -300,7 +301,7 @@ class _Installation:
                 with conn.transaction():
                     deleted = sum(conn.execute(pgsql.SQL("DELETE FROM {}").format(t)).rowcount
                                   for t in self.tables)
-                    if deleted > self.MANY_ROWS:
+                    if deleted > self.MANY_ROWS or self._dead_jobs(conn) > self.MANY_ROWS:
                         conn.execute(pgsql.SQL("TRUNCATE {}").format(
                             pgsql.SQL(", ").join(self.tables)))
                     for sequence in self.sequences:
@@ -323,6 +324,12 @@ class _Installation:
                     "AND l.pid <> pg_backend_pid()", (self.name,))
         raise RuntimeError(f"could not reset the test schema {self.name}: its tables stayed "
                            "locked")
+
+    def _dead_jobs(self, conn: psycopg.Connection) -> int:
+        """The dead rows a test left in pgpool_jobs itself (it deleted what it made while
+        the horizon was held): many would slow every claim of the next tests."""
+        return conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                            (f"{self.name}.pgpool_jobs",)).fetchone()[0]
 
     def changed(self) -> bool:
         """Whether the schema's definition is no longer migrate's (then it is made anew)."""
@@ -1030,3 +1037,43 @@ def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passe
                 return reaped
 
     return asyncio.run(main())
+
+
+# --- the xmin horizon (pgpool.horizon) ---------------------------------------------------------
+
+#: Dead rows `pile_dead_rows` leaves in pgpool_jobs: past `pgpool.horizon.MIN_DEAD`, where
+#: the vacuum keeper vacuums and the horizon's warning counts them as piling up.
+PILED = 20_500
+
+
+def hold_horizon(dsn: str, how: str, application_name: str = "report-tool"
+                 ) -> psycopg.Connection:
+    """A session left idle in a transaction that holds back vacuum, as a forgotten ``psql``
+    or a reporting job would: ``"write"`` (a transaction id: it wrote), or ``"snapshot"``
+    (a REPEATABLE READ transaction that only read: a snapshot, no id). Its query has two
+    lines and `MARKER` in the second. Close it (or roll back) to let go."""
+    conn = psycopg.connect(dsn, application_name=application_name)
+    if how == "snapshot":
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        conn.execute(f"SELECT count(*) FROM pgpool_jobs -- the report\n-- {MARKER}")
+    else:
+        conn.execute(f"SELECT txid_current() -- the forgotten one\n-- {MARKER}")
+    return conn
+
+
+def dead_rows(db: psycopg.Connection, table: str = "pgpool_jobs") -> int:
+    """The server's count of dead rows in ``table`` (what vacuum and pgpool read)."""
+    return one(db, "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+               table)[0]
+
+
+def pile_dead_rows(db: psycopg.Connection, rows: int = PILED) -> None:
+    """Leave ``rows`` dead rows in pgpool_jobs, as a queue that ran as many jobs, and wait
+    until the server's statistics count them (call it with the horizon held: then no
+    vacuum removes them meanwhile)."""
+    with db.transaction():
+        db.execute("INSERT INTO pgpool_jobs (kind, payload) "
+                   "SELECT 'piled', '{}' FROM generate_series(1, %s)", (rows,))
+    db.execute("DELETE FROM pgpool_jobs WHERE kind = 'piled'")
+    db.execute("SELECT pg_stat_force_next_flush()")
+    wait_until(lambda: dead_rows(db) >= rows, "the statistics to count the dead rows")

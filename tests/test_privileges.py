@@ -12,6 +12,7 @@ import pytest
 from conftest import (
     as_role,
     assert_user_error,
+    hold_horizon,
     one,
     run_pgpool,
     start_pgpool,
@@ -100,6 +101,13 @@ def test_the_app_role_enqueues_and_reads_and_the_worker_role_runs(db, dsn, roles
     enqueued = run_pgpool(app_dsn, "enqueue", "record", "{}")
     assert enqueued.returncode == 0, enqueued.stderr
     assert [q["ready"] for q in status_json(app_dsn)["queues"]] == [23]
+    # Other roles' sessions are hidden from it (no pg_read_all_stats), one holding back
+    # vacuum too: its status counts them and names the grant.
+    with hold_horizon(dsn, "snapshot") as holder:
+        horizon = status_json(app_dsn)["horizon"]
+        assert horizon["hidden_sessions"] >= 1
+        assert all(h["pid"] != holder.info.backend_pid for h in horizon["holders"])
+        assert "grant pg_read_all_stats to see it" in run_pgpool(app_dsn, "status").stdout
     assert_user_error(run_pgpool(app_dsn, "budget", "set", "5"),
                       "may not change the fleet's budget")
 

@@ -36,6 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 import pgpool
 from pgpool import registry
 from pgpool.dispatcher import make_owner
+from pgpool.horizon import TABLES
 from pgpool.lease import STALE_AFTER_LEASES, Lease
 from pgpool.parts.hosts import HostRegistry
 
@@ -355,20 +356,30 @@ def test_status_sums_live_hosts_against_the_smallest_budget_and_says_budgets_dif
 def test_status_of_an_empty_queue(db, dsn):
     done = run_pgpool(dsn, "status")
     assert done.returncode == 0, done.stderr
-    vacuum = status_json(dsn)["vacuum"]
-    assert done.stdout == ("hosts: 0 live\n  (none)\nfleet: 0.0 claims/s (no live hosts)\n\n"
-                           "queues:\n  (none)\n\n"
-                           f"jobs table: {vacuum['dead_tuples']} dead tuples, "
-                           f"{vacuum['live_tuples']} live; last autovacuum never\n\n"
-                           "kinds waiting with no live handler:\n  (none)\n")
-    assert status_json(dsn) == {
+    report = status_json(dsn)
+    vacuum = report.pop("vacuum")
+    assert done.stdout.startswith(
+        "hosts: 0 live\n  (none)\nfleet: 0.0 claims/s (no live hosts)\n\n"
+        "queues:\n  (none)\n\n"
+        f"jobs table: {vacuum['dead_tuples']} dead tuples, "
+        f"{vacuum['live_tuples']} live; last autovacuum never\n\nxmin horizon: ")
+    tables = "".join(f"\n  {t:<16}  0          0          never        0        never"
+                     "            0" for t in TABLES)
+    assert f"\npgpool's tables:\n  TABLE{' ' * 13}DEAD ROWS  LIVE ROWS" in done.stdout
+    assert done.stdout.endswith(f"{tables}\n\nkinds waiting with no live handler:\n  (none)\n")
+    # Whatever else may hold the horizon for a moment, nothing piles up and none warns.
+    horizon = report.pop("horizon")
+    assert [t["table"] for t in horizon["tables"]] == list(TABLES)
+    assert not horizon["piling_up"] and horizon["warning"] is None
+    assert horizon["warn_after"] == 300 and horizon["dead_rows_per_min"] is None
+    assert report == {
         "hosts": [], "queues": [], "unhandled": [], "schedules": [],
         "groups": {"in_progress": 0, "oldest": []}, "succeeded": [],
-        "vacuum": {"dead_tuples": vacuum["dead_tuples"], "live_tuples": 0,
-                   "last_autovacuum_ago": None, "settings_kept": True, "warning": None},
         "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
                   "fleet_budget": None, "max_claims_per_sec": None, "budgets": [],
                   "claims_share": 0, "warnings": []}}
+    assert vacuum == {"dead_tuples": vacuum["dead_tuples"], "live_tuples": 0,
+                      "last_autovacuum_ago": None, "settings_kept": True, "warning": None}
 
 
 @pytest.mark.own_schema

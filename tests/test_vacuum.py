@@ -1,14 +1,17 @@
 """The vacuum keeper vacuums pgpool_jobs once its dead rows are due, and only then; a role
-that may not vacuum the table runs none and says so (issue 20)."""
+that may not vacuum the table runs none and says so (issue 20). When the xmin horizon is
+held, it names the holder and does not vacuum the same rows again (issue 32)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
-from conftest import in_registry, one, wait_until
+from conftest import dead_rows, hold_horizon, in_registry, one, wait_until
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -25,16 +28,15 @@ def vacuums(db: psycopg.Connection) -> int:
                    "WHERE relid = 'pgpool_jobs'::regclass")[0]
 
 
-def make_dead_rows(db: psycopg.Connection) -> None:
+def make_dead_rows(db: psycopg.Connection, at_least: int = 2 * JOBS) -> None:
     """Claim and delete `JOBS` jobs, then wait until the server's statistics count their
-    dead rows (a backend reports its counts at most once a second, unless forced)."""
+    dead rows, ``at_least`` in all (a backend reports its counts at most once a second,
+    unless forced)."""
     pgpool.enqueue_many(db, "dead", ({"n": i} for i in range(JOBS)))
     db.execute("UPDATE pgpool_jobs SET state = 'running', locked_by = 'h' WHERE kind = 'dead'")
     db.execute("DELETE FROM pgpool_jobs WHERE kind = 'dead'")
     db.execute("SELECT pg_stat_force_next_flush()")
-    wait_until(lambda: one(db, "SELECT n_dead_tup FROM pg_stat_user_tables "
-                               "WHERE relid = 'pgpool_jobs'::regclass")[0] >= 2 * JOBS,
-               "the statistics to count the dead rows")
+    wait_until(lambda: dead_rows(db) >= at_least, "the statistics to count the dead rows")
 
 
 def test_the_keeper_vacuums_when_dead_rows_are_due_and_not_before(db, dsn):
@@ -67,6 +69,33 @@ def test_the_keeper_counts_live_rows_against_dead_ones(db, dsn):
 
     assert in_registry(dsn, keep) == [False, True]
     assert vacuums(db) == before + 1
+
+
+def test_a_held_horizon_is_named_and_the_same_rows_are_not_vacuumed_again(db, dsn, caplog):
+    holder = hold_horizon(dsn, "write")
+    make_dead_rows(db)
+    before = vacuums(db)
+
+    async def keep(pool: AsyncConnectionPool) -> list[Any]:
+        keeper = VacuumKeeper(pool, dsn, min_dead=2 * JOBS, scale=0)
+        # Due; the vacuum leaves them all; the same rows are not due again...
+        done = [await keeper.keep(), await keeper.keep(), keeper.left >= 2 * JOBS]
+        # ...until as many more have died.
+        await asyncio.to_thread(make_dead_rows, db, 4 * JOBS)
+        done += [await keeper.keep(), await keeper.keep()]
+        # Let go: the next vacuum removes them all, and nothing is left.
+        holder.close()
+        await asyncio.to_thread(make_dead_rows, db, 6 * JOBS)
+        return [*done, await keeper.keep(), keeper.left]
+
+    pid = holder.info.backend_pid
+    with caplog.at_level(logging.WARNING, logger="pgpool.vacuum"):
+        assert in_registry(dsn, keep) == [True, False, True, True, False, True, 0]
+    assert vacuums(db) == before + 3 and dead_rows(db) < 2 * JOBS
+    held = [r for r in caplog.records if r.event == "vacuum_held"]
+    # Named once: the same holder, within a minute.
+    assert [(r.fields["holder"], r.fields["holder_pid"]) for r in held] == [("backend", pid)]
+    assert f"SELECT pg_terminate_backend({pid})" in held[0].getMessage()
 
 
 @pytest.mark.own_schema

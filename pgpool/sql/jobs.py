@@ -898,9 +898,12 @@ FROM pg_class AS c WHERE c.oid = 'pgpool_jobs'::regclass
 
 #: pgpool_jobs's dead rows (the server's running estimate, as autovacuum reads it), and
 #: whether there are enough to vacuum now: at least ``min_dead``, and at least ``scale``
-#: of the live rows.
+#: of the live rows, besides the ``left`` that the keeper's last vacuum could not remove
+#: (while the count has not fallen below them: then another vacuum removed them).
 VACUUM_DUE: Final = """
-SELECT n_dead_tup >= greatest(%(min_dead)s, %(scale)s * n_live_tup), n_dead_tup
+SELECT n_dead_tup - CASE WHEN n_dead_tup >= %(left)s THEN %(left)s ELSE 0 END
+           >= greatest(%(min_dead)s, %(scale)s * n_live_tup),
+       n_dead_tup
 FROM pg_stat_user_tables WHERE relid = 'pgpool_jobs'::regclass
 """
 

@@ -195,3 +195,101 @@ SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0),
 FROM pg_stat_user_tables
 WHERE relid = to_regclass('pgpool_jobs')
 """
+
+# --- the xmin horizon (pgpool.horizon: what holds back vacuum of pgpool's tables) ---------
+
+#: What may hold back vacuum of pgpool's tables, the oldest first: the rows a vacuum may
+#: not remove are those that died after the oldest of these (PostgreSQL's rule for a table
+#: that is not a catalog). ``kind``:
+#:
+#: - ``backend``: a session of this database with a transaction id or a snapshot
+#:   (``backend_xid``, ``backend_xmin``); not this one, not a walsender (its standby's
+#:   feedback is ``standby``), not a lazy VACUUM (the server leaves those out of the
+#:   horizon: they are the ones in pg_stat_progress_vacuum);
+#: - ``standby``: a standby's hot_standby_feedback, through a walsender with no slot, of any
+#:   database;
+#: - ``slot``: a replication slot of any database, by its ``xmin`` (a physical slot a
+#:   standby's feedback reached); by its ``catalog_xmin`` alone (a logical slot), it holds
+#:   back the system catalogs only, and ``holds`` says so;
+#: - ``prepared``: a prepared transaction of this database.
+#:
+#: ``age_xids`` is its age in transactions (``age()``), ``age_seconds`` in time where the
+#: server keeps one: a transaction's start, a prepared transaction's ``prepared``, an
+#: inactive slot's ``inactive_since`` (PostgreSQL 17+, read through to_jsonb so that older
+#: servers answer NULL); a standby's feedback and an active slot carry none. ``ending`` is
+#: the statement that ends it (NULL for a standby's feedback: that is the standby's own
+#: setting). The ``limit`` oldest of each ``holds``.
+HORIZON_HOLDERS: Final = """
+WITH holders AS (
+    SELECT 'backend' AS kind, 'tables' AS holds,
+           greatest(age(a.backend_xid), age(a.backend_xmin)) AS age_xids,
+           extract(epoch FROM now() - a.xact_start)::float8 AS age_seconds,
+           a.pid, a.usename::text AS usename, a.application_name,
+           host(a.client_addr) AS client_addr, a.state,
+           extract(epoch FROM now() - a.query_start)::float8 AS query_seconds,
+           split_part(a.query, E'\\n', 1) AS query, NULL::text AS name,
+           NULL::text AS slot_type, format('SELECT pg_terminate_backend(%%s)', a.pid) AS ending
+    FROM pg_stat_activity AS a
+    WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+      AND a.backend_type <> 'walsender'
+      AND NOT EXISTS (SELECT FROM pg_stat_progress_vacuum AS v WHERE v.pid = a.pid)
+    UNION ALL
+    SELECT 'standby', 'tables', age(r.backend_xmin), NULL, r.pid, r.usename::text,
+           r.application_name, host(r.client_addr), r.state, NULL, NULL, NULL, NULL, NULL
+    FROM pg_stat_replication AS r
+    WHERE r.backend_xmin IS NOT NULL
+    UNION ALL
+    SELECT 'slot', CASE WHEN s.xmin IS NOT NULL THEN 'tables' ELSE 'catalogs' END,
+           age(coalesce(s.xmin, s.catalog_xmin)),
+           extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz)::float8,
+           s.active_pid, r.usename::text, r.application_name, host(r.client_addr),
+           CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL, NULL,
+           s.slot_name::text, s.slot_type,
+           format('SELECT pg_drop_replication_slot(%%L)', s.slot_name)
+    FROM pg_replication_slots AS s LEFT JOIN pg_stat_replication AS r ON r.pid = s.active_pid
+    WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared', 'tables', age(p.transaction),
+           extract(epoch FROM now() - p.prepared)::float8, NULL, p.owner::text, NULL, NULL,
+           NULL, NULL, NULL, p.gid, NULL, format('ROLLBACK PREPARED %%L', p.gid)
+    FROM pg_prepared_xacts AS p
+    WHERE p.database = current_database()
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY holds
+                                 ORDER BY age_xids DESC, age_seconds DESC NULLS LAST) AS n
+    FROM holders
+)
+SELECT kind, holds, age_xids, age_seconds, pid, usename, application_name, client_addr,
+       state, query_seconds, query, name, slot_type, ending
+FROM ranked
+WHERE n <= %(limit)s
+ORDER BY holds DESC, n
+"""
+
+#: Sessions of this database whose activity this role may not read (their transaction,
+#: snapshot and query are NULL to it without pg_read_all_stats): one of them may hold the
+#: horizon unseen.
+HORIZON_HIDDEN: Final = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND query = '<insufficient privilege>'
+"""
+
+#: pgpool's tables (``tables``, by name, found through search_path) that exist: dead and
+#: live rows, seconds since a VACUUM (the vacuum keeper's, or an operator's) and an
+#: autovacuum last finished on each (NULL: never), and how many of each there were.
+TABLES_VACUUM: Final = """
+SELECT t.name, coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+       extract(epoch FROM now() - s.last_vacuum)::float8,
+       extract(epoch FROM now() - s.last_autovacuum)::float8,
+       coalesce(s.vacuum_count, 0), coalesce(s.autovacuum_count, 0)
+FROM unnest(%(tables)s::text[]) WITH ORDINALITY AS t(name, i)
+JOIN pg_stat_user_tables AS s ON s.relid = to_regclass(t.name)
+ORDER BY t.i
+"""
+
+#: The worst claim p99 (ms) of the live hosts: what the held horizon costs a claim now.
+HORIZON_CLAIM_P99: Final = """
+SELECT max(claim_p99_ms) FROM pgpool_hosts
+WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..errors import ConfigError
+from ..horizon import HORIZON_WARN
 
 #: The environment variables that turn on HTTP basic authentication.
 USER_VARIABLE: Final = "PGPOOL_WEB_USER"
@@ -29,6 +30,8 @@ class WebConfig:
     #: Basic auth credentials; None: no authentication (only sensible on loopback).
     user: str | None = None
     password: str | None = None
+    #: ``--horizon-warn``, seconds; None: no warning.
+    horizon_warn: float | None = HORIZON_WARN
 
     @property
     def auth(self) -> bool:

@@ -657,7 +657,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
 def make_app(config: WebConfig) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[CONFIG] = config
-    app[HUB] = Hub(config.dsn)
+    app[HUB] = Hub(config.dsn, horizon_warn=config.horizon_warn,
+                   allow_payloads=config.allow_payloads)
     # Autocommit: a purge or replay commits each batch (see `pgpool.ops`); everything else
     # opens its own transaction.
     app[POOL] = AsyncConnectionPool(config.dsn, min_size=1, max_size=POOL_SIZE, open=False,

@@ -10,7 +10,10 @@ database sees at most 1 / `MIN_GAP` snapshots a second under any load, and 1 / `
 when idle, whatever the number of streams.
 
 The hub also keeps each queue's lag over the last hour (`HISTORY`), from its snapshots:
-one sample at least every `SAMPLE_EVERY` seconds, the newest always the latest snapshot's.
+one sample at least every `SAMPLE_EVERY` seconds, the newest always the latest snapshot's;
+and how fast the dead rows of ``pgpool_jobs`` grow (`pgpool.horizon.DeadRowsTrend`). Of
+who holds back vacuum, a snapshot carries the query and client address only with
+``--allow-payloads`` (`pgpool.horizon.for_dashboard`): it is sent to every page.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Final
 import orjson
 import psycopg
 
-from .. import status
+from .. import horizon, status
 from ..errors import PgpoolError, first_line
 from ..outage import Failures, backoff
 from ..sql import common as sql
@@ -52,8 +55,12 @@ APPLICATION_NAME: Final = "pgpool web"
 class Hub:
     """The latest snapshot (as JSON) and the streams waiting for the next one."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, horizon_warn: float | None = horizon.HORIZON_WARN,
+                 allow_payloads: bool = False) -> None:
         self._dsn = dsn
+        self._horizon_warn = horizon_warn
+        self._allow_payloads = allow_payloads
+        self._trend = horizon.DeadRowsTrend()
         self._conn: psycopg.Connection | None = None
         self._conn_lock = threading.Lock()  # the connection is used from threads
         self._poke = asyncio.Event()
@@ -166,7 +173,7 @@ class Hub:
                     self._conn = psycopg.connect(self._dsn, autocommit=True,
                                                  connect_timeout=5,
                                                  application_name=APPLICATION_NAME)
-                return status.collect(self._conn)
+                return status.collect(self._conn, self._horizon_warn)
             except (psycopg.Error, OSError):
                 self._drop_connection_locked()
                 raise
@@ -186,6 +193,9 @@ class Hub:
             if report is not None:
                 now = time.time()
                 self._record_lag(report, now)
+                self._trend.add(report["horizon"])
+                report["horizon"] = horizon.for_dashboard(
+                    report["horizon"], allow_payloads=self._allow_payloads)
                 report["lag_history"] = {q: list(h) for q, h in self._history.items()}
                 report["taken_at"] = now
                 self.latest = orjson.dumps(report)

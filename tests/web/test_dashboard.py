@@ -21,7 +21,9 @@ import pytest
 from conftest import (
     MARKER,
     RUN,
+    hold_horizon,
     one,
+    pile_dead_rows,
     queue_counts,
     read_records,
     run_pgpool,
@@ -408,6 +410,35 @@ def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
     assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", job) == ("ready",)
     assert one(db, "SELECT count(*) FROM pgpool_paused") == (0,)
     assert dead_count(db, "ro") == 1
+
+
+def test_the_warning_names_who_holds_the_horizon_and_how_to_end_it(db, dsn, web, open_page):
+    with hold_horizon(dsn, "write") as holder:
+        pid = holder.info.backend_pid
+        end = f"SELECT pg_terminate_backend({pid})"
+        pile_dead_rows(db)
+        # Read-only: the holder and the statement that ends it, never its query.
+        page = load(open_page(), web("--horizon-warn", "1s")[1])
+        warning = page.get_by_test_id("warning-horizon")
+        expect(warning).to_contain_text(f"held by backend pid {pid} (user ")
+        expect(warning).to_contain_text(end)
+        row = page.locator(f'[data-testid="horizon-holder"][data-pid="{pid}"]')
+        expect(row.get_by_test_id("horizon-end")).to_have_text(end)
+        expect(row).to_contain_text("idle in transaction")
+        expect(row.get_by_test_id("horizon-query")).to_contain_text("--allow-payloads")
+        expect(page.get_by_test_id("horizon-flag")).to_contain_text("⚠ the xmin horizon")
+        expect(page.get_by_test_id("horizon-dead")).not_to_have_text("—")
+        assert MARKER not in page.content()
+        screenshot(page, "horizon")
+        # With payloads allowed, its query's first line too (the second has the marker).
+        page = load(open_page(), web("--horizon-warn", "1s", "--allow-payloads")[1])
+        row = page.locator(f'[data-testid="horizon-holder"][data-pid="{pid}"]')
+        expect(row.get_by_test_id("horizon-query")).to_have_text(
+            "SELECT txid_current() -- the forgotten one")
+        assert MARKER not in page.content()
+    # Let go: the warning leaves the page (the dead rows stay until a vacuum).
+    expect(page.get_by_test_id("warning-horizon")).to_have_count(0)
+    expect(page.locator(f'[data-testid="horizon-holder"][data-pid="{pid}"]')).to_have_count(0)
 
 
 def test_authentication_is_required_when_configured(db, dsn, web, open_page):

@@ -179,6 +179,7 @@ function render(snap) {
   renderQueues(snap);
   renderHosts(snap.hosts || [], snap.fleet || {});
   renderVacuum(snap.vacuum);
+  renderHorizon(snap.horizon);
   renderGroups(snap.groups || {in_progress: 0, oldest: []});
   renderSucceeded(snap.succeeded || []);
   updateQueueFilter(snap.queues || []);
@@ -204,6 +205,7 @@ function renderWarnings(snap) {
   const items = [];
   const vac = snap.vacuum;
   if (vac && vac.warning) items.push(["vacuum", vac.warning]);
+  if (snap.horizon && snap.horizon.warning) items.push(["horizon", snap.horizon.warning]);
   for (const w of (snap.fleet && snap.fleet.warnings) || []) items.push(["budget", w]);
   for (const u of snap.unhandled || []) {
     items.push(["unhandled", `${u.ready} ${u.kind} job(s) in queue ${u.queue} wait with no ` +
@@ -390,6 +392,60 @@ function renderVacuum(v) {
       stat("settings", v.settings_kept ? "kept" : "lost", "vac-settings", v.settings_kept ? "" : "hot")),
     el("p", {class: v.warning ? "flag" : "sub", "data-testid": "vac-flag",
              text: v.warning ? `⚠ ${v.warning}` : "no vacuum debt"}));
+}
+
+// What holds back vacuum of pgpool's tables (the server's pgpool.horizon). The query and
+// client address come only with --allow-payloads; the statement that ends a holder is shown,
+// never run.
+function renderHorizon(h) {
+  const box = $("#horizon");
+  if (!h) return;
+  const oldest = h.holders[0];
+  const growth = h.dead_rows_per_min;
+  $("#horizon-summary").textContent = oldest
+    ? `${oldest.age_seconds === null ? "age unknown in time" : dur(oldest.age_seconds)} · ` +
+      `${oldest.age_transactions} transactions` : "";
+  box.className = `vacuum ${h.warning ? "vacuum-bad" : "vacuum-ok"}`;
+  box.dataset.warning = h.warning ? "true" : "false";
+  const jobs = h.tables.find((t) => t.table === "pgpool_jobs");
+  const stats = el("div", {class: "stats"},
+    stat("pgpool_jobs dead rows", jobs ? jobs.dead_tuples : "—", "horizon-dead", h.piling_up ? "hot" : ""),
+    stat("growth", growth === null || growth === undefined ? "—" : `${growth >= 0 ? "+" : ""}${Math.round(growth)}/min`, "horizon-growth"),
+    stat("last vacuum", jobs && jobs.last_vacuum_ago !== null ? `${dur(jobs.last_vacuum_ago)} ago` : "never", "horizon-vacuum"),
+    stat("claim p99", h.claim_p99_ms === null ? "—" : `${num(h.claim_p99_ms)}ms`, "horizon-p99"));
+  // The short transactions of a busy database come and go: only those past shown_after.
+  const shown = h.holders.filter((x) => x.age_seconds === null || x.age_seconds >= h.shown_after);
+  const rows = shown.map((x) => el("tr", {"data-testid": "horizon-holder", "data-kind": x.kind,
+                                             "data-pid": x.pid ?? "", "data-name": x.name ?? ""},
+    el("td", {text: x.description}),
+    el("td", {class: "n", text: x.age_seconds === null ? "?" : dur(x.age_seconds)}),
+    el("td", {class: "n", text: x.age_transactions}),
+    el("td", {"data-testid": "horizon-client", text: x.client_addr || "—"}),
+    el("td", {class: "mono", "data-testid": "horizon-query",
+              title: x.query_seconds === null ? "" : `running ${dur(x.query_seconds)}`,
+              text: x.query || (x.kind === "backend" && !errorsShown()
+                ? "hidden: start pgpool web --allow-payloads to show it" : "—")}),
+    el("td", {}, el("code", {"data-testid": "horizon-end", text: x.end || "on the standby: see the warning"}))));
+  if (!rows.length) {
+    rows.push(el("tr", {}, el("td", {colspan: 6, class: "empty",
+      text: oldest ? `Nothing has held back vacuum of pgpool's tables for ${dur(h.shown_after)} or more.`
+                   : "Nothing holds back vacuum of pgpool's tables."})));
+  }
+  const notes = h.catalog_holders.map((c) => el("p", {class: "sub", "data-testid": "horizon-catalogs",
+    text: `not holding pgpool's tables: ${c.description} holds back vacuum of the system catalogs only (${c.age_transactions} transactions)`}));
+  if (h.hidden_sessions) {
+    notes.push(el("p", {class: "sub", "data-testid": "horizon-hidden",
+      text: `${h.hidden_sessions} session(s) of this database are hidden from this server's role, and one may hold the horizon (grant pg_read_all_stats to see it)`}));
+  }
+  box.replaceChildren(stats,
+    el("table", {class: "grid", "data-testid": "horizon-holders"},
+      el("thead", {}, el("tr", {},
+        el("th", {text: "holder"}), el("th", {class: "n", text: "open"}), el("th", {class: "n", text: "xids"}),
+        el("th", {text: "client"}), el("th", {text: "query (first line)"}), el("th", {text: "end it with"}))),
+      el("tbody", {}, ...rows)),
+    ...notes,
+    el("p", {class: h.warning ? "flag" : "sub", "data-testid": "horizon-flag",
+             text: h.warning ? `⚠ ${h.warning}` : "the horizon does not hold the queue back"}));
 }
 
 // --- outcomes: groups in progress, successes kept ------------------------------------------
