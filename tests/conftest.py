@@ -160,8 +160,9 @@ class RoleInstallation(NamedTuple):
 
 @pytest.fixture(scope="module")
 def role_installation(server_dsn: str) -> Iterator[RoleInstallation]:
-    """A `RoleInstallation` shared by a module's tests (each should `empty` it first):
-    migrating a schema and creating roles for every test would cost more than the tests."""
+    """A `RoleInstallation` shared by the tests of a module that one pytest process runs
+    (each should `empty` it first): migrating a schema and creating roles for every test
+    would cost more than the tests."""
     suffix = uuid.uuid4().hex[:8]
     app, worker = f"pgpool_app_{suffix}", f"pgpool_worker_{suffix}"
     with _new_schema(server_dsn) as owner, psycopg.connect(owner, autocommit=True) as conn:

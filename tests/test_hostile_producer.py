@@ -15,9 +15,6 @@ from psycopg import sql
 
 import pgpool
 
-# One module-wide installation with its roles: the tests run one after another in it.
-pytestmark = pytest.mark.xdist_group("hostile")
-
 #: A forged job: what a host would have written, holding a concurrency key and a unique key.
 FORGED = ("INSERT INTO pgpool_jobs (kind, payload, state, concurrency_key, unique_key) "
           "VALUES ('record', '{}', %s, 'acct-42', 'invoice-7')")
