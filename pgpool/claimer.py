@@ -15,7 +15,8 @@ every claim. What a cursor skips can also hold a job that became ready behind it
 producer's transaction committed late, a retry fell due, another host let a locked row go),
 so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
 back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
-sooner after the last one than `SWEEP_COST` times its round trip; and at once after a
+sooner after the last one than `SWEEP_COST` times its round trip (`SWEEP_MAX_GAP` at
+most); and at once after a
 cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`). On a clean table a
 sweep costs what a cursor claim does, so a job committed behind a cursor waits for no
 poll, as before cursors; with a pinned horizon, sweeps are few and the cursor claims stay
@@ -58,8 +59,11 @@ KEY_RACE_LOST = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected
 SWEEP_EVERY = 1.0
 #: A sweep follows the last one by at least this many times its round trip: at most about a
 #: twentieth of the claim connection's time goes to sweeps, however many dead rows they
-#: walk.
+#: walk; but never by more than `SWEEP_MAX_GAP` seconds, which bounds how long a job that
+#: became ready behind a cursor waits (a round trip that waited for a lock, or for a
+#: connection, would otherwise put sweeps off for minutes).
 SWEEP_COST = 20
+SWEEP_MAX_GAP = 5.0
 #: Seconds: a sweep that took no longer than this (a clean table's) is run at once after a
 #: cursor claim that took nothing, whatever `SWEEP_COST` says.
 CHEAP_SWEEP = 0.005
@@ -238,8 +242,8 @@ class Claimer:
         rows when nothing waits, or when a job with a tenant or a concurrency key does: the
         fair claim, run next, tells which."""
         wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
-        sweep = ((wanted and now - self._swept_at >= SWEEP_COST * self._sweep_rtt)
-                 or not self._cursors)
+        gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
+        sweep = (wanted and now - self._swept_at >= gap) or not self._cursors
         rows = await self._plain_rows(conn, params, queues, sweep, now)
         if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
             rows = await self._plain_rows(conn, params, queues, True, time.monotonic())
