@@ -15,12 +15,11 @@ every claim. What a cursor skips can also hold a job that became ready behind it
 producer's transaction committed late, a retry fell due, another host let a locked row go),
 so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
 back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
-sooner after the last one than `SWEEP_COST` times its round trip (`SWEEP_MAX_GAP` at
-most); and at once after a
-cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`). On a clean table a
-sweep costs what a cursor claim does, so a job committed behind a cursor waits for no
-poll, as before cursors; with a pinned horizon, sweeps are few and the cursor claims stay
-cheap.
+sooner after the last one than `SWEEP_COST` times its round trip (`SWEEP_MAX_GAP` at most);
+and at once after a cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`).
+On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
+waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
+claims stay cheap.
 """
 
 from __future__ import annotations
