@@ -209,8 +209,9 @@ class Claimer:
         # for the claim in flight. Its jobs would be handed back by then anyway.
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
-            rows = (await self._claim_plain(conn, params, queues, limit, started)
-                    if self.plain else [])
+            rows: list[tuple] = []
+            if self.plain:
+                rows, leased = await self._claim_plain(conn, params, queues, limit, started)
             if not rows and (not self.plain or await self._needs_fair(conn, params)):
                 # The fair claim's jobs are leased from its own start: the plain claim
                 # before it took none, however long it waited (for a lock, say).
@@ -234,24 +235,29 @@ class Claimer:
         return jobs
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
-                           queues: list[str], limit: int, now: float) -> list[tuple]:
+                           queues: list[str], limit: int, now: float
+                           ) -> tuple[list[tuple], float]:
         """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``, from the cursors or as a
         sweep (see the module's docstring), and move the cursors on: its rows in claim
-        order (priority, then due time, then id), without the last column (run_at). No
-        rows when nothing waits, or when a job with a tenant or a concurrency key does: the
-        fair claim, run next, tells which."""
+        order (priority, then due time, then id), without the last column (run_at), and
+        when the statement that took them started (their lease counts from it). No rows
+        when nothing waits, or when a job with a tenant or a concurrency key does: the fair
+        claim, run next, tells which."""
         wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
         gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
         sweep = (wanted and now - self._swept_at >= gap) or not self._cursors
         rows = await self._plain_rows(conn, params, queues, sweep, now)
         if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
-            rows = await self._plain_rows(conn, params, queues, True, time.monotonic())
+            # Its jobs' lease counts from its own start, not the cursor claim's: that one
+            # may have waited most of a lease for a lock (and another claim took its job).
+            now = time.monotonic()
+            rows = await self._plain_rows(conn, params, queues, True, now)
         self._sweep_wanted = len(rows) < limit
         rows.sort(key=lambda row: (-row[9], row[13], row[0]))
         cursors_ = self._cursors
         for row in rows:  # in claim order: each pair's last row is its cursor
             cursors_[row[2], row[1]] = (row[9], row[13], row[0])
-        return [row[:13] for row in rows]
+        return [row[:13] for row in rows], now
 
     async def _plain_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                           queues: list[str], sweep: bool, now: float) -> list[tuple]:
