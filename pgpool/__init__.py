@@ -27,8 +27,6 @@ Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version_
 installed distribution's version (pyproject.toml is its one source).
 """
 
-from importlib.metadata import version as _version
-
 from . import hooks
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
@@ -64,7 +62,15 @@ from .schedules import periodic
 from .schema import SCHEMA_VERSION, migrate
 from .worker import current_job
 
-__version__: str = _version("pgpool")
+
+def __getattr__(name: str) -> str:
+    # ``__version__``, read when asked: importlib.metadata costs 50 ms to import, at every
+    # import of pgpool (each worker's too).
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("pgpool")
+    raise AttributeError(f"module 'pgpool' has no attribute {name!r}")
 
 __all__ = [
     "SCHEMA_VERSION",

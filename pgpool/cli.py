@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from typing import Any, Literal, NoReturn
 
 from . import extras, logs, names, portable, registry, schema
@@ -164,14 +163,28 @@ def _add_run_option(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any)
         action.help = f"{action.help} (env {_RUN_VARIABLES[action.dest]})"
 
 
+class _Version(argparse.Action):
+    """``--version``: like ``pgpool.__version__``, the installed distribution's (pyproject.toml
+    is its one source), read only when asked: importlib.metadata costs 50 ms to import."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from importlib.metadata import version
+
+        print(f"pgpool {version('pgpool')}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pgpool",
         description="CPU-heavy jobs on every core of every host; PostgreSQL is the queue.",
     )
-    # Like pgpool.__version__: the installed distribution's, whose one source is pyproject.
-    parser.add_argument("--version", action="version", version=f"pgpool {version('pgpool')}",
-                        help="print pgpool's version and exit")
+    parser.add_argument("--version", action=_Version, help="print pgpool's version and exit")
     # The logging options go before or after the subcommand. The subcommand's copies are
     # SUPPRESSed when absent: a default there would overwrite a value given before it.
     common = argparse.ArgumentParser(add_help=False)
@@ -491,7 +504,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     handlers = registry.select(registry.load(modules), args.kinds)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
-        modules=tuple(modules),
+        modules=(*modules, *registry.entry_point_modules()),
         procs=procs,
         queues=tuple(dict.fromkeys(args.queue)),
         batch=args.batch,

@@ -21,7 +21,6 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
@@ -436,8 +435,11 @@ def resolve_modules(cli_modules: Iterable[str] | None) -> list[str]:
     return modules
 
 
-def load(modules: Iterable[str]) -> dict[str, Handler[Any]]:
-    """Import the handler modules and entry points; return the registry.
+def load(modules: Iterable[str], *, entry_points: bool = True) -> dict[str, Handler[Any]]:
+    """Import the handler modules and, with ``entry_points``, those of the installed
+    ``pgpool.handlers`` entry points; return the registry. A worker passes False: its
+    dispatcher found them (`entry_point_modules`) and put them in ``modules``, as reading
+    the installed packages' metadata cost each worker 60 ms at its start.
 
     The current directory is importable first, as with ``python -m``. Raises `HandlerError`
     with the module's own error when one fails to import, when nothing got registered, and
@@ -449,8 +451,9 @@ def load(modules: Iterable[str]) -> dict[str, Handler[Any]]:
         sys.path.insert(0, cwd)
     for name in modules:
         _import(name, f"handler module {name!r}")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        _import(ep.value.split(":")[0], f"entry point {ep.name!r} ({ep.value})")
+    if entry_points:
+        for ep in _entry_points():
+            _import(ep.value.split(":")[0], f"entry point {ep.name!r} ({ep.value})")
     if not _registry:
         raise HandlerError(
             "no handlers registered: pass --handlers MODULE (a module using "
@@ -467,6 +470,17 @@ def load(modules: Iterable[str]) -> dict[str, Handler[Any]]:
             )
     return registered()
 
+
+def entry_point_modules() -> list[str]:
+    """The modules of the installed ``pgpool.handlers`` entry points, which `load` imports
+    after the handler modules given: what a dispatcher's workers import too."""
+    return [ep.value.split(":")[0] for ep in _entry_points()]
+
+
+def _entry_points() -> Iterable[Any]:
+    from importlib.metadata import entry_points  # 50 ms to import: only when needed
+
+    return entry_points(group=ENTRY_POINT_GROUP)
 
 def select(handlers: dict[str, Handler[Any]],
            kinds: Iterable[str] | None) -> dict[str, Handler[Any]]:

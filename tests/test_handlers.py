@@ -144,3 +144,41 @@ def test_cli_run_refuses_a_handler_module_with_a_mistake(dsn: str, tmp_path: Pat
     (tmp_path / f"{module}.py").write_text("import pgpool\n\n" + source)
     assert_user_error(run_pgpool(dsn, "run", "--handlers", module, "--burst",
                                  PYTHONPATH=str(tmp_path)), *needles)
+
+
+def test_an_installed_packages_entry_point_handlers_run_without_handlers_given(
+    dsn: str, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A package that declares a ``pgpool.handlers`` entry point needs no ``--handlers``: the
+    dispatcher finds it, and its workers import what it found (they read no package
+    metadata themselves), so its jobs run, beside those of a module given by name."""
+    (tmp_path / "installedjobs.py").write_text(textwrap.dedent('''
+        import pgpool
+
+        @pgpool.handler("installed")
+        def installed(payload):
+            pass
+    '''))
+    (tmp_path / "named.py").write_text(textwrap.dedent('''
+        import pgpool
+
+        @pgpool.handler("named")
+        def named(payload):
+            pass
+    '''))
+    # An installed distribution, as pip leaves it: what importlib.metadata reads.
+    info = tmp_path / "installedjobs-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installedjobs\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pgpool.handlers]\njobs = installedjobs\n")
+    pgpool.enqueue(db, "installed", {})
+    done = run_pgpool(dsn, "run", "--burst", "--procs", "1", PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    pgpool.enqueue(db, "installed", {})
+    pgpool.enqueue(db, "named", {})
+    done = run_pgpool(dsn, "run", "--handlers", "named", "--burst", "--procs", "1",
+                      PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    # Each ran in a worker: a worker without its kind's handler fails the job instead.
+    assert db.execute("SELECT (SELECT count(*) FROM pgpool_jobs), "
+                      "(SELECT count(*) FROM pgpool_dead)").fetchone() == (0, 0)
