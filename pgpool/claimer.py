@@ -29,7 +29,6 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from datetime import datetime
 
 import psycopg
 from psycopg.adapt import Loader
@@ -39,6 +38,7 @@ from .job import Job
 from .lease import Lease
 from .registry import Handler
 from .sql import jobs as sql
+from .sql.common import int_array, nullable_int_array
 
 RTT_SAMPLES = 10_000
 RECENT_RTTS = 15
@@ -130,7 +130,8 @@ class Claimer:
         self._params: dict[str, object] = {
             "queues": list(queues),
             "kinds": kinds,
-            "kind_max_attempts": [handlers[k].max_attempts or max_attempts for k in kinds],
+            "kind_max_attempts": int_array(handlers[k].max_attempts or max_attempts
+                                           for k in kinds),
             "owner": owner,
             "lease": lease.seconds,
             "tenant_cap": tenant_cap,
@@ -142,8 +143,8 @@ class Claimer:
         #: fair claim saw, no job waiting has a tenant or a concurrency key.
         self.plain = True
         #: The plain claim's cursors: per (queue, kind), the claim-order key (priority,
-        #: run_at, id) of the last job taken there.
-        self._cursors: dict[tuple[str, str], tuple[int, datetime, int]] = {}
+        #: run_at in microseconds since the epoch, id) of the last job taken there.
+        self._cursors: dict[tuple[str, str], tuple[int, int, int]] = {}
         #: Whether a sweep is due (the last plain claim came back short), when the last
         #: one started (monotonic seconds) and its round trip.
         self._sweep_wanted = True
@@ -228,7 +229,7 @@ class Claimer:
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
                 timeouts[kind], False, deadline, False, waited, snoozes, meta, group_id)
             for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
-                 snoozes, meta, group_id) in rows
+                 snoozes, meta, group_id, _) in rows
         ]
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
@@ -239,10 +240,9 @@ class Claimer:
                            ) -> tuple[list[tuple], float]:
         """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``, from the cursors or as a
         sweep (see the module's docstring), and move the cursors on: its rows in claim
-        order (priority, then due time, then id), without the last column (run_at), and
-        when the statement that took them started (their lease counts from it). No rows
-        when nothing waits, or when a job with a tenant or a concurrency key does: the fair
-        claim, run next, tells which."""
+        order (priority, then due time, then id), and when the statement that took them
+        started (their lease counts from it). No rows when nothing waits, or when a job
+        with a tenant or a concurrency key does: the fair claim, run next, tells which."""
         wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
         gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
         sweep = (wanted and now - self._swept_at >= gap) or not self._cursors
@@ -254,10 +254,11 @@ class Claimer:
             rows = await self._plain_rows(conn, params, queues, True, now)
         self._sweep_wanted = len(rows) < limit
         rows.sort(key=lambda row: (-row[9], row[13], row[0]))
-        cursors_ = self._cursors
-        for row in rows:  # in claim order: each pair's last row is its cursor
-            cursors_[row[2], row[1]] = (row[9], row[13], row[0])
-        return [row[:13] for row in rows], now
+        # In claim order, so each (queue, kind) pair's last row is its cursor.
+        last = {(row[2], row[1]): row for row in rows}
+        for pair, row in last.items():
+            self._cursors[pair] = (row[9], row[13], row[0])
+        return rows, now
 
     async def _plain_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                           queues: list[str], sweep: bool, now: float) -> list[tuple]:
@@ -278,14 +279,15 @@ class Claimer:
         row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
         return bool(row and row[0])
 
-    def _cursor_params(self, queues: list[str]) -> dict[str, list[object]]:
+    def _cursor_params(self, queues: list[str]) -> dict[str, str]:
         """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
         outer, kinds inner, `_FROM_START` for a pair with none yet."""
-        cursors: dict[tuple[str, str], tuple[object, object, object]] = self._cursors
+        cursors = self._cursors
         keys = [cursors.get((queue, kind), _FROM_START)
                 for queue in queues for kind in self._kinds]
-        return {"after_priorities": [k[0] for k in keys],
-                "after_run_ats": [k[1] for k in keys], "after_ids": [k[2] for k in keys]}
+        return {"after_priorities": nullable_int_array(k[0] for k in keys),
+                "after_run_at_us": nullable_int_array(k[1] for k in keys),
+                "after_ids": nullable_int_array(k[2] for k in keys)}
 
     async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
                           ) -> list[tuple]:

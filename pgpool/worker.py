@@ -62,41 +62,58 @@ _UNWATCHED: Final = contextlib.nullcontext()
 _FAILURES = (ipc.Failed, ipc.Ended)
 
 
+#: The attempt running in this process: its job as the dispatcher sent it, and its
+#: follow-ups; None between attempts.
+_now: tuple[ipc.WorkItem, Attempt] | None = None
+#: Its `RunningJob`, made at the first `current_job` call: most handlers never ask, and
+#: making one cost 2 µs a job.
 _current: RunningJob | None = None
+#: The name of the worker's own thread that reads its task pipe (`_Inbox`).
+_INBOX_THREAD: Final = "pgpool-inbox"
 
 
 class _LeftThreads:
     """The threads attempts left running, each with the job that started it: there,
     `current_job` raises rather than answer with whichever job runs now.
 
-    A thread is taken to be an attempt's when it was first seen at that attempt's end (one
-    look at the process's threads per attempt); those alive before the first attempt, and
-    the handler's own, belong to none."""
+    A thread is taken to be an attempt's when it was first seen at that attempt's end; those
+    alive before the first attempt, and the handler's own, belong to none. While the process
+    has only a worker's own threads (its main one and the inbox's, which end with it), the
+    count of threads says whether one started: no other could have ended meanwhile. Only
+    then does an attempt's end cost less than a look at every thread."""
 
     def __init__(self) -> None:
         self.known: set[threading.Thread] | None = None
+        self.only_own = False
         self.by: weakref.WeakKeyDictionary[threading.Thread, int] = (
             weakref.WeakKeyDictionary())
 
     def begin(self) -> None:
         """An attempt starts in this thread."""
         if self.known is None:
-            self.known = set(threading.enumerate())
+            self._seen(set(threading.enumerate()))
         elif self.by:  # a thread an attempt left, now running handlers itself (a test's)
             self.by.pop(threading.current_thread(), None)
 
     def ended(self, job_id: int) -> None:
         """Job ``job_id``'s attempt, run in this thread, has ended."""
-        threads = threading.enumerate()
         known = self.known
         assert known is not None  # begin() came first
+        if self.only_own and threading.active_count() == len(known):
+            return  # the common case: no thread started
+        threads = threading.enumerate()
         if len(threads) == len(known) and known.issuperset(threads):
-            return  # the common case: no thread started, none ended
+            return  # none started, none ended
         me = threading.current_thread()
         for thread in threads:
             if thread not in known and thread is not me:
                 self.by[thread] = job_id
-        self.known = {*threads, me}
+        self._seen({*threads, me})
+
+    def _seen(self, threads: set[threading.Thread]) -> None:
+        self.known = threads
+        main = threading.main_thread()
+        self.only_own = all(t is main or t.name == _INBOX_THREAD for t in threads)
 
 
 _left = _LeftThreads()
@@ -112,14 +129,22 @@ def current_job() -> RunningJob:
     running job: between jobs, and in a thread a handler left running once its attempt
     has ended (even while another job runs).
     """
+    global _current
     if _left.by:
         started_by = _left.by.get(threading.current_thread())
         if started_by is not None:
             raise RuntimeError(ended_message(started_by, left_behind=True))
-    if _current is None:
+    running = _now  # read once: the attempt may end meanwhile, in the handler's thread
+    if running is None:
         raise RuntimeError("pgpool.current_job() is used outside a running job: call it in "
                            "a handler, or in a thread the handler started, while it runs")
-    return _current
+    item, attempt = running
+    job = _current
+    if job is None or job._attempt is not attempt:
+        job = _current = RunningJob(item.id, item.kind, item.queue,
+                                    item.attempt - item.uncounted, item.max_attempts,
+                                    item.attempt, attempt)
+    return job
 
 
 def main(index: int, modules: list[str], tasks: Connection, results: Connection,
@@ -237,7 +262,7 @@ class _Inbox:
         self._closed = False
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {fence.SIGNAL})
         try:  # the thread inherits this thread's mask, blocked at its first instruction
-            threading.Thread(target=self._read, name="pgpool-inbox", daemon=True).start()
+            threading.Thread(target=self._read, name=_INBOX_THREAD, daemon=True).start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
@@ -341,12 +366,11 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
     given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
     this, and re-raises it in the test). ``conn``: what a group's callback reads its
     members on (`RunningJob.group_members`; `pgpool.testing.drain` gives the test's)."""
-    global _current
+    global _now, _current
     started = time.perf_counter()
     _left.begin()
     attempt = Attempt(job.id, conn)
-    _current = RunningJob(job.id, job.kind, job.queue, job.attempt - job.uncounted,
-                          job.max_attempts, job.attempt, attempt)
+    _now = (job, attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")
     handler = None
@@ -356,7 +380,7 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             raise LookupError(f"no handler for kind {job.kind!r} in this worker")
         # Lifecycle hooks, tracing (pgpool.hooks); one call site either way, so that a
         # failure's stored traceback is the same whether they are in use or not.
-        with hooks.watching(_current, job.meta) if hooks.watched() else _UNWATCHED:
+        with hooks.watching(current_job(), job.meta) if hooks.watched() else _UNWATCHED:
             value = _call(handler, job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
         if raised is not None:
@@ -374,7 +398,7 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
         # the attempt ends, and what it asked for before then is the attempt's.
         _left.ended(job.id)
         follow = attempt.end()  # a failure's are dropped with it: only a success has any
-        _current = None
+        _now = _current = None
         for stream in streams:
             stream.end()
     elapsed = time.perf_counter() - started
@@ -459,8 +483,11 @@ def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> Any:
 
 def _running() -> tuple[int, str, int] | None:
     """The running job as log records name it (`pgpool.logs.JobFilter`)."""
-    job = _current
-    return None if job is None else (job.id, job.kind, job.attempt)
+    running = _now
+    if running is None:
+        return None
+    job = running[0]
+    return job.id, job.kind, job.attempt - job.uncounted
 
 
 def format_error(exc: BaseException) -> str:

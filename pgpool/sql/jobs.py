@@ -215,6 +215,11 @@ _NEED_FAIR: Final = """
           AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
 """
 
+#: A claimed job's run_at as the claims return it: microseconds since the epoch, which the
+#: claimer loads at a seventh of a timestamp's cost, compares, and sends back as a cursor
+#: (exact: extract returns numeric from PostgreSQL 14 on). Format with ``table``.
+_RUN_AT_US: Final = "(extract(epoch FROM {table}.run_at) * 1000000)::int8"
+
 #: The plain claim's scan of one (queue, kind) pair, from its cursor ``a`` on (see
 #: `CLAIM_PLAIN`): the ready jobs without a tenant or a concurrency key whose priority is
 #: ``{cond}``, in claim order; SKIP LOCKED, as many as a claim takes. Format with ``cond``,
@@ -239,7 +244,7 @@ _PAIR_SCAN: Final = """SELECT * FROM (
 #:   foreign keys that reference a job. Rows a scan locked but the batch did not take stay
 #:   ready when the statement ends.
 #: - The cursor: each pair's scan starts after the claim-order key (priority, run_at, id)
-#:   ``after_priorities``, ``after_run_ats``, ``after_ids`` give it (one per pair, queues
+#:   ``after_priorities``, ``after_run_at_us``, ``after_ids`` give it (one per pair, queues
 #:   outer and kinds inner; NULL, or NULL arrays: from the start, a sweep, which reads
 #:   what a claim without cursors would). The index
 #:   entries of jobs claimed since the table was last vacuumed lie before it: dead rows,
@@ -258,8 +263,8 @@ _PAIR_SCAN: Final = """SELECT * FROM (
 #:   every plan.
 #:
 #: Rows (id, kind, queue, attempts, interruptions, max_attempts, payload, seconds since
-#: due, tenant, priority, snoozes, meta, group_id, run_at), in no order: the claimer puts
-#: them in claim order.
+#: due, tenant, priority, snoozes, meta, group_id, run_at in µs: `_RUN_AT_US`), in no
+#: order: the claimer puts them in claim order.
 #: None when something waiting needs the fair claim, and none when nothing waits: then the
 #: claimer claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
@@ -283,7 +288,9 @@ WHERE j.id = ANY(ARRAY(
     -- at all, and the third reads every priority (upto, the highest there is).
     CROSS JOIN LATERAL (
         SELECT (%(after_priorities)s::int[])[pair.n] AS priority,
-               (%(after_run_ats)s::timestamptz[])[pair.n] AS run_at,
+               timestamptz 'epoch'
+                   + (%(after_run_at_us)s::int8[])[pair.n] * interval '1 microsecond'
+                   AS run_at,
                (%(after_ids)s::bigint[])[pair.n] AS id,
                coalesce((%(after_priorities)s::int[])[pair.n] - 1, 2147483647) AS upto
     ) AS a
@@ -304,7 +311,7 @@ WHERE j.id = ANY(ARRAY(
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
-          j.meta, j.group_id, j.run_at
+          j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
 """
 
 #: Whether anything waiting in the given queues and kinds needs the fair claim: asked after
@@ -313,7 +320,7 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.
 NEEDS_FAIR: Final = "SELECT EXISTS (" + _NEED_FAIR + ")"
 
 #: `CLAIM_PLAIN`'s cursor parameters for a sweep: every pair from the start.
-SWEEP: Final = {"after_priorities": None, "after_run_ats": None, "after_ids": None}
+SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": None}
 
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
@@ -467,7 +474,7 @@ WITH RECURSIVE pairs AS (
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
        c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes, c.meta,
-       c.group_id
+       c.group_id, """ + _RUN_AT_US.format(table="c") + """
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
 LEFT JOIN claimed AS c ON true
