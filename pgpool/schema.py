@@ -1011,16 +1011,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         -- statement's own snapshot cannot. SECURITY INVOKER, and executable by all as the
         -- helpers are: it writes as its caller, so it grants nothing a caller's UPDATE on
         -- pgpool_jobs does not, and every statement that finishes members (acks, the
-        -- reaper, an operator's cancel) calls it, whatever its role.
+        -- reaper, an operator's cancel) calls it, whatever its role. Most calls complete
+        -- no group: they return at once. The UPDATE is planned at each call: a plan
+        -- cached while pgpool_jobs was small scanned the whole table once it had grown.
         CREATE FUNCTION pgpool_release_callbacks(ids bigint[]) RETURNS SETOF text
-        LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
+        LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET plan_cache_mode = force_custom_plan
+        AS $$
         BEGIN
-            RETURN QUERY
-            UPDATE pgpool_jobs AS j SET state = 'ready', run_at = pg_catalog.now()
-            FROM pgpool_groups AS g
-            WHERE j.id = ANY(pgpool_release_callbacks.ids) AND j.state = 'waiting'
-              AND g.id = j.id AND g.completed_at IS NOT NULL
-            RETURNING j.queue;
+            IF pg_catalog.cardinality(pgpool_release_callbacks.ids) > 0 THEN
+                RETURN QUERY
+                UPDATE pgpool_jobs AS j SET state = 'ready', run_at = pg_catalog.now()
+                FROM pgpool_groups AS g
+                WHERE j.id = ANY(pgpool_release_callbacks.ids) AND j.state = 'waiting'
+                  AND g.id = j.id AND g.completed_at IS NOT NULL
+                RETURNING j.queue;
+            END IF;
         END
         $$;
         COMMENT ON FUNCTION pgpool_release_callbacks(bigint[]) IS

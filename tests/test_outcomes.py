@@ -432,6 +432,23 @@ def _ack_member(dsn: str, member: int, group_id: int, barrier: threading.Barrier
         acked.append(conn.execute(query, params).fetchone()[0])
 
 
+def test_a_callback_is_released_by_key_however_the_jobs_table_grew(db, dsn):
+    # A host's connection lives long: a plan of pgpool_release_callbacks cached while
+    # pgpool_jobs was small would scan the whole table once it had grown.
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    release = "SELECT * FROM pgpool_release_callbacks(ARRAY[%s]::bigint[])"
+    with psycopg.connect(dsn, autocommit=True) as host:
+        for _ in range(10):  # the group is not complete: nothing to release
+            assert host.execute(release, (group.id,)).fetchall() == []
+        pgpool.enqueue_many(db, "k", ({"n": i} for i in range(20_000)))
+        db.execute("UPDATE pgpool_groups SET completed_at = now() WHERE id = %s", (group.id,))
+        ((plan,),) = host.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + release,
+                                  (group.id,)).fetchone()
+    print(f"{_buffers(plan['Plan'])} buffers to release a callback beside 20,000 jobs")
+    assert _buffers(plan["Plan"]) < 50, plan
+    assert pgpool.job_status(db, group.id).state == "ready"
+
+
 def test_retention_prunes_records_past_their_keep_but_not_a_pending_groups(db, dsn):
     group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
     member = one(db, "SELECT id FROM pgpool_jobs WHERE group_id = %s", group.id)[0]
