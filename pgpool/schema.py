@@ -1036,10 +1036,10 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                            'SET search_path = pg_catalog, %I, pg_temp', current_schema());
         END $$;
         """,
-        "builds three indexes, holding pgpool_done (and pgpool_groups) against writes while "
-        "it reads it: the acks that record outcomes (kept results, members of groups, "
-        "follow-ups) wait for as long as that takes, about a second per million rows of "
-        "pgpool_done",
+        "builds two indexes on pgpool_done, holding it against writes while it reads it, "
+        "and one on the smaller pgpool_groups: the acks that record outcomes (kept "
+        "results, members of groups, follow-ups) wait for as long as that takes, about a "
+        "second per million rows of pgpool_done",
     ),
 )
 
