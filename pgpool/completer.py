@@ -169,8 +169,9 @@ class Ack:
 
 def keep_of(job: Job, keeps: Mapping[str, float], keep_done: float | None) -> float | None:
     """Seconds a success of ``job`` is kept: its kind's (``keeps``), else the host's
-    (``keep_done``); a member of a group is kept at least until its group's callback has
-    finished (`pgpool.sql.outcomes.PRUNE_DONE`), 0 more seconds. None: not kept."""
+    (``keep_done``); a member of a group is kept at least until its group is complete and
+    its callback has finished (`pgpool.sql.outcomes.PRUNE_DONE`), 0 more seconds. None: not
+    kept."""
     keep = keeps.get(job.kind, keep_done)
     return 0.0 if keep is None and job.group_id is not None else keep
 

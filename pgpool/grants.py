@@ -22,8 +22,11 @@
   declares and advances), writes dead letters (INSERT on ``pgpool_dead``, and SELECT for
   its ``RETURNING``), keeps its ``pgpool_hosts`` row, and reads the budget. It cannot set
   the budget. It records finished jobs (INSERT on ``pgpool_done``), counts the members of
-  groups (UPDATE on ``pgpool_groups``), starts the groups a handler asks for (through
-  ``pgpool_enqueue_group``), and prunes both.
+  groups (UPDATE on ``pgpool_groups``) and makes their callbacks ready (through
+  ``pgpool_release_callbacks``, which runs with the caller's privileges: executable by
+  every role, as the migration leaves it, and granted here by name so that a database
+  that revokes EXECUTE from PUBLIC keeps working), starts the groups a handler asks for
+  (through ``pgpool_enqueue_group``), and prunes both.
 
 Neither may change the schema (``pgpool migrate`` needs the schema's owner), nor set the
 budget: that is ``pgpool budget set``, run as the owner. Each role's statements start by
@@ -50,12 +53,14 @@ TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
                            "unique_key, tenant, concurrency_key, meta")
 
-#: The pgpool functions a role may be granted, by signature: enqueue one job, start a group.
+#: The pgpool functions a role may be granted, by signature: enqueue one job, start a group,
+#: make the callbacks of complete groups ready.
 ENQUEUE_FUNCTION: Final = ("pgpool_enqueue(text, jsonb, text, integer, timestamptz, interval, "
                            "text, integer, text, text)")
 GROUP_FUNCTION: Final = ("pgpool_enqueue_group(text, jsonb, text, integer, timestamptz, "
                          "integer, text, text, text, jsonb, text, integer, integer, text, text)")
-FUNCTIONS: Final = (ENQUEUE_FUNCTION, GROUP_FUNCTION)
+RELEASE_FUNCTION: Final = "pgpool_release_callbacks(bigint[])"
+FUNCTIONS: Final = (ENQUEUE_FUNCTION, GROUP_FUNCTION, RELEASE_FUNCTION)
 
 #: (privileges, tables) per role.
 APP: Final = (
@@ -75,8 +80,8 @@ WORKER: Final = (
     ("SELECT, UPDATE, DELETE", ("pgpool_groups",)),
 )
 #: The functions each role executes.
-APP_FUNCTIONS: Final = FUNCTIONS
-WORKER_FUNCTIONS: Final = (GROUP_FUNCTION,)
+APP_FUNCTIONS: Final = (ENQUEUE_FUNCTION, GROUP_FUNCTION)
+WORKER_FUNCTIONS: Final = (GROUP_FUNCTION, RELEASE_FUNCTION)
 
 
 def statements(schema: str, *, app: str | None = None,

@@ -12,9 +12,10 @@ counts them into their group's row in its own transaction (`pgpool.sql.common.CO
 and the one that counts the last makes the callback ready. No coordinator, no polling of
 members, and whichever process dies at whatever point, a member is counted exactly when its
 end is committed. A member that succeeded is recorded in ``pgpool_done`` with what its
-handler returned (kept until its group's callback has finished, or longer with ``keep=``),
-and one that died or was cancelled stays in ``pgpool_dead``: the callback reads them with
-`pgpool.outcomes.group_members` (or ``current_job().group_members()``).
+handler returned (kept until its group is complete and its callback has finished, or
+longer with ``keep=``), and one that died or was cancelled stays in ``pgpool_dead``: the
+callback reads them with `pgpool.outcomes.group_members` (or
+``current_job().group_members()``).
 
 A handler starts a group the same way through its job (``current_job().group(...)``): the
 group is then written with the handler's success, in the ack's transaction, and not at all

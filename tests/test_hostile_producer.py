@@ -209,6 +209,27 @@ def test_a_running_row_without_a_lease_is_reaped_and_frees_its_keys(installed, r
         assert one(owner, "SELECT count(*) FROM pgpool_dead") == (0,)
 
 
+def test_the_callbacks_release_refuses_a_producer_and_waits_for_the_group(installed):
+    """``pgpool_release_callbacks`` keeps PostgreSQL's EXECUTE for everyone and runs as its
+    caller: the application role, which may not update jobs, is refused; and even the
+    worker role cannot make ready the callback of a group that is not complete."""
+    release = "SELECT pgpool_release_callbacks(ARRAY[%s]::bigint[])"
+    for trick, setup in TRICKS.items():
+        with app_session(installed, *setup) as conn:
+            group = pgpool.group(conn, "record", [{}], then=("record", {}))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(release, (group.id,))
+            assert callback_state(installed, group.id) == "waiting", trick
+    with psycopg.connect(installed.worker, autocommit=True) as conn:
+        assert conn.execute(release, (group.id,)).fetchall() == []
+    assert callback_state(installed, group.id) == "waiting"
+
+
+def callback_state(installed: RoleInstallation, group: int) -> str:
+    with psycopg.connect(installed.owner) as owner:
+        return one(owner, "SELECT state FROM pgpool_jobs WHERE id = %s", group)[0]
+
+
 def test_the_worker_role_starts_a_handlers_group(installed):
     """A handler's follow-up group is made by ``pgpool_enqueue_group``, which the worker
     role of `pgpool grants` may call (it writes pgpool_groups through it only)."""

@@ -6,13 +6,16 @@ and `--group ID`; and `pgpool.ops.show_job` behind them."""
 from __future__ import annotations
 
 import json
+import threading
 
 import outcomejobs  # noqa: F401  (registers the handlers)
 import psycopg
-from conftest import MARKER, assert_user_error, one, run_pgpool
+from conftest import MARKER, assert_user_error, one, run_pgpool, wait_until
 
 import pgpool
 from pgpool import ops, testing
+from pgpool.completer import Ack, ack_statement
+from pgpool.job import Job
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 
@@ -203,6 +206,40 @@ def test_a_replayed_callback_waits_again_for_its_unfinished_group(db, dsn, monke
     assert pgpool.job_status(db, done.id).state == "ready"
     testing.drain(db)
     assert pgpool.job_status(db, done.id).result["members"] == 1
+
+
+def test_a_callback_replayed_while_its_last_member_is_acked_is_released(db, dsn):
+    # Issue 31 C3: the ack of the last member begins (its snapshot taken) while the replay
+    # of the cancelled callback holds the group's row; the replay commits, the ack counts
+    # the member and completes the group. Its snapshot cannot see the callback back: made
+    # ready by the ack's own statement, it stayed waiting forever.
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}],
+                         then=("out.combine", {}))
+    first, last = member_ids(db, group.id)
+    ops.cancel(db, [first, group.id])  # one member dead, the callback cancelled waiting
+    db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'host', "
+               "lease_until = now() + interval '1 minute' WHERE id = %s", (last,))
+    job = Job(last, "out.score", "default", 1, 0, 1, b"{}", None, group_id=group.id)
+    query, params = ack_statement([Ack.done(job, 0.0)], "host")
+
+    with psycopg.connect(dsn) as replay, psycopg.connect(dsn, autocommit=True) as ack:
+        assert ops.replay_dead(replay, ops.DeadFilter(ids=[group.id])).waiting == [group.id]
+        acked: list[object] = []
+        thread = threading.Thread(
+            target=lambda: acked.append(ack.execute(query, params).fetchone()[0]))
+        thread.start()
+        try:
+            wait_until(lambda: one(db, "SELECT wait_event_type = 'Lock' FROM "
+                                       "pg_stat_activity WHERE pid = %s",
+                                   ack.info.backend_pid)[0],
+                       "the ack to wait for the replay's lock on the group")
+        finally:
+            replay.commit()
+            thread.join(30)
+    assert acked == [1]
+    progress = pgpool.group_status(db, group.id)
+    assert (progress.done, progress.dead, progress.completed_at is not None) == (1, 1, True)
+    assert pgpool.job_status(db, group.id).state == "ready"
 
 
 def test_purge_keeps_the_members_whose_callback_has_not_run_unless_forced(db, dsn):

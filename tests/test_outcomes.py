@@ -29,8 +29,10 @@ from pgpool import ops, testing
 from pgpool.completer import Ack, ack_statement, follow_up_groups
 from pgpool.groups import group_params
 from pgpool.job import Job
+from pgpool.parts.retention import BATCH
 from pgpool.sql import jobs as sql
 from pgpool.sql import ops as ops_sql
+from pgpool.sql import outcomes as outcomes_sql
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 
@@ -430,6 +432,23 @@ def _ack_member(dsn: str, member: int, group_id: int, barrier: threading.Barrier
         acked.append(conn.execute(query, params).fetchone()[0])
 
 
+def test_a_callback_is_released_by_key_however_the_jobs_table_grew(db, dsn):
+    # A host's connection lives long: a plan of pgpool_release_callbacks cached while
+    # pgpool_jobs was small would scan the whole table once it had grown.
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    release = "SELECT * FROM pgpool_release_callbacks(ARRAY[%s]::bigint[])"
+    with psycopg.connect(dsn, autocommit=True) as host:
+        for _ in range(10):  # the group is not complete: nothing to release
+            assert host.execute(release, (group.id,)).fetchall() == []
+        pgpool.enqueue_many(db, "k", ({"n": i} for i in range(20_000)))
+        db.execute("UPDATE pgpool_groups SET completed_at = now() WHERE id = %s", (group.id,))
+        ((plan,),) = host.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + release,
+                                  (group.id,)).fetchone()
+    print(f"{_buffers(plan['Plan'])} buffers to release a callback beside 20,000 jobs")
+    assert _buffers(plan["Plan"]) < 50, plan
+    assert pgpool.job_status(db, group.id).state == "ready"
+
+
 def test_retention_prunes_records_past_their_keep_but_not_a_pending_groups(db, dsn):
     group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
     member = one(db, "SELECT id FROM pgpool_jobs WHERE group_id = %s", group.id)[0]
@@ -447,6 +466,56 @@ def test_retention_prunes_records_past_their_keep_but_not_a_pending_groups(db, d
     db.execute("UPDATE pgpool_groups SET completed_at = now()")
     assert asyncio.run(_prune(dsn)) == 2  # the member's record, then the group
     assert one(db, "SELECT count(*) FROM pgpool_groups") == (0,)
+
+
+def test_retention_keeps_a_groups_records_until_it_is_complete(db, dsn):
+    # A callback cancelled while its group waits may be replayed, to wait again and then
+    # read every member: its members' records stay until the group is complete.
+    group = pgpool.group(db, "out.score", [{"doc": 1}, {"doc": 2}], then=("out.combine", {}))
+    first, second = [i for (i,) in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE group_id = %s ORDER BY id", (group.id,))]
+    ops.cancel(db, [group.id])
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until, "
+               "group_id) VALUES (%s, 'default', 'out.score', 1, now(), now(), %s)",
+               (first, group.id))
+    db.execute("DELETE FROM pgpool_jobs WHERE id = %s", (first,))
+    db.execute("UPDATE pgpool_groups SET done = 1 WHERE id = %s", (group.id,))
+    assert asyncio.run(_prune(dsn)) == 0
+    ops.cancel(db, [second])  # the last member: the group is complete
+    assert pgpool.group_status(db, group.id).completed_at is not None
+    assert asyncio.run(_prune(dsn)) == 1
+    assert one(db, "SELECT count(*) FROM pgpool_done") == (0,)
+
+
+def _buffers(node: dict) -> int:
+    """Shared buffers a plan node (and all below it) hit or read."""
+    return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_a_retention_pass_never_reads_the_kept_records_of_a_waiting_group(db, dsn, mode):
+    # Issue 31 S4: the records of a group whose callback waits are kept, all past their
+    # keep_until (a member's is its finish). A pass that walked them to find the few it
+    # deletes read every one of them, every minute, for as long as the group waited.
+    members = 20_000
+    group = pgpool.group(db, "out.score", [{"doc": 1}], then=("out.combine", {}))
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until, "
+               "group_id) SELECT 1000000 + i, 'default', 'out.score', 1, now(), "
+               "now() - interval '1 hour' + i * interval '1 ms', %s "
+               "FROM generate_series(1, %s) AS i", (group.id, members))
+    db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until) "
+               "SELECT 2000000 + i, 'default', 'k', 1, now(), now() + CASE WHEN i <= 5 "
+               "THEN interval '-1 hour' ELSE interval '1 hour' END "
+               "FROM generate_series(1, 100) AS i")
+    db.execute("ANALYZE pgpool_done")
+    with db.transaction(force_rollback=True):
+        plan = explain_prepared(db, outcomes_sql.PRUNE_DONE, {"limit": BATCH}, mode,
+                                "ANALYZE, BUFFERS, FORMAT JSON")
+    print(f"{mode}: {_buffers(plan)} buffers for a batch beside {members} kept records")
+    assert _buffers(plan) < 100, plan
+    assert asyncio.run(_prune(dsn)) == 5  # the expired records of no group only
+    assert one(db, "SELECT count(*) FROM pgpool_done WHERE group_id = %s", group.id) == (
+        members,)
 
 
 def test_dead_letter_retention_keeps_the_members_whose_callback_has_not_run(db, dsn):

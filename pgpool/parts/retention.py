@@ -1,7 +1,7 @@
 """Retention: dead jobs older than ``--dead-retention`` are deleted, and so are the records
 of finished jobs past their ``keep_until`` (`pgpool.sql.outcomes.PRUNE_DONE`), never those of
-a member of a group whose callback has not finished, dead or done, and groups with nothing
-left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`).
+a member of a group whose callback has not finished, dead or done (nor, done, of a group
+not complete), and groups with nothing left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`).
 
 Every host runs this part, and one at a time prunes: each batch's transaction first takes
 a per-schema advisory lock with ``pg_try_advisory_xact_lock`` (`sql.RETENTION_LOCK`), and a

@@ -77,7 +77,12 @@ CONTROL: Final = "!control"
 #: instead of deadlocking; the UPDATE then counts on the latest row (READ COMMITTED
 #: re-reads a row updated since the statement began), so exactly one statement sees the
 #: last member in, and ``state = 'waiting'`` makes the callback ready once. ``called``
-#: holds the queue of each callback made ready (`NOTIFY_CALLED`).
+#: holds the queue of each callback made ready (`NOTIFY_CALLED`): made ready by the
+#: function ``pgpool_release_callbacks`` (migration 19), whose UPDATE takes a snapshot of
+#: its own. The statement's snapshot predates the lock on the group it may have waited
+#: for: a replay that held it, putting the callback back waiting, committed after the
+#: snapshot, and an UPDATE in the statement would not see the callback. A CTE that only
+#: selects runs when it is read: the statement must read ``called``.
 COUNT_MEMBERS: Final = """, members AS (
     SELECT group_id, count(*) FILTER (WHERE NOT dead) AS done,
            count(*) FILTER (WHERE dead) AS dead
@@ -98,10 +103,8 @@ COUNT_MEMBERS: Final = """, members AS (
     WHERE g.id = m.group_id AND g.id IN (SELECT id FROM locked_groups)
     RETURNING g.id, g.completed_at IS NOT NULL AS complete
 ), called AS (
-    UPDATE pgpool_jobs AS j SET state = 'ready', run_at = now()
-    FROM counted AS c
-    WHERE c.complete AND j.id = c.id AND j.state = 'waiting'
-    RETURNING j.queue
+    SELECT queue
+    FROM pgpool_release_callbacks(ARRAY(SELECT id FROM counted WHERE complete)) AS queue
 )"""
 
 #: After `COUNT_MEMBERS`: wake the hosts of the callbacks' queues (a column of the final

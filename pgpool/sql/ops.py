@@ -156,11 +156,10 @@ DEAD_IDS: Final = "SELECT id FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[]) 
 #:   (``group_id`` NULL), since nothing would read its new end.
 #:
 #: A group's callback (cancelled while it waited, say) goes back waiting while its group
-#: is not complete, and ready once it is: its members' acks make it ready then. (Not an
-#: ack whose statement began before the replay committed, if it counts the last member:
-#: its snapshot cannot see the callback back, which stays waiting until cancelled and
-#: replayed again. Closing that needs the callbacks made ready with a fresh snapshot, in a
-#: function: a schema change.)
+#: is not complete, and ready once it is: its members' acks make it ready then, an ack
+#: whose statement began before the replay committed too (`COUNT_MEMBERS` makes it ready
+#: with a snapshot taken once the ack holds the group's row, which the replay held until
+#: it committed).
 #:
 #: Returns how many were picked and moved, the (died_at, id) cursor of the last picked,
 #: from which the next batch goes on, the queues told; then how many stayed dead refused

@@ -61,19 +61,40 @@ WHERE g.id = %(id)s
 ORDER BY m.id
 """
 
-#: Delete up to ``limit`` records of finished jobs past their ``keep_until``, oldest first
-#: (retention's batch, as `pgpool.sql.ops.PURGE_DEAD`), except members of a group whose
-#: callback has not finished: it may still read them.
+#: Delete up to ``limit`` records of finished jobs past their ``keep_until`` (retention's
+#: batch, as `pgpool.sql.ops.PURGE_DEAD`), except those of a group that is not complete or
+#: whose callback has not finished (it is still in ``pgpool_jobs``): it may still read
+#: them. Two arms, each on its own index (migration 19), so that neither reads a record
+#: it keeps: the records of no group, oldest first; then those of complete groups, the
+#: oldest groups first, one probe of the callback and one of the records per group. A
+#: waiting group's records, all past ``keep_until`` (a member's is its finish unless its
+#: kind keeps it longer), are never read: walking them cost every pass a read of each.
+#: (The records of a complete group are read at most ``limit`` at a time; a complete
+#: group whose callback has run but whose records its kind keeps longer costs a probe of
+#: each per pass, as in `PRUNE_GROUPS`.) Deleted by primary key in any plan: a hash join
+#: would read the whole table.
 PRUNE_DONE: Final = """
 WITH doomed AS (
-    SELECT d.id FROM pgpool_done AS d
-    WHERE d.keep_until < now()
-      AND (d.group_id IS NULL
-           OR NOT EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = d.group_id))
-    ORDER BY d.keep_until
+    (SELECT d.id FROM pgpool_done AS d
+     WHERE d.group_id IS NULL AND d.keep_until < now()
+     ORDER BY d.keep_until
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.id
+     FROM pgpool_groups AS g
+     CROSS JOIN LATERAL (
+         SELECT d.id FROM pgpool_done AS d
+         WHERE d.group_id = g.id AND d.keep_until < now()
+         ORDER BY d.keep_until
+         LIMIT %(limit)s) AS m
+     WHERE g.completed_at IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pgpool_jobs AS j WHERE j.id = g.id)
+     ORDER BY g.completed_at
+     LIMIT %(limit)s)
     LIMIT %(limit)s
 ), gone AS (
-    DELETE FROM pgpool_done AS d USING doomed WHERE d.id = doomed.id RETURNING d.id
+    DELETE FROM pgpool_done AS d WHERE d.id = ANY(ARRAY(SELECT id FROM doomed))
+    RETURNING d.id
 )
 SELECT count(*) FROM gone
 """
