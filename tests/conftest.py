@@ -438,6 +438,10 @@ def pgpool_env(dsn: str, record_dir: Path | None = None, **extra: str) -> dict[s
     env = clean_env()
     env["PGPOOL_DSN"] = dsn
     env["PGPOOL_HOME"] = str(TESTS / ".never-used")  # fail loudly if the default is touched
+    # One worker unless the test asks for more (--procs, or PGPOOL_PROCS in ``extra``): the
+    # workers are most of what starting a host costs, and one per core (the default) is
+    # what test_config checks, not something the hosts here need.
+    env["PGPOOL_PROCS"] = "1"
     if record_dir is not None:
         env["TESTJOBS_RECORD"] = str(record_dir)
     env.update(extra)

@@ -92,6 +92,7 @@ def left(db: psycopg.Connection) -> list[tuple[int, str]]:
     return db.execute("SELECT id, state FROM pgpool_jobs ORDER BY id").fetchall()
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_isolate_halves_untried_every_part_as_large_as_one_the_timeout_cancelled(dsn):
     calls: list[int] = []
 
@@ -113,6 +114,7 @@ def test_isolate_halves_untried_every_part_as_large_as_one_the_timeout_cancelled
     assert calls == [8, 4, 2, 2, 2, 2]
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_again(
         db, dsn):
@@ -145,6 +147,7 @@ def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_a
     assert left(db) == []
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
         db, dsn, record_dir):
@@ -193,6 +196,7 @@ def test_an_ack_that_runs_past_the_statement_timeout_alone_is_kept_done(db, dsn,
     assert runs(record_dir) == Counter(ids + later)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_the_reaper_buries_in_parts_a_batch_that_runs_past_the_statement_timeout(db, dsn):
     ids = enqueue_records(db, 20, max_attempts=1)

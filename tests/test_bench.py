@@ -33,6 +33,7 @@ BENCH = Path(__file__).parent.parent / "bench"
 BENCH_SCHEMAS = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgpool_bench_%'"
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -> None:
     mine = pgpool.enqueue(db, "user.kind", {"keep": True})
     done = run_pgpool(dsn, "bench", "--jobs", "200", "--profile", "noop", "--procs", "2",
@@ -85,6 +86,7 @@ def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -
     ]
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_bench_table_for_the_mixed_profile_and_auto_batch(
     dsn: str, db: psycopg.Connection
 ) -> None:

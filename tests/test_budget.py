@@ -242,6 +242,7 @@ def test_the_fleet_budget_overrides_a_hosts_own_with_a_warning(db, dsn, caplog):
     assert [r.fields for r in warned] == [{"given": 400, "fleet": 300}]
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_dispatcher_claims_no_faster_than_its_budget(db, dsn, record_dir):
     pgpool.enqueue_many(db, "noop", [{}] * 900)
     done = run_pgpool(dsn, *RUN, "--burst", "--max-claims-per-sec", "300",
@@ -302,6 +303,7 @@ def claiming_status(dsn: str, hosts: int) -> dict | None:
     return report if len(rates) == hosts and all(rates) else None
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_two_hosts_on_one_database_together_stay_under_the_fleet_cap(db, dsn):
     cap, lease, jobs = 400, 1.0, 2400

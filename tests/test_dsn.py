@@ -129,6 +129,7 @@ def test_the_pg_environment_is_used_when_no_dsn_is_configured(dsn, tmp_path):
     assert not (tmp_path / "never-used").exists()
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_embedded_default_starts_once_is_reused_and_stops(home):
     first = cli("migrate", PGPOOL_HOME=str(home))
     assert first.returncode == 0, first.stderr
@@ -186,6 +187,7 @@ def test_the_data_directory_is_per_user_not_the_current_directory(scratch):
     assert postmaster(pgdata) is None
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_data_directory_with_white_space_is_avoided_by_default_and_refused_if_given(
         scratch):
     # macOS's per-user data directory, ~/Library/Application Support, has a space, which
@@ -201,6 +203,7 @@ def test_a_data_directory_with_white_space_is_avoided_by_default_and_refused_if_
     assert not spaced.exists()
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_pgpool_dsn_prints_a_configured_dsn_as_given(dsn):
     assert cli("dsn", PGPOOL_DSN=dsn).stdout == dsn + "\n"
     assert cli("dsn", "--dsn", "postgresql://u@h/db").stdout == "postgresql://u@h/db\n"
@@ -286,6 +289,7 @@ def test_useradd_is_found_outside_a_minimal_path_and_its_failure_is_one_line(mon
         embedded.ensure_system_user("no such user!")
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_the_embedded_default_starts_with_a_minimal_path(home):
     # As root (this suite usually is), the server's system user is checked or created
     # first; with PATH=/usr/bin:/bin, as under cron or a slim image, that must still work.

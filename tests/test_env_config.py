@@ -108,6 +108,7 @@ def test_a_bad_variable_gets_the_flags_message_naming_the_variable(
     assert str(refused.value).removeprefix(f"{variable}: ") in flag_error
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_real_run_takes_its_settings_from_the_environment(dsn: str,
                                                             db: psycopg.Connection) -> None:
     # Burst mode from the environment: with nothing queued it exits 0 right after starting.

@@ -114,6 +114,7 @@ def test_a_bad_horizon_warn_is_one_line(dsn):
     assert done.stderr.startswith("pgpool: error: PGPOOL_HORIZON_WARN: ")
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_prepared_transaction_and_a_logical_slot_on_a_server_set_up_for_them(own_server):
     pg = own_server
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -216,6 +217,7 @@ def test_the_dashboard_snapshot_has_no_query_or_client_without_payloads_allowed(
         assert MARKER not in json.dumps(h) and "txid_current" not in json.dumps(h)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_health_prints_the_warning_stays_healthy_and_the_keeper_says_who_held_its_vacuum(
         db, dsn):
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--metrics-port", "0",

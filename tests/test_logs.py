@@ -163,7 +163,7 @@ def test_the_shutdown_summary_counts_every_way_a_job_ends_or_is_put_off(db, dsn)
     assert {k: finished[k] for k in ("done", "retried", "dead", "discarded", "cancelled",
                                      "snoozed", "dead_lettered", "released", "interrupted")
             } == {"done": 1, "retried": 1, "dead": 1, "discarded": 1, "cancelled": 1,
-                  "snoozed": 1, "dead_lettered": 3, "released": 0, "interrupted": 0}
+                  "snoozed": 1, "dead_lettered": 3, "released": 0, "interrupted": 0}, done.stderr
     assert finished["message"].startswith(
         "finished: 1 succeeded, 1 failed and retried later, 3 dead-lettered (1 failed, "
         "1 discarded, 1 cancelled), 1 snoozed, 0 handed back, 0 cut off by the shutdown, in ")

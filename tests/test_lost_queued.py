@@ -81,6 +81,7 @@ def by_job(record_dir: Path) -> dict[int, list[tuple[int, str]]]:
     return out
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_cancelling_a_queued_job_leaves_the_job_running_ahead_of_it_alone(
         db, dsn, record_dir, tmp_path):
     release = tmp_path / "release"
@@ -111,6 +112,7 @@ def test_cancelling_a_queued_job_leaves_the_job_running_ahead_of_it_alone(
         1, 0, 0, 0)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_queued_job_the_heartbeat_finds_lost_is_skipped_and_runs_again_later(
         db, dsn, record_dir, tmp_path):
     release = tmp_path / "release"

@@ -104,6 +104,7 @@ def test_metrics_count_what_the_database_shows(db, dsn):
     assert other.stop() == 0, other.stderr
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_healthz_and_pgpool_health_follow_a_real_database_outage(own_server):
     pg = own_server
     migrated = run_pgpool(pg.dsn, "migrate")

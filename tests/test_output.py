@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from conftest import RUN, run_pgpool
 
 import pgpool
@@ -38,6 +39,7 @@ def test_each_job_writes_at_most_the_limit_and_is_told_what_was_dropped() -> Non
                               "[k#2] ok\n")
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_job_printing_20_mb_does_not_flood_the_dispatchers_output(db, dsn):
     job = pgpool.enqueue(db, "chatty", {"chars": 20_000_000})
     done = run_pgpool(dsn, *RUN, "--procs", "1", "--burst")

@@ -68,6 +68,7 @@ def run_pool(jobs: list[Job], *, procs: int = 1, depth: int | None = 2,
     return asyncio.run(main())
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_max_tasks_recycles_workers_without_failing_or_losing_jobs(record_dir: Path,
                                                                   monkeypatch):
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))

@@ -258,6 +258,7 @@ def test_claims_run_read_committed_whatever_the_database_default(fresh_dsn, leve
     assert shown == "read committed"
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_two_hosts_drain_a_serializable_database_without_serialization_errors(
         fresh_dsn, record_dir):
     # The same with real hosts: two of them (four claim loops) drain jobs from a database

@@ -59,6 +59,7 @@ def by_job(found: list[dict[str, object]]) -> dict[object, dict[str, object]]:
 
 # --- Retry per handler ----------------------------------------------------------------------
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_handlers_retry_decides_what_is_retried_and_when(db, dsn, record_dir):
     retried = pgpool.enqueue(db, "picky", {"raise": "ConnectionResetError"})
     never = pgpool.enqueue(db, "picky", {"raise": "TimeoutError"})

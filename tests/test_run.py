@@ -65,6 +65,7 @@ def test_burst_runs_every_job_once_and_leaves_the_table_empty(db, dsn, record_di
         "done": 300, "retried": 0, "dead": 0, "released": 0}
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, record_dir):
     # 1 s jobs: a job or two per claim keeps a worker fed, so the rest stay claimable by
     # other hosts. The host never holds more than procs + 3 * batch jobs, and the first
@@ -175,6 +176,7 @@ def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
     assert transactions < allowed, (transactions, seconds, finished)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_failures_back_off_then_dead_letter_with_the_error(db, dsn, record_dir):
     job = pgpool.enqueue(db, "fail", {"secret": MARKER})  # handler: max_attempts=3
     for attempt in (1, 2):
@@ -308,6 +310,7 @@ def test_grace_expiry_kills_the_job_and_returns_it_without_counting_the_attempt(
         FREE_INTERRUPTIONS + 1, FREE_INTERRUPTIONS, "shutdown grace period (0.5s) expired")
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_dead_hosts_unstarted_jobs_come_back_without_counting_an_attempt(
         db, dsn, record_dir):
     # One worker, four max_attempts=1 jobs claimed in one batch: one runs, three wait.
@@ -334,6 +337,7 @@ def test_a_dead_hosts_unstarted_jobs_come_back_without_counting_an_attempt(
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_second_signal_stops_at_once_and_the_lease_brings_the_job_back(db, dsn, record_dir):
     job = pgpool.enqueue(db, "record", {"sleep": 600})
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1", record_dir=record_dir)
@@ -372,6 +376,7 @@ def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_burst_waits_for_the_jobs_a_killed_host_still_holds(db, dsn, record_dir):
     pgpool.enqueue_many(db, "record", [{"sleep": 600}] * 2)
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--lease", "5", record_dir=record_dir)
@@ -419,6 +424,7 @@ def test_notify_wakes_an_idle_dispatcher_without_waiting_for_the_poll(db, dsn, r
         wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_each_notification_costs_one_claim_not_one_per_claim_loop(db, dsn, record_dir):
     # A notification is usually one job: it wakes one of the two claim loops, whose claim
     # takes it; waking both would add an empty claim per job. A fixed batch of 2 makes a
@@ -499,6 +505,7 @@ def test_subprocess_helpers_really_run_the_cli():
     assert "invalid choice" in result.stderr
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_resource_limits_recycle_workers_and_fail_only_the_runaway_job(db, dsn, record_dir):
     hog = pgpool.enqueue(db, "hog", {"mib": 2048})  # handler: max_attempts=1
     pgpool.enqueue_many(db, "record", ({"n": i} for i in range(12)))
@@ -516,6 +523,7 @@ def test_resource_limits_recycle_workers_and_fail_only_the_runaway_job(db, dsn, 
     assert len(jobs_per_worker) >= 4, jobs_per_worker
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_procs_far_above_the_cpu_count_warns_but_runs(db, dsn):
     from pgpool.config import usable_cpus
 
@@ -581,6 +589,7 @@ def test_listen_is_re_established_after_its_connection_is_killed(db, dsn, record
         wait_until(lambda: ended(record_dir), "the job to run", 20)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_sigterm_during_start_up_is_a_graceful_stop(db, dsn, tmp_path):
     marker = tmp_path / "importing"
     (tmp_path / "slowimport.py").write_text(

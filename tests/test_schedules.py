@@ -100,6 +100,7 @@ def test_three_hosts_enqueue_each_tick_once_and_a_gap_collapses(db, dsn):
             assert consecutive(live), f"ticks lost while hosts were up: {live}"
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_status_lists_schedules_and_a_schedule_removed_from_the_code_stops(db, dsn):
     host = start_host(dsn)
     start = db_now(db)
@@ -221,6 +222,7 @@ def test_declarations_are_checked_and_the_tick_goes_in_the_payload():
         assert needle in message and "\n" not in message, message
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_hosts_declaring_a_schedule_differently_say_so(db, dsn):
     # Two code versions of the schedule "custom" (its jobs go to the served default queue).
     first = start_host(dsn, TESTPERIODIC_SCHEDULES="0", TESTPERIODIC_CRON="* * * * * *")

@@ -109,6 +109,7 @@ def test_owner_ids_differ_between_containers_of_one_hostname_all_running_as_pid_
     assert all(re.fullmatch(r"worker:1:[0-9a-f]{32}", o) for o in owners), owners
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_it(db, dsn):
     host = start_pgpool(dsn, *RUN, "--procs", "1", "--lease", "1")
     ((owner, *_),) = wait_until(lambda: host_rows(db), "the dispatcher to register")
@@ -382,6 +383,7 @@ def test_status_of_an_empty_queue(db, dsn):
                       "last_autovacuum_ago": None, "settings_kept": True, "warning": None}
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_status_warns_of_vacuum_debt_and_of_lost_autovacuum_settings(db, dsn):
     # The runbook's condition: dead tuples far past the table's autovacuum trigger, and no

@@ -89,6 +89,7 @@ def test_cancelling_a_running_job_stops_exactly_its_worker_and_never_retries_it(
         2, 0, 0, 1)
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_pause_holds_across_two_hosts_and_a_restart(db, dsn, record_dir):
     serve = (*RUN, "--procs", "2", "--queue", "default", "--queue", "held")
     a = start_pgpool(dsn, *serve, record_dir=record_dir)

@@ -16,6 +16,7 @@ from conftest import RUN, alive, one, read_records, start_pgpool, wait_until
 import pgpool
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
         db, dsn, record_dir):
@@ -43,6 +44,7 @@ def test_a_part_that_fails_unexpectedly_stops_the_host_loudly_after_a_drain(
     assert p.events("finished"), p.stderr
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.own_schema
 def test_a_failed_claim_loop_stops_the_host_loudly_after_a_drain(db, dsn, record_dir):
     # A trigger renames the kind of every job as it is claimed: the claim then returns a
@@ -120,6 +122,7 @@ def _zombies_under(root: int) -> list[int]:
     return found
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 @pytest.mark.skipif(UNSHARE is None, reason="needs unshare (util-linux) to start a PID namespace")
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root")
 def test_as_pid_1_it_reaps_orphans_and_still_drains_on_sigterm(db, dsn, record_dir):

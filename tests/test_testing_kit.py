@@ -435,6 +435,7 @@ def test_a_user_project_passes_with_the_plugins_fixtures(
         assert leftover_schemas(server) == []  # every test's schema dropped
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_the_async_fixture_works_under_anyio_too(
         pytester: pytest.Pytester, server_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGPOOL_TEST_DSN", server_dsn)

@@ -56,6 +56,7 @@ def test_a_bad_option_is_one_line(dsn: str) -> None:
     assert done.stderr == "vs_loop: error: argument --procs: 0 is less than 1\n"
 
 
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_failing_side_ends_the_run_with_one_line(dsn: str, db: psycopg.Connection) -> None:
     # The loop runs first, then `pgpool run`, which reads PGPOOL_KINDS: a kind no handler
     # registers makes it exit at once.
