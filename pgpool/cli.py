@@ -501,10 +501,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     modules = registry.resolve_modules(args.handlers)
     procs = _resolve_procs(args.procs, args.max_memory)
     log_level, log_format = _log_settings(args)  # checked by main
-    handlers = registry.select(registry.load(modules), args.kinds)
+    found = registry.entry_point_modules()
+    handlers = registry.select(registry.load(modules, found), args.kinds)
     config = RunConfig(
         dsn=dsnlib.resolve(args.dsn),
-        modules=(*modules, *registry.entry_point_modules()),
+        modules=(*modules, *found),
         procs=procs,
         queues=tuple(dict.fromkeys(args.queue)),
         batch=args.batch,

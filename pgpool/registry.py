@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
@@ -435,11 +435,12 @@ def resolve_modules(cli_modules: Iterable[str] | None) -> list[str]:
     return modules
 
 
-def load(modules: Iterable[str], *, entry_points: bool = True) -> dict[str, Handler[Any]]:
-    """Import the handler modules and, with ``entry_points``, those of the installed
-    ``pgpool.handlers`` entry points; return the registry. A worker passes False: its
-    dispatcher found them (`entry_point_modules`) and put them in ``modules``, as reading
-    the installed packages' metadata cost each worker 60 ms at its start.
+def load(modules: Iterable[str],
+         entry_points: Mapping[str, str] | None = None) -> dict[str, Handler[Any]]:
+    """Import the handler modules, then the ``entry_points`` modules (`entry_point_modules`:
+    a dispatcher finds them once, and passes them on to its workers among ``modules``,
+    since reading the installed packages' metadata cost each worker 60 ms at its start);
+    return the registry.
 
     The current directory is importable first, as with ``python -m``. Raises `HandlerError`
     with the module's own error when one fails to import, when nothing got registered, and
@@ -451,9 +452,8 @@ def load(modules: Iterable[str], *, entry_points: bool = True) -> dict[str, Hand
         sys.path.insert(0, cwd)
     for name in modules:
         _import(name, f"handler module {name!r}")
-    if entry_points:
-        for ep in _entry_points():
-            _import(ep.value.split(":")[0], f"entry point {ep.name!r} ({ep.value})")
+    for name, what in (entry_points or {}).items():
+        _import(name, what)
     if not _registry:
         raise HandlerError(
             "no handlers registered: pass --handlers MODULE (a module using "
@@ -471,16 +471,14 @@ def load(modules: Iterable[str], *, entry_points: bool = True) -> dict[str, Hand
     return registered()
 
 
-def entry_point_modules() -> list[str]:
-    """The modules of the installed ``pgpool.handlers`` entry points, which `load` imports
-    after the handler modules given: what a dispatcher's workers import too."""
-    return [ep.value.split(":")[0] for ep in _entry_points()]
-
-
-def _entry_points() -> Iterable[Any]:
+def entry_point_modules() -> dict[str, str]:
+    """The modules of the installed ``pgpool.handlers`` entry points, each with how an error
+    names it: what `load` imports after the handler modules given."""
     from importlib.metadata import entry_points  # 50 ms to import: only when needed
 
-    return entry_points(group=ENTRY_POINT_GROUP)
+    return {ep.value.split(":")[0]: f"entry point {ep.name!r} ({ep.value})"
+            for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
 
 def select(handlers: dict[str, Handler[Any]],
            kinds: Iterable[str] | None) -> dict[str, Handler[Any]]:

@@ -178,7 +178,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
         return
     schedules.skip_time_checks()
     try:
-        handlers = registry.load(modules, entry_points=False)
+        handlers = registry.load(modules)
         max_result_bytes()  # a bad PGPOOL_MAX_RESULT_BYTES stops the host at its start
     except PgpoolError as exc:
         ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))
