@@ -16,7 +16,9 @@ producer's transaction committed late, a retry fell due, another host let a lock
 so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
 back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
 sooner after the last one than `SWEEP_COST` times its round trip (`SWEEP_MAX_GAP` at most);
-and at once after a cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`).
+at once after a cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`); and
+whatever it costs when the host knows a job lies behind a cursor (`sweep_next`: it handed
+jobs back, or a burst host reaped before it decides it is drained).
 On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
 waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
 claims stay cheap.
@@ -148,6 +150,8 @@ class Claimer:
         #: Whether a sweep is due (the last plain claim came back short), when the last
         #: one started (monotonic seconds) and its round trip.
         self._sweep_wanted = True
+        #: Whether the next plain claim must be a sweep, whatever it costs (`sweep_next`).
+        self._sweep_owed = False
         self._swept_at = -math.inf
         self._sweep_rtt = 0.0
         self.sweeps = 0
@@ -182,6 +186,12 @@ class Claimer:
         if not recent:
             return None
         return 1000 * recent[max(0, math.ceil(0.99 * len(recent)) - 1)]
+
+    def sweep_next(self) -> None:
+        """Make the next plain claim a sweep, from the start, whatever sweeps cost: a job is
+        ready behind a cursor (handed back unstarted, or returned by the reaper), and a
+        burst host must not decide it is drained without looking there."""
+        self._sweep_owed = True
 
     async def running(self) -> tuple[int, float]:
         """(jobs of this host's queues and kinds running anywhere, seconds until the last of
@@ -245,7 +255,8 @@ class Claimer:
         with a tenant or a concurrency key does: the fair claim, run next, tells which."""
         wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
         gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
-        sweep = (wanted and now - self._swept_at >= gap) or not self._cursors
+        sweep = ((wanted and now - self._swept_at >= gap) or not self._cursors
+                 or self._sweep_owed)
         rows = await self._plain_rows(conn, params, queues, sweep, now)
         if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
             # Its jobs' lease counts from its own start, not the cursor claim's: that one
@@ -264,6 +275,10 @@ class Claimer:
                           queues: list[str], sweep: bool, now: float) -> list[tuple]:
         """The rows of one plain claim, a sweep or from the cursors; a sweep's round trip
         kept (not the first one's, which prepares the statement too)."""
+        if sweep:
+            # Cleared before the statement: a job handed back while it runs may be behind
+            # the rows it reads, and is owed the next sweep.
+            self._sweep_owed = False
         cursors = sql.SWEEP if sweep else self._cursor_params(queues)
         rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
         if sweep:

@@ -460,6 +460,8 @@ class Dispatcher:
         self.completer.release(jobs)
 
     def _acks_flushed(self, result: FlushResult) -> None:
+        if result.released or result.interrupted:
+            self.claimer.sweep_next()  # ready again, behind the claim's cursors
         self.scheduler.acks_flushed()
         if result.retried or result.snoozed:
             self.stager.wake()  # their delay may end before the stager's next pass

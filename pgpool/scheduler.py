@@ -95,6 +95,7 @@ class ClaimSource(Protocol):
     @property
     def rtt(self) -> float: ...
     async def claim(self, limit: int) -> list[Job]: ...
+    def sweep_next(self) -> None: ...
     async def running(self) -> tuple[int, float]: ...
 
 
@@ -312,6 +313,9 @@ class ClaimScheduler:
         the reaper finds their leases expired, and count as work for a batch host too."""
         if not self._reaped_for_burst:
             await self.reaper.reap()
+            # The recheck looks behind the cursors too: the jobs the reaper returned, and
+            # any this host handed back, are there.
+            self.claimer.sweep_next()
             self._reaped_for_burst = True
             return Step.RECHECK
         self._reaped_for_burst = False

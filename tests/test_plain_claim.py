@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from test_routing import buffers
 
 import pgpool
+from pgpool import claimer as claimer_module
 from pgpool.claimer import Claimer
 from pgpool.lease import Lease
 from pgpool.registry import Handler
@@ -246,3 +247,34 @@ def test_a_job_committed_behind_the_cursor_is_claimed_by_the_next_claim(db, dsn)
     first, second, (ahead, behind) = in_registry(dsn, claims)
     assert behind < ahead
     assert (first, second) == ([ahead], [behind])
+
+
+
+def test_a_job_handed_back_behind_the_cursor_is_claimed_by_the_sweep_owed_to_it(
+        db, dsn, monkeypatch):
+    # Sweeps made too costly to run on their own: only `sweep_next` (a host that handed
+    # jobs back, a burst host that reaped) starts one, and a job behind the cursor waits
+    # for it. Before it, a burst host found nothing ready and ended with the job left.
+    monkeypatch.setattr(claimer_module, "CHEAP_SWEEP", -1.0)
+    for name in ("SWEEP_EVERY", "SWEEP_COST", "SWEEP_MAX_GAP"):
+        monkeypatch.setattr(claimer_module, name, 1e9)
+    pgpool.enqueue_many(db, "k", ({"n": i} for i in range(4)))
+
+    async def claims(pool: AsyncConnectionPool) -> list[list[int]]:
+        c = claimer(pool)
+        taken = [[j.id for j in await c.claim(2)]]  # from the start: no cursor yet
+        c.sweep_next()  # a sweep whose round trip is measured: from now on sweeps "cost"
+        taken.append([j.id for j in await c.claim(2)])
+        async with pool.connection() as conn:  # what a hand-back writes: run_at kept
+            await conn.execute("UPDATE pgpool_jobs SET state = 'ready', locked_by = NULL, "
+                               "lease_until = NULL WHERE id = %s", (taken[0][0],))
+        taken.append([j.id for j in await c.claim(2)])  # from the cursor: nothing
+        taken.append([j.id for j in await c.claim(2)])  # short before, but sweeps cost
+        c.sweep_next()
+        taken.append([j.id for j in await c.claim(2)])
+        taken.append([c.sweeps])
+        return taken
+
+    first, second, *rest = in_registry(dsn, claims)
+    assert len(first) == len(second) == 2
+    assert rest == [[], [], [first[0]], [3]]

@@ -33,10 +33,13 @@ def job(i: int) -> Job:
 
 
 class FakeClaimer:
-    """Hands out jobs from ``ready``; a claim may be held open with ``gate``."""
+    """Hands out jobs from ``ready``, and those in ``behind`` (behind its cursors) only
+    in a sweep (`sweep_next`); a claim may be held open with ``gate``."""
 
     def __init__(self, ready: int = 0) -> None:
         self.ready = [job(i) for i in range(ready)]
+        self.behind: list[Job] = []
+        self.sweep_owed = False
         self.limits: list[int] = []
         self.gate: asyncio.Event | None = None
         self.in_flight = 0
@@ -52,8 +55,14 @@ class FakeClaimer:
                 await self.gate.wait()
         finally:
             self.in_flight -= 1
+        if self.sweep_owed:
+            self.sweep_owed = False
+            self.ready[:0], self.behind = self.behind, []
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         return taken
+
+    def sweep_next(self) -> None:
+        self.sweep_owed = True
 
     async def running(self) -> tuple[int, float]:
         return self.elsewhere, 20.0
@@ -96,7 +105,7 @@ class FakeReaper:
         self.passes += 1
         revived = [job(1000 + i) for i in range(self._revive)]
         self._revive = 0
-        self._claimer.ready.extend(revived)
+        self._claimer.behind.extend(revived)  # a job reaped is behind the cursors
         return len(revived), 0
 
 
@@ -363,6 +372,24 @@ def test_a_burst_host_runs_the_reaper_before_it_calls_the_queue_drained() -> Non
         await host.settle(lambda: host.scheduler.drained)
         await host.task
         assert host.reaper.passes == 2  # a pass found the 3 jobs, a second found none
+
+    run(test)
+
+
+def test_a_burst_host_looks_behind_its_cursors_before_it_calls_the_queue_drained() -> None:
+    async def test() -> None:
+        # A job this host handed back unstarted is ready again behind the claim's cursor,
+        # where only a sweep finds it; sweeps cost too much to run after every empty claim.
+        host = Host(burst=True)
+        host.claimer.behind = [job(5)]
+        host.start()
+        await host.settle(lambda: host.workers.held == 1)
+        assert not host.scheduler.drained
+        host.finish(1)
+        host.scheduler.acks_flushed()
+        await host.settle(lambda: host.scheduler.drained)
+        await host.task
+        assert host.claimer.behind == []
 
     run(test)
 
