@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .lease import Lease
+from .sql.fleet import COUNTED_LEASES
 
 #: The budget when neither ``pgpool budget set`` nor ``--max-claims-per-sec`` gives one.
 DEFAULT_MAX_CLAIMS_PER_SEC: Final = 10_000.0
@@ -50,9 +51,7 @@ FLOORS_AT_MOST: Final = 0.10
 #: A host that was not throttled asks for this many times the claims per second it made.
 DEMAND_HEADROOM: Final = 1.5
 #: Another host's row counts for this many of its beat intervals after its last beat.
-COUNTED_BEATS: Final = 2.0
-#: `COUNTED_BEATS` in leases, for the statements (each row has its own lease).
-COUNTED_LEASES: Final = COUNTED_BEATS * Lease(1.0).beat_interval
+COUNTED_BEATS: Final = COUNTED_LEASES / Lease(1.0).beat_interval
 #: A host's share holds for this many of its beat intervals after the beat that set it
 #: was sent: less than `COUNTED_BEATS`, so it lapses before the others stop counting it.
 GRANT_BEATS: Final = 1.5

@@ -24,8 +24,8 @@ from .budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from .config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
 from .enqueue import enqueue, max_payload_bytes, too_deep
 from .errors import ConfigError, PgpoolError, first_line
-from .lease import STALE_AFTER_LEASES
 from .sql import fleet as sql
+from .sql.fleet import STALE_AFTER_LEASES
 from .sql.install import INSTALLED_SCHEMA
 
 # psycopg (through pgpool.dsn) is imported by the commands, not here: the worker processes

@@ -73,7 +73,7 @@ from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
 from .job import Job, Outcome
-from .lease import STALE_AFTER_LEASES, Lease
+from .lease import Lease
 from .logs import event
 from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
 from .outage import backoff
@@ -91,6 +91,7 @@ from .pool import WorkerPool
 from .registry import Handler
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 from .schedules import Schedule
+from .sql.fleet import STALE_AFTER_LEASES
 
 log = logging.getLogger("pgpool.dispatcher")
 

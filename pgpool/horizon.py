@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import psycopg
 
-from .lease import STALE_AFTER_LEASES
 from .sql import observe as sql
+from .sql.fleet import STALE_AFTER_LEASES
 
 #: Dead rows of ``pgpool_jobs`` (row versions: a job claimed and acked leaves two) from
 #: which claims slow, so that the vacuum keeper (`pgpool.parts.vacuum`) vacuums, and the

@@ -15,7 +15,7 @@ lease's length, so it is all derived here, in one place:
   DSN, role or database sets them): a heartbeat fails well before its beat interval is
   over, and an ack held up by another transaction's lock on one row gives up and
   isolates that row (pgpool.isolate) instead of waiting for as long as the lock is held;
-- a host row is stale, and pruned, after `STALE_AFTER_LEASES` of that host's own leases;
+- a host row is stale, and pruned, after `sql.fleet.STALE_AFTER_LEASES` of its own leases;
 - each worker is fenced: the kernel ends it at its running job's `deadline` (pgpool.fence),
   a `FENCE_MARGIN` share of a lease before the lease can run out on the server, unless an
   extension (after a heartbeat) arrived in time. A job is handed to a worker only with at
@@ -31,9 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-#: A host is stale, and pruned, once it has not beaten for this many of its leases: it
-#: beats every third of a lease, so that is nine missed beats.
-STALE_AFTER_LEASES: Final = 3
 #: Fraction of a lease without a successful heartbeat after which held jobs are given up.
 ABANDON_AT: Final = 0.8
 #: Seconds between heartbeat attempts after a failure (at most a beat interval).

@@ -51,8 +51,8 @@ from prometheus_client.registry import Collector
 
 from . import horizon
 from .errors import ConfigError
-from .lease import STALE_AFTER_LEASES
 from .sql import observe as sql
+from .sql.fleet import STALE_AFTER_LEASES
 
 if TYPE_CHECKING:
     import psycopg

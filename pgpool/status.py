@@ -18,10 +18,8 @@ import psycopg
 
 from . import horizon as horizon_
 from . import schedules
-from .budget import COUNTED_LEASES
-from .lease import STALE_AFTER_LEASES
 from .sql import observe as sql
-from .sql.fleet import FLEET_BUDGET
+from .sql.fleet import COUNTED_LEASES, FLEET_BUDGET, STALE_AFTER_LEASES
 from .sql.ops import PAUSED
 
 

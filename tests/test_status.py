@@ -37,8 +37,9 @@ import pgpool
 from pgpool import registry
 from pgpool.dispatcher import make_owner
 from pgpool.horizon import TABLES
-from pgpool.lease import STALE_AFTER_LEASES, Lease
+from pgpool.lease import Lease
 from pgpool.parts.hosts import HostRegistry
+from pgpool.sql.fleet import STALE_AFTER_LEASES
 
 HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
 

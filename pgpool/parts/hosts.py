@@ -30,10 +30,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .. import budget as budgets
-from ..budget import COUNTED_LEASES, DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
-from ..lease import STALE_AFTER_LEASES, Lease
+from ..budget import DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
+from ..lease import Lease
 from ..logs import event
 from ..sql import fleet as sql
+from ..sql.fleet import COUNTED_LEASES, STALE_AFTER_LEASES
 from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.hosts")

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 from typing import Final
 
+#: A host row is stale, and pruned, after this many of that host's own leases without a
+#: beat (``stale_leases`` in these statements): it beats every third of a lease, so that
+#: is nine missed beats.
+STALE_AFTER_LEASES: Final = 3
+#: Another host's row counts toward the claim budget for this many of its leases after its
+#: last beat (``counted_leases``): two beat intervals, a third of a lease each
+#: (`pgpool.host.budget.COUNTED_BEATS`).
+COUNTED_LEASES: Final = 2 / 3
+
 # --- host registry (pgpool.parts.hosts) ---------------------------------------------------
 
 #: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
