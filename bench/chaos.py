@@ -40,7 +40,7 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    module docstring states the rules and why each is sound. Each fault carries the number
    of jobs it could have interrupted: 1 for a worker kill, the jobs the database showed a
    killed dispatcher owning right after the kill, and for a database fault the running jobs
-   just before it plus one `pgpool.scheduler.capacity` per dispatcher. The group workload
+   just before it plus one `pgpool.host.scheduler.capacity` per dispatcher. The group workload
    is judged by ``chaos_checks.judge_workflows`` (its docstring has the rules): every
    group's callback run exactly once and only after all its members had finished, no
    member lost, every group row counting its members, every parent that is done with
@@ -114,8 +114,8 @@ from chaos_cluster import (
 )
 
 import pgpool
+from pgpool.host.scheduler import ack_high_water, capacity
 from pgpool.ops import JobNotFound, cancel
-from pgpool.scheduler import ack_high_water, capacity
 
 #: The dispatchers' settings (``--lease 2 --procs 1 --batch 50``).
 LEASE = 2.0

@@ -32,7 +32,7 @@ The rules, and why each is sound:
   must not exceed the jobs the faults could have interrupted, the sum of their `Fault.cap`:
   1 per worker kill; for a dispatcher kill, the jobs the database showed it owning right
   after the kill (they are frozen until their leases expire); for a database fault, the
-  running jobs just before it plus one full `pgpool.scheduler.capacity` per dispatcher for
+  running jobs just before it plus one full `pgpool.host.scheduler.capacity` per dispatcher for
   claims landing around it. A re-run after an attempt that recorded its end and then
   failed on purpose (``failed``: the group workload's flaky parents) is explained by that
   failure, and not counted against the faults' bound.
@@ -337,7 +337,7 @@ def judge(ids: Collection[int], attempts: dict[int, list[Attempt]], faults: Iter
     )
 
 
-# --- the group workload ----------------------------------------------------------------------
+# --- the group workload -------------------------------------------------------------------
 
 #: The group workload's kinds (`chaosjobs`' handlers).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"

@@ -36,7 +36,7 @@ import psycopg
 from chaos_checks import WORKFLOW_KINDS, Finished, GroupRow, Identity
 from psycopg.conninfo import make_conninfo
 
-from pgpool import embedded
+from pgpool.db import embedded
 
 BENCH = Path(__file__).resolve().parent
 
@@ -60,7 +60,7 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
-# --- PostgreSQL ----------------------------------------------------------------------------
+# --- PostgreSQL ---------------------------------------------------------------------------
 
 
 class Postgres:
@@ -279,7 +279,7 @@ def workflow_outcomes(dsn: str) -> tuple[dict[int, Finished], dict[int, Identity
     return finished, left, groups
 
 
-# --- processes -----------------------------------------------------------------------------
+# --- processes ----------------------------------------------------------------------------
 
 
 def tied_python(*args: str) -> list[str]:

@@ -35,7 +35,7 @@ import os
 import time
 
 import pgpool
-from pgpool.followups import RunningJob
+from pgpool.worker.followups import RunningJob
 
 #: The environment variable naming the directory the records go to (chaos_cluster.RECORD_ENV).
 RECORD_ENV = "CHAOS_RECORD"

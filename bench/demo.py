@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pgpool
-from pgpool import dsn as dsnlib
+from pgpool.db import dsn as dsnlib
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS_PER_KIND = {"hash.chain": 2000, "primes.sieve": 1000, "mandelbrot.tile": 500}

@@ -21,12 +21,12 @@ from typing import IO, Any, Final, NamedTuple, NoReturn
 import psycopg
 
 import pgpool
-from pgpool import dsn as dsnlib
 from pgpool.bench import jobs
 from pgpool.bench.options import BenchError
 from pgpool.bench.pickup import last_line
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import Scratch, scratch_schema, server_facts
+from pgpool.db import dsn as dsnlib
 from pgpool.errors import PgpoolError
 
 #: Jobs left: every row is a job not yet done (pgpool deletes a job once it succeeds, and

@@ -33,12 +33,12 @@ from typing import Final
 import psycopg
 
 import pgpool
-from pgpool import dsn as dsnlib
 from pgpool.bench.jobs import KIND
 from pgpool.bench.options import BenchOptions
 from pgpool.bench.pickup import measure_pickup
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import scratch_schema
+from pgpool.db import dsn as dsnlib
 
 #: Tops the flood up to ``total`` jobs of kind ``flood``, due an hour ago (ahead of every
 #: job enqueued now at the same priority), that no host serves.

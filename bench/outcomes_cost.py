@@ -4,7 +4,7 @@
                                   [--batch 50] [--rounds 2] [--json]
 
 The ack flush: ``--flushes`` flushes of 50 acks each (the completer's batch), written with
-the statement the completer picks (`pgpool.completer.ack_statement`) on jobs made
+the statement the completer picks (`pgpool.host.completer.ack_statement`) on jobs made
 running by this host beforehand, the variants taking turns flush by flush:
 
 - ``plain``: jobs of a kind that keeps nothing: `sql.ACK_DONE`, as before outcomes existed;
@@ -44,8 +44,8 @@ from pgpool.bench import queries
 from pgpool.bench.jobs import KIND
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
-from pgpool.completer import Ack, ack_statement
-from pgpool.job import Job
+from pgpool.host.attempt import Job
+from pgpool.host.completer import Ack, ack_statement
 
 #: Acks per flush: the completer's batch.
 FLUSH: Final = 50

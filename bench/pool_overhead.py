@@ -41,8 +41,8 @@ def bare(jobs: int, procs: int, rounds: int) -> float:
 
 
 async def pooled(jobs: int, procs: int, rounds: int) -> float:
-    from pgpool.job import Job
-    from pgpool.pool import WorkerPool
+    from pgpool.host.attempt import Job
+    from pgpool.host.pool import WorkerPool
 
     done = 0
     finished = asyncio.get_running_loop().create_future()

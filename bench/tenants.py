@@ -33,7 +33,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 import pgpool
-from pgpool import dsn as dsnlib
+from pgpool.db import dsn as dsnlib
 from pgpool.sql import jobs as sql
 from pgpool.sql.jobs import SWEEP
 

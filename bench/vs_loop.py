@@ -78,7 +78,6 @@ import psycopg
 from drains import STALL, ratio, remaining
 
 import pgpool
-from pgpool import dsn as dsnlib
 from pgpool import registry
 from pgpool.bench import profiles, queries
 from pgpool.bench.ceilings import bare_claim
@@ -87,7 +86,8 @@ from pgpool.bench.jobs import KIND, STAMPS_ENV
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import expect_empty, vacuum
-from pgpool.claimer import RawJsonLoader
+from pgpool.db import dsn as dsnlib
+from pgpool.host.claimer import RawJsonLoader
 
 #: Seconds between looks at the last job and the jobs left: the end is seen within this.
 POLL: Final = 0.005

@@ -28,6 +28,7 @@ installed distribution's version (pyproject.toml is its one source).
 """
 
 from . import hooks
+from .db.schema import SCHEMA_VERSION, migrate
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     ConfigError,
@@ -59,8 +60,7 @@ from .outcomes import (
 from .registry import Handler, handler
 from .retry import Cancel, Discard, Retry, Snooze
 from .schedules import periodic
-from .schema import SCHEMA_VERSION, migrate
-from .worker import current_job
+from .worker.main import current_job
 
 
 def __getattr__(name: str) -> str:

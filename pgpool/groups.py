@@ -19,7 +19,7 @@ callback reads them with `pgpool.outcomes.group_members` (or
 
 A handler starts a group the same way through its job (``current_job().group(...)``): the
 group is then written with the handler's success, in the ack's transaction, and not at all
-if the attempt fails (`pgpool.followups`).
+if the attempt fails (`pgpool.worker.followups`).
 """
 
 from __future__ import annotations

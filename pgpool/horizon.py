@@ -33,7 +33,7 @@ from .sql import observe as sql
 from .sql.fleet import STALE_AFTER_LEASES
 
 #: Dead rows of ``pgpool_jobs`` (row versions: a job claimed and acked leaves two) from
-#: which claims slow, so that the vacuum keeper (`pgpool.parts.vacuum`) vacuums, and the
+#: which claims slow, so that the vacuum keeper (`pgpool.host.parts.vacuum`) vacuums, and the
 #: share of the live rows: with a deep backlog a vacuum reads all of its indexes, so it
 #: comes less often. Past them, with the horizon held, the rows are piling up.
 MIN_DEAD: Final = 20_000

@@ -13,7 +13,7 @@ stay plain text in both formats. Payloads are never logged, in either.
 Worker processes log in the same format at the same level (`configure_worker`), and each
 record emitted while a job runs, a handler's own ``logging`` calls included, names that job:
 ``job_id``, ``kind`` and ``attempt`` fields in JSON, a ``[kind#id attempt N]`` prefix on the
-message in text (what a handler prints is prefixed ``[kind#id]``: `pgpool.output`).
+message in text (what a handler prints is prefixed ``[kind#id]``: `pgpool.worker.output`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def configure_worker(level: str, log_format: str, stream: TextIO, running: Runni
                      ) -> None:
     """`configure`, for a worker process: each record also names the job ``running()``
     returns (`JobFilter`). ``stream`` is the worker's own stderr, not the per-job stream
-    that prefixes and bounds what handlers print (`pgpool.output`): a log record is whole
+    that prefixes and bounds what handlers print (`pgpool.worker.output`): a log record is whole
     lines of its format already, and it does not count against the job's print budget."""
     handler = _handler(log_format, stream)
     handler.addFilter(JobFilter(running))

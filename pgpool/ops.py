@@ -542,7 +542,7 @@ def _cancel(ids: Iterable[int]) -> Plan[list[Cancelled]]:
 def _retry(ids: Iterable[int]) -> Plan[Retried]:
     wanted = _check_ids(ids)
     rows = yield _Query(sql.JOBS_LOCK, {"ids": int_array(wanted)})
-    states = dict(rows)
+    states: dict[int, str] = dict(rows)
     if len(states) < len(wanted):
         yield from _not_found([i for i in wanted if i not in states], "waiting")
     running = [i for i, state in states.items() if state == "running"]
@@ -645,7 +645,8 @@ def _run(conn: psycopg.Connection, plan: Plan[R], *, dry_run: bool = False,
                         rows = cur.fetchall() if cur.description else []
                 step = plan.send(rows)
         except StopIteration as stop:
-            return stop.value
+            result: R = stop.value
+            return result
 
 
 async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: bool = False,
@@ -672,7 +673,8 @@ async def _run_async(conn: psycopg.AsyncConnection, plan: Plan[R], *, dry_run: b
                             rows = await cur.fetchall() if cur.description else []
                     step = plan.send(rows)
             except StopIteration as stop:
-                return stop.value
+                result: R = stop.value
+                return result
 
 
 def _check_rate(conn: psycopg.Connection | psycopg.AsyncConnection, rate: float | None,

@@ -53,7 +53,7 @@ class JobStatus:
     ``finished_at`` when it succeeded or died; ``attempts`` its claims so far.
 
     ``parked``: the database refused its ack, and it was parked in ``pgpool_jobs``
-    (`pgpool.isolate`); ``error`` says why. Parked and 'done', it succeeded, but neither
+    (`pgpool.host.isolate`); ``error`` says why. Parked and 'done', it succeeded, but neither
     its result nor its follow-ups were stored (``result`` is None); 'parked', it waits for
     an operator (``pgpool retry``, ``pgpool cancel``)."""
 
@@ -94,7 +94,8 @@ class GroupStatus:
     @classmethod
     def of_row(cls, group_id: int, row: tuple[Any, ...]) -> GroupStatus:
         """The group ``group_id`` from its row of `pgpool.sql.outcomes.GROUP`."""
-        return cls(group_id, *row[:5], row[5] or "unknown")
+        total, done, dead, created_at, completed_at, callback = row
+        return cls(group_id, total, done, dead, created_at, completed_at, callback or "unknown")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ The control exceptions (`Snooze`, `Discard`, `Cancel`) are not failures: the wor
 them as what they ask for, and the dispatcher writes that.
 
 Worker processes import this module (through `pgpool.registry`): it stays free of psycopg
-and asyncio. The loops that retry the database itself are `pgpool.outage`'s.
+and asyncio. The loops that retry the database itself are `pgpool.db.outage`'s.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ class Retry:
                                f"{self.jitter!r}")
         object.__setattr__(self, "base", float(self.base))
         object.__setattr__(self, "cap", float(self.cap))
-        for what in ("on", "never"):
-            object.__setattr__(self, what, _exception_types(what, getattr(self, what)))
-        both = [t.__name__ for t in self.on if t in self.never]
+        on, never = _exception_types("on", self.on), _exception_types("never", self.never)
+        object.__setattr__(self, "on", on)
+        object.__setattr__(self, "never", never)
+        both = [t.__name__ for t in on if t in never]
         if both:
             raise HandlerError(f"pgpool.Retry: {', '.join(both)} is in both on and never: "
                                "keep it in one of them")

@@ -1,7 +1,7 @@
 """Periodic jobs: cron schedules declared in code, each tick enqueued once across the fleet.
 
 A handler module declares a schedule with `periodic` at import, beside its handlers. Every
-dispatcher that imports the module runs a periodic part (`pgpool.parts.periodic`), which
+dispatcher that imports the module runs a periodic part (`pgpool.host.parts.periodic`), which
 enqueues each tick exactly once across the hosts that declare the schedule.
 
 After downtime (every host down, or the schedule's part failing), the missed ticks collapse:
@@ -215,7 +215,7 @@ def _check(what: str, cron: object, tz: ZoneInfo) -> None:
         raise HandlerError(f"{what}: bad cron expression {cron!r} ({reason}): {fix}") from None
 
 
-# --- ticks ----------------------------------------------------------------------------------
+# --- ticks --------------------------------------------------------------------------------
 
 
 def _hour_is_wildcard(cron: str) -> bool:

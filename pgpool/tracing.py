@@ -42,6 +42,9 @@ import orjson
 from .job import JobInfo
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
 #: The module whose presence says the application uses OpenTelemetry in this process.
@@ -84,7 +87,7 @@ class _Span:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self._token: object = None
+        self._token: Token[Context] | None = None
 
     def __enter__(self) -> Self:
         from opentelemetry import context, trace
@@ -96,7 +99,8 @@ class _Span:
                  tb: TracebackType | None) -> None:
         from opentelemetry import context
 
-        context.detach(self._token)
+        if self._token is not None:
+            context.detach(self._token)
         self.span.end()
 
     def failed(self, exc: BaseException) -> None:

@@ -48,8 +48,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import embedded
-from pgpool.cmdline import masked_args
+from pgpool.cli.passwords import masked_args
+from pgpool.db import embedded
 from pgpool.sql import common as sql
 from pgpool.sql.common import listen_statement
 
@@ -96,7 +96,7 @@ def server_dsn() -> Iterator[str]:
 def _embedded_server() -> str:
     """The DSN of the embedded PostgreSQL that the suite's parallel workers share (in a
     directory named for the run): the first to call this starts it, the others attach,
-    and the last one to exit stops it and deletes it (`pgpool.embedded`'s handles)."""
+    and the last one to exit stops it and deletes it (`pgpool.db.embedded`'s handles)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     # A short path: the server's Unix socket lives in its data directory.
     base = (Path("/tmp") / f"pgpool-test-{run[:16]}" if run
@@ -408,7 +408,7 @@ def record_dir(tmp_path: Path) -> Path:
     return path
 
 
-#: The two ways `pgpool run` can work on a host (`pgpool.portable`), as the environment of a
+#: The two ways `pgpool run` can work on a host (`pgpool.worker.portable`), as the environment of a
 #: `pgpool` process: Linux's own calls, and the portable path macOS takes, forced.
 HOST_PATHS = {"linux": {}, "portable": {"PGPOOL_PORTABLE": "1"}}
 
@@ -487,7 +487,7 @@ def run_cli(args: Sequence[str], env: dict[str, str], timeout: float = 120
 def _refused_by_the_parser(args: Sequence[str]) -> bool:
     """Whether the command line parser ends the command (a bad option, ``--help``): then
     even `OWN_PROCESS` starts nothing, and `cli_in_process` shows what a process would."""
-    from pgpool import cli
+    from pgpool.cli import command as cli
 
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         try:
@@ -503,7 +503,7 @@ def cli_in_process(args: Sequence[str], env: dict[str, str]
     the whole environment, tests/ as the working directory, stdout and stderr captured,
     and a `SystemExit` (argparse's) turned into the exit status. The environment, the
     directory and logging are put back afterwards."""
-    from pgpool import cli
+    from pgpool.cli import command as cli
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
@@ -880,7 +880,7 @@ def listeners(db: psycopg.Connection) -> list[int]:
         "ORDER BY pid", (listen_sql(db),))]
 
 
-# --- what the test handlers did, and waiting --------------------------------------------------
+# --- what the test handlers did, and waiting ----------------------------------------------
 
 
 def alive(pid: int) -> bool:
@@ -955,7 +955,7 @@ def insert_old_job(conn: psycopg.Connection, kind: str = "record") -> int:
 
 def make_version_1_schema(conn: psycopg.Connection) -> None:
     """Lay down pgpool's schema as version 1 left it, as an old deployment would have it."""
-    from pgpool import schema
+    from pgpool.db import schema
 
     conn.execute(schema.BOOKKEEPING)
     conn.execute(schema.MIGRATIONS[0].ddl)
@@ -1003,7 +1003,7 @@ async def record_claimer(dsn: str, lease: Any, owner: str
                          ) -> AsyncIterator[tuple[AsyncConnectionPool, Any]]:
     """A small pool set up as a dispatcher's (`configure_connection`, ``lease``'s timeouts)
     and a `Claimer` of ``record`` jobs on it, as host ``owner``."""
-    from pgpool.claimer import Claimer, configure_connection
+    from pgpool.host.claimer import Claimer, configure_connection
     from pgpool.registry import Handler
 
     async with AsyncConnectionPool(
@@ -1021,7 +1021,7 @@ def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passe
     each pass reaped (revived, buried) and the state of the row left after it. With ``hold``,
     another connection holds that job FOR KEY SHARE meanwhile, so deleting it waits on a
     lock."""
-    from pgpool.parts.reaper import Reaper
+    from pgpool.host.parts.reaper import Reaper
 
     async def main() -> list[tuple[tuple[int, int], str]]:
         async with record_claimer(dsn, lease, "gone:1:aa") as (pool, claimer):
@@ -1044,7 +1044,7 @@ def reaper_passes(db: psycopg.Connection, dsn: str, lease: Any, jobs: int, passe
     return asyncio.run(main())
 
 
-# --- the xmin horizon (pgpool.horizon) ---------------------------------------------------------
+# --- the xmin horizon (pgpool.horizon) ----------------------------------------------------
 
 #: Dead rows `pile_dead_rows` leaves in pgpool_jobs: past `pgpool.horizon.MIN_DEAD`, where
 #: the vacuum keeper vacuums and the horizon's warning counts them as piling up.

@@ -96,9 +96,12 @@ _left_calls: list[str] = []
 @pgpool.handler("out.leaver")
 def leaver(payload: dict) -> None:
     """Starts a thread that outlives this attempt, as a handler that forgot one would, once
-    it has enqueued a follow-up while the attempt runs."""
+    it has enqueued a follow-up while the attempt runs; then enqueues `out.next` through its
+    job, so that it can only run after this attempt (two jobs enqueued together may come in
+    either order: two claim loops race)."""
     threading.Thread(target=_left_behind, args=(pgpool.current_job(),), daemon=True).start()
     _started.wait(60)
+    pgpool.current_job().enqueue("out.next", {})
 
 
 def _left_behind(job: pgpool.JobInfo) -> None:

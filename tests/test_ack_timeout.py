@@ -1,5 +1,5 @@
 """An ack or a reap that runs past ``statement_timeout`` is written in parts, never retried
-whole forever (`pgpool.isolate`).
+whole forever (`pgpool.host.isolate`).
 
 The trigger the docs warn about: an application table with a foreign key to
 ``pgpool_jobs(id)`` on an unindexed column, so that each job's delete scans that table. A
@@ -33,11 +33,11 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer, configure_connection
-from pgpool.completer import Ack, Completer
-from pgpool.isolate import isolate
-from pgpool.lease import Lease
-from pgpool.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
+from pgpool.host.claimer import Claimer, configure_connection
+from pgpool.host.completer import Ack, Completer
+from pgpool.host.isolate import isolate
+from pgpool.host.lease import Lease
+from pgpool.host.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
 from pgpool.registry import Handler
 
 #: The hosts' statement timeout, seconds, and the sleep each job's delete adds to it.

@@ -26,9 +26,9 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.budget import COUNTED_BEATS, ClaimBudget, Peer, demand, fair_shares, floor, share
-from pgpool.lease import Lease
-from pgpool.parts.hosts import HostRegistry
+from pgpool.host.budget import COUNTED_BEATS, ClaimBudget, Peer, demand, fair_shares, floor, share
+from pgpool.host.lease import Lease
+from pgpool.host.parts.hosts import HostRegistry
 from pgpool.sql import fleet as sql
 
 #: Its timing is its subject: these run one after another (tests/conftest.py).
@@ -43,7 +43,7 @@ class Clock:
         return self.now
 
 
-# --- the token bucket -------------------------------------------------------------------------
+# --- the token bucket ---------------------------------------------------------------------
 
 
 def test_the_bucket_refills_at_the_granted_share_and_caps_bursts_at_one_second():
@@ -81,7 +81,7 @@ def test_a_smaller_grant_shrinks_the_bucket_and_a_lapsed_one_falls_to_the_floor(
     assert budget.rate == 10
 
 
-# --- how the hosts share the budget (pgpool.budget's rule) -------------------------------------
+# --- how the hosts share the budget (pgpool.host.budget's rule) ---------------------------
 
 
 def test_demands_that_fit_are_scaled_up_in_proportion():
@@ -258,7 +258,7 @@ def test_a_dispatcher_claims_no_faster_than_its_budget(db, dsn, record_dir):
     assert finished["seconds"] >= 2.8, finished
 
 
-# --- two hosts on one database --------------------------------------------------------------
+# --- two hosts on one database ------------------------------------------------------------
 
 #: Every claim as the claim statement wrote it, one row per job moved to running: a trigger
 #: in the test's schema, so the dispatchers run unchanged.
@@ -379,7 +379,7 @@ def test_two_hosts_on_one_database_together_stay_under_the_fleet_cap(db, dsn):
     assert excess <= bursts + in_flight, excess
 
 
-# --- sharing by demand, between real dispatchers -----------------------------------------------
+# --- sharing by demand, between real dispatchers ------------------------------------------
 
 #: Every beat of every host as it was written: a trigger in the test's schema, so the
 #: dispatchers run unchanged.
@@ -456,7 +456,7 @@ def test_a_crashed_hosts_share_goes_to_the_others_two_beats_after_its_last(db, d
     assert COUNTED_BEATS * beat <= took - last <= 3 * beat + 1.0, took - last
 
 
-# --- pgpool budget: the fleet's budget in one row ------------------------------------------------
+# --- pgpool budget: the fleet's budget in one row -----------------------------------------
 
 
 def test_budget_set_reaches_running_hosts_at_their_next_beat_and_status_warns_of_others(
@@ -509,7 +509,7 @@ def test_budget_set_refuses_what_is_not_a_positive_rate(db, dsn, value):
 
 
 def test_budget_takes_its_dsn_before_or_after_the_action():
-    from pgpool.cli import build_parser
+    from pgpool.cli.command import build_parser
 
     for argv in (["budget", "--dsn", "x", "set", "5"], ["budget", "set", "5", "--dsn", "x"]):
         args = build_parser().parse_args(argv)

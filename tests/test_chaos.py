@@ -31,7 +31,7 @@ from conftest import BENCH, clean_env, events, pgpool_cmd, pgpool_env, wait_unti
 from psycopg.conninfo import make_conninfo
 
 import pgpool
-from pgpool.scheduler import capacity
+from pgpool.host.scheduler import capacity
 
 sys.path.insert(0, str(BENCH))
 from chaos_checks import (
@@ -429,7 +429,7 @@ def test_chaos_soak_small(tmp_path):
         assert figures[name] == 0, name
 
 
-# --- groups and follow-ups under kills ------------------------------------------------------
+# --- groups and follow-ups under kills ----------------------------------------------------
 
 
 def attempts_of(records: Path, job_id: int) -> list[Attempt]:

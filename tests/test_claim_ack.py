@@ -18,12 +18,12 @@ from conftest import explain_prepared
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer, configure_connection
-from pgpool.completer import Ack, Completer, decide
-from pgpool.job import Job, Outcome
-from pgpool.lease import Lease
-from pgpool.parts.heartbeat import Heartbeat
-from pgpool.parts.reaper import Reaper
+from pgpool.host.attempt import Job, Outcome
+from pgpool.host.claimer import Claimer, configure_connection
+from pgpool.host.completer import Ack, Completer, decide
+from pgpool.host.lease import Lease
+from pgpool.host.parts.heartbeat import Heartbeat
+from pgpool.host.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.retry import FREE_INTERRUPTIONS, Retry
 from pgpool.sql.jobs import SWEEP

@@ -25,7 +25,7 @@ from conftest import (
 )
 
 import pgpool
-from pgpool import cli
+from pgpool.cli import command as cli
 from pgpool.enqueue import DEFAULT_MAX_PAYLOAD_BYTES
 
 
@@ -51,7 +51,7 @@ def insert_host(db: psycopg.Connection, *, queues: list[str], kinds: list[str],
         (f"h:{seen_ago}:{','.join(queues)}", queues, kinds, lease, seen_ago))
 
 
-# --- version ----------------------------------------------------------------------------------
+# --- version ------------------------------------------------------------------------------
 
 
 def test_version_comes_from_the_installed_distribution() -> None:
@@ -61,7 +61,7 @@ def test_version_comes_from_the_installed_distribution() -> None:
                                                           "")
 
 
-# --- options ----------------------------------------------------------------------------------
+# --- options ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -110,7 +110,7 @@ def test_an_empty_unique_key_is_refused_in_the_commands_words(dsn: str,
     assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
 
 
-# --- the payload from stdin or a file -----------------------------------------------------------
+# --- the payload from stdin or a file -----------------------------------------------------
 
 
 def test_payload_at_the_limit_from_stdin_and_from_a_file(dsn: str, db: psycopg.Connection,
@@ -173,7 +173,7 @@ def test_invalid_json_from_a_file_names_no_shell_quoting(dsn: str, db: psycopg.C
     assert "shell" not in line
 
 
-# --- payload nesting ----------------------------------------------------------------------------
+# --- payload nesting ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("depth", [255, 2000])
@@ -187,7 +187,7 @@ def test_payload_nested_too_deep_is_one_line(dsn: str, db: psycopg.Connection,
     assert run_pgpool(dsn, "enqueue", "record", deepest).returncode == 0
 
 
-# --- a kind no live host serves -----------------------------------------------------------------
+# --- a kind no live host serves -----------------------------------------------------------
 
 
 def test_enqueue_says_when_no_live_host_serves_the_kind(dsn: str, db: psycopg.Connection) -> None:

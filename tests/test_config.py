@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import pgpool_cmd
 
-from pgpool.config import DISPATCHER_RESERVE, auto_procs, memory_limit, usable_cpus
+from pgpool.host.config import DISPATCHER_RESERVE, auto_procs, memory_limit, usable_cpus
 
 
 def test_usable_cpus_respects_the_affinity_mask():
-    code = ("import os; from pgpool.config import usable_cpus; "
+    code = ("import os; from pgpool.host.config import usable_cpus; "
             "os.sched_setaffinity(0, {0}); print(usable_cpus())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)

@@ -19,7 +19,7 @@ import pytest
 from conftest import TESTS, one, pgpool_env, run_pgpool
 
 import pgpool
-from pgpool.schema import schema_version
+from pgpool.db.schema import schema_version
 
 pytestmark = pytest.mark.own_schema  # Django's tables and the app's go in the schema
 

@@ -38,8 +38,8 @@ from conftest import (
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgpool
-from pgpool import embedded, grants, schema
-from pgpool.cmdline import mask_password, masked_args
+from pgpool.cli.passwords import mask_password, masked_args
+from pgpool.db import embedded, grants, schema
 from pgpool.errors import ConfigError
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -124,7 +124,7 @@ def test_the_pg_environment_is_used_when_no_dsn_is_configured(dsn, tmp_path):
     done = cli("migrate", **env)
     assert done.returncode == 0, done.stderr
     assert schema_version(dsn) == pgpool.SCHEMA_VERSION
-    # Every table pgpool.grants knows of (so a new table without grants fails here too).
+    # Every table pgpool.db.grants knows of (so a new table without grants fails here too).
     assert tables(dsn) == len(grants.TABLES)
     assert not (tmp_path / "never-used").exists()
 
@@ -298,7 +298,7 @@ def test_the_embedded_default_starts_with_a_minimal_path(home):
     assert "migrated to version" in done.stdout
 
 
-# --- a password on the command line -------------------------------------------------------------
+# --- a password on the command line -------------------------------------------------------
 
 
 def with_password(dsn: str, form: str) -> str:

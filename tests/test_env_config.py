@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from conftest import JSON_LOGS, RUN, assert_user_error, only_event, run_pgpool
 
-from pgpool import cli
+from pgpool.cli import command as cli
 from pgpool.errors import ConfigError
 
 #: run's options read from elsewhere than `cli.RUN_ENVIRONMENT`, or not configuration.

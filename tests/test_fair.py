@@ -34,8 +34,8 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer
-from pgpool.lease import Lease
+from pgpool.host.claimer import Claimer
+from pgpool.host.lease import Lease
 from pgpool.registry import Handler
 
 sys.path.insert(0, str(BENCH))
@@ -66,7 +66,7 @@ def tenants_of(jobs: list, db: psycopg.Connection) -> Counter[str]:
         "SELECT tenant FROM pgpool_jobs WHERE id = ANY(%s)", (ids,)))
 
 
-# --- enqueue ---------------------------------------------------------------------------------
+# --- enqueue ------------------------------------------------------------------------------
 
 
 def test_every_way_in_sets_tenant_and_key(db, dsn):
@@ -94,7 +94,7 @@ def test_an_empty_tenant_or_key_is_a_one_line_error(db, dsn, option):
         pgpool.enqueue_many(db, "k", [{}], **{what: "x" * 201})
 
 
-# --- tenants: what one claim takes ---------------------------------------------------------
+# --- tenants: what one claim takes --------------------------------------------------------
 
 
 def test_a_claim_interleaves_tenants_and_gives_the_rest_to_the_flood(db, dsn):
@@ -183,7 +183,7 @@ def test_other_tenants_jobs_start_before_the_flood_ahead_of_them(db, dsn, tmp_pa
     assert host.stop() == 0
 
 
-# --- concurrency keys -----------------------------------------------------------------------
+# --- concurrency keys ---------------------------------------------------------------------
 
 
 def test_a_claim_takes_one_job_per_key_and_none_of_a_running_key(db, dsn):

@@ -21,7 +21,7 @@ import pytest
 from conftest import RUN, Pgpool, alive, one, start_pgpool, wait_until
 
 import pgpool
-from pgpool.lease import FENCE_MARGIN
+from pgpool.host.lease import FENCE_MARGIN
 
 #: Long enough that half its margin (0.2 s) is many times what the end of the group takes
 #: after the deadline (the worker's exit and one wake-up of its guard: a few ms, 0.1 s once

@@ -1,8 +1,10 @@
 """The import graph of pgpool, its benchmarks and its tests: no cycles between pgpool's
 modules, no module reaching into another's private names (``from m import _x`` or
-``m._x`` on an imported module), and the layers: the core never imports a front end (the
-CLI, the dashboard, the bench), only the dispatcher imports the side parts, and what a
-worker process imports leaves out psycopg and asyncio."""
+``m._x`` on an imported module), and the walls between the folders (`WALLS`): the worker
+imports the application API only, the host the worker, the installation and the API, no
+wing imports a front end (the CLI, the dashboard, the bench, the test kit), only the
+dispatcher imports the side parts, and what a worker process imports leaves out psycopg
+and asyncio."""
 
 from __future__ import annotations
 
@@ -112,15 +114,29 @@ def test_no_module_uses_another_modules_private_names() -> None:
     assert not crossings, "\n".join(crossings)
 
 
-#: pgpool's front ends: the CLI, the dashboard and the bench. They may import any of
-#: pgpool's modules; no other module imports them (the CLI imports them lazily, by command).
-FRONTS = ("pgpool.__main__", "pgpool.cli", "pgpool.ops_cli", "pgpool.web", "pgpool.bench")
-#: The side parts a dispatcher runs (`pgpool.parts`), and the one module that builds them.
-PARTS, SUPERVISOR = "pgpool.parts", "pgpool.dispatcher"
+#: The wings of the package, by folder (`wing`), and which others each may import. The
+#: application API is the flat top level (``pgpool/*.py``) with the statements in
+#: ``pgpool/sql``; the host (the dispatcher's process) and the worker (a worker process)
+#: each have a folder, as do the installation (``db``) and the front ends (the CLI, the
+#: dashboard, the bench, the test kit), which may import anything and nothing imports.
+WALLS: dict[str, frozenset[str]] = {
+    "api": frozenset({"api", "sql"}),
+    "sql": frozenset({"sql"}),
+    "db": frozenset({"db", "api", "sql"}),
+    "worker": frozenset({"worker", "api"}),
+    "host": frozenset({"host", "parts", "worker", "db", "api", "sql"}),  # parts: `SUPERVISOR`
+    "parts": frozenset({"parts", "host", "worker", "db", "api", "sql"}),
+    "contrib": frozenset({"contrib", "db", "api", "sql"}),
+}
+#: The package's face hands on what users import: `current_job` from the worker's
+#: ``main`` and `migrate` from the installation's ``schema``, nothing else of theirs.
+FACE_IMPORTS = frozenset({"pgpool.worker.main", "pgpool.db.schema"})
+#: The one module that builds the side parts (`pgpool.host.parts`).
+SUPERVISOR = "pgpool.host.dispatcher"
 #: What a worker process imports first: pgpool (handler modules use ``@pgpool.handler``),
 #: pgpool.cli (the ``pgpool`` script's main module, which "spawn" imports again), the
 #: worker's own module, and the bench's handler module.
-WORKER_ENTRIES = ("pgpool", "pgpool.cli", "pgpool.worker", "pgpool.bench.jobs")
+WORKER_ENTRIES = ("pgpool", "pgpool.cli", "pgpool.worker.main", "pgpool.bench.jobs")
 #: What a worker must never import: psycopg adds about 0.15 s of CPU to each worker's
 #: start, and a worker never talks to the database (tests/test_pool.py checks the same at
 #: run time).
@@ -132,20 +148,53 @@ def _within(name: str, places: tuple[str, ...] | str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in places)
 
 
-def test_the_core_never_imports_a_front_end_and_only_the_dispatcher_imports_the_parts() -> None:
-    # The side parts are core modules too: they import no front end either.
+def wing(name: str) -> str:
+    """The wing of pgpool's module ``name``: its folder, or "api" for the top level."""
+    parts = name.split(".")
+    if name == "pgpool":
+        return "face"
+    if parts[1] in ("cli", "web", "bench", "testing", "__main__"):
+        return "front"
+    if parts[1] == "host" and len(parts) > 2 and parts[2] == "parts":
+        return "parts"
+    if parts[1] in ("host", "worker", "db", "sql", "contrib"):
+        return parts[1]
+    return "api"
+
+
+def test_each_wing_imports_only_the_wings_below_it() -> None:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    ours = {module_name(p) for p in paths}
     crossings = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in paths:
         name = module_name(path)
-        if _within(name, FRONTS):
-            continue
+        mine = wing(name)
         for module, _ in imports(path):
-            if _within(module, FRONTS):
-                crossings.append(f"{name} imports the front end {module}")
-            if (_within(module, PARTS) and not _within(name, PARTS)
-                    and name not in (SUPERVISOR, PARTS)):
+            if module not in ours or module == "pgpool" or _within(name, module):
+                continue  # not ours; the face, named by `from .. import x`; a parent package
+            theirs = wing(module)
+            if mine == "front":
+                continue
+            if mine == "face":
+                allowed = theirs in ("api", "sql") or module in FACE_IMPORTS
+            else:
+                allowed = theirs in WALLS[mine]
+            if not allowed:
+                crossings.append(f"{name} ({mine}) imports {module} ({theirs})")
+            if theirs == "parts" and mine != "parts" and name != SUPERVISOR:
                 crossings.append(f"{name} imports the side part {module}")
     assert not crossings, "\n".join(crossings)
+
+
+def test_the_folders_are_the_wings() -> None:
+    # A new module goes in its wing: the top level holds the application API alone.
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {"host", "worker", "db", "sql", "cli", "web", "bench", "testing",
+                       "contrib"}
+    assert {p.name for p in (PACKAGE / "host").iterdir() if p.is_dir()} - {"__pycache__"} == {
+        "parts"}
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 20, top
 
 
 def test_what_a_worker_imports_leaves_out_psycopg_and_asyncio() -> None:

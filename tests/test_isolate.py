@@ -1,4 +1,4 @@
-"""A row the database refuses to ack or reap never blocks the others (`pgpool.isolate`).
+"""A row the database refuses to ack or reap never blocks the others (`pgpool.host.isolate`).
 
 The isolating component on its own, against real PostgreSQL errors; then real `pgpool run`
 processes facing an application's foreign key to a job, an application transaction holding
@@ -32,12 +32,12 @@ from conftest import (
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import configure_connection
-from pgpool.completer import LOCK_RETRIES, Ack, Completer
-from pgpool.isolate import Interrupted, isolate, row_error, timed_out, transient
-from pgpool.lease import Lease
-from pgpool.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
-from pgpool.parts.reaper import Reaper
+from pgpool.host.claimer import configure_connection
+from pgpool.host.completer import LOCK_RETRIES, Ack, Completer
+from pgpool.host.isolate import Interrupted, isolate, row_error, timed_out, transient
+from pgpool.host.lease import Lease
+from pgpool.host.parts.reaper import LOCK_RETRIES as REAPER_LOCK_RETRIES
+from pgpool.host.parts.reaper import Reaper
 
 # --- the component ------------------------------------------------------------------------
 
@@ -385,7 +385,7 @@ def test_the_reaper_leaves_a_job_refused_on_a_lock_for_a_few_passes_then_parks_i
     assert "LockNotAvailable (55P03)" in one(db, "SELECT last_error FROM pgpool_jobs")[0]
 
 
-# --- groups ---------------------------------------------------------------------------------
+# --- groups -------------------------------------------------------------------------------
 
 
 def flush_members(dsn: str, acks: Callable[[Any], Ack]) -> tuple[list[int], int, int]:

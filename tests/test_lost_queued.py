@@ -37,9 +37,10 @@ from conftest import (
 )
 
 import pgpool
-from pgpool import ipc, worker
-from pgpool.job import Job, Outcome
-from pgpool.pool import LEASE_LOST, WorkerPool
+from pgpool.host.attempt import Job, Outcome
+from pgpool.host.pool import LEASE_LOST, WorkerPool
+from pgpool.worker import ipc
+from pgpool.worker import main as worker
 
 
 def start_two(db: psycopg.Connection, dsn: str, record_dir: Path, release: Path,

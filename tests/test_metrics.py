@@ -61,7 +61,7 @@ def test_metrics_count_what_the_database_shows(db, dsn):
     scheduled = 7
     for _ in range(scheduled):
         pgpool.enqueue(db, "record", {}, delay=3600)
-    # As pgpool.isolate leaves a refused ack; enqueued not due, or the host would run it.
+    # As pgpool.host.isolate leaves a refused ack; enqueued not due, or the host would run it.
     parked = pgpool.enqueue(db, "record", {}, delay=3600)
     db.execute("UPDATE pgpool_jobs SET state = 'parked' WHERE id = %s", (parked,))
     ops.pause(db, "other", force=True)

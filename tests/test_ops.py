@@ -14,7 +14,7 @@ from conftest import MARKER, assert_user_error, one, run_pgpool, status_json
 
 import pgpool
 from pgpool import ops
-from pgpool.worker import format_error
+from pgpool.worker.main import format_error
 
 
 def stored_error(exc: Exception) -> str:
@@ -60,7 +60,7 @@ def dlq(db):
     return db
 
 
-# --- inspect ----------------------------------------------------------------------------------
+# --- inspect ------------------------------------------------------------------------------
 
 def test_jobs_lists_state_attempts_due_lease_owner_and_error_without_payloads(db, dsn):
     ready = pgpool.enqueue(db, "record", {"secret": MARKER})
@@ -311,7 +311,7 @@ def test_retry_of_a_running_job_changes_nothing(db):
 
 
 def test_retry_runs_a_parked_job_again_and_refuses_a_kept_one(db, dsn):
-    # What pgpool.isolate leaves when the database refuses an ack (tests/test_isolate.py).
+    # What pgpool.host.isolate leaves when the database refuses an ack (tests/test_isolate.py).
     parked = pgpool.enqueue(db, "record", {})
     kept = pgpool.enqueue(db, "record", {})
     db.execute("UPDATE pgpool_jobs SET state = 'parked', attempts = 1, last_error = 'x' "
@@ -328,7 +328,7 @@ def test_retry_runs_a_parked_job_again_and_refuses_a_kept_one(db, dsn):
                parked) == ("ready", True)
 
 
-# --- the Python twins run in the caller's transaction ---------------------------------------
+# --- the Python twins run in the caller's transaction -------------------------------------
 
 def test_ops_run_in_the_callers_transaction(dsn, db):
     job = pgpool.enqueue(db, "record", {})

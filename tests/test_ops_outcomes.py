@@ -14,8 +14,8 @@ from conftest import MARKER, assert_user_error, one, run_pgpool, wait_until
 
 import pgpool
 from pgpool import ops, testing
-from pgpool.completer import Ack, ack_statement
-from pgpool.job import Job
+from pgpool.host.attempt import Job
+from pgpool.host.completer import Ack, ack_statement
 
 RUN = ("run", "--handlers", "outcomejobs", "--burst", "--procs", "2")
 

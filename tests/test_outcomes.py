@@ -26,10 +26,10 @@ from conftest import (
 
 import pgpool
 from pgpool import ops, testing
-from pgpool.completer import Ack, ack_statement, follow_up_groups
 from pgpool.groups import group_params
-from pgpool.job import Job
-from pgpool.parts.retention import BATCH
+from pgpool.host.attempt import Job
+from pgpool.host.completer import Ack, ack_statement, follow_up_groups
+from pgpool.host.parts.retention import BATCH
 from pgpool.sql import jobs as sql
 from pgpool.sql import ops as ops_sql
 from pgpool.sql import outcomes as outcomes_sql
@@ -245,10 +245,10 @@ def test_a_thread_a_handler_left_behind_cannot_enqueue_through_another_job(db, d
     # job's handler has returned and the next job runs in the same worker: nothing it asks
     # for then may ride on that job's success, and each call says the job it was started
     # by has finished.
-    left = pgpool.enqueue(db, "out.leaver", {}, priority=1)  # claimed first
-    following = pgpool.enqueue(db, "out.next", {})
+    left = pgpool.enqueue(db, "out.leaver", {})  # its success enqueues out.next
     done = run_pgpool(dsn, "run", "--handlers", "outcomejobs", "--burst", "--procs", "1")
     assert done.returncode == 0, done.stderr
+    (following,) = one(db, "SELECT id FROM pgpool_done WHERE kind = 'out.next'")
     assert db.execute("SELECT kind, result FROM pgpool_done WHERE id <> %s ORDER BY id",
                       (following,)).fetchall() == [("out.child", {"from": "while it ran"})]
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
@@ -535,7 +535,7 @@ def test_dead_letter_retention_keeps_the_members_whose_callback_has_not_run(db, 
 async def _prune(dsn: str, retention: float | None = None) -> int | None:
     from psycopg_pool import AsyncConnectionPool
 
-    from pgpool.parts.retention import Retention
+    from pgpool.host.parts.retention import Retention
 
     async with AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False) as pool:
         return await Retention(pool, retention).prune()

@@ -1,4 +1,4 @@
-"""What handlers print: prefixed with the job, bounded per job (`pgpool.output`), in-process
+"""What handlers print: prefixed with the job, bounded per job (`pgpool.worker.output`), in-process
 and through a real `pgpool run`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from conftest import RUN, run_pgpool
 
 import pgpool
-from pgpool.output import LIMIT, JobStream
+from pgpool.worker.output import LIMIT, JobStream
 
 
 def test_lines_name_their_job_and_pass_through_between_jobs() -> None:

@@ -17,9 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 from test_routing import buffers
 
 import pgpool
-from pgpool import claimer as claimer_module
-from pgpool.claimer import Claimer
-from pgpool.lease import Lease
+from pgpool.host import claimer as claimer_module
+from pgpool.host.claimer import Claimer
+from pgpool.host.lease import Lease
 from pgpool.registry import Handler
 from pgpool.sql import jobs as sql
 from pgpool.sql.jobs import SWEEP

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from conftest import HOST_PATHS, alive, read_records
 
-from pgpool import ipc, portable
 from pgpool.errors import HandlerError
-from pgpool.job import Job, Outcome
-from pgpool.pool import MAX_START_FAILURES, WorkerPool
+from pgpool.host.attempt import Job, Outcome
+from pgpool.host.pool import MAX_START_FAILURES, WorkerPool
+from pgpool.worker import ipc, portable
 
 
 def job(i: int, kind: str, payload: bytes = b"{}", timeout: float | None = None) -> Job:
@@ -193,7 +193,7 @@ def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
     assert type(item) is ipc.WorkItem
 
 
-# --- the lease fence: a worker ends itself at its deadline (pgpool.fence) ---------------------
+# --- the lease fence: a worker ends itself at its deadline (pgpool.worker.fence) ----------
 
 def run_fenced(jobs: list[Job], *, deadline_in: dict[int, float] | None = None,
                extend_every: float | None = None, min_left_to_start: float = 0.0,
@@ -301,7 +301,7 @@ def test_a_job_whose_deadline_passes_while_queued_in_a_worker_never_starts(
         (1, "end"), (1, "start"), (3, "run")]
 
 
-# --- a worker's end, step by step (pool._reap) ----------------------------------------------
+# --- a worker's end, step by step (pool._reap) --------------------------------------------
 
 class Callbacks:
     """The pool's three callbacks, recording what the dispatcher would see."""

@@ -1,4 +1,4 @@
-"""The portable path (`pgpool.portable`), what macOS takes, forced on Linux with
+"""The portable path (`pgpool.worker.portable`), what macOS takes, forced on Linux with
 ``PGPOOL_PORTABLE=1``. The host tests that matter most run on both paths (the ``host_path``
 fixture: a burst drain, workers killed and replaced, a hard timeout, SIGTERM with and past
 its grace, a killed dispatcher); these check that the switch really changes the path, and

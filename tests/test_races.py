@@ -20,11 +20,11 @@ from conftest import RUN, events, listeners, read_records, start_pgpool, wait_un
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer, configure_connection
-from pgpool.completer import Ack, Completer
-from pgpool.job import Job
-from pgpool.lease import Lease
-from pgpool.parts.heartbeat import Heartbeat
+from pgpool.host.attempt import Job
+from pgpool.host.claimer import Claimer, configure_connection
+from pgpool.host.completer import Ack, Completer
+from pgpool.host.lease import Lease
+from pgpool.host.parts.heartbeat import Heartbeat
 from pgpool.registry import Handler
 
 #: Every wait on the server's state gives up after this long (a failure, never a pass).
@@ -89,7 +89,7 @@ async def outcome(task: asyncio.Task[Any]) -> Any:
         return exc
 
 
-# --- the release arm must not repeat (owner, attempt) ---------------------------------------
+# --- the release arm must not repeat (owner, attempt) -------------------------------------
 
 
 def test_a_retried_hand_back_never_touches_the_claim_that_followed_it(db, dsn):
@@ -117,7 +117,7 @@ def test_a_retried_hand_back_never_touches_the_claim_that_followed_it(db, dsn):
         ("running", "host-a", second.attempt)]
 
 
-# --- a host's heartbeat and its own ack flush -----------------------------------------------
+# --- a host's heartbeat and its own ack flush ---------------------------------------------
 
 
 def test_a_heartbeat_and_the_ack_flush_it_covers_neither_deadlock_nor_lose_a_job(db, dsn):
@@ -182,7 +182,7 @@ def test_a_heartbeat_answered_before_the_ack_it_raced_loses_nothing(db, dsn):
     assert lost == set() and beat.lost == 0
 
 
-# --- two claims racing for two concurrency keys -----------------------------------------------
+# --- two claims racing for two concurrency keys -------------------------------------------
 
 
 def test_claims_racing_for_two_concurrency_keys_end_without_an_error(db, dsn):

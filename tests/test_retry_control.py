@@ -29,9 +29,9 @@ from test_metrics import scrape, value, with_metrics
 
 import pgpool
 from pgpool import ops
-from pgpool.completer import Ack, Completer, decide
 from pgpool.errors import HandlerError
-from pgpool.job import Job, Outcome
+from pgpool.host.attempt import Job, Outcome
+from pgpool.host.completer import Ack, Completer, decide
 from pgpool.retry import MAX_SNOOZES, Retry
 
 
@@ -57,7 +57,7 @@ def by_job(found: list[dict[str, object]]) -> dict[object, dict[str, object]]:
     return {e["job_id"]: e for e in found}
 
 
-# --- Retry per handler ----------------------------------------------------------------------
+# --- Retry per handler --------------------------------------------------------------------
 
 @pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_a_handlers_retry_decides_what_is_retried_and_when(db, dsn, record_dir):
@@ -170,7 +170,7 @@ def test_a_snooze_past_the_bound_counts_as_a_failed_attempt():
     assert decide(_snoozed(MAX_SNOOZES, attempt=2), retry).kind == "dead"
 
 
-# --- Snooze ---------------------------------------------------------------------------------
+# --- Snooze -------------------------------------------------------------------------------
 
 def attempts_seen(record_dir) -> list[tuple[int, str]]:
     """(claim, event) of every record, in claim order."""
@@ -228,7 +228,7 @@ def test_a_job_snoozed_100_times_fails_its_next_snooze(db, dsn, record_dir):
     assert (dead["cause"], dead["attempt"], dead["permanent"]) == ("Snooze", 2, False)
 
 
-# --- Discard and Cancel ---------------------------------------------------------------------
+# --- Discard and Cancel -------------------------------------------------------------------
 
 #: A reason a handler gives: it may quote payload data, so logs must not show it.
 SECRET = "card 4111-1111 refused"
@@ -302,7 +302,7 @@ def test_dead_list_refuses_an_unknown_reason(dsn):
     assert "discarded" in refused.stderr
 
 
-# --- at least once --------------------------------------------------------------------------
+# --- at least once ------------------------------------------------------------------------
 
 def test_a_worker_killed_while_raising_snooze_still_runs_its_job(db, dsn, record_dir):
     job_id = pgpool.enqueue(db, "snooze_killed", {})
@@ -333,7 +333,7 @@ def test_a_host_killed_after_a_snooze_leaves_its_job_to_run_again(db, dsn, recor
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
 
 
-# --- the grouped ack ------------------------------------------------------------------------
+# --- the grouped ack ----------------------------------------------------------------------
 
 def test_a_flush_with_what_handlers_asked_for_is_still_one_statement(db, dsn):
     ids = [pgpool.enqueue(db, "k", {"n": i}) for i in range(6)]

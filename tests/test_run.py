@@ -527,7 +527,7 @@ def test_resource_limits_recycle_workers_and_fail_only_the_runaway_job(db, dsn, 
 
 @pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
 def test_procs_far_above_the_cpu_count_warns_but_runs(db, dsn):
-    from pgpool.config import usable_cpus
+    from pgpool.host.config import usable_cpus
 
     procs = 4 * usable_cpus() + 1
     pgpool.enqueue(db, "noop", {})

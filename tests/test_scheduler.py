@@ -14,16 +14,9 @@ from typing import Any
 
 import pytest
 
-from pgpool.budget import ClaimBudget
-from pgpool.job import Job
-from pgpool.scheduler import (
-    CLAIM_LOOPS,
-    ClaimScheduler,
-    Step,
-    Wait,
-    ack_high_water,
-    capacity,
-)
+from pgpool.host.attempt import Job
+from pgpool.host.budget import ClaimBudget
+from pgpool.host.scheduler import CLAIM_LOOPS, ClaimScheduler, Step, Wait, ack_high_water, capacity
 
 HOUR = 3600.0
 
@@ -165,7 +158,7 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(bounded())
 
 
-# --- the formulas ----------------------------------------------------------------------------
+# --- the formulas -------------------------------------------------------------------------
 
 def test_capacity_is_a_running_job_per_worker_and_a_batch_per_loop_plus_one() -> None:
     assert capacity(2, 50) == 2 + 3 * 50
@@ -184,7 +177,7 @@ def test_want_is_a_batch_or_enough_to_fill_idle_workers_never_past_capacity() ->
     assert not host.scheduler.has_room()
 
 
-# --- two loops, room and what wakes a loop ---------------------------------------------------
+# --- two loops, room and what wakes a loop ------------------------------------------------
 
 def test_two_claims_are_in_flight_at_once_and_room_is_reserved_for_both() -> None:
     async def test() -> None:
@@ -327,7 +320,7 @@ def test_a_loop_polling_an_empty_queue_is_not_held_back_by_the_budget() -> None:
     run(test)
 
 
-# --- stopping and draining -------------------------------------------------------------------
+# --- stopping and draining ----------------------------------------------------------------
 
 def test_stop_ends_the_loops() -> None:
     async def test() -> None:

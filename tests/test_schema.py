@@ -20,7 +20,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgpool
-from pgpool import schema
+from pgpool.db import schema
 
 #: Every migration's version, and those after version ``n``.
 ALL = [m.version for m in schema.MIGRATIONS]
@@ -132,7 +132,7 @@ def test_check_version_refuses_missing_older_and_newer():
     schema.check_version(pgpool.SCHEMA_VERSION)
 
 
-# --- where the installation is: search_path, not current_schema() ---------------------------
+# --- where the installation is: search_path, not current_schema() -------------------------
 
 
 def role_schema(conn: psycopg.Connection) -> str:
@@ -229,7 +229,7 @@ def test_an_installation_off_search_path_is_named_when_none_is_on_it(fresh_dsn):
     assert 'also installed in schema "jobs"' in done.stderr
 
 
-# --- migrations never hold the fleet up behind a lock --------------------------------------
+# --- migrations never hold the fleet up behind a lock -------------------------------------
 
 
 def with_test_migration(monkeypatch: pytest.MonkeyPatch) -> int:
@@ -328,7 +328,7 @@ def test_a_migration_gives_up_with_one_clear_error_while_the_lock_stays_taken(
                       ).fetchone() == (schema.MIGRATIONS[-2].version,)
 
 
-# --- the scheduled state ----------------------------------------------------------------------
+# --- the scheduled state ------------------------------------------------------------------
 
 
 @pytest.mark.own_schema

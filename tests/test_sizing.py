@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgpool.sizing import CLAIM_SHARE, MAX_BATCH, BatchSizer, batch_for
+from pgpool.host.sizing import CLAIM_SHARE, MAX_BATCH, BatchSizer, batch_for
 
 
 def test_short_jobs_get_big_batches_long_jobs_small_ones() -> None:

@@ -30,10 +30,11 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool import ops, schema
-from pgpool.claimer import Claimer
-from pgpool.lease import Lease
-from pgpool.parts.reaper import Reaper
+from pgpool import ops
+from pgpool.db import schema
+from pgpool.host.claimer import Claimer
+from pgpool.host.lease import Lease
+from pgpool.host.parts.reaper import Reaper
 from pgpool.registry import Handler
 from pgpool.sql import jobs as sql
 
@@ -57,7 +58,7 @@ def claim(dsn: str, owner: str) -> list[int]:
     return [j.id for j in in_registry(dsn, lambda pool: claimer(pool, owner).claim(10))]
 
 
-# --- a cancelled running job holds its keys until its attempt is over -----------------------
+# --- a cancelled running job holds its keys until its attempt is over ---------------------
 
 
 def test_a_cancelled_attempt_holds_its_keys_until_its_lease_ends_then_is_dead_as_cancelled(
@@ -120,11 +121,11 @@ def test_a_second_job_of_the_key_waits_while_the_cancelled_attempt_may_still_run
     assert b.stop() == 0
 
 
-# --- cancel refuses a job kept as done -------------------------------------------------------
+# --- cancel refuses a job kept as done ----------------------------------------------------
 
 
 def test_cancel_refuses_a_job_kept_as_done_and_changes_nothing(db, dsn):
-    # What pgpool.isolate leaves when the database refuses to delete a succeeded job.
+    # What pgpool.host.isolate leaves when the database refuses to delete a succeeded job.
     kept = pgpool.enqueue(db, "record", {})
     waiting = pgpool.enqueue(db, "record", {})
     db.execute("UPDATE pgpool_jobs SET state = 'done', attempts = 1, last_error = 'refused' "
@@ -139,7 +140,7 @@ def test_cancel_refuses_a_job_kept_as_done_and_changes_nothing(db, dsn):
     assert one(db, "SELECT count(*) FROM pgpool_dead") == (0,)
 
 
-# --- a cancel committed out of order is noticed at once -------------------------------------
+# --- a cancel committed out of order is noticed at once -----------------------------------
 
 
 def test_a_cancel_committed_out_of_order_stops_its_worker_at_once(db, dsn, record_dir):
@@ -165,7 +166,7 @@ def test_a_cancel_committed_out_of_order_stops_its_worker_at_once(db, dsn, recor
     assert host.stop() == 0
 
 
-# --- the application role cannot forge jobs -----------------------------------------------------
+# --- the application role cannot forge jobs -----------------------------------------------
 
 
 @pytest.fixture
@@ -253,7 +254,7 @@ def test_the_owner_may_still_write_any_row(db):
                "VALUES ('record', '{}', 'parked', 'by hand')")
 
 
-# --- pgpool migrate names the migrations that need a drained fleet ----------------------------
+# --- pgpool migrate names the migrations that need a drained fleet ------------------------
 
 
 @pytest.mark.own_schema

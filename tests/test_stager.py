@@ -14,8 +14,8 @@ from conftest import in_registry, listen_sql, read_records, start_pgpool, wait_u
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.parts import stager
-from pgpool.parts.stager import Stager
+from pgpool.host.parts import stager
+from pgpool.host.parts.stager import Stager
 
 
 def states(db: psycopg.Connection) -> dict[int, str]:

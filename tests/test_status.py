@@ -35,10 +35,10 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool import registry
-from pgpool.dispatcher import make_owner
 from pgpool.horizon import TABLES
-from pgpool.lease import Lease
-from pgpool.parts.hosts import HostRegistry
+from pgpool.host.dispatcher import make_owner
+from pgpool.host.lease import Lease
+from pgpool.host.parts.hosts import HostRegistry
 from pgpool.sql.fleet import STALE_AFTER_LEASES
 
 HOST_ROW = "SELECT owner, hostname, pid, procs, queues, kinds, lease FROM pgpool_hosts"
@@ -54,7 +54,7 @@ def host_rows(db: psycopg.Connection) -> list[tuple]:
     return db.execute(HOST_ROW + " ORDER BY owner").fetchall()
 
 
-# --- the registry, through real dispatchers --------------------------------------------------
+# --- the registry, through real dispatchers -----------------------------------------------
 
 
 def test_a_running_dispatcher_is_registered_and_deregisters_on_sigterm(db, dsn, record_dir):
@@ -132,7 +132,7 @@ def test_a_killed_dispatcher_stays_listed_until_stale_then_another_host_prunes_i
     assert host_rows(db) == []
 
 
-# --- HostRegistry's contract, called directly -------------------------------------------------
+# --- HostRegistry's contract, called directly ---------------------------------------------
 
 
 def insert_host(db: psycopg.Connection, owner: str, *, lease: float, seen_ago: float,
@@ -216,7 +216,7 @@ def test_each_beat_records_the_claims_per_second_since_the_last_beat_written(db,
     assert in_registry(dsn, beats) == [(0, None), (150, 300.0), "refused", (400, 250 / 1.5)]
 
 
-# --- pgpool status ----------------------------------------------------------------------------
+# --- pgpool status ------------------------------------------------------------------------
 
 
 def seed(db: psycopg.Connection) -> None:
@@ -465,15 +465,16 @@ def test_status_shows_groups_in_progress_and_the_successes_kept_per_kind(db, dsn
 
 
 def test_status_counts_the_successes_of_the_last_hour_up_to_a_cap(db, dsn, monkeypatch):
-    from pgpool import status
+    from pgpool import observe
+    from pgpool.cli.status import render
 
     db.execute("INSERT INTO pgpool_done (id, queue, kind, attempts, created_at, keep_until) "
                "SELECT i, 'default', 'many', 1, now(), now() + interval '1 day' "
                "FROM generate_series(1, 12) AS i")
-    monkeypatch.setattr(status, "SUCCEEDED_CAP", 10)
-    (many,) = status.collect(db)["succeeded"]
+    monkeypatch.setattr(observe, "SUCCEEDED_CAP", 10)
+    (many,) = observe.collect(db)["succeeded"]
     assert (many["last_hour"], many["last_hour_more"]) == (10, True)
-    assert "many  10+" in status.render(status.collect(db))
+    assert "many  10+" in render(observe.collect(db))
 
 
 def test_status_watch_refreshes_until_interrupted(db, dsn):
@@ -493,7 +494,7 @@ def test_status_watch_refreshes_until_interrupted(db, dsn):
         assert watch.wait(30) == 0, watch.stderr.read()
 
 
-# --- pgpool status: user errors ---------------------------------------------------------------
+# --- pgpool status: user errors -----------------------------------------------------------
 
 
 @pytest.mark.own_schema

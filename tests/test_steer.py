@@ -21,7 +21,7 @@ from conftest import (
 )
 
 import pgpool
-from pgpool.parts import retention
+from pgpool.host.parts import retention
 from pgpool.sql import ops as sql
 
 

@@ -13,8 +13,8 @@ from conftest import RUN, in_registry, one, read_records, start_pgpool, wait_unt
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.claimer import Claimer
-from pgpool.lease import Lease
+from pgpool.host.claimer import Claimer
+from pgpool.host.lease import Lease
 from pgpool.registry import Handler
 from pgpool.sql.jobs import TENANT_SKIPS
 

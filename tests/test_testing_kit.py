@@ -1,5 +1,5 @@
 """The test kit for handler authors (`pgpool.testing` and the pytest plugin,
-`pgpool.pytest_plugin`).
+`pgpool.testing.plugin`).
 
 `drain` runs jobs in this process through the real claim and ack statements, and leaves
 the rows a real ``pgpool run --burst`` leaves for the same jobs; the assertions name the
@@ -27,7 +27,6 @@ from conftest import JSON_LOGS, SECRET, UNREACHABLE, run_pgpool
 import pgpool
 from pgpool import ops
 from pgpool.errors import HandlerError, PayloadError
-from pgpool.followups import RunningJob
 from pgpool.testing import (
     Counts,
     EnqueuedJob,
@@ -37,6 +36,7 @@ from pgpool.testing import (
     refute_enqueued,
     run_handler,
 )
+from pgpool.worker.followups import RunningJob
 
 pytest_plugins = ["pytester"]
 
@@ -48,7 +48,7 @@ def app_dsn(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return dsn
 
 
-# --- drain ----------------------------------------------------------------------------------
+# --- drain --------------------------------------------------------------------------------
 
 
 def test_drain_runs_the_ready_jobs_and_those_their_handlers_enqueue(db, app_dsn) -> None:
@@ -220,7 +220,7 @@ def rows(conn: psycopg.Connection) -> tuple[list[tuple], list[tuple]]:
     return live, dead
 
 
-# --- assertions -----------------------------------------------------------------------------
+# --- assertions ---------------------------------------------------------------------------
 
 
 def test_enqueued_reads_the_live_jobs_with_their_fields(db) -> None:
@@ -299,7 +299,7 @@ def test_the_assertions_say_pgpool_is_not_installed_rather_than_fail_on_sql(dsn)
         assert_enqueued(conn, "email")
 
 
-# --- run_handler ----------------------------------------------------------------------------
+# --- run_handler --------------------------------------------------------------------------
 
 
 def test_run_handler_gives_current_job_and_returns_what_the_handler_returns() -> None:
@@ -341,7 +341,7 @@ def plain(payload: dict) -> None:
     pass
 
 
-# --- the pytest plugin, as a user's project meets it ------------------------------------------
+# --- the pytest plugin, as a user's project meets it --------------------------------------
 
 USER_HANDLERS = '''
 import os

@@ -17,7 +17,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.parts.vacuum import VacuumKeeper, keeper
+from pgpool.host.parts.vacuum import VacuumKeeper, keeper
 
 #: Dead rows the tests make: two row versions per job, deleted after a claim.
 JOBS = 600

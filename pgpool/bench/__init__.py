@@ -36,9 +36,9 @@ Contract:
   drive and again after it (on re-seeded jobs) and the mean is reported next to the single
   runs. With ``--batch auto`` the batch is only known once the drive has settled it, so
   both runs follow the drive.
-- Drive (`drive`, CPU samples from `cpu`): an in-process `pgpool.dispatcher.Dispatcher` in
+- Drive (`drive`, CPU samples from `cpu`): an in-process `pgpool.host.dispatcher.Dispatcher` in
   burst mode with ``--procs`` workers until drained, watched through a
-  `pgpool.dispatcher.DispatcherObserver`, with a progress line on stderr (rewritten in place
+  `pgpool.host.dispatcher.DispatcherObserver`, with a progress line on stderr (rewritten in place
   every 0.5 s on a terminal, a new line every 5 s otherwise). Reports wall and steady jobs/s
   (steady: first to last completion) and the ratio to both ceilings; the batch (with
   ``auto``, the one the dispatcher settled at by the end); claims and their round trip

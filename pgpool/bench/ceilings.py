@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import psycopg
 
-from .. import dsn as dsnlib
+from ..db import dsn as dsnlib
 from ..enqueue import enqueue_many
 from . import queries
 from .jobs import KIND

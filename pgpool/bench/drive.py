@@ -1,7 +1,7 @@
 """The drive: a real dispatcher, in this process, drains the seeded jobs; what it cost.
 
 The dispatcher runs in burst mode (it exits once drained) and is watched through a
-`DriveObserver`, the public `pgpool.dispatcher.DispatcherObserver` hook: completion times,
+`DriveObserver`, the public `pgpool.host.dispatcher.DispatcherObserver` hook: completion times,
 statements, progress lines, and PostgreSQL's CPU sampled while the dispatcher's connections
 (and so their backends) still exist. Statements are checkouts of the dispatcher's connection
 pool (``requests_num``) from its start-up to its drain: one statement each, except a host
@@ -20,11 +20,11 @@ from typing import Any, Final
 import psycopg
 
 from .. import registry
-from ..budget import DEFAULT_MAX_CLAIMS_PER_SEC
-from ..config import RunConfig
-from ..dispatcher import Dispatcher, DispatcherObserver
 from ..enqueue import enqueue_many
-from ..job import Outcome
+from ..host.attempt import Outcome
+from ..host.budget import DEFAULT_MAX_CLAIMS_PER_SEC
+from ..host.config import RunConfig
+from ..host.dispatcher import Dispatcher, DispatcherObserver
 from . import jobs, queries
 from .cpu import cpu_between, postgres_cpu, rusage_seconds
 from .figures import quantile

@@ -26,5 +26,5 @@ class BenchOptions:
     #: The fleet's claim budget, as ``pgpool run --max-claims-per-sec``; None runs without
     #: one (the drive measures the engine) and compares with the default budget.
     max_claims_per_sec: float | None
-    #: Serve /metrics during the drive (`pgpool.metrics`), to measure what it costs.
+    #: Serve /metrics during the drive (`pgpool.host.metrics`), to measure what it costs.
     metrics: bool = False

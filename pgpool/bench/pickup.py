@@ -24,7 +24,7 @@ from typing import IO, Any, Final
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from .. import dsn as dsnlib
+from ..db import dsn as dsnlib
 from ..enqueue import enqueue
 from ..sql import common as sql
 from . import jobs, queries

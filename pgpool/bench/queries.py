@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-#: The scratch schema (not pgpool's own DDL, which is in `pgpool.schema`), dropped at the
+#: The scratch schema (not pgpool's own DDL, which is in `pgpool.db.schema`), dropped at the
 #: end; compose with ``psycopg.sql.Identifier(name)``.
 CREATE_SCHEMA: Final = "CREATE SCHEMA {}"
 DROP_SCHEMA: Final = "DROP SCHEMA IF EXISTS {} CASCADE"

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from .. import dsn as dsnlib
-from .. import schema
+from ..db import dsn as dsnlib
+from ..db import schema
 from .ceilings import CYCLES, combine_ceilings, measure_ceilings
 from .drive import drive_dispatcher
 from .figures import predict

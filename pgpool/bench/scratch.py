@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .. import dsn as dsnlib
+from ..db import dsn as dsnlib
 from ..errors import PgpoolError
 from . import queries
 from .jobs import KIND

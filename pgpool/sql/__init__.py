@@ -11,7 +11,7 @@
 - `common`: the installation's LISTEN/NOTIFY channel and its payloads, and `int_array`.
 
 A caller imports the module of its audience (``from .sql import jobs as sql``); this package
-re-exports nothing. The schema itself (DDL) lives in `pgpool.schema` as numbered
+re-exports nothing. The schema itself (DDL) lives in `pgpool.db.schema` as numbered
 migrations. Every statement is parameterised; table names are fixed and resolved through
 the connection's ``search_path``, so a deployment can put pgpool in its own schema with
 ``options=-csearch_path=...``.

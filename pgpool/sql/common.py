@@ -57,7 +57,7 @@ def listen_statement(channel: str) -> str:
     schema name may hold any character."""
     return LISTEN.format('"' + channel.replace('"', '""') + '"')
 
-#: The notification payload that tells every host's stager (`pgpool.parts.stager`) to read the
+#: The notification payload that tells every host's stager (`pgpool.host.parts.stager`) to read the
 #: next due time now: a job was scheduled that may be due before the time it knew. No queue
 #: name starts with "!".
 STAGE: Final = "!stage"

@@ -15,7 +15,7 @@ STALE_AFTER_LEASES: Final = 3
 #: (`pgpool.host.budget.COUNTED_BEATS`).
 COUNTED_LEASES: Final = 2 / 3
 
-# --- host registry (pgpool.parts.hosts) ---------------------------------------------------
+# --- host registry (pgpool.host.parts.hosts) ----------------------------------------------
 
 #: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
 #: pruned while it was cut off from the database reappears at its next beat; ``started_at``
@@ -65,7 +65,7 @@ SELECT EXISTS (
 )
 """
 
-# --- the fleet's claim budget (pgpool.budget) ---------------------------------------------
+# --- the fleet's claim budget (pgpool.host.budget) ----------------------------------------
 
 #: Serialises the hosts' budget beats, so that no two hosts grow into the same free share.
 #: Keyed on the installation's pgpool_fleet table: installations in other schemas of the
@@ -103,7 +103,7 @@ SET max_claims_per_sec = excluded.max_claims_per_sec, updated_at = now()
 #: The fleet's budget and when it was last set (no row: never set).
 FLEET_SHOW: Final = "SELECT max_claims_per_sec, updated_at FROM pgpool_fleet"
 
-# --- steering, as a host reads it (pgpool.parts.control) ----------------------------------
+# --- steering, as a host reads it (pgpool.host.parts.control) -----------------------------
 
 #: What a host polls (and re-reads on a `common.CONTROL` notification): the paused queues, and a
 #: digest of the cancelled attempts still in flight (running rows with no owner, `ops.CANCEL`),
@@ -119,7 +119,7 @@ SELECT ARRAY(SELECT queue FROM pgpool_paused ORDER BY queue),
         WHERE state = 'running' AND locked_by IS NULL)
 """
 
-# --- periodic jobs (pgpool.parts.periodic) ------------------------------------------------
+# --- periodic jobs (pgpool.host.parts.periodic) -------------------------------------------
 
 #: A dispatcher's schedules, declared (or declared again) every beat interval: the definition
 #: for `pgpool status`, and who declared it until when. A new row starts at ``now()``: its

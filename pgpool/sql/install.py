@@ -1,15 +1,15 @@
-"""Installation: finding and migrating pgpool's schema (`pgpool.schema`, whose migrations
-hold the DDL itself) and granting roles their privileges (`pgpool.grants`)."""
+"""Installation: finding and migrating pgpool's schema (`pgpool.db.schema`, whose migrations
+hold the DDL itself) and granting roles their privileges (`pgpool.db.grants`)."""
 
 from __future__ import annotations
 
 from typing import Final
 
-# --- schema bookkeeping (pgpool.schema) ---------------------------------------------------
+# --- schema bookkeeping (pgpool.db.schema) ------------------------------------------------
 
 #: Every schema of the database holding tables named ``pgpool_*``: its name, its place on
 #: the session's effective ``search_path`` (1-based; NULL when not on it) and those tables.
-#: pgpool is installed where ``pgpool_schema_version`` is (`pgpool.schema.locate`). Views
+#: pgpool is installed where ``pgpool_schema_version`` is (`pgpool.db.schema.locate`). Views
 #: and foreign tables count: an unqualified name would resolve to them just the same.
 INSTALLATIONS: Final = r"""
 SELECT n.nspname::text, p.pos::int, array_agg(c.relname::text ORDER BY c.relname)
@@ -61,15 +61,15 @@ ORDER BY 1
 
 SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_version"
 
-# --- grants (pgpool.grants) ---------------------------------------------------------------
+# --- grants (pgpool.db.grants) ------------------------------------------------------------
 
 #: Templates for psycopg.sql: ``{tables}`` are schema-qualified, ``{role}`` an identifier,
-#: ``{privileges}`` one of pgpool.grants' fixed lists.
+#: ``{privileges}`` one of pgpool.db.grants' fixed lists.
 REVOKE_TABLES: Final = "REVOKE ALL ON {tables} FROM {role}"
 GRANT_SCHEMA: Final = "GRANT USAGE ON SCHEMA {schema} TO {role}"
 REVOKE_CREATE: Final = "REVOKE CREATE ON SCHEMA {schema} FROM {role}"
 GRANT_TABLES: Final = "GRANT {privileges} ON {tables} TO {role}"
-#: ``{functions}``: schema-qualified signatures (`pgpool.grants.FUNCTIONS`).
+#: ``{functions}``: schema-qualified signatures (`pgpool.db.grants.FUNCTIONS`).
 REVOKE_FUNCTIONS: Final = "REVOKE ALL ON FUNCTION {functions} FROM {role}"
 GRANT_FUNCTIONS: Final = "GRANT EXECUTE ON FUNCTION {functions} TO {role}"
 

@@ -164,7 +164,7 @@ NOTIFY_STAGE: Final = "SELECT pg_notify(" + OUR_CHANNEL + ", '" + STAGE + "')"
 
 # --- dispatcher: claim, heartbeat, ack, reap ----------------------------------------------
 
-#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): how
+#: Once per pooled connection of a dispatcher (`pgpool.host.claimer.configure_connection`): how
 #: long its statements may wait for a lock and run (`Lease.lock_timeout`,
 #: `Lease.statement_timeout`). Session settings, so no statement pays a round trip for them.
 #: A value set on purpose for the connection (the DSN's options or PGOPTIONS, the role, the
@@ -177,7 +177,7 @@ WHERE name IN ('lock_timeout', 'statement_timeout')
   AND source NOT IN ('client', 'user', 'database', 'database user')
 """
 
-#: Once per pooled connection of a dispatcher (`pgpool.claimer.configure_connection`): its
+#: Once per pooled connection of a dispatcher (`pgpool.host.claimer.configure_connection`): its
 #: statements are written for read committed, whatever the role, the database or the DSN
 #: make the default. Under repeatable read or serializable, a claim that meets a job taken
 #: since its snapshot, or an ack or a heartbeat that meets a row changed since, fails with
@@ -190,7 +190,7 @@ READ_COMMITTED: Final = "SET default_transaction_isolation = 'read committed'"
 #: compiling itself, against 1.4 ms to run.
 NO_JIT: Final = "SET jit = off"
 
-#: Once per connection of a dispatcher's claim pool (`pgpool.claimer.configure_connection`):
+#: Once per connection of a dispatcher's claim pool (`pgpool.host.claimer.configure_connection`):
 #: the prepared claims are planned once, not at every claim. PostgreSQL keeps re-planning
 #: them otherwise (its estimate of a generic plan, which cannot know ``limit``, stays above
 #: the custom plans'), and planning the plain claim took 0.7 ms of the 2.7 it cost the
@@ -253,7 +253,7 @@ _PAIR_SCAN: Final = """SELECT * FROM (
 #:   with every job claimed; issue 32). Three scans, chained in claim order and read only
 #:   as far as the batch needs (an Append under the LIMIT): higher priorities from the
 #:   start (usually none), the cursor's own priority after the cursor, lower priorities
-#:   from the start. What the cursor skips is left to sweeps (`pgpool.claimer`).
+#:   from the start. What the cursor skips is left to sweeps (`pgpool.host.claimer`).
 #: - A job's ``max_attempts`` is fixed at its first claim from its handler's setting when
 #:   the producer left it open, so the reaper (which has no handler registry) can decide
 #:   retry-or-dead on its own.
@@ -356,7 +356,7 @@ SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": 
 #:   one job per key. Two claims racing for one key both see it idle (each statement's
 #:   snapshot predates the other's commit), but the unique index pgpool_jobs_key_running
 #:   makes the second one fail with a unique violation, rolled back whole: the claimer
-#:   tries again (`pgpool.claimer`), and then sees the key running.
+#:   tries again (`pgpool.host.claimer`), and then sees the key running.
 #:
 #: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
@@ -704,7 +704,7 @@ _OUTCOMES_TAIL: Final = """,
 """
 _DONE_RECORDED: Final = "j.id, j.queue, j.kind, j.tenant, j.attempts, j.created_at, j.group_id"
 
-#: `ACK_CONTROL` for a flush that holds an outcome to record (`pgpool.completer`): a job
+#: `ACK_CONTROL` for a flush that holds an outcome to record (`pgpool.host.completer`): a job
 #: whose kind or host keeps outcomes, a member of a group, or an attempt that enqueued
 #: follow-ups. In the same statement, so all of it or none: the records and follow-ups
 #: (`_KEPT_AND_FOLLOWED`), the groups' counts (`COUNT_MEMBERS`) of the members done or dead
@@ -732,7 +732,7 @@ ACK_KEPT: Final = (
     + "\nSELECT (SELECT count(*) FROM done), 0, 0, 0, 0, 0"
     + _OUTCOMES_TAIL.format(finished=notify_finished("EXISTS (SELECT FROM done)")))
 
-#: Park attempts whose ack the database refused even alone (`pgpool.isolate`): an
+#: Park attempts whose ack the database refused even alone (`pgpool.host.isolate`): an
 #: application's foreign key or trigger, a lock held too long. ``state`` is 'done' for a
 #: job that succeeded but could not be deleted (kept; its unique key is freed, as deleting
 #: it would have), 'parked' for any other ack; ``reason`` goes to ``last_error``. The claim
@@ -768,7 +768,7 @@ FROM parked
 #: expired attempt counts. A cancelled attempt (running, no owner: `ops.CANCEL`) is over once its
 #: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
 #: it has left. SKIP LOCKED lets every host run this concurrently without two of
-#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.parts.reaper`
+#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.host.parts.reaper`
 #: isolating a job it cannot return). A running row with no lease was written by hand (no
 #: claim writes one): it is as expired as any, and an attempt that never started, so it
 #: holds its keys for one pass at most. A buried member of a group counts as finished in
@@ -822,7 +822,7 @@ SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead), """ + NOTIFY
 """
 
 #: The jobs `REAP` would take next, without locking them: the batch the reaper bisects
-#: (`pgpool.isolate`) when REAP fails on one of its rows.
+#: (`pgpool.host.isolate`) when REAP fails on one of its rows.
 REAP_CANDIDATES: Final = """
 SELECT id FROM pgpool_jobs
 WHERE state = 'running' AND (lease_until < now() OR lease_until IS NULL)
@@ -843,7 +843,7 @@ WHERE j.id = a.id AND j.state = 'running'
 RETURNING j.id
 """
 
-# --- stager (pgpool.parts.stager): scheduled jobs become ready when due -------------------
+# --- stager (pgpool.host.parts.stager): scheduled jobs become ready when due --------------
 
 #: Make up to ``limit`` scheduled jobs that are due ready, oldest due first, and wake the
 #: hosts of their queues. Reads the scheduled index (run_at) WHERE state = 'scheduled' in
@@ -873,7 +873,7 @@ SELECT (SELECT count(*) FROM staged),
 """
 
 #: The jobs `STAGE_DUE` would take next, without locking them: the batch the stager
-#: bisects (`pgpool.isolate`) when STAGE_DUE fails on one of its rows.
+#: bisects (`pgpool.host.isolate`) when STAGE_DUE fails on one of its rows.
 STAGE_CANDIDATES: Final = """
 SELECT id FROM pgpool_jobs
 WHERE state = 'scheduled' AND run_at <= now()
@@ -891,7 +891,7 @@ WHERE j.id = a.id AND j.state = 'scheduled'
 RETURNING j.id
 """
 
-# --- vacuum keeper (pgpool.parts.vacuum): the dead rows claims walk over, removed in time -
+# --- vacuum keeper (pgpool.host.parts.vacuum): the dead rows claims walk over, removed in time -
 
 #: Whether this role may vacuum pgpool_jobs: its owner (or a member of the owning role, or
 #: a superuser), or, from PostgreSQL 17, a role granted MAINTAIN on it. VACUUM skips a

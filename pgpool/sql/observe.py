@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- status (pgpool.status) ---------------------------------------------------------------
+# --- status (pgpool.observe) --------------------------------------------------------------
 
 #: First statement of the status transaction: one consistent, read-only snapshot.
 STATUS_SNAPSHOT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
@@ -148,7 +148,7 @@ FROM kinds AS k WHERE k.kind IS NOT NULL
 ORDER BY k.kind
 """
 
-# --- metrics (pgpool.metrics: the queue's figures, served by one host at a time) ----------
+# --- metrics (pgpool.host.metrics: the queue's figures, served by one host at a time) -----
 
 #: Become the host that serves the queue metrics, if none is: a session-level lock, held
 #: for as long as the scrape connection lives. Keyed like `fleet.BUDGET_LOCK`, on the

@@ -1,5 +1,5 @@
 """Outcomes: what became of a job (`pgpool.outcomes`), a group's members, and the retention
-of the records of finished jobs and groups (`pgpool.parts.retention`)."""
+of the records of finished jobs and groups (`pgpool.host.parts.retention`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The test kit: what a user's test reads of the jobs and the queues `pgpool.testing.drain`
 serves (its claims, stages and acks are the job protocol's own: `jobs`), and the schemas
-of the pytest fixtures (`pgpool.pytest_plugin`)."""
+of the pytest fixtures (`pgpool.testing.plugin`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ WHERE state = 'scheduled' AND run_at <= now() AND id <> ALL(%(skip)s::bigint[])
 ORDER BY run_at
 """
 
-# --- the fixtures' schemas (pgpool.pytest_plugin) -----------------------------------------
+# --- the fixtures' schemas (pgpool.testing.plugin) ----------------------------------------
 
 #: A test's own schema, named by the fixture ({} is its identifier); dropped after the test.
 CREATE_SCHEMA: Final = "CREATE SCHEMA {}"

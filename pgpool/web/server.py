@@ -48,10 +48,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
 from .. import ops
-from ..config import parse_duration
 from ..errors import ConfigError, PgpoolError, SchemaError, first_line
+from ..host.config import parse_duration
+from ..host.metrics import QueueCollector
 from ..logs import event
-from ..metrics import QueueCollector
 from .config import READ_ONLY, WebConfig, is_loopback
 from .snapshots import APPLICATION_NAME, PERIOD, Hub
 

@@ -1,7 +1,7 @@
 """The dashboard's one snapshot loop: every open page is fed from it, so what the dashboard
 costs the database does not grow with the number of browsers.
 
-A snapshot is `pgpool.status.collect` (one read-only transaction), taken on a connection of
+A snapshot is `pgpool.observe.collect` (one read-only transaction), taken on a connection of
 its own in a thread, so the event loop never waits on the database. It is taken every
 `PERIOD` seconds, and sooner after a notification on the installation's channel (new ready
 work, an operator's pause or cancel): `DEBOUNCE` seconds after the first, so a burst of
@@ -30,9 +30,9 @@ from typing import Any, Final
 import orjson
 import psycopg
 
-from .. import horizon, status
+from .. import horizon, observe
+from ..db.outage import Failures, backoff
 from ..errors import PgpoolError, first_line
-from ..outage import Failures, backoff
 from ..sql import common as sql
 
 log = logging.getLogger("pgpool.web")
@@ -121,7 +121,7 @@ class Hub:
         """Whether a snapshot succeeded in the last ``within`` seconds."""
         return self.taken_at > 0 and time.monotonic() - self.taken_at <= within
 
-    # --- the loop -----------------------------------------------------------------------------
+    # --- the loop -------------------------------------------------------------------------
 
     async def _listen(self) -> None:
         """Poke the snapshot loop at every notification on the installation's channel."""
@@ -173,7 +173,7 @@ class Hub:
                     self._conn = psycopg.connect(self._dsn, autocommit=True,
                                                  connect_timeout=5,
                                                  application_name=APPLICATION_NAME)
-                return status.collect(self._conn, self._horizon_warn)
+                return observe.collect(self._conn, self._horizon_warn)
             except (psycopg.Error, OSError):
                 self._drop_connection_locked()
                 raise

@@ -1,0 +1,348 @@
+"""Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
+
+Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
+concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
+queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
+waits, or something needs fairness) is followed by a look at whether something needs
+fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
+claim can be plain again.
+
+The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
+key of the last job this claimer took there. Before it lie the index entries of the jobs
+claimed since the table was last vacuumed, dead, and with the xmin horizon pinned by a long
+transaction, nothing removes them: a claim from the start would walk all of them, more at
+every claim. What a cursor skips can also hold a job that became ready behind it (its
+producer's transaction committed late, a retry fell due, another host let a locked row go),
+so now and then a claim is a sweep, from the start (`sql.SWEEP`): after a claim that came
+back short (the backlog ahead of the cursor is done) and every `SWEEP_EVERY` seconds, but no
+sooner after the last one than `SWEEP_COST` times its round trip (`SWEEP_MAX_GAP` at most);
+at once after a cursor claim that took nothing while sweeps are cheap (`CHEAP_SWEEP`); and
+whatever it costs when the host knows a job lies behind a cursor (`sweep_next`: it handed
+jobs back, or a burst host reaped before it decides it is drained).
+On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
+waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
+claims stay cheap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+import psycopg
+from psycopg.adapt import Loader
+from psycopg_pool import AsyncConnectionPool
+
+from ..registry import Handler
+from ..sql import jobs as sql
+from ..sql.common import int_array, nullable_int_array
+from .attempt import Job
+from .lease import Lease
+
+RTT_SAMPLES = 10_000
+RECENT_RTTS = 15
+#: Claims the p99 published for `pgpool status` covers: the recent ones.
+P99_SAMPLES = 1000
+#: Tries of a claim that lost a race for a concurrency key (`sql.CLAIM`): each retry sees
+#: the winner's commit, so a second try almost always succeeds; past this, the claim loop's
+#: own back-off takes over.
+KEY_RACE_TRIES = 5
+#: How a claim loses that race. Two claims taking two keys each, in opposite orders, each
+#: wait for the other's uncommitted key: a deadlock, which the server ends after
+#: ``deadlock_timeout`` by aborting one of them, or ``lock_timeout`` first. A claim waits
+#: for no other lock (SKIP LOCKED) but a table's, held by a DDL statement.
+KEY_RACE_LOST = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
+                 psycopg.errors.LockNotAvailable)
+#: Seconds between sweeps while every claim comes back full (a backlog draining).
+SWEEP_EVERY = 1.0
+#: A sweep follows the last one by at least this many times its round trip: at most about a
+#: twentieth of the claim connection's time goes to sweeps, however many dead rows they
+#: walk; but never by more than `SWEEP_MAX_GAP` seconds, which bounds how long a job that
+#: became ready behind a cursor waits (a round trip that waited for a lock, or for a
+#: connection, would otherwise put sweeps off for minutes).
+SWEEP_COST = 20
+SWEEP_MAX_GAP = 5.0
+#: Seconds: a sweep that took no longer than this (a clean table's) is run at once after a
+#: cursor claim that took nothing, whatever `SWEEP_COST` says.
+CHEAP_SWEEP = 0.005
+#: The cursor of a pair the claimer has taken nothing from: none, from the start.
+_FROM_START = (None, None, None)
+
+
+class RawJsonLoader(Loader):
+    """Load jsonb as its raw text bytes: the dispatcher never parses payloads."""
+
+    def load(self, data: bytes | bytearray | memoryview) -> bytes:
+        return bytes(data)
+
+
+async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None,
+                               *, claims: bool = False) -> None:
+    """Set up a pooled connection of a dispatcher: payloads stay raw bytes, transactions
+    are read committed (`sql.READ_COMMITTED`), no JIT (`sql.NO_JIT`). With ``lease`` (the
+    dispatcher's pools), every statement on it runs with `Lease.lock_timeout` and
+    `Lease.statement_timeout` (unless the DSN, role or database sets them): set once per
+    connection, not once per statement. With ``claims`` (the claim pool, which runs only
+    the claimer's statements), prepared statements keep one generic plan
+    (`sql.GENERIC_PLANS`)."""
+    conn.adapters.register_loader("jsonb", RawJsonLoader)
+    await conn.execute(sql.READ_COMMITTED)
+    await conn.execute(sql.NO_JIT)
+    if claims:
+        await conn.execute(sql.GENERIC_PLANS)
+    if lease is not None:
+        await conn.execute(sql.SESSION_TIMEOUTS, {
+            "lock": f"{round(lease.lock_timeout * 1000)}ms",
+            "statement": f"{round(lease.statement_timeout * 1000)}ms",
+        })
+
+
+class Claimer:
+    """Claims jobs of the given queues and of the kinds this host has handlers for.
+
+    Several claims may be in flight at once (the scheduler runs two claim loops): each
+    claim sends its own parameters. The pool's connections must be set up by
+    `configure_connection`.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        owner: str,
+        *,
+        queues: tuple[str, ...],
+        handlers: dict[str, Handler],
+        lease: Lease,
+        max_attempts: int,
+        timeout: float | None,
+        on_claimed: Callable[[float, list[Job]], None] | None = None,
+        tenant_cap: int | None = None,
+    ) -> None:
+        """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs.
+        ``tenant_cap``: the most running jobs of one tenant across the fleet
+        (docs/guides/fairness.md), None for no cap."""
+        self._pool = pool
+        self._on_claimed = on_claimed
+        kinds = sorted(handlers)
+        self._timeouts = {k: handlers[k].timeout or timeout for k in kinds}
+        #: What every claim sends, but its ``limit``.
+        self._params: dict[str, object] = {
+            "queues": list(queues),
+            "kinds": kinds,
+            "kind_max_attempts": int_array(handlers[k].max_attempts or max_attempts
+                                           for k in kinds),
+            "owner": owner,
+            "lease": lease.seconds,
+            "tenant_cap": tenant_cap,
+        }
+        #: The fair claim's cursor: its loose scan over tenants starts after this one, so
+        #: with more tenants waiting than a batch holds, every one of them gets its turn.
+        self._after = ""
+        #: Whether the next claim is the plain one (`sql.CLAIM_PLAIN`): as far as the last
+        #: fair claim saw, no job waiting has a tenant or a concurrency key.
+        self.plain = True
+        #: The plain claim's cursors: per (queue, kind), the claim-order key (priority,
+        #: run_at in microseconds since the epoch, id) of the last job taken there.
+        self._cursors: dict[tuple[str, str], tuple[int, int, int]] = {}
+        #: Whether a sweep is due (the last plain claim came back short), when the last
+        #: one started (monotonic seconds) and its round trip.
+        self._sweep_wanted = True
+        #: Whether the next plain claim must be a sweep, whatever it costs (`sweep_next`).
+        self._sweep_owed = False
+        self._swept_at = -math.inf
+        self._sweep_rtt = 0.0
+        self.sweeps = 0
+        self._lease = lease
+        self._queues = list(queues)
+        #: The queues claimed from: those not paused.
+        self._serving = self._queues
+        self._kinds = kinds
+        self.claims = 0
+        self.claimed = 0
+        #: The most recent round trips, seconds, for percentiles.
+        self.rtts: deque[float] = deque(maxlen=RTT_SAMPLES)
+
+    @property
+    def rtt(self) -> float:
+        """The typical claim round trip lately, seconds (0 before the first claim): the
+        median of the last `RECENT_RTTS`, so a slow first claim (which also prepares the
+        statement) or a stray hiccup does not skew the batch sized from it."""
+        recent = sorted(itertools.islice(reversed(self.rtts), RECENT_RTTS))
+        return recent[len(recent) // 2] if recent else 0.0
+
+    def pause(self, paused: frozenset[str]) -> None:
+        """Claim from none of the ``paused`` queues (`pgpool.host.parts.control`), until the next
+        call."""
+        self._serving = [q for q in self._queues if q not in paused]
+        self._params["queues"] = self._serving
+
+    def p99_ms(self, last: int = P99_SAMPLES) -> float | None:
+        """The 99th percentile of the last ``last`` claim round trips, in ms (None before
+        the first claim): what `pgpool status` shows per queue."""
+        recent = sorted(itertools.islice(reversed(self.rtts), last))
+        if not recent:
+            return None
+        return 1000 * recent[max(0, math.ceil(0.99 * len(recent)) - 1)]
+
+    def sweep_next(self) -> None:
+        """Make the next plain claim a sweep, from the start, whatever sweeps cost: a job is
+        ready behind a cursor (handed back unstarted, or returned by the reaper), and a
+        burst host must not decide it is drained without looking there."""
+        self._sweep_owed = True
+
+    async def running(self) -> tuple[int, float]:
+        """(jobs of this host's queues and kinds running anywhere, seconds until the last of
+        their leases ends, 0 if none)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues})
+            count, left = await cur.fetchone()
+        return count, left.total_seconds() if left is not None else 0.0
+
+    async def claim(self, limit: int) -> list[Job]:
+        """Claim up to ``limit`` ready jobs: one statement and transaction, two when a
+        plain claim takes nothing and the fair claim follows it.
+
+        Each job's deadline counts from the moment the claim was started (waiting for a
+        connection included), not from its answer: a slow claim hands out the lease that is
+        left, and the pool hands back jobs with too little of it to start.
+        """
+        # A dict per claim: a claim waiting for a connection must not send another's limit.
+        params = {**self._params, "limit": limit}
+        queues = self._serving
+        if not queues:
+            return []  # every queue it serves is paused
+        started = time.monotonic()
+        # No longer than claiming goes on without a heartbeat: with the database gone, a
+        # claim would otherwise wait out the pool's 30 s for a connection, and a stop waits
+        # for the claim in flight. Its jobs would be handed back by then anyway.
+        leased = started
+        async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
+            rows: list[tuple] = []
+            if self.plain:
+                rows, leased = await self._claim_plain(conn, params, queues, limit, started)
+            if not rows and (not self.plain or await self._needs_fair(conn, params)):
+                # The fair claim's jobs are leased from its own start: the plain claim
+                # before it took none, however long it waited (for a lock, say).
+                leased = time.monotonic()
+                rows = self._fair_order(await self._claim_fair(conn, params))
+        rtt = time.monotonic() - started
+        self.rtts.append(rtt)
+        self.claims += 1
+        self.claimed += len(rows)
+        timeouts = self._timeouts
+        deadline = self._lease.deadline(leased)
+        # Positional, every field in `Job`'s order: keywords cost more, once per job.
+        jobs = [
+            Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
+                timeouts[kind], False, deadline, False, waited, snoozes, meta, group_id)
+            for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
+                 snoozes, meta, group_id, _) in rows
+        ]
+        if self._on_claimed is not None:
+            self._on_claimed(rtt, jobs)
+        return jobs
+
+    async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                           queues: list[str], limit: int, now: float
+                           ) -> tuple[list[tuple], float]:
+        """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``, from the cursors or as a
+        sweep (see the module's docstring), and move the cursors on: its rows in claim
+        order (priority, then due time, then id), and when the statement that took them
+        started (their lease counts from it). No rows when nothing waits, or when a job
+        with a tenant or a concurrency key does: the fair claim, run next, tells which."""
+        wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
+        gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
+        sweep = ((wanted and now - self._swept_at >= gap) or not self._cursors
+                 or self._sweep_owed)
+        rows = await self._plain_rows(conn, params, queues, sweep, now)
+        if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
+            # Its jobs' lease counts from its own start, not the cursor claim's: that one
+            # may have waited most of a lease for a lock (and another claim took its job).
+            now = time.monotonic()
+            rows = await self._plain_rows(conn, params, queues, True, now)
+        self._sweep_wanted = len(rows) < limit
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        # In claim order, so each (queue, kind) pair's last row is its cursor.
+        last = {(row[2], row[1]): row for row in rows}
+        for pair, row in last.items():
+            self._cursors[pair] = (row[9], row[13], row[0])
+        return rows, now
+
+    async def _plain_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                          queues: list[str], sweep: bool, now: float) -> list[tuple]:
+        """The rows of one plain claim, a sweep or from the cursors; a sweep's round trip
+        kept (not the first one's, which prepares the statement too)."""
+        if sweep:
+            # Cleared before the statement: a job handed back while it runs may be behind
+            # the rows it reads, and is owed the next sweep.
+            self._sweep_owed = False
+        cursors = sql.SWEEP if sweep else self._cursor_params(queues)
+        rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
+        if sweep:
+            if self.sweeps:
+                self._sweep_rtt = time.monotonic() - now
+            self._swept_at = now
+            self.sweeps += 1
+        return rows
+
+    async def _needs_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                          ) -> bool:
+        """Whether a job waiting in the queues and kinds served needs the fair claim."""
+        row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
+        return bool(row and row[0])
+
+    def _cursor_params(self, queues: list[str]) -> dict[str, str]:
+        """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
+        outer, kinds inner, `_FROM_START` for a pair with none yet."""
+        cursors = self._cursors
+        keys = [cursors.get((queue, kind), _FROM_START)
+                for queue in queues for kind in self._kinds]
+        return {"after_priorities": nullable_int_array(k[0] for k in keys),
+                "after_run_at_us": nullable_int_array(k[1] for k in keys),
+                "after_ids": nullable_int_array(k[2] for k in keys)}
+
+    async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                          ) -> list[tuple]:
+        """Run the fair claim (`sql.CLAIM`) on ``conn``; after it, the next claim is the
+        plain one if nothing waiting needs the fair one any more (its rows say)."""
+        for tries in range(1, KEY_RACE_TRIES + 1):
+            try:
+                cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
+                rows = await cur.fetchall()
+                break
+            except KEY_RACE_LOST:
+                # Another claim took one of these concurrency keys first; the whole
+                # statement rolled back, so every job it had picked is still ready.
+                if tries == KEY_RACE_TRIES:
+                    raise
+        if rows:
+            self.plain = rows[0][9]
+        return rows
+
+    def _fair_order(self, rows: list[tuple]) -> list[tuple]:
+        """The fair claim's jobs in the order the workers take them, and its cursor moved on.
+
+        Round-robin over the batch's tenants (RETURNING keeps no order), so another tenant's
+        job does not wait behind the flood's. Then the cursor: the last tenant served in
+        its round order, where the next walk starts.
+        """
+        if rows and rows[0][0] is None:
+            # Nothing claimed, and a walk went past `sql.TENANT_SKIPS` tenants that gave
+            # nothing: the one row, with no job, says where it stopped. The next claim goes
+            # on from there instead of visiting those tenants again.
+            self._after = rows[0][8]
+            return []
+        if not rows:
+            return rows
+        seen: Counter[str] = Counter()
+        rounds = []
+        for row in rows:
+            rounds.append(seen[row[8]])
+            seen[row[8]] += 1
+        after = self._after
+        self._after = max((row[8] for row in rows), key=lambda t: (t <= after, t))
+        return [row for _, row in sorted(zip(rounds, rows, strict=True),
+                                         key=lambda pair: pair[0])]

@@ -1,0 +1,85 @@
+"""Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
+
+One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
+hears `pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``):
+notifications make a change act within a round trip or two, the poll within a poll interval
+when one is lost. It reads two things:
+
+- the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
+  leaves those queues out of its claims; running jobs finish);
+- the cancelled attempts still in flight, as a digest of their ids: when it changes,
+  ``on_cancelled`` is called (the heartbeat then beats at once: a cancelled running job has
+  no owner any more, so the beat finds its lease lost and the pool kills its worker, or has
+  the worker skip it if it still waits in the worker's pipe: the path a lost lease takes).
+  A set rather than the latest time, so that a cancel committed after a later-dated one is
+  noticed too (`sql.CONTROL_POLL`).
+
+The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
+holds across restarts; until then the part polls like at any other time, so a database
+that is away at start-up delays the first claim instead of failing the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from psycopg_pool import AsyncConnectionPool
+
+from ...logs import event
+from ...sql import fleet as sql
+from .loop import Loop, LoopPart
+
+log = logging.getLogger("pgpool.control")
+
+
+#: Seconds between polls at most until the first one worked: the claim loops wait for it.
+FIRST_POLL_RETRY: Final = 0.5
+
+
+class Control(LoopPart):
+    """A `poll` every ``interval`` seconds, and when woken (a control notification)."""
+
+    name = "control poll"
+
+    def __init__(self, pool: AsyncConnectionPool, interval: float, *,
+                 on_paused: Callable[[frozenset[str]], None],
+                 on_cancelled: Callable[[], None]) -> None:
+        self._pool = pool
+        self._on_paused = on_paused
+        self._on_cancelled = on_cancelled
+        self._loop = Loop(log, "control poll", interval=interval,
+                          retry=lambda _failures: self._pause())
+        self.paused: frozenset[str] = frozenset()
+        self._cancelled: str | None = None
+        self._polled = False
+        #: Set once a poll has read the paused queues.
+        self.loaded = asyncio.Event()
+
+    async def step(self) -> float:
+        await self.poll()
+        return self._pause()
+
+    def _pause(self) -> float:
+        """Seconds to the next poll: the interval, shorter until the first poll worked."""
+        interval = self._loop.interval
+        return interval if self.loaded.is_set() else min(interval, FIRST_POLL_RETRY)
+
+    async def poll(self) -> None:
+        """Read the paused queues and the cancelled attempts; act on changes."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql.CONTROL_POLL)
+            paused, cancelled = await cur.fetchone()
+        paused = frozenset(paused)
+        if paused != self.paused:
+            event(log, logging.INFO, "queues_paused", "paused queues: %s",
+                  ", ".join(sorted(paused)) or "none", queues=sorted(paused))
+            self.paused = paused
+            self._on_paused(paused)
+        if self._polled and cancelled != self._cancelled:
+            self._on_cancelled()
+        self._cancelled = cancelled
+        self._polled = True
+        self.loaded.set()

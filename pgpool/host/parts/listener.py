@@ -1,0 +1,61 @@
+"""LISTEN/NOTIFY wake-ups, on a dedicated connection that reconnects by itself.
+
+Notifications are only a latency optimisation: they are not durable, and any sent while
+this connection is down are lost. So after every (re)connect the listener wakes the claimer
+once, and the claimer also polls as a backstop.
+
+The channel is the installation's (`sql.CHANNEL`): enqueues into pgpool's tables in another
+schema of the same database never wake this one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from ...db.outage import backoff
+from ...sql import common as sql
+from .loop import Loop, LoopPart
+
+log = logging.getLogger("pgpool.listener")
+
+
+class Listener(LoopPart):
+    """Relays the installation's notifications, reconnecting with a backoff when its
+    connection fails (`wake` ends that wait)."""
+
+    name = "listener"
+
+    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None],
+                 on_control: Callable[[], None], on_stage: Callable[[], None]) -> None:
+        """``wake`` on work in one of ``queues``; ``on_control`` on an operator's change
+        (`sql.CONTROL`); ``on_stage`` on a newly scheduled job (`sql.STAGE`); all three
+        after every (re)connect, since any sent meanwhile were lost."""
+        self._dsn = dsn
+        self._queues = frozenset(queues)
+        self._wake = wake
+        self._on_control = on_control
+        self._on_stage = on_stage
+        # A connection that ends without an error is opened again at once.
+        self._loop = Loop(log, "listener connection", interval=0.0,
+                          retry=lambda failures: backoff(failures, 0.2, 10.0))
+
+    async def step(self) -> None:
+        """Connect, LISTEN, and relay notifications for as long as the connection lasts."""
+        async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
+            row = await (await conn.execute(sql.CHANNEL)).fetchone()
+            await conn.execute(sql.listen_statement(row[0]))
+            self._loop.working()
+            self._wake()
+            self._on_control()
+            self._on_stage()
+            async for notify in conn.notifies():
+                if notify.payload in self._queues:
+                    self._wake()
+                elif notify.payload == sql.CONTROL:
+                    self._on_control()
+                elif notify.payload == sql.STAGE:
+                    self._on_stage()
+

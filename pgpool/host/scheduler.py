@@ -1,0 +1,352 @@
+"""The claim scheduler: when this host claims, how many jobs, and what an idle loop awaits.
+
+Room. A host holds at most `capacity` jobs (running, sent to a worker, waiting in the
+pool's backlog, or being claimed)::
+
+    capacity(procs, batch) = procs + (1 + CLAIM_LOOPS) * batch
+
+one running per worker, a batch for the workers to go through, and a batch on its way for
+each claim loop. A loop claims when a whole batch fits (`has_room`), so while the workers
+go through one batch the next two are on their way. It asks for `want` jobs: a batch, or
+more when workers are idle, so that a small batch still fills them.
+
+Two claim loops, each with at most one claim in flight: one's round trip hides behind the
+other's, which doubles what a fixed batch can claim per second. Each loop repeats
+`claim_step`, whose answer says what to do next:
+
+- `Step.AGAIN`: the claim came back full, so more may be ready now: claim again at once,
+  and wake the other loop (it may claim the next batch meanwhile);
+- `Step.RECHECK`: a burst host found nothing and ran the reaper: claim once more, alone;
+- `Step.DRAINED`: a burst host is done: nothing ready, nothing held or to ack here, and
+  no job it could run is running on another host (one that died holds its jobs until the
+  reaper returns them; a burst host waits for that, polling);
+- `Step.THROTTLED`: this host's share of the fleet's claims per second is spent for now;
+- or wait, until woken or the poll backstop, for one reason (`Wait`):
+  `Wait.ROOM` (outcomes wake it: `job_finished`), `Wait.ACKS` (the completer's backlog is
+  at its high-water mark: `acks_flushed` wakes it), or `Wait.WORK` (the queue came back
+  short: only a notification, `work_ready`, or the poll wakes it; outcomes must not, or
+  every finished job would cost an empty claim). A notification wakes one loop waiting for
+  work: it is usually one job, which one claim takes, and a second would come back empty.
+
+Room and budget are reserved before each round trip (`_claiming`), because the other loop
+claims meanwhile. With ``batch="auto"`` the batch is re-derived after every claim from the
+measured claim round trip and job time (`pgpool.host.sizing`), and the completer's ack batch
+follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from typing import Final, Literal, Protocol
+
+import psycopg
+
+from ..db.outage import Failures, backoff
+from .attempt import Job
+from .budget import ClaimBudget
+from .sizing import MAX_BATCH, BatchSizer
+
+log = logging.getLogger("pgpool.scheduler")
+
+#: Claim loops, each with at most one claim in flight.
+CLAIM_LOOPS: Final = 2
+
+
+def capacity(procs: int, batch: int) -> int:
+    """The most jobs a host holds or is claiming: one running per worker, a batch for the
+    workers to go through, and a batch on its way for each claim loop."""
+    return procs + (1 + CLAIM_LOOPS) * batch
+
+
+def ack_high_water(procs: int, batch: int) -> int:
+    """Unwritten acks at which claiming stops: four times the most a host can hold at
+    ``batch`` (pass the largest batch it may use), and at least 1,000."""
+    return max(1000, 4 * capacity(procs, batch))
+
+
+def largest_batch(batch: int | Literal["auto"]) -> int:
+    """The largest batch a host configured with ``batch`` may claim."""
+    return MAX_BATCH if batch == "auto" else batch
+
+
+class Wait(enum.Enum):
+    """What an idle claim loop waits for."""
+
+    ROOM = "room"
+    ACKS = "acks"
+    WORK = "work"
+
+
+class Step(enum.Enum):
+    """What a claim loop does after a `ClaimScheduler.claim_step` that did not wait."""
+
+    AGAIN = "again"
+    RECHECK = "recheck"
+    DRAINED = "drained"
+    THROTTLED = "throttled"
+
+
+# --- the parts the scheduler reads, as it sees them (tests pass fakes) --------------------
+
+class ClaimSource(Protocol):
+    @property
+    def rtt(self) -> float: ...
+    async def claim(self, limit: int) -> list[Job]: ...
+    def sweep_next(self) -> None: ...
+    async def running(self) -> tuple[int, float]: ...
+
+
+class Workers(Protocol):
+    @property
+    def held(self) -> int: ...
+    @property
+    def job_seconds(self) -> float: ...
+    def submit(self, jobs: list[Job]) -> None: ...
+
+
+class AckBacklog(Protocol):
+    max_batch: int
+    @property
+    def backlog(self) -> int: ...
+    def has_room(self) -> bool: ...
+
+
+class LeaseHealth(Protocol):
+    @property
+    def at_risk(self) -> bool: ...
+
+
+class Reaping(Protocol):
+    async def reap(self) -> tuple[int, int]: ...
+
+
+class ClaimScheduler:
+    """Runs the claim loops of one host: `run` until `stop` or, in burst mode, drained."""
+
+    def __init__(
+        self,
+        *,
+        procs: int,
+        batch: int | Literal["auto"],
+        claimer: ClaimSource,
+        workers: Workers,
+        acks: AckBacklog,
+        lease: LeaseHealth,
+        budget: ClaimBudget,
+        reaper: Reaping,
+        burst: bool = False,
+        poll: float = 1.0,
+    ) -> None:
+        self.procs = procs
+        self.sizer = BatchSizer(procs) if batch == "auto" else None
+        self._fixed_batch = 0 if batch == "auto" else batch
+        self.claimer = claimer
+        self.workers = workers
+        self.acks = acks
+        acks.max_batch = self.batch  # acks are flushed a batch at a time
+        self.lease = lease
+        self.budget = budget
+        self.reaper = reaper
+        self.burst = burst
+        self.poll = poll
+        self._wakes = [asyncio.Event() for _ in range(CLAIM_LOOPS)]
+        #: One run of claim failures for both loops: an outage is logged once, not per loop.
+        self._failures = Failures(log, "claim")
+        #: What each idle loop waits for, by its event.
+        self._waiting: dict[asyncio.Event, Wait] = {}
+        #: Jobs asked for by claims in flight: room the pool will need when they return.
+        self._claiming = 0
+        self._reaped_for_burst = False
+        #: The last claim came back full: more jobs are likely waiting.
+        self._backlog = False
+        #: A burst host found nothing to claim while other hosts ran jobs it could run.
+        self._waiting_for_others = False
+        self._stopping = False
+        self.drained = False
+
+    # --- formulas ------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        """Jobs per claim: fixed, or re-derived by the sizer after every claim."""
+        return self.sizer.batch if self.sizer else self._fixed_batch
+
+    @property
+    def capacity(self) -> int:
+        return capacity(self.procs, self.batch)
+
+    def has_room(self) -> bool:
+        """A whole batch fits under `capacity`, counting claims in flight."""
+        return self.capacity - self.workers.held - self._claiming >= self.batch
+
+    def want(self) -> int:
+        """Jobs to ask for: a batch, or more when workers are idle (so that a small batch
+        still fills them), never past `capacity`."""
+        held = self.workers.held + self._claiming
+        return min(self.capacity - held, max(self.batch, self.procs - held))
+
+    @property
+    def claiming(self) -> int:
+        """Jobs asked for by the claims in flight."""
+        return self._claiming
+
+    @property
+    def waiting(self) -> list[Wait]:
+        """What the idle loops wait for, one entry per idle loop (not yet woken)."""
+        return sorted((reason for wake, reason in self._waiting.items() if not wake.is_set()),
+                      key=lambda reason: reason.value)
+
+    # --- events from the other parts (all on the event loop) ------------------------------
+
+    def job_finished(self) -> None:
+        """A job left the pool: a loop waiting for room may claim (per job: cheap test
+        first)."""
+        if Wait.ROOM in self._waiting.values() and self.has_room():
+            self._wake_waiting(Wait.ROOM)
+
+    def acks_flushed(self) -> None:
+        """The completer wrote a flush: a loop waiting for its backlog may claim, and a
+        burst host may be done."""
+        if self.acks.has_room():
+            self._wake_waiting(Wait.ACKS)
+        if self.burst and self.workers.held == 0 and self.acks.backlog == 0:
+            self._wake_all()  # the claim loops check whether the queue is drained
+
+    def work_ready(self) -> None:
+        """There may be work (a notification, a reconnected listener): wake one loop
+        waiting for work; with none waiting, the loops still claiming claim again."""
+        idle = [wake for wake, reason in self._waiting.items() if reason is Wait.WORK]
+        if idle:
+            idle[0].set()
+        else:
+            for wake in self._wakes:
+                if wake not in self._waiting:
+                    wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming: every loop returns after its claim in flight, if any."""
+        self._stopping = True
+        self._wake_all()
+
+    # --- the loops ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run the claim loops until `stop` or, in burst mode, until drained.
+
+        If a loop fails, the other is stopped and awaited before the error propagates: it
+        ends after its claim in flight, so no claimed job arrives after `run` returned.
+        """
+        loops = [asyncio.create_task(self._loop(wake)) for wake in self._wakes]
+        try:
+            await asyncio.gather(*loops)
+        except BaseException:
+            self.stop()
+            await asyncio.gather(*loops, return_exceptions=True)
+            raise
+
+    async def _loop(self, wake: asyncio.Event) -> None:
+        failures = self._failures
+        while not (self._stopping or self.drained):
+            wake.clear()
+            try:
+                step = await self.claim_step()
+            except (psycopg.Error, OSError) as exc:
+                failures.failed(exc)
+                await self._wait(wake, Wait.WORK, backoff(failures.count, 0.1, 5.0))
+                continue
+            if not self.lease.at_risk:  # at risk, no claim was tried: it has not worked again
+                failures.succeeded()
+            if isinstance(step, Wait):
+                await self._wait(wake, step, self.poll)
+            elif step is Step.AGAIN:
+                self.work_ready()  # the other loop may claim the next batch
+            elif step is Step.DRAINED:
+                log.info("burst: no runnable job is ready and nothing is in flight")
+                self.drained = True
+                self._wake_all()  # the other loop
+                return
+            elif step is Step.THROTTLED:
+                await asyncio.sleep(min(self.poll, self.budget.wait_for(self.want())))
+
+    async def claim_step(self) -> Step | Wait:
+        """Claim if there is room, and say what the loop does next."""
+        if not self.has_room():
+            return Wait.ROOM
+        if not self.acks.has_room():
+            return Wait.ACKS
+        if self.lease.at_risk:  # the database is not answering: poll until it does
+            return Wait.WORK
+        # Under the claim budget, wait for a whole batch (or a bucketful) rather than
+        # claiming whatever trickled in: many small claims cost more than a few full ones.
+        want = min(self.want(), int(self.budget.burst))
+        if not self.budget.take(want, backlog=self._backlog):
+            return Step.THROTTLED
+        self._claiming += want
+        try:
+            jobs = await self.claimer.claim(want)
+        finally:
+            self._claiming -= want
+        self.budget.spend(len(jobs) - want)  # give back what the claim did not take
+        if self.sizer is not None:
+            self.acks.max_batch = self.sizer.update(self.claimer.rtt,
+                                                    self.workers.job_seconds)
+        if jobs:
+            self.workers.submit(jobs)
+            self._reaped_for_burst = self._waiting_for_others = False
+        self._backlog = len(jobs) == want
+        if len(jobs) == want:
+            return Step.AGAIN
+        if self.burst and not jobs and self._nothing_in_flight():
+            return await self._check_drained()
+        self._reaped_for_burst = False
+        return Wait.WORK
+
+    def _nothing_in_flight(self) -> bool:
+        return self.workers.held == 0 and self._claiming == 0 and self.acks.backlog == 0
+
+    async def _check_drained(self) -> Step | Wait:
+        """Drained only if a claim still finds nothing after a reaper pass, and no job this
+        host could run is running elsewhere: jobs stranded by a dead host come back when
+        the reaper finds their leases expired, and count as work for a batch host too."""
+        if not self._reaped_for_burst:
+            await self.reaper.reap()
+            # The recheck looks behind the cursors too: the jobs the reaper returned, and
+            # any this host handed back, are there.
+            self.claimer.sweep_next()
+            self._reaped_for_burst = True
+            return Step.RECHECK
+        self._reaped_for_burst = False
+        running, lease_left = await self.claimer.running()
+        if running == 0:
+            return Step.DRAINED
+        if not self._waiting_for_others:  # said once, not at every poll
+            log.info("burst: nothing to claim, but %d jobs are running on other hosts (the "
+                     "last lease ends in %.1fs); waiting for them to finish or be reaped",
+                     running, max(0.0, lease_left))
+            self._waiting_for_others = True
+        return Wait.WORK
+
+    # --- waking ---------------------------------------------------------------------------
+
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    def _wake_waiting(self, reason: Wait) -> None:
+        for wake, waits_for in self._waiting.items():
+            if waits_for is reason:
+                wake.set()
+
+    async def _wait(self, wake: asyncio.Event, reason: Wait, timeout: float) -> None:
+        self._waiting[wake] = reason
+        try:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # arrives as the event is set, and the loop would claim on after a hard stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await wake.wait()
+        finally:
+            del self._waiting[wake]

@@ -1,0 +1,197 @@
+"""Follow-up jobs: what a handler enqueues through its job (``current_job().enqueue``,
+``.enqueue_many``, ``.group``: `RunningJob`), written with its success or not at all.
+
+In the worker, each call checks and encodes its jobs at once, as `pgpool.enqueue` would
+(a bad payload raises in the handler, where its author sees it), and keeps them on the
+attempt it was made in (`Attempt`). When the handler returns, they go back to the
+dispatcher with its outcome (`pgpool.worker.ipc.Finished`); when it raises, they are dropped with
+the attempt. The dispatcher writes them in the transaction of the ack that records the
+attempt's success (`pgpool.sql.jobs.ACK_OUTCOMES`, then `pgpool.sql.jobs.ENQUEUE_GROUP` for
+each group), for the jobs that ack deleted only: so they exist if and only if that success
+is recorded. An attempt whose lease was lost, or an ack written twice, adds none.
+
+An attempt ends when its handler returns or raises. A call through its job after that (from
+a thread the handler left running, or a job object kept past its attempt) raises, and adds
+nothing to any attempt: the next job's success must not carry it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from ..enqueue import function_params
+from ..errors import ConfigError, GroupNotFound
+from ..groups import group_params
+from ..job import JobInfo
+from ..outcomes import Member, group_members
+from ..registry import Handler
+
+if TYPE_CHECKING:  # workers import psycopg only to read a group's members
+    import psycopg
+
+#: Most follow-up jobs one attempt may enqueue (a group's members count as one): more
+#: belong in a group, or in `pgpool.enqueue_many` from a connection of the handler's own.
+MAX_FOLLOW_UPS: Final = 10_000
+
+
+class FollowUps(NamedTuple):
+    """An attempt's follow-ups, as the dispatcher writes them: the parameters of each
+    job (`pgpool.enqueue.function_params`) and of each group (`pgpool.groups.group_params`)."""
+
+    jobs: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+
+
+#: Guards every attempt's follow-ups: a thread its handler started may add one just as the
+#: attempt ends.
+_lock = threading.Lock()
+
+
+def ended_message(job_id: int, left_behind: bool) -> str:
+    """What a call through job ``job_id`` says once its attempt has ended: ``left_behind``
+    when it comes from a thread other than its handler's."""
+    how = (f"the job {job_id} that started this thread has finished" if left_behind
+           else f"job {job_id}, which it was taken in, has finished")
+    return f"pgpool.current_job() is used outside a running job: {how}"
+
+
+class Attempt:
+    """One attempt of a job while its handler runs: the follow-ups kept for it, and the
+    connection its group's members are read on (`pgpool.testing.drain` gives the test's,
+    whose transaction holds them; None: one of its own to ``PGPOOL_DSN``). Once it has
+    ended (`end`), what is asked of it raises and is kept nowhere."""
+
+    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id")
+
+    def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None) -> None:
+        self.job_id = job_id
+        self.conn = conn
+        self._thread = threading.get_ident()  # the handler's
+        self._jobs: list[dict[str, Any]] = []
+        self._groups: list[dict[str, Any]] = []
+        self._ended = False
+
+    def check(self, more: int = 0) -> None:
+        """Raise unless this attempt is running with room for ``more`` follow-ups (the
+        caller holds `_lock` when it adds them)."""
+        if self._ended:
+            raise RuntimeError(ended_message(self.job_id,
+                                             threading.get_ident() != self._thread))
+        if len(self._jobs) + len(self._groups) + more > MAX_FOLLOW_UPS:
+            raise ConfigError(
+                f"an attempt may enqueue at most {MAX_FOLLOW_UPS:,} follow-ups through its "
+                "job: enqueue many jobs as one group (current_job().group), or with "
+                "pgpool.enqueue_many on a connection of your own"
+            )
+
+    def keep(self, jobs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> None:
+        """Keep follow-ups checked and encoded, if this attempt still runs."""
+        with _lock:
+            self.check(len(jobs) + len(groups))
+            self._jobs += jobs
+            self._groups += groups
+
+    def end(self) -> FollowUps | None:
+        """End the attempt: its follow-ups (None: none), which only its success writes."""
+        with _lock:
+            self._ended = True
+        if not (self._jobs or self._groups):
+            return None
+        return FollowUps(self._jobs, self._groups)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob(JobInfo):
+    """What `pgpool.current_job` returns in a handler: the job (`pgpool.JobInfo`), and the
+    follow-ups it may enqueue, written with this attempt's success or not at all. Its
+    methods work from any thread while the attempt runs, and raise once it has ended."""
+
+    #: The attempt it was made for; None: made by hand, never running.
+    _attempt: Attempt | None = field(default=None, compare=False, repr=False)
+
+    def enqueue(self, kind: str | Handler[Any], payload: Any, **options: Any) -> None:
+        """Enqueue a job once this attempt has succeeded: it is inserted in the transaction
+        of the ack that records the success, and never if the attempt fails (or is cut
+        off, or its lease is lost). ``options`` are `pgpool.enqueue`'s; the payload and
+        options are checked now (`PayloadError`, `ConfigError`). No id is returned: the
+        job does not exist yet."""
+        attempt = self._running(1)
+        attempt.keep([_job_params(kind, payload, options)], [])
+
+    def enqueue_many(self, kind: str | Handler[Any], payloads: Iterable[Any],
+                     **options: Any) -> int:
+        """`enqueue` for many jobs of one kind (``options`` as `pgpool.enqueue_many`'s);
+        how many."""
+        if isinstance(kind, Handler):
+            payloads, options = kind.prepare_many(payloads, options)
+            kind = kind.kind
+        listed = list(payloads)
+        attempt = self._running(len(listed))
+        attempt.keep([_job_params(kind, payload, options) for payload in listed], [])
+        return len(listed)
+
+    def group(self, kind: str | Handler[Any], payloads: Iterable[Any], *,
+              then: tuple[str | Handler[Any], Any],
+              then_options: dict[str, Any] | None = None, **options: Any) -> int:
+        """Start a group (`pgpool.group`) once this attempt has succeeded, written in the
+        same transaction as its ack; its number of members. A callback that starts a
+        group chains a second fan-out after the first."""
+        attempt = self._running(1)
+        params = group_params(kind, payloads, then, then_options=then_options, **options)
+        attempt.keep([], [params])
+        return int(params["total"])
+
+    def group_members(self) -> list[Member]:
+        """In a group's callback: the group's members, every one finished, each done one
+        with what its handler returned, each dead or cancelled one with its last error
+        (`pgpool.group_members`, on a connection of its own to the host's database,
+        ``PGPOOL_DSN``, which ``pgpool run`` sets for its workers; under
+        `pgpool.testing.drain`, on the test's connection). Raises `GroupNotFound` in a job
+        that is not a group's callback."""
+        conn = self._running().conn
+        try:
+            if conn is not None:
+                return group_members(conn, self.id)
+            import psycopg  # not at import: workers that never call this never load it
+
+            dsn = os.environ.get("PGPOOL_DSN")
+            if not dsn:
+                raise ConfigError("current_job().group_members() needs PGPOOL_DSN, which "
+                                  "pgpool run sets for its workers: elsewhere, call "
+                                  "pgpool.group_members(conn, current_job().id)")
+            with psycopg.connect(dsn, autocommit=True) as own:
+                return group_members(own, self.id)
+        except GroupNotFound:
+            raise GroupNotFound(
+                f"current_job().group_members(): job {self.id} ({self.kind}) is not a "
+                "group's callback: only the callback of pgpool.group(..., then=...) has "
+                "members to read") from None
+
+    def _running(self, more: int = 0) -> Attempt:
+        """Its attempt, while it runs with room for ``more`` follow-ups (checked again as
+        they are kept: it may end meanwhile)."""
+        if self._attempt is None:
+            raise RuntimeError(f"pgpool.current_job() is used outside a running job: job "
+                               f"{self.id}'s object was made by hand, not by a worker")
+        self._attempt.check(more)
+        return self._attempt
+
+
+def _job_params(kind: str | Handler[Any], payload: Any,
+                options: dict[str, Any]) -> dict[str, Any]:
+    """A follow-up job's parameters, checked and encoded as `pgpool.enqueue` does."""
+    if isinstance(kind, Handler):
+        payload, options = kind.prepare(payload, options)
+        kind = kind.kind
+    params = function_params(kind, payload, **options)
+    run_at: datetime | None = params["run_at"]
+    # Plain values for the pipe and the ack's arrays: run_at as seconds since the epoch,
+    # '' for no tenant (the column's value).
+    params["run_at"] = None if run_at is None else run_at.timestamp()
+    params["tenant"] = params["tenant"] or ""
+    return params
