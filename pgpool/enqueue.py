@@ -28,6 +28,7 @@ import orjson
 
 from . import hooks, tracing
 from .errors import ConfigError, PayloadError, SchemaError
+from .job import JobOptions
 from .names import check_name
 from .sql import jobs as sql
 
@@ -41,18 +42,13 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 #: Deepest nesting of objects and arrays a payload may have, the payload itself counting as
 #: one: orjson refuses to encode deeper data.
 MAX_PAYLOAD_DEPTH: Final = 254
-MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
 #: COPY data goes out in small pieces, so PostgreSQL inserts one while the next is being
 #: encoded: with 1 MiB pieces, enqueue_many of 20,000 small jobs ran at about 0.7 of a raw
 #: COPY of pre-built rows; with 16 KiB pieces, at about the same speed.
 _COPY_CHUNK: Final = 1 << 14
-_INT4_MAX: Final = 2**31 - 1
 # A JSON \u0000 escape: preceded by an even number of backslashes (an odd one would make
 # it the literal text "\u0000", which jsonb stores fine).
 _NUL_ESCAPE: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-#: Longest tenant or concurrency key, in characters: both are index keys, and a btree
-#: entry must fit in a third of a page.
-MAX_KEY_CHARS: Final = 200
 #: COPY text format escapes for a text column (backslash first).
 _COPY_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
@@ -141,60 +137,6 @@ def has_non_finite(value: Any) -> bool:
     return False
 
 
-def _check_names_and_limits(
-    kind: str,
-    queue: str,
-    priority: int,
-    run_at: datetime | None,
-    max_attempts: int | None,
-) -> None:
-    check_name("kind", kind)
-    check_name("queue", queue)
-    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > _INT4_MAX:
-        raise ConfigError(f"priority must be an integer within ±{_INT4_MAX}, got {priority!r}")
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise ConfigError(f"run_at must be a datetime, got {type(run_at).__name__}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise ConfigError(
-                "run_at is a naive datetime, which is ambiguous: pass a timezone-aware one, "
-                "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
-            )
-    if max_attempts is not None and (
-        not isinstance(max_attempts, int) or isinstance(max_attempts, bool)
-        or not 0 < max_attempts <= _INT4_MAX
-    ):
-        raise ConfigError(f"max_attempts must be a positive integer, got {max_attempts!r}")
-
-
-def _check_group(what: str, value: str | None) -> None:
-    """A tenant or concurrency key: None, or a non-empty string of at most `MAX_KEY_CHARS`."""
-    if value is None:
-        return
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
-        raise ConfigError(
-            f"{what} must be None or a non-empty string of at most {MAX_KEY_CHARS} characters "
-            f"without NUL, got {value!r:.60}"
-        )
-
-
-def _delay_seconds(run_at: datetime | None, delay: float | timedelta | None) -> float:
-    if delay is None:
-        return 0.0
-    if run_at is not None:
-        raise ConfigError("pass either run_at or delay, not both")
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if (
-        not isinstance(seconds, int | float) or isinstance(seconds, bool)
-        or not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS
-    ):
-        raise ConfigError(
-            f"delay must be a number of seconds from 0 to {MAX_DELAY_SECONDS:,} (100 years), "
-            f"got {delay!r}"
-        )
-    return float(seconds)
-
-
 def _identity(data: bytes) -> bytes:
     return data
 
@@ -226,79 +168,33 @@ def schema_required() -> Iterator[None]:
         raise _missing_schema(exc) from None
 
 
-def _enqueue_params(
-    kind: str,
-    payload: Any,
-    queue: str,
-    priority: int,
-    run_at: datetime | None,
-    delay: float | timedelta | None,
-    unique_key: str | None,
-    max_attempts: int | None,
-    tenant: str | None,
-    concurrency_key: str | None,
-    payload_as: Callable[[bytes], object] = _jsonb,
-) -> dict[str, Any]:
+def _enqueue_params(kind: str, payload: Any, options: JobOptions,
+                    payload_as: Callable[[bytes], object] = _jsonb) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE`, checked, with the encoded payload passed through
     ``payload_as``."""
-    _check_names_and_limits(kind, queue, priority, run_at, max_attempts)
-    _check_group("tenant", tenant)
-    _check_group("concurrency_key", concurrency_key)
-    seconds = _delay_seconds(run_at, delay)
-    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
-        raise ConfigError("unique_key must be a non-empty string or None")
-    if unique_key is not None and "\x00" in unique_key:
-        raise ConfigError("unique_key must not contain NUL characters")
+    check_name("kind", kind)
     data = encode_payload(payload)
-    return {
-        "queue": queue,
-        "kind": kind,
-        "payload": payload_as(data),
-        "priority": priority,
-        "run_at": run_at,
-        "delay": seconds,
-        "max_attempts": max_attempts,
-        "unique_key": unique_key,
-        "tenant": tenant or "",  # '' is the group of jobs without a tenant
-        "concurrency_key": concurrency_key,
-        "meta": None,  # the trace context, when a span is current: see `enqueue`
-    }
+    # meta: the trace context, when a span is current (see `insert`).
+    return {**options.columns(), "kind": kind, "payload": payload_as(data), "meta": None}
 
 
-def copy_rows(
-    kind: str,
-    payloads: Iterable[Any],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-    meta: bytes | None = None,
-) -> Iterator[tuple[bytes, int]]:
+#: No option given: every default.
+DEFAULTS: Final = JobOptions()
+
+
+def copy_rows(kind: str, payloads: Iterable[Any], options: JobOptions = DEFAULTS, *,
+              meta: bytes | None = None) -> Iterator[tuple[bytes, int]]:
     """The rows `enqueue_many` sends for these jobs, in ``COPY pgpool_jobs`` text format
     (`sql.COPY_JOBS`, or `sql.COPY_JOBS_AT` with ``run_at``; with ``meta``, JSON text that
     ends every row, `sql.COPY_JOBS_META` or `sql.COPY_JOBS_AT_META`).
 
     Yields (piece, rows in it): pieces of about 16 KiB, each ending at a row boundary, so a
-    COPY can insert one while the next is being encoded. The options are checked at the
-    call (`ConfigError`); payloads as they are encoded (`PayloadError` naming a bad one's
-    position, after the pieces before it were yielded).
+    COPY can insert one while the next is being encoded. The kind and options are checked
+    at the call (`ConfigError`); payloads as they are encoded (`PayloadError` naming a bad
+    one's position, after the pieces before it were yielded).
     """
-    check_options(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
-    return _encode_rows(kind, payloads, queue, priority, run_at, max_attempts, tenant,
-                        concurrency_key, meta)
-
-
-def check_options(kind: str, queue: str, priority: int, run_at: datetime | None,
-                  max_attempts: int | None, tenant: str | None,
-                  concurrency_key: str | None) -> None:
-    """The options of jobs but their unique key and delay, checked as `enqueue` checks
-    them (`ConfigError`)."""
-    _check_names_and_limits(kind, queue, priority, run_at, max_attempts)
-    _check_group("tenant", tenant)
-    _check_group("concurrency_key", concurrency_key)
+    check_name("kind", kind)
+    return _encode_rows(kind, payloads, options.for_many("enqueue_many"), meta)
 
 
 def _each_encoded(payloads: Iterable[Any]) -> Iterator[bytes]:
@@ -312,27 +208,22 @@ def _each_encoded(payloads: Iterable[Any]) -> Iterator[bytes]:
             raise PayloadError(f"payload #{i} (0-based): {exc}") from None
 
 
-def _encode_rows(
-    kind: str,
-    payloads: Iterable[Any],
-    queue: str,
-    priority: int,
-    run_at: datetime | None,
-    max_attempts: int | None,
-    tenant: str | None,
-    concurrency_key: str | None,
-    meta: bytes | None,
-) -> Iterator[tuple[bytes, int]]:
+def _encode_rows(kind: str, payloads: Iterable[Any], options: JobOptions,
+                 meta: bytes | None) -> Iterator[tuple[bytes, int]]:
     limit = max_payload_bytes()
-    tail = b"\t%d\t%s" % (priority, b"\\N" if max_attempts is None else b"%d" % max_attempts)
-    tail += b"\t" + (tenant or "").translate(_COPY_ESCAPES).encode()
+    # The options' columns (`JobOptions.columns`), as COPY text: the same for every row.
+    c = options.columns()
+    max_attempts, concurrency_key = c["max_attempts"], c["concurrency_key"]
+    tail = b"\t%d\t%s" % (c["priority"],
+                           b"\\N" if max_attempts is None else b"%d" % max_attempts)
+    tail += b"\t" + c["tenant"].translate(_COPY_ESCAPES).encode()
     tail += b"\t" + (b"\\N" if concurrency_key is None
                      else concurrency_key.translate(_COPY_ESCAPES).encode())
-    if run_at is not None:  # scheduled: see sql.COPY_JOBS_AT
-        tail += b"\t" + run_at.isoformat().encode() + b"\tscheduled"
+    if c["run_at"] is not None:  # scheduled: see sql.COPY_JOBS_AT
+        tail += b"\t" + c["run_at"].isoformat().encode() + b"\tscheduled"
     if meta is not None:  # see sql.COPY_JOBS_META
         tail += b"\t" + meta.replace(b"\\", b"\\\\")
-    head = f"{queue}\t{kind}\t".encode()
+    head = f"{c['queue']}\t{kind}\t".encode()
     buf = bytearray()
     rows = 0  # in buf
     # The loop of `_each_encoded`, inline: a generator in between cost 2% of the encoding.
@@ -388,15 +279,21 @@ def enqueue(
     carries that span's trace context (`pgpool.tracing`); the ``on_enqueue`` hooks are told
     of the job it inserts (`pgpool.hooks`).
     """
-    params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
-                             max_attempts, tenant, concurrency_key)
-    with schema_required(), tracing.sending(kind, queue) as send:
+    return insert(conn, kind, payload, JobOptions(
+        queue, priority, run_at, delay, unique_key, max_attempts, tenant, concurrency_key))
+
+
+def insert(conn: psycopg.Connection, kind: str, payload: Any, options: JobOptions
+           ) -> int | None:
+    """`enqueue` with its options made (`Handler.enqueue` comes here with its own)."""
+    params = _enqueue_params(kind, payload, options)
+    with schema_required(), tracing.sending(kind, options.queue) as send:
         if send.meta is not None:
             params["meta"] = _jsonb(send.meta)
         row = conn.execute(sql.ENQUEUE, params).fetchone()
         job_id = None if row is None else row[0]
         send.sent(job_id, 1)
-    hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
+    hooks.enqueued(kind, options.queue, job_id, 0 if job_id is None else 1)
     return job_id
 
 
@@ -419,11 +316,18 @@ def enqueue_many(
     its position, and the COPY is abandoned. Traced, and told to the ``on_enqueue`` hooks,
     as `enqueue` is (one span and one hook call for all the jobs).
     """
+    return insert_many(conn, kind, payloads, JobOptions(
+        queue, priority, run_at, None, None, max_attempts, tenant, concurrency_key))
+
+
+def insert_many(conn: psycopg.Connection, kind: str, payloads: Iterable[Any],
+                options: JobOptions) -> int:
+    """`enqueue_many` with its options made (`Handler.enqueue_many` comes here)."""
+    queue = options.queue
     with tracing.sending(kind, queue, batch=True) as send:
-        rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                         max_attempts=max_attempts, tenant=tenant,
-                         concurrency_key=concurrency_key, meta=send.meta)
-        count = _copy(conn, rows, queue, run_at is not None, traced=send.meta is not None)
+        rows = copy_rows(kind, payloads, options, meta=send.meta)
+        count = _copy(conn, rows, queue, options.run_at is not None,
+                      traced=send.meta is not None)
         send.sent(None, count)
     hooks.enqueued(kind, queue, None, count)
     return count
@@ -470,15 +374,21 @@ async def enqueue_async(
     concurrency_key: str | None = None,
 ) -> int | None:
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
-    params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
-                             max_attempts, tenant, concurrency_key)
-    with schema_required(), tracing.sending(kind, queue) as send:
+    return await insert_async(conn, kind, payload, JobOptions(
+        queue, priority, run_at, delay, unique_key, max_attempts, tenant, concurrency_key))
+
+
+async def insert_async(conn: psycopg.AsyncConnection, kind: str, payload: Any,
+                       options: JobOptions) -> int | None:
+    """Async twin of `insert`."""
+    params = _enqueue_params(kind, payload, options)
+    with schema_required(), tracing.sending(kind, options.queue) as send:
         if send.meta is not None:
             params["meta"] = _jsonb(send.meta)
         row = await (await conn.execute(sql.ENQUEUE, params)).fetchone()
         job_id = None if row is None else row[0]
         send.sent(job_id, 1)
-    hooks.enqueued(kind, queue, job_id, 0 if job_id is None else 1)
+    hooks.enqueued(kind, options.queue, job_id, 0 if job_id is None else 1)
     return job_id
 
 
@@ -495,11 +405,17 @@ async def enqueue_many_async(
     concurrency_key: str | None = None,
 ) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
+    return await insert_many_async(conn, kind, payloads, JobOptions(
+        queue, priority, run_at, None, None, max_attempts, tenant, concurrency_key))
+
+
+async def insert_many_async(conn: psycopg.AsyncConnection, kind: str,
+                            payloads: Iterable[Any], options: JobOptions) -> int:
+    """Async twin of `insert_many`."""
+    queue = options.queue
     with tracing.sending(kind, queue, batch=True) as send:
-        rows = copy_rows(kind, payloads, queue=queue, priority=priority, run_at=run_at,
-                         max_attempts=max_attempts, tenant=tenant,
-                         concurrency_key=concurrency_key, meta=send.meta)
-        count = await _copy_async(conn, rows, queue, run_at is not None,
+        rows = copy_rows(kind, payloads, options, meta=send.meta)
+        count = await _copy_async(conn, rows, queue, options.run_at is not None,
                                   traced=send.meta is not None)
         send.sent(None, count)
     hooks.enqueued(kind, queue, None, count)
@@ -525,51 +441,28 @@ async def _copy_async(conn: psycopg.AsyncConnection, rows: Iterator[tuple[bytes,
     return count
 
 
-def function_params(
-    kind: str,
-    payload: dict[str, Any],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    unique_key: str | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> dict[str, Any]:
+def function_params(kind: str, payload: Any, options: JobOptions) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE_BY_FUNCTION` (a call of the SQL function
     ``pgpool_enqueue``) for one job, checked as `enqueue` checks its arguments: raises
     `PayloadError` or `ConfigError` before anything is sent. Plain values any PostgreSQL
     driver sends (the payload as JSON text), for drivers other than psycopg 3."""
-    params = _enqueue_params(kind, payload, queue, priority, run_at, delay, unique_key,
-                             max_attempts, tenant, concurrency_key, payload_as=bytes.decode)
+    params = _enqueue_params(kind, payload, options, payload_as=bytes.decode)
     # The function takes run_at or delay (not both), and NULL for "no tenant".
-    params.update(delay=None if run_at is not None else params["delay"], tenant=tenant,
-                  max_payload_bytes=str(max_payload_bytes()))
+    params.update(delay=None if options.run_at is not None else params["delay"],
+                  tenant=options.tenant, max_payload_bytes=str(max_payload_bytes()))
     return params
 
 
-def array_params(
-    kind: str,
-    payloads: Iterable[dict[str, Any]],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> dict[str, Any]:
+def array_params(kind: str, payloads: Iterable[Any], options: JobOptions) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE_ARRAY` (the payloads as one JSON array, all or
     none, and ``total``, how many), checked as `enqueue_many` checks its arguments: a bad
     payload raises `PayloadError` naming its position, before anything is sent. For drivers
     other than psycopg 3, which have no ``COPY`` from Python, and for groups' members
     (`pgpool.groups`)."""
-    check_options(kind, queue, priority, run_at, max_attempts, tenant, concurrency_key)
+    check_name("kind", kind)
+    columns = options.for_many("a group's members or an array of jobs").columns()
+    del columns["delay"], columns["unique_key"]
     encoded = list(_each_encoded(payloads))
-    return {"kind": kind, "queue": queue, "priority": priority, "run_at": run_at,
-            "max_attempts": max_attempts, "tenant": tenant or "",
-            "concurrency_key": concurrency_key,
+    return {**columns, "kind": kind,
             "payloads": (b"[" + b",".join(encoded) + b"]").decode(), "total": len(encoded),
             "max_payload_bytes": str(max_payload_bytes())}

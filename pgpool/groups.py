@@ -25,11 +25,13 @@ if the attempt fails (`pgpool.worker.followups`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from . import hooks
-from .enqueue import array_params, check_options, encode_payload, schema_required
+from .enqueue import array_params, encode_payload, schema_required
 from .errors import ConfigError
+from .job import MANY, JobOptions
+from .names import check_name
 from .registry import Handler
 from .sql import jobs as sql
 
@@ -38,8 +40,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Group", "group", "group_async", "group_params"]
 
-#: The options of a callback (``then_options``): where and how it runs.
-THEN_OPTIONS = ("queue", "priority", "max_attempts", "tenant", "concurrency_key")
+#: The options of a callback (``then_options``): where and how it runs. It has no unique
+#: key, and runs as soon as its group has finished.
+THEN_OPTIONS: Final = frozenset({"queue", "priority", "max_attempts", "tenant",
+                                 "concurrency_key"})
 
 
 class Group(NamedTuple):
@@ -64,26 +68,25 @@ def group_params(
     either kind applies its defaults and type. The callback runs in the members' queue
     unless ``then_options`` (or its handler) says otherwise. Raises `PayloadError` or
     `ConfigError` before anything is sent."""
-    name, payloads, options = _members(kind, payloads, options)
-    params = array_params(name, payloads, **options)
+    name, payloads, members = _members(kind, payloads, options)
+    params = array_params(name, payloads, members)
     then_kind, then_payload = _then(then)
-    chosen = {"queue": params["queue"]} | dict(then_options or {})
+    given = {"queue": members.queue} | dict(then_options or {})
+    JobOptions.of(given, allowed=THEN_OPTIONS, what="then_options")  # names, said plainly
     if isinstance(then_kind, Handler):
-        then_payload, chosen = then_kind.prepare(then_payload, chosen)
+        then_payload, callback = then_kind.prepare(then_payload, given)
         then_kind = then_kind.kind
-    unknown = set(chosen) - set(THEN_OPTIONS)
-    if unknown:
-        raise ConfigError(f"then_options takes {', '.join(THEN_OPTIONS)}, not "
-                          f"{', '.join(sorted(unknown))}: a callback has no unique key, and "
-                          "runs as soon as its group has finished")
-    queue, priority = chosen["queue"], chosen.get("priority", 0)
-    max_attempts, tenant = chosen.get("max_attempts"), chosen.get("tenant")
-    concurrency_key = chosen.get("concurrency_key")
-    check_options(then_kind, queue, priority, None, max_attempts, tenant, concurrency_key)
-    return {**params, "then_kind": then_kind, "then_queue": queue,
+        if callback.unique_key is not None:
+            raise ConfigError(f"the callback's handler {then_kind!r} has a unique_key: a "
+                              "group's callback has none (its group's id is its key)")
+    else:
+        callback = JobOptions.of(given)
+        check_name("kind", then_kind)
+    columns = callback.columns()
+    return {**params, "then_kind": then_kind, "then_queue": columns["queue"],
             "then_payload": encode_payload(then_payload).decode(),
-            "then_priority": priority, "then_max_attempts": max_attempts,
-            "then_tenant": tenant or "", "then_concurrency_key": concurrency_key}
+            "then_priority": columns["priority"], "then_max_attempts": columns["max_attempts"],
+            "then_tenant": columns["tenant"], "then_concurrency_key": columns["concurrency_key"]}
 
 
 def group(
@@ -136,10 +139,10 @@ def _enqueued(params: dict[str, Any], row: tuple[Any, ...] | None) -> Group:
 
 
 def _members(kind: str | Handler[Any], payloads: Iterable[Any],
-             options: dict[str, Any]) -> tuple[str, Iterable[Any], dict[str, Any]]:
+             options: dict[str, Any]) -> tuple[str, Iterable[Any], JobOptions]:
     if isinstance(kind, Handler):
         return kind.kind, *kind.prepare_many(payloads, options)
-    return kind, payloads, options
+    return kind, payloads, JobOptions.of(options, allowed=MANY, what="a group's members")
 
 
 def _then(then: Any) -> tuple[str | Handler[Any], Any]:

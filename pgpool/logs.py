@@ -52,7 +52,7 @@ def event(logger: logging.Logger, level: int, name: str, message: str, *args: ob
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line: ``time`` (ISO 8601, UTC, milliseconds),
     ``level``, ``host`` (the hostname), ``logger``, ``pid``, ``message``; ``job_id``,
-    ``kind`` and ``attempt`` for a record emitted in a worker while a job ran (`JobFilter`);
+    ``kind`` and ``attempt`` for a record emitted in a worker while a job ran (`JobStamp`);
     for events also ``event`` and its fields (events about one attempt carry ``job_id``,
     ``kind`` and ``attempt``); ``exception`` (the formatted traceback) when the record
     carries one."""
@@ -90,7 +90,7 @@ class JsonFormatter(logging.Formatter):
 RunningJob = Callable[[], "tuple[int, str, int] | None"]
 
 
-class JobFilter(logging.Filter):
+class JobStamp(logging.Filter):
     """Stamps each record with the job running when it was emitted (``pgpool_job``: the
     formatters' fields and prefix), as ``running()`` tells it; lets every record through.
 
@@ -108,7 +108,7 @@ class JobFilter(logging.Filter):
 
 class TextFormatter(logging.Formatter):
     """`TEXT_FORMAT`, with the message of a record emitted during a job prefixed
-    ``[kind#id attempt N] `` (see `JobFilter`)."""
+    ``[kind#id attempt N] `` (see `JobStamp`)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
@@ -135,11 +135,11 @@ def configure(level: str, log_format: str, stream: TextIO) -> None:
 def configure_worker(level: str, log_format: str, stream: TextIO, running: RunningJob
                      ) -> None:
     """`configure`, for a worker process: each record also names the job ``running()``
-    returns (`JobFilter`). ``stream`` is the worker's own stderr, not the per-job stream
+    returns (`JobStamp`). ``stream`` is the worker's own stderr, not the per-job stream
     that prefixes and bounds what handlers print (`pgpool.worker.output`): a log record is whole
     lines of its format already, and it does not count against the job's print budget."""
     handler = _handler(log_format, stream)
-    handler.addFilter(JobFilter(running))
+    handler.addFilter(JobStamp(running))
     logging.basicConfig(level=level, handlers=[handler])
 
 

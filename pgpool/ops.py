@@ -881,6 +881,15 @@ async def queue_known_async(conn: psycopg.AsyncConnection, queue: str) -> bool:
 _BIGINT_MAX: Final = 2**63 - 1
 
 
+def parse_job_id(text: str) -> int:
+    """A job id (or a group's: its callback's) as typed on a command line or in a URL:
+    ASCII digits (``str.isdigit`` takes "²", which ``int`` refuses) of a positive bigint;
+    `ConfigError` otherwise."""
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= _BIGINT_MAX:
+        raise ConfigError(f"{text[:40]!r} is not a job id (a positive integer)")
+    return int(text)
+
+
 def _check_ids(ids: Iterable[int]) -> list[int]:
     """The distinct ids, in order; `ConfigError` for none or a non-id."""
     out = list(dict.fromkeys(ids))

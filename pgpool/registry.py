@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
-from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from .enqueue import insert, insert_async, insert_many, insert_many_async
 from .errors import ConfigError, HandlerError, PayloadError
+from .job import MANY, JobOptions
 from .names import check_name
 from .retry import Retry
 
@@ -126,12 +127,12 @@ class Handler(Generic[P]):
         """Seconds a success of this kind is kept in ``pgpool_done`` with what the handler
         returned (`pgpool.outcomes`); None: not kept (unless the host keeps all)."""
         # The defaults enqueue applies (max_attempts is not one: hosts apply the kind's
-        # limit at claim, as for jobs enqueued by kind).
-        self._defaults: dict[str, Any] = {
-            name: value for name, value in (
-                ("queue", queue), ("priority", priority), ("tenant", tenant),
-                ("unique_key", unique_key), ("concurrency_key", concurrency_key))
-            if value is not None}
+        # limit at claim, as for jobs enqueued by kind); a key that is a function of the
+        # payload is computed per job (`prepare`).
+        self.defaults = _defaults(queue, priority, tenant, unique_key, concurrency_key)
+        """Its enqueue defaults, checked: the keys that are functions are not among them."""
+        self._key_functions = {name: key for name, key in (
+            ("unique_key", unique_key), ("concurrency_key", concurrency_key)) if callable(key)}
         functools.update_wrapper(self, fn)  # its name, module, docstring, __wrapped__
 
     @property
@@ -165,14 +166,14 @@ class Handler(Generic[P]):
         ``unique_key``. The handler's defaults apply unless an option is given; a typed
         payload is checked and encoded first (`PayloadError` naming the field, nothing
         sent)."""
-        data, chosen = self.prepare(payload, dict(options))
-        return enqueue(conn, self.kind, data, **chosen)
+        data, chosen = self.prepare(payload, options)
+        return insert(conn, self.kind, data, chosen)
 
     async def enqueue_async(self, conn: psycopg.AsyncConnection[Any], payload: P,
                             **options: Unpack[EnqueueOptions]) -> int | None:
         """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
-        data, chosen = self.prepare(payload, dict(options))
-        return await enqueue_async(conn, self.kind, data, **chosen)
+        data, chosen = self.prepare(payload, options)
+        return await insert_async(conn, self.kind, data, chosen)
 
     def enqueue_many(self, conn: psycopg.Connection[Any], payloads: Iterable[P],
                      **options: Unpack[ManyOptions]) -> int:
@@ -183,33 +184,32 @@ class Handler(Generic[P]):
         Raises `ConfigError` for a handler with a ``unique_key`` (COPY does not
         deduplicate), and for one whose ``concurrency_key`` is a function unless the call
         gives the one key all its jobs get."""
-        data, chosen = self.prepare_many(payloads, dict(options))
-        return enqueue_many(conn, self.kind, data, **chosen)
+        data, chosen = self.prepare_many(payloads, options)
+        return insert_many(conn, self.kind, data, chosen)
 
     async def enqueue_many_async(self, conn: psycopg.AsyncConnection[Any],
                                  payloads: Iterable[P],
                                  **options: Unpack[ManyOptions]) -> int:
         """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-        data, chosen = self.prepare_many(payloads, dict(options))
-        return await enqueue_many_async(conn, self.kind, data, **chosen)
+        data, chosen = self.prepare_many(payloads, options)
+        return await insert_many_async(conn, self.kind, data, chosen)
 
-    def prepare(self, payload: P, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def prepare(self, payload: P, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
         """What `enqueue` inserts for ``payload`` with ``options``: (the payload to store,
         the options), the handler's defaults under the given options, and the keys computed
         from the payload where a default is a function. `PayloadError` when a typed
-        payload does not fit."""
+        payload does not fit; `ConfigError` for a bad option."""
         data: Any = payload
         typed: Any = payload
         if self._codec is not None:
             data, typed = self._codec.encode(payload)
-        chosen = self._defaults | options
-        for name in ("unique_key", "concurrency_key"):
-            if callable(chosen.get(name)):
-                chosen[name] = chosen[name](typed)
-        return data, chosen
+        if self._key_functions:
+            options = {**{name: key(typed) for name, key in self._key_functions.items()
+                          if name not in options}, **options}
+        return data, JobOptions.of(options, over=self.defaults, what=f"{self.kind}.enqueue")
 
-    def prepare_many(self, payloads: Iterable[P],
-                     options: dict[str, Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+    def prepare_many(self, payloads: Iterable[P], options: Mapping[str, Any]
+                     ) -> tuple[Iterable[Any], JobOptions]:
         """What `enqueue_many` inserts: (the payloads to store, encoded one by one as they
         are consumed, the options). `ConfigError` for a default COPY cannot apply."""
         if self.unique_key is not None:
@@ -217,13 +217,14 @@ class Handler(Generic[P]):
                 f"handler {self.kind!r} has a unique_key, which enqueue_many cannot apply "
                 "(COPY does not deduplicate): enqueue its jobs one by one with .enqueue"
             )
-        chosen = {k: v for k, v in self._defaults.items() if k != "unique_key"} | options
-        if callable(chosen.get("concurrency_key")):
+        if "concurrency_key" in self._key_functions and "concurrency_key" not in options:
             raise ConfigError(
                 f"handler {self.kind!r} computes its concurrency_key per payload, and "
                 "enqueue_many gives all its jobs one: pass concurrency_key= to this call, or "
                 "enqueue the jobs one by one with .enqueue"
             )
+        chosen = JobOptions.of(options, over=self.defaults, allowed=MANY,
+                               what=f"{self.kind}.enqueue_many")
         codec = self._codec
         return (payloads if codec is None else _encoded(codec, payloads)), chosen
 
@@ -331,21 +332,25 @@ def handler(
 
 def _check_defaults(kind: str, queue: object, priority: object, tenant: object,
                     unique_key: object, concurrency_key: object) -> None:
-    """Refuse enqueue defaults of the wrong type at registration, not at the first enqueue
-    (their values are checked there, as any enqueue's)."""
-    if queue is not None:
-        try:
-            check_name("queue", queue)
-        except ConfigError as exc:
-            raise HandlerError(f"handler {kind!r}: {exc}") from None
-    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-        raise HandlerError(f"handler {kind!r}: priority must be an integer")
-    if tenant is not None and not isinstance(tenant, str):
-        raise HandlerError(f"handler {kind!r}: tenant must be a string")
+    """Refuse bad enqueue defaults at registration, not at the first enqueue."""
     for name, value in (("unique_key", unique_key), ("concurrency_key", concurrency_key)):
         if value is not None and not isinstance(value, str) and not callable(value):
             raise HandlerError(f"handler {kind!r}: {name} must be a string or a function "
                                "of the payload that returns one")
+    try:
+        _defaults(queue, priority, tenant, unique_key, concurrency_key)
+    except ConfigError as exc:
+        raise HandlerError(f"handler {kind!r}: {exc}") from None
+
+
+def _defaults(queue: Any, priority: Any, tenant: Any, unique_key: Any,
+              concurrency_key: Any) -> JobOptions:
+    """A handler's enqueue defaults (None: not set), checked; its keys that are functions
+    of the payload are left out (computed per job)."""
+    return JobOptions("default" if queue is None else queue,
+                      0 if priority is None else priority, tenant=tenant,
+                      unique_key=None if callable(unique_key) else unique_key,
+                      concurrency_key=None if callable(concurrency_key) else concurrency_key)
 
 
 def _check_function(kind: str, fn: object) -> None:

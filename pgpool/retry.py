@@ -24,6 +24,9 @@ from typing import Final
 
 from .errors import HandlerError
 
+# The longest delay of a retry or a snooze is an enqueue delay's: 100 years.
+from .job import MAX_DELAY_SECONDS
+
 #: How many attempts of one job may go uncounted against its ``max_attempts``: attempts cut
 #: off by a dispatcher's shutdown (its grace period ran out) and attempts whose host died
 #: before they started. Bounded, so a job that always outlives the grace period cannot loop
@@ -34,8 +37,6 @@ FREE_INTERRUPTIONS = 3
 #: How many times one job may snooze (`Snooze`) without using an attempt; a snooze past
 #: that counts as a failed attempt, so a job that always snoozes still ends.
 MAX_SNOOZES: Final = 100
-#: The longest delay of a retry or a snooze, seconds: 100 years, as an enqueue's ``delay``.
-MAX_DELAY_SECONDS: Final = 100 * 366 * 86400
 #: Longest reason kept from a `Discard` or `Cancel` (as a failed attempt's error).
 MAX_REASON_CHARS: Final = 4000
 

@@ -18,7 +18,7 @@ from conftest import explain_prepared
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.host.attempt import Job, Outcome
+from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.claimer import Claimer, configure_connection
 from pgpool.host.completer import Ack, Completer, decide
 from pgpool.host.lease import Lease
@@ -288,9 +288,9 @@ def test_reaper_does_not_count_an_attempt_that_never_started_up_to_a_bound(db, d
     assert (again.attempt, again.counted, again.max_attempts) == (2, 1, 1)
 
 
-def _outcome(attempt: int, interruptions: int, *, interrupted: bool) -> Outcome:
+def _outcome(attempt: int, interruptions: int, *, interrupted: bool) -> AttemptEnd:
     job = Job(1, "k", "default", attempt, interruptions, 3, b"{}", None)
-    return Outcome(job, "shutdown grace period (1s) expired", 1.0, interrupted=interrupted)
+    return AttemptEnd(job, "shutdown grace period (1s) expired", 1.0, interrupted=interrupted)
 
 
 def test_an_attempt_cut_off_by_shutdown_is_not_counted_up_to_the_bound() -> None:

@@ -37,7 +37,7 @@ from conftest import (
 )
 
 import pgpool
-from pgpool.host.attempt import Job, Outcome
+from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.pool import LEASE_LOST, WorkerPool
 from pgpool.worker import ipc
 from pgpool.worker import main as worker
@@ -283,8 +283,8 @@ def test_the_pool_reads_what_a_worker_wrote_before_it_kills_it_for_a_lost_job(
                 .encode(), None),
             Job(3, "whoami", "default", 1, 0, 1, b"{}", None)]
 
-    async def main() -> tuple[list[Outcome], WorkerPool]:
-        outcomes: list[Outcome] = []
+    async def main() -> tuple[list[AttemptEnd], WorkerPool]:
+        outcomes: list[AttemptEnd] = []
         pool = WorkerPool(procs=1, modules=["testjobs"], on_outcome=outcomes.append,
                           on_returned=print, on_fatal=print, depth=3)
         await pool.start()

@@ -23,7 +23,7 @@ import pytest
 from conftest import HOST_PATHS, alive, read_records
 
 from pgpool.errors import HandlerError
-from pgpool.host.attempt import Job, Outcome
+from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.pool import MAX_START_FAILURES, WorkerPool
 from pgpool.worker import ipc, portable
 
@@ -45,13 +45,13 @@ def pool_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 def run_pool(jobs: list[Job], *, procs: int = 1, depth: int | None = 2,
-             **limits: int) -> tuple[list[Outcome], WorkerPool]:
+             **limits: int) -> tuple[list[AttemptEnd], WorkerPool]:
     """Submit ``jobs``, wait until each has an outcome; return them and the pool."""
-    async def main() -> tuple[list[Outcome], WorkerPool]:
-        outcomes: list[Outcome] = []
+    async def main() -> tuple[list[AttemptEnd], WorkerPool]:
+        outcomes: list[AttemptEnd] = []
         finished = asyncio.get_running_loop().create_future()
 
-        def on_outcome(outcome: Outcome) -> None:
+        def on_outcome(outcome: AttemptEnd) -> None:
             outcomes.append(outcome)
             if len(outcomes) == len(jobs):
                 finished.set_result(None)
@@ -198,15 +198,15 @@ def test_a_claimed_job_goes_to_its_worker_as_a_named_work_item() -> None:
 def run_fenced(jobs: list[Job], *, deadline_in: dict[int, float] | None = None,
                extend_every: float | None = None, min_left_to_start: float = 0.0,
                until: Callable[[WorkerPool], bool],
-               ) -> tuple[list[Outcome], list[Job], WorkerPool]:
+               ) -> tuple[list[AttemptEnd], list[Job], WorkerPool]:
     """Run ``jobs`` on one worker until ``until(pool)`` holds. ``deadline_in`` gives job ids
     a deadline that many seconds after the pool has started (a start takes a second or more
     on a loaded machine, so a deadline taken before it could pass before the job is
     submitted). With ``extend_every``, move every job's deadline to a second from now that
     often and tell the workers, as the heartbeat does. Returns the outcomes, the jobs handed
     back and the pool."""
-    async def main() -> tuple[list[Outcome], list[Job], WorkerPool]:
-        outcomes: list[Outcome] = []
+    async def main() -> tuple[list[AttemptEnd], list[Job], WorkerPool]:
+        outcomes: list[AttemptEnd] = []
         returned: list[Job] = []
         pool = WorkerPool(procs=1, modules=["testjobs"], on_outcome=outcomes.append,
                           on_returned=returned.extend, on_fatal=print, depth=4,
@@ -307,12 +307,12 @@ class Callbacks:
     """The pool's three callbacks, recording what the dispatcher would see."""
 
     def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[AttemptEnd] = []
         self.returned: list[Job] = []
         self.fatal: list[str] = []
         self._changed = asyncio.Event()
 
-    def on_outcome(self, outcome: Outcome) -> None:
+    def on_outcome(self, outcome: AttemptEnd) -> None:
         self.outcomes.append(outcome)
         self._changed.set()
 

@@ -30,7 +30,7 @@ from test_metrics import scrape, value, with_metrics
 import pgpool
 from pgpool import ops
 from pgpool.errors import HandlerError
-from pgpool.host.attempt import Job, Outcome
+from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.completer import Ack, Completer, decide
 from pgpool.retry import MAX_SNOOZES, Retry
 
@@ -154,9 +154,9 @@ def test_control_exceptions_refuse_bad_arguments_in_one_line(raised, message):
     assert pgpool.Snooze(timedelta(minutes=2)).seconds == 120.0
 
 
-def _snoozed(snoozes: int, attempt: int = 1) -> Outcome:
+def _snoozed(snoozes: int, attempt: int = 1) -> AttemptEnd:
     job = Job(1, "k", "default", attempt + snoozes, 0, 2, b"{}", None, snoozes=snoozes)
-    return Outcome(job, "snoozed for 5s", 0.1, cause="Snooze", verdict="snooze", delay=5.0)
+    return AttemptEnd(job, "snoozed for 5s", 0.1, cause="Snooze", verdict="snooze", delay=5.0)
 
 
 def test_a_snooze_past_the_bound_counts_as_a_failed_attempt():

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 import pgpool
 from pgpool.enqueue import function_params, max_payload_bytes
+from pgpool.job import JobOptions
 from pgpool.sql import jobs as sql_jobs
 
 #: A job row as a comparable value: every column but the id.
@@ -318,7 +319,7 @@ def test_the_functions_take_the_limit_pgpool_enqueue_has(db, dsn, monkeypatch):
     monkeypatch.setenv("PGPOOL_MAX_PAYLOAD_BYTES", "2000000")
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(sql_jobs.ENQUEUE_BY_FUNCTION,
-                    function_params("record", big))
+                    function_params("record", big, JobOptions()))
         assert cur.fetchone()[0] is not None
     assert pgpool.group(db, "record", [big], then=("record", {})).size == 1
     monkeypatch.setenv("PGPOOL_MAX_PAYLOAD_BYTES", "100")

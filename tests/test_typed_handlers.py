@@ -358,7 +358,11 @@ def test_an_unsupported_payload_type_is_refused_at_registration(case: str) -> No
 def test_bad_defaults_are_refused_at_registration() -> None:
     for options, needle in [({"queue": "no spaces"}, "invalid queue 'no spaces'"),
                             ({"priority": "high"}, "priority must be an integer"),
-                            ({"tenant": 5}, "tenant must be a string"),
+                            ({"tenant": 5}, "tenant must be None or a non-empty string"),
+                            # Values too, not only types: the defaults are one JobOptions.
+                            ({"tenant": ""}, "tenant must be None or a non-empty string"),
+                            ({"priority": 2**31}, "priority must be an integer within"),
+                            ({"concurrency_key": "x" * 201}, "concurrency_key must be None"),
                             ({"unique_key": 5}, "unique_key must be a string or a function")]:
         with pytest.raises(pgpool.HandlerError, match=needle):
             pgpool.handler("typed.bad-defaults", **options)  # type: ignore[arg-type]

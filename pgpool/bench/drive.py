@@ -21,7 +21,7 @@ import psycopg
 
 from .. import registry
 from ..enqueue import enqueue_many
-from ..host.attempt import Outcome
+from ..host.attempt import AttemptEnd
 from ..host.budget import DEFAULT_MAX_CLAIMS_PER_SEC
 from ..host.config import RunConfig
 from ..host.dispatcher import Dispatcher, DispatcherObserver
@@ -64,7 +64,7 @@ class DriveObserver(DispatcherObserver):
         self._checkouts_at_start = _checkouts(dispatcher)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(dispatcher))
 
-    def finished(self, outcome: Outcome) -> None:
+    def finished(self, outcome: AttemptEnd) -> None:
         now = time.perf_counter()
         if self.first_done is None:
             assert self._dispatcher is not None

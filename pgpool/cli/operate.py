@@ -35,12 +35,9 @@ def duration(text: str) -> float:
 
 def _job_id(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 0 < value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive integer)")
-    return value
+        return ops.parse_job_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:

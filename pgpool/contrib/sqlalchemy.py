@@ -36,9 +36,16 @@ except ImportError:  # pragma: no cover - the extra is missing
         "pip install 'pgpool[sqlalchemy]'"
     ) from None
 
-import pgpool
 from pgpool import ConfigError, Handler, SchemaError, hooks
-from pgpool.enqueue import array_params, function_params
+from pgpool.enqueue import (
+    array_params,
+    function_params,
+    insert,
+    insert_async,
+    insert_many,
+    insert_many_async,
+)
+from pgpool.job import MANY, JobOptions
 from pgpool.registry import EnqueueOptions, ManyOptions
 from pgpool.sql import jobs as sql
 
@@ -77,11 +84,11 @@ def enqueue(
     transaction usable; an engine on another database than PostgreSQL raises `ConfigError`.
     """
     conn = _connection(session)
-    name, payload, options = _prepared(kind, payload, options)
+    name, payload, chosen = _prepared(kind, payload, options)
     driver = conn.connection.driver_connection
     if isinstance(driver, psycopg.Connection):
-        return pgpool.enqueue(driver, name, payload, **options)
-    params = function_params(name, payload, **options)
+        return insert(driver, name, payload, chosen)
+    params = function_params(name, payload, chosen)
     with _schema_required():
         job_id: int | None = conn.execute(_ENQUEUE, params).scalar_one()
     hooks.enqueued(name, params["queue"], job_id, 0 if job_id is None else 1)
@@ -105,11 +112,11 @@ def enqueue_many(
     position, none of the jobs is inserted and the transaction stays usable. ``kind`` and
     ``options`` as for `enqueue`."""
     conn = _connection(session)
-    name, payloads, options = _prepared_many(kind, payloads, options)
+    name, payloads, chosen = _prepared_many(kind, payloads, options)
     driver = conn.connection.driver_connection
     if isinstance(driver, psycopg.Connection):
-        return pgpool.enqueue_many(driver, name, payloads, **options)
-    params = array_params(name, payloads, **options)
+        return insert_many(driver, name, payloads, chosen)
+    params = array_params(name, payloads, chosen)
     with _schema_required():
         count: int = conn.execute(_ENQUEUE_MANY, params).one()[0]
     hooks.enqueued(name, params["queue"], None, count)
@@ -132,11 +139,11 @@ async def enqueue_async(
     made by ``create_async_engine("postgresql+psycopg://...")`` (or another async
     PostgreSQL driver, such as ``postgresql+asyncpg://``)."""
     conn = await _async_connection(session)
-    name, payload, options = _prepared(kind, payload, options)
+    name, payload, chosen = _prepared(kind, payload, options)
     driver = (await conn.get_raw_connection()).driver_connection
     if isinstance(driver, psycopg.AsyncConnection):
-        return await pgpool.enqueue_async(driver, name, payload, **options)
-    params = function_params(name, payload, **options)
+        return await insert_async(driver, name, payload, chosen)
+    params = function_params(name, payload, chosen)
     with _schema_required():
         job_id: int | None = (await conn.execute(_ENQUEUE, params)).scalar_one()
     hooks.enqueued(name, params["queue"], job_id, 0 if job_id is None else 1)
@@ -158,11 +165,11 @@ async def enqueue_many_async(
 ) -> int:
     """Async twin of `enqueue_many`, for an `AsyncSession` or `AsyncConnection`."""
     conn = await _async_connection(session)
-    name, payloads, options = _prepared_many(kind, payloads, options)
+    name, payloads, chosen = _prepared_many(kind, payloads, options)
     driver = (await conn.get_raw_connection()).driver_connection
     if isinstance(driver, psycopg.AsyncConnection):
-        return await pgpool.enqueue_many_async(driver, name, payloads, **options)
-    params = array_params(name, payloads, **options)
+        return await insert_many_async(driver, name, payloads, chosen)
+    params = array_params(name, payloads, chosen)
     with _schema_required():
         count: int = (await conn.execute(_ENQUEUE_MANY, params)).one()[0]
     hooks.enqueued(name, params["queue"], None, count)
@@ -180,19 +187,19 @@ _ENQUEUE_MANY: Final = _as_text(sql.ENQUEUE_ARRAY)
 
 
 def _prepared(kind: str | Handler[Any], payload: Any,
-              options: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+              options: dict[str, Any]) -> tuple[str, Any, JobOptions]:
     """(the kind's name, the payload to store, the options) of one job."""
     if isinstance(kind, Handler):
         return kind.kind, *kind.prepare(payload, options)
-    return kind, payload, options
+    return kind, payload, JobOptions.of(options)
 
 
 def _prepared_many(kind: str | Handler[Any], payloads: Iterable[Any],
-                   options: dict[str, Any]) -> tuple[str, Iterable[Any], dict[str, Any]]:
+                   options: dict[str, Any]) -> tuple[str, Iterable[Any], JobOptions]:
     """(the kind's name, the payloads to store, the options) of many jobs."""
     if isinstance(kind, Handler):
         return kind.kind, *kind.prepare_many(payloads, options)
-    return kind, payloads, options
+    return kind, payloads, JobOptions.of(options, allowed=MANY, what="enqueue_many")
 
 
 @contextlib.contextmanager

@@ -74,10 +74,12 @@ def start(pgdata: Path, *, delete_on_exit: bool = False) -> str:
         ensure_system_user(SYSTEM_USER)
     try:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
-        # Under the package's own lock: it reads and rewrites the same list when a
-        # process attaches or exits, and an update lost to a race would stop the server
-        # under a live process.
-        with package.PostgresServer._lock:
+        # Under the package's own inter-process lock (the same file, `lock_path`): it
+        # reads and rewrites the same list when a process attaches or exits, and an update
+        # lost to a race would stop the server under a live process.
+        import fasteners
+
+        with fasteners.InterProcessLock(package.PostgresServer.lock_path):
             _forget_dead_handles(pgdata)
         server = package.get_server(
             pgdata, cleanup_mode="delete" if delete_on_exit else "stop"

@@ -1,5 +1,5 @@
 """What the dispatcher knows about a claimed job (`Job`: one attempt, with its lease
-deadline) and how that attempt ended (`Outcome`, built from what the worker reported)."""
+deadline) and how that attempt ended (`AttemptEnd`, built from what the worker reported)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class Job:
 
 
 @dataclass(slots=True)
-class Outcome:
+class AttemptEnd:
     """How an attempt ended. ``error`` is None on success."""
 
     job: Job
@@ -84,7 +84,7 @@ class Outcome:
     follow: FollowUpsWire | None = None
 
     @classmethod
-    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended | Finished) -> Outcome:
+    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended | Finished) -> AttemptEnd:
         """The outcome of ``job`` a worker's message reports."""
         match message:
             case Finished():

@@ -1,6 +1,6 @@
 """What happens to a finished attempt, and writing that back as grouped acks.
 
-Deciding: `decide` turns an attempt's `Outcome` into the job's next state, one of these
+Deciding: `decide` turns an attempt's `AttemptEnd` into the job's next state, one of these
 typed acks: `Ack.done` (delete it), `Ack.retry` (ready again after its kind's backoff,
 `pgpool.Retry`), `Ack.dead` (its last attempt failed, or it failed in a way its handler's
 `Retry` does not retry: move it to ``pgpool_dead``), `Ack.release` (claimed but never
@@ -70,7 +70,7 @@ from ..retry import FREE_INTERRUPTIONS, MAX_SNOOZES, Retry
 from ..sql import jobs as sql
 from ..sql.common import int_array
 from ..worker.ipc import FollowUpsWire
-from .attempt import Job, Outcome
+from .attempt import AttemptEnd, Job
 from .isolate import Interrupted, Isolated, describe, isolate, row_error, transient
 
 log = logging.getLogger("pgpool.completer")
@@ -176,9 +176,9 @@ def keep_of(job: Job, keeps: Mapping[str, float], keep_done: float | None) -> fl
     return 0.0 if keep is None and job.group_id is not None else keep
 
 
-def as_kept(outcome: Outcome, keep: float | None) -> Outcome:
+def as_kept(outcome: AttemptEnd, keep: float | None) -> AttemptEnd:
     """``outcome`` as it is decided for a success kept ``keep`` seconds (None: not kept):
-    a kept success whose returned value cannot be stored (`Outcome.result_error`) is the
+    a kept success whose returned value cannot be stored (`AttemptEnd.result_error`) is the
     failure it is, final, since the value would not change (the job is dead-lettered with
     the reason, and nothing of the success written); any other outcome as it is."""
     if keep is None or outcome.result_error is None:
@@ -188,7 +188,7 @@ def as_kept(outcome: Outcome, keep: float | None) -> Outcome:
         cause="ResultError", verdict="final")
 
 
-def decide(outcome: Outcome, retry: Retry, keep: float | None = None) -> Ack:
+def decide(outcome: AttemptEnd, retry: Retry, keep: float | None = None) -> Ack:
     """The next state of a job after ``outcome``: done (kept ``keep`` seconds with what its
     handler returned, when not None, and with its follow-ups); what its handler asked for (a
     snooze while the job has snoozed fewer than `MAX_SNOOZES` times, a discard, a cancel,
@@ -319,7 +319,7 @@ class Completer:
 
     # --- outcomes in ----------------------------------------------------------------------
 
-    def complete(self, outcome: Outcome) -> Ack | None:
+    def complete(self, outcome: AttemptEnd) -> Ack | None:
         """An attempt ended: decide the job's next state and queue its ack, which is
         returned; or drop the result if the lease was lost meanwhile (None)."""
         job = outcome.job
@@ -515,7 +515,7 @@ class Completer:
                 continue
             error = (f"succeeded, but the database refused to store its outcome (its result, "
                      f"follow-up jobs or groups): {describe(exc)}: {first_line(exc)}")
-            failure = decide(Outcome(ack.job, error, 0.0, cause=describe(exc)),
+            failure = decide(AttemptEnd(ack.job, error, 0.0, cause=describe(exc)),
                              self._retries.get(ack.job.kind, self._retry))
             self.counts["done"] -= 1
             self.counts[_COUNTED[failure.kind]] += 1
@@ -606,7 +606,7 @@ _ARMS: tuple[AckKind, ...] = ("done", "retry", "release", "interrupted", "dead")
 _ARMS_CONTROL: tuple[AckKind, ...] = (*_ARMS, "snooze")
 
 
-def _fields(outcome: Outcome) -> dict[str, object]:
+def _fields(outcome: AttemptEnd) -> dict[str, object]:
     """What every event about a job's outcome carries."""
     job = outcome.job
     return {"job_id": job.id, "kind": job.kind, "attempt": job.counted,
@@ -618,7 +618,7 @@ _PERMANENT: Final = {"PayloadDecodeError": "its payload does not fit its handler
                      "ResultError": "its result cannot be stored"}
 
 
-def _log_decision(ack: Ack, outcome: Outcome) -> None:
+def _log_decision(ack: Ack, outcome: AttemptEnd) -> None:
     """The event of a decision other than done: what became of the job, and why."""
     job, fields = outcome.job, _fields(outcome)
     if ack.kind == "dead":

@@ -15,7 +15,7 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
      ├── claimer.claim(want()) ──── CLAIM ───┤  (FOR NO KEY UPDATE SKIP LOCKED)
      ▼ jobs                                  │
   pool.submit(jobs) ─▶ task pipes ─▶ workers │  (pgpool.host.pool, pgpool.worker)
-     │ one Outcome per attempt               │
+     │ one AttemptEnd per attempt               │
      ▼                                       │
   _job_finished(outcome):                    │
      scheduler.job_finished()  (room)        │
@@ -74,7 +74,7 @@ from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
 from ..sql.fleet import STALE_AFTER_LEASES
-from .attempt import Job, Outcome
+from .attempt import AttemptEnd, Job
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
@@ -126,7 +126,7 @@ class DispatcherObserver:
     def started(self, dispatcher: Dispatcher) -> None:
         """Every part is up; nothing is claimed yet."""
 
-    def finished(self, outcome: Outcome) -> None:
+    def finished(self, outcome: AttemptEnd) -> None:
         """An attempt ended (called once per job: keep it cheap)."""
 
     def stopping(self, signum: int) -> None:
@@ -450,7 +450,7 @@ class Dispatcher:
             vacuum_left=0 if self.vacuum is None else self.vacuum.left,
         )
 
-    def _job_finished(self, outcome: Outcome) -> None:
+    def _job_finished(self, outcome: AttemptEnd) -> None:
         self.scheduler.job_finished()
         ack = self.completer.complete(outcome)
         if self.metrics is not None:

@@ -57,7 +57,7 @@ from ..sql.fleet import STALE_AFTER_LEASES
 if TYPE_CHECKING:
     import psycopg
 
-    from .attempt import Job, Outcome
+    from .attempt import AttemptEnd, Job
     from .completer import Ack, FlushResult
 
 log = logging.getLogger("pgpool.metrics")
@@ -184,7 +184,7 @@ class DispatcherMetrics:
                 h = lag[job.kind] = _Histogram(LAG_BUCKETS)
             h.observe(job.waited)
 
-    def job_finished(self, outcome: Outcome, ack: Ack | None) -> None:
+    def job_finished(self, outcome: AttemptEnd, ack: Ack | None) -> None:
         """An attempt ended; ``ack`` is what the completer made of it (None: lease lost)."""
         kind = outcome.job.kind
         key = (kind, OUTCOMES[ack.kind] if ack is not None else "lost")

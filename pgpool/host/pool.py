@@ -26,7 +26,7 @@ types of `pgpool.worker.ipc`::
      │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
      │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
      │        Done, _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
-     │            ─▶ on_outcome(Outcome)    (the dispatcher's `_job_finished`: to its completer)
+     │            ─▶ on_outcome(AttemptEnd)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
@@ -92,7 +92,7 @@ from ..errors import HandlerError
 from ..logs import event
 from ..worker import fence, ipc, portable
 from ..worker import main as worker
-from .attempt import Job, Outcome
+from .attempt import AttemptEnd, Job
 
 log = logging.getLogger("pgpool.pool")
 
@@ -159,7 +159,7 @@ class WorkerPool:
         *,
         procs: int,
         modules: list[str],
-        on_outcome: Callable[[Outcome], None],
+        on_outcome: Callable[[AttemptEnd], None],
         on_returned: Callable[[list[Job]], None],
         on_fatal: Callable[[str], None],
         depth: int | None = None,
@@ -221,7 +221,7 @@ class WorkerPool:
         """Let running jobs finish within ``grace`` seconds, then kill what is left.
 
         Unstarted jobs come back through ``on_returned``; jobs killed at the deadline
-        end through ``on_outcome`` as failures marked `Outcome.interrupted` (the
+        end through ``on_outcome`` as failures marked `AttemptEnd.interrupted` (the
         completer does not count such an attempt, up to a bound).
         """
         self.closing = True
@@ -452,7 +452,7 @@ class WorkerPool:
     def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
         match message:  # the per-job ones first
             case ipc.Done():  # the common case first, and made directly
-                self._finished(w, Outcome(self._front_job(w, message.id), None,
+                self._finished(w, AttemptEnd(self._front_job(w, message.id), None,
                                           message.elapsed))
             case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished():
                 self._on_outcome(w, message)
@@ -471,7 +471,7 @@ class WorkerPool:
 
     def _on_outcome(self, w: _Worker,
                     message: ipc.Failed | ipc.Snoozed | ipc.Ended | ipc.Finished) -> None:
-        self._finished(w, Outcome.of(self._front_job(w, message.id), message))
+        self._finished(w, AttemptEnd.of(self._front_job(w, message.id), message))
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).
@@ -491,7 +491,7 @@ class WorkerPool:
             w.dropped.discard(job)
         return job
 
-    def _finished(self, w: _Worker, outcome: Outcome) -> None:
+    def _finished(self, w: _Worker, outcome: AttemptEnd) -> None:
         w.started_at = asyncio.get_running_loop().time()  # its next job starts now
         if w.assigned:
             w.assigned[0].started = True
@@ -636,7 +636,7 @@ class WorkerPool:
             # `drop_lost` read what the worker had written): this one had only just
             # started, and is not to blame. It runs again, the attempt not counted.
             cause, interrupted = KILLED_WITH_LOST, True
-        self._report_outcome(Outcome(job, cause, 0.0, cause=cause, interrupted=interrupted))
+        self._report_outcome(AttemptEnd(job, cause, 0.0, cause=cause, interrupted=interrupted))
 
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the

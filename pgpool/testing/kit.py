@@ -39,7 +39,7 @@ from psycopg.rows import tuple_row
 from .. import names, registry
 from ..enqueue import encode_payload, schema_required
 from ..errors import HandlerError
-from ..host.attempt import Job, Outcome
+from ..host.attempt import AttemptEnd, Job
 from ..host.claimer import RawJsonLoader
 from ..host.completer import (
     RECORDING,
@@ -212,7 +212,7 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
         result = run_job(handlers, job.wire(), (), raised, conn)
         policy = _AT_ONCE if retries else handlers[job.kind].retry or default
         keep = keep_of(job, keeps, None)
-        ack = decide(as_kept(Outcome.of(job, result), keep), policy, keep)
+        ack = decide(as_kept(AttemptEnd.of(job, result), keep), policy, keep)
         host.ack(ack)
         counts[_COUNTED[ack.kind]] += 1
         # A failure, not what a handler asked for (a snooze, a discard, a cancel).

@@ -604,12 +604,7 @@ def _id(request: web.Request) -> int:
 
 def _job_id(text: str | None) -> int | None:
     """A job id (or a group's, its callback's) from a path or a query; None if not given."""
-    if not text:
-        return None
-    # ASCII digits only: str.isdigit() takes "²", which int() refuses.
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
-        raise ConfigError(f"{text[:40]!r} is not a job id (a positive integer)")
-    return int(text)
+    return ops.parse_job_id(text) if text else None
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)

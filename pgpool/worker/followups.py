@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from ..enqueue import function_params
 from ..errors import ConfigError, GroupNotFound
 from ..groups import group_params
-from ..job import JobInfo
+from ..job import JobInfo, JobOptions
 from ..outcomes import Member, group_members
 from ..registry import Handler
 
@@ -121,18 +121,25 @@ class RunningJob(JobInfo):
         options are checked now (`PayloadError`, `ConfigError`). No id is returned: the
         job does not exist yet."""
         attempt = self._running(1)
-        attempt.keep([_job_params(kind, payload, options)], [])
+        if isinstance(kind, Handler):
+            payload, chosen = kind.prepare(payload, options)
+            kind = kind.kind
+        else:
+            chosen = JobOptions.of(options, what="current_job().enqueue")
+        attempt.keep([_job_params(kind, payload, chosen)], [])
 
     def enqueue_many(self, kind: str | Handler[Any], payloads: Iterable[Any],
                      **options: Any) -> int:
         """`enqueue` for many jobs of one kind (``options`` as `pgpool.enqueue_many`'s);
         how many."""
         if isinstance(kind, Handler):
-            payloads, options = kind.prepare_many(payloads, options)
+            payloads, chosen = kind.prepare_many(payloads, options)
             kind = kind.kind
+        else:  # each is inserted on its own (`pgpool.sql.jobs.ACK_OUTCOMES`): any option
+            chosen = JobOptions.of(options, what="current_job().enqueue_many")
         listed = list(payloads)
         attempt = self._running(len(listed))
-        attempt.keep([_job_params(kind, payload, options) for payload in listed], [])
+        attempt.keep([_job_params(kind, payload, chosen) for payload in listed], [])
         return len(listed)
 
     def group(self, kind: str | Handler[Any], payloads: Iterable[Any], *,
@@ -182,13 +189,9 @@ class RunningJob(JobInfo):
         return self._attempt
 
 
-def _job_params(kind: str | Handler[Any], payload: Any,
-                options: dict[str, Any]) -> dict[str, Any]:
+def _job_params(kind: str, payload: Any, options: JobOptions) -> dict[str, Any]:
     """A follow-up job's parameters, checked and encoded as `pgpool.enqueue` does."""
-    if isinstance(kind, Handler):
-        payload, options = kind.prepare(payload, options)
-        kind = kind.kind
-    params = function_params(kind, payload, **options)
+    params = function_params(kind, payload, options)
     run_at: datetime | None = params["run_at"]
     # Plain values for the pipe and the ack's arrays: run_at as seconds since the epoch,
     # '' for no tenant (the column's value).

@@ -49,7 +49,7 @@ from typing import Any, Literal, NamedTuple
 
 _HEADER = struct.Struct("<I")
 
-#: What a handler asked for instead of a plain failure (`pgpool.host.attempt.Outcome.verdict`).
+#: What a handler asked for instead of a plain failure (`pgpool.host.attempt.AttemptEnd.verdict`).
 Verdict = Literal["snooze", "discard", "cancel", "final"]
 
 
@@ -113,7 +113,7 @@ class Ended(NamedTuple):
     id: int
     #: "discard" or "cancel" (`pgpool.Discard`, `pgpool.Cancel`), or "final": an error its
     #: handler's `pgpool.Retry` does not retry, or a payload that does not fit its type
-    #: (`pgpool.host.attempt.Outcome.verdict`).
+    #: (`pgpool.host.attempt.AttemptEnd.verdict`).
     verdict: Verdict
     #: What pgpool_dead keeps: the reason given, the decode failure, or the bounded traceback.
     error: str

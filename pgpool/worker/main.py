@@ -483,7 +483,7 @@ def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> Any:
 
 
 def _running() -> tuple[int, str, int] | None:
-    """The running job as log records name it (`pgpool.logs.JobFilter`)."""
+    """The running job as log records name it (`pgpool.logs.JobStamp`)."""
     running = _now
     if running is None:
         return None

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ... import enqueue as pgpool_enqueue
-from ... import enqueue_many as pgpool_enqueue_many
+from ...enqueue import insert, insert_many
 from ...errors import ConfigError
+from ...job import MANY, JobOptions
 
 if TYPE_CHECKING:
     import psycopg
@@ -60,11 +60,12 @@ def enqueue(kind: str, payload: dict[str, Any], *, using: str = "default",
     any query in Django's autocommit. ``options`` are `pgpool.enqueue`'s (``queue``,
     ``priority``, ``run_at``, ``delay``, ``unique_key``, ``max_attempts``, ``tenant``,
     ``concurrency_key``). Returns the job's id, or None for a duplicate ``unique_key``."""
-    return pgpool_enqueue(connection_for(using), kind, payload, **options)
+    return insert(connection_for(using), kind, payload, JobOptions.of(options))
 
 
 def enqueue_many(kind: str, payloads: Iterable[dict[str, Any]], *, using: str = "default",
                  **options: Any) -> int:
     """`pgpool.enqueue_many` (COPY, all or none) on Django's database ``using``, as
     `enqueue`; returns how many jobs it inserted."""
-    return pgpool_enqueue_many(connection_for(using), kind, payloads, **options)
+    return insert_many(connection_for(using), kind, payloads,
+                       JobOptions.of(options, allowed=MANY, what="enqueue_many"))
