@@ -53,6 +53,10 @@ def test_bench_json_drains_in_its_own_schema(dsn: str, db: psycopg.Connection) -
     # Every pooled statement is an autocommit transaction; the database counts more.
     assert drive["transactions"] >= drive["statements"] >= drive["claims"] + drive["ack_flushes"]
     assert drive["statements_per_job"] == drive["statements"] / 200
+    # WAL: an insert and a claim's update and delete each write at least a record per job.
+    wal = drive["wal_bytes_per_job"]
+    assert wal["enqueue"] > 20 and wal["drain"] > 40
+    assert wal["total"] == pytest.approx(wal["enqueue"] + wal["drain"])
     assert drive["queue_lag_samples"] == 4  # 1 in 64 of 200
     assert drive["queue_lag_p99_ms"] >= drive["queue_lag_p50_ms"] > 0
     assert drive["claims_per_s"] > 0 and drive["claim_budget_per_s"] == 50000  # one host

@@ -117,8 +117,10 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
     stamps = tmp / "drive-stamps"
     stamps.touch()
     vacuum(conn)
+    wal_start = _wal(admin)
     enqueue_many(conn, KIND, payloads)
     enqueued_ns = time.monotonic_ns()  # enqueue_many has committed its transaction
+    wal_enqueued = _wal(admin)
     progress.step(f"driving {opts.jobs} {opts.profile} jobs through a dispatcher with "
                   f"{opts.procs} workers, batch {opts.batch}")
     commits_before = _commits(admin)
@@ -137,6 +139,7 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
     children_cpu = (rusage_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
                     - rusage_seconds(children_before))
     transactions = _commits(admin, settle=True) - commits_before
+    wal_drained = _wal(admin)
     if observer.interrupted:
         raise KeyboardInterrupt
     if status != 0:
@@ -175,12 +178,30 @@ def drive_dispatcher(opts: BenchOptions, dsn: str, admin: psycopg.Connection,
         "transactions_per_job": transactions / max(1, done),
         "statements": statements,
         "statements_per_job": statements / max(1, done),
+        # Bytes of WAL per job: enqueue_many's COPY, then the drain (claims, acks,
+        # heartbeats, and the vacuum keeper's and autovacuum's passes over the table).
+        "wal_bytes_per_job": {
+            "enqueue": _wal_between(admin, wal_start, wal_enqueued) / max(1, done),
+            "drain": _wal_between(admin, wal_enqueued, wal_drained) / max(1, done),
+            "total": _wal_between(admin, wal_start, wal_drained) / max(1, done)},
         "queue_lag_samples": len(lags),
         "queue_lag_p50_ms": quantile(lags, 0.50),
         "queue_lag_p99_ms": quantile(lags, 0.99),
         "cpu_seconds": {"dispatcher": self_cpu, "workers": children_cpu,
                         "postgres": cpu_between(pg_before, observer.postgres_cpu_end)},
     }
+
+
+def _wal(conn: psycopg.Connection) -> str:
+    row = conn.execute(queries.WAL_NOW).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _wal_between(conn: psycopg.Connection, start: str, end: str) -> int:
+    row = conn.execute(queries.WAL_BETWEEN, (end, start)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _commits(conn: psycopg.Connection, *, settle: bool = False) -> int:

@@ -78,6 +78,12 @@ COMMITS: Final = """
 SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()
 """
 
+#: Where the server's write-ahead log is being inserted now: the WAL written between two
+#: reads is their difference (`WAL_BETWEEN`), every session's, whatever a checkpoint
+#: forced (full-page images).
+WAL_NOW: Final = "SELECT pg_current_wal_insert_lsn()::text"
+WAL_BETWEEN: Final = "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::int8"
+
 #: Whether the connection named ``app`` is LISTENing yet.
 LISTENING: Final = """
 SELECT 1 FROM pg_stat_activity WHERE application_name = %(app)s AND query = %(listen)s

@@ -58,6 +58,10 @@ def render(report: dict[str, Any]) -> str:
         ("statements", f"{d['statements']} = {d['statements_per_job']:.3f} per job "
                        "(checkouts of the dispatcher's pooled connections: one statement "
                        "each, a host registry beat two; LISTEN not counted)"),
+        ("WAL per job", f"{d['wal_bytes_per_job']['total']:,.0f} bytes = enqueue "
+                        f"{d['wal_bytes_per_job']['enqueue']:,.0f} + claim, ack and upkeep "
+                        f"{d['wal_bytes_per_job']['drain']:,.0f} (the whole server's WAL "
+                        "while each ran; target <= 600)"),
         ("queue lag", f"p50 {d['queue_lag_p50_ms']:,.1f} ms, p99 {d['queue_lag_p99_ms']:,.1f} "
                       f"ms (enqueue commit -> handler start, {d['queue_lag_samples']} "
                       "sampled jobs, all seeded at once)"),
