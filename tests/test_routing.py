@@ -79,6 +79,35 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     assert flooded <= baseline + 10, (baseline, flooded)
 
 
+@pytest.mark.soak  # a million rows: `make soak-test`
+@pytest.mark.own_schema
+def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
+        db: psycopg.Connection) -> None:
+    # Seed 004's incident: the urgent kind has one job, another kind floods the table. Its
+    # claim, plain and fair, must read what it reads on an empty table, in the plan a
+    # long-running host's prepared claim ends up with (generic) as in its first (custom).
+    urgent = pgpool.enqueue(db, "urgent", {})
+    db.execute("VACUUM ANALYZE pgpool_jobs")
+    plans = [(mode, statement) for mode in ("force_custom_plan", "force_generic_plan")
+             for statement in ("CLAIM_PLAIN", "CLAIM")]
+    alone = {}
+    for mode, statement in plans:
+        alone[mode, statement], claimed = claim_buffers(db, "urgent", mode=mode,
+                                                        statement=statement)
+        assert claimed == {urgent}
+    db.execute("INSERT INTO pgpool_jobs (kind, payload, run_at) SELECT 'bulk', '{}', "
+               "now() - interval '1 hour' FROM generate_series(1, 1000000)")
+    db.execute("VACUUM ANALYZE pgpool_jobs")
+    for mode, statement in plans:
+        flooded, claimed = claim_buffers(db, "urgent", mode=mode, statement=statement)
+        assert claimed == {urgent}
+        # Each index descent reads two levels more through a million more entries (the
+        # plain claim descends about five times, the fair one about ten: plain 12 -> 23,
+        # fair 14 -> 34 here); reading the flood's entries would cost about 2,500 pages
+        # (some 400 a leaf).
+        assert flooded <= alone[mode, statement] + 25, (mode, statement, alone, flooded)
+
+
 @pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
 def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection,
                                                            statement: str) -> None:
