@@ -27,8 +27,10 @@ Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version_
 installed distribution's version (pyproject.toml is its one source).
 """
 
+from typing import TYPE_CHECKING
+
 from . import hooks
-from .db.schema import SCHEMA_VERSION, migrate
+from .db.schema import migrate
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     ConfigError,
@@ -62,15 +64,25 @@ from .retry import Cancel, Discard, Retry, Snooze
 from .schedules import periodic
 from .worker.main import current_job
 
+__version__: str
+#: The schema version this pgpool needs (`pgpool.db.schema.SCHEMA_VERSION`).
+SCHEMA_VERSION: int
 
-def __getattr__(name: str) -> str:
-    # ``__version__``, read when asked: importlib.metadata costs 50 ms to import, at every
-    # import of pgpool (each worker's too).
-    if name == "__version__":
-        from importlib.metadata import version
+if not TYPE_CHECKING:  # type checkers read the declarations above
 
-        return version("pgpool")
-    raise AttributeError(f"module 'pgpool' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        # Read when asked, not at every import of pgpool (each worker's too):
+        # importlib.metadata costs 50 ms to import, and the schema version is read from
+        # the migrations' files.
+        if name == "__version__":
+            from importlib.metadata import version
+
+            return version("pgpool")
+        if name == "SCHEMA_VERSION":
+            from .db.schema import SCHEMA_VERSION
+
+            return SCHEMA_VERSION
+        raise AttributeError(f"module 'pgpool' has no attribute {name!r}")
 
 __all__ = [
     "SCHEMA_VERSION",

