@@ -71,7 +71,7 @@ from ..sql import jobs as sql
 from ..sql.common import int_array
 from ..worker.ipc import FollowUpsWire
 from .attempt import AttemptEnd, Job
-from .isolate import Interrupted, Isolated, describe, isolate, row_error, transient
+from .isolate import Interrupted, Isolated, describe, isolate, park, row_error, transient
 
 log = logging.getLogger("pgpool.completer")
 
@@ -546,11 +546,10 @@ class Completer:
         parked. One it refuses to park too is dropped: the job comes back through its lease
         and the reaper. ``later``: kept across an `Interrupted` (they are in no batch)."""
         try:
-            parked = await isolate(refused, self._write_park)
+            ids, again = await park(refused, self._write_park)
         except Interrupted as exc:
             left = [ack for ack, _ in exc.left] + [ack for (ack, _), _ in exc.done.rejected]
             raise Interrupted(exc.error, left + later, exc.done) from exc.error
-        ids = {job_id for written in parked.results for job_id in written}
         for ack, exc in refused:
             if ack.job.id in ids:  # not if another host took the job back meanwhile
                 self.counts["parked"] += 1
@@ -559,7 +558,7 @@ class Completer:
                       "%s: the database refused its %s ack (%s); kept as %r, see last_error",
                       ack.job, ack.kind, describe(exc), state, job_id=ack.job.id,
                       kind=ack.job.kind, ack=ack.kind, state=state, error=describe(exc))
-        for (ack, _), exc in parked.rejected:
+        for (ack, _), exc in again:
             event(log, logging.ERROR, "park_refused",
                   "%s: the database refused its %s ack and parking it (%s); it runs again "
                   "once its lease expires", ack.job, ack.kind, describe(exc),

@@ -23,11 +23,14 @@ not yet written, so the caller keeps exactly those and retries them later.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 import psycopg
+
+from ..logs import event
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -140,6 +143,36 @@ async def isolate(items: Sequence[T], write: Callable[[list[T]], Awaitable[R]], 
                 mid = len(part) // 2
                 todo += [part[mid:], part[:mid]]
     return out
+
+
+#: Rows the database refused to write, each with the error it gave.
+Refused = list[tuple[T, BaseException]]
+
+
+async def park(refused: Refused[T], write: Callable[[Refused[T]], Awaitable[list[int]]]
+               ) -> tuple[set[int], Refused[tuple[T, BaseException]]]:
+    """Park the rows the database refused (the completer's acks, the reaper's returns, the
+    stager's stagings), each with its reason: ``write`` is one park statement of a part,
+    which returns the ids it parked. Bisected as any write (`isolate`): (the ids parked,
+    the rows the database refused to park too, each with that error). A row not parked
+    and not refused was taken by another host meanwhile."""
+    written = await isolate(refused, write)
+    return {job_id for ids in written.results for job_id in ids}, written.rejected
+
+
+def report_parked(log: logging.Logger, refused: Refused[int], parked: set[int],
+                  again: Refused[tuple[int, BaseException]], *, what: str) -> None:
+    """Log each job of ``refused`` that `park` parked, and each it could not; ``what`` says
+    what the database refused, e.g. "to return it (its lease expired)"."""
+    for job_id, exc in refused:
+        if job_id in parked:
+            event(log, logging.ERROR, "parked",
+                  f"job %d: the database refused {what} (%s); parked, see last_error",
+                  job_id, describe(exc), job_id=job_id, state="parked", error=describe(exc))
+    for (job_id, _), exc in again:
+        event(log, logging.ERROR, "park_refused",
+              f"job %d: the database refused {what}, and to park it (%s)", job_id,
+              describe(exc), job_id=job_id, error=describe(exc))
 
 
 async def whole_or_bisected(whole: Callable[[], Awaitable[R]],

@@ -28,7 +28,7 @@ from ...logs import event
 from ...retry import FREE_INTERRUPTIONS
 from ...sql import jobs as sql
 from ...sql.common import int_array
-from ..isolate import describe, isolate, transient, whole_or_bisected
+from ..isolate import describe, isolate, park, report_parked, transient, whole_or_bisected
 from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.reaper")
@@ -120,18 +120,8 @@ class Reaper(LoopPart):
     async def _park(self, refused: list[tuple[int, BaseException]]) -> None:
         """Park the jobs the database refused to return, each with its reason. One it
         refuses to park too stays as it is (and is tried again at the next pass)."""
-        parked = await isolate(refused, self._write_park)
-        done = {job_id for ids in parked.results for job_id in ids}
-        for job_id, exc in refused:
-            if job_id in done:
-                event(log, logging.ERROR, "parked",
-                      "job %d: its lease expired and the database refused to return it (%s); "
-                      "parked, see last_error", job_id, describe(exc), job_id=job_id,
-                      state="parked", error=describe(exc))
-        for (job_id, _), exc in parked.rejected:
-            event(log, logging.ERROR, "park_refused",
-                  "job %d: its lease expired and the database refused to return or park it "
-                  "(%s)", job_id, describe(exc), job_id=job_id, error=describe(exc))
+        parked, again = await park(refused, self._write_park)
+        report_parked(log, refused, parked, again, what="to return it (its lease expired)")
 
     async def _write_park(self, refused: list[tuple[int, BaseException]]) -> list[int]:
         """One `sql.PARK_EXPIRED` statement for ``refused``; the ids it parked."""

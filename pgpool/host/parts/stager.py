@@ -30,10 +30,9 @@ from typing import Final
 from psycopg_pool import AsyncConnectionPool
 
 from ...errors import first_line
-from ...logs import event
 from ...sql import jobs as sql
 from ...sql.common import int_array
-from ..isolate import describe, isolate, transient, whole_or_bisected
+from ..isolate import describe, isolate, park, report_parked, transient, whole_or_bisected
 from .loop import Loop, LoopPart
 
 log = logging.getLogger("pgpool.stager")
@@ -102,6 +101,13 @@ class Stager(LoopPart):
         return (sum(n for n, _ in written.results), min(dues, default=None), len(ids))
 
     async def _park(self, refused: list[tuple[int, BaseException]]) -> None:
+        """Park the due jobs the database refused to make ready, each with its reason. One
+        it refuses to park too stays as it is (and is tried again at the next pass)."""
+        parked, again = await park(refused, self._write_park)
+        report_parked(log, refused, parked, again, what="to make it ready (it is due)")
+
+    async def _write_park(self, refused: list[tuple[int, BaseException]]) -> list[int]:
+        """One `sql.PARK_SCHEDULED` statement for ``refused``; the ids it parked."""
         params = {
             "ids": int_array(job_id for job_id, _ in refused),
             "reasons": [f"the stager could not make it ready: {describe(exc)}: "
@@ -109,10 +115,4 @@ class Stager(LoopPart):
         }
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.PARK_SCHEDULED, params)
-            parked = {job_id for job_id, in await cur.fetchall()}
-        for job_id, exc in refused:
-            if job_id in parked:
-                event(log, logging.ERROR, "parked",
-                      "job %d: due, and the database refused to make it ready (%s); parked, "
-                      "see last_error", job_id, describe(exc), job_id=job_id,
-                      state="parked", error=describe(exc))
+            return [job_id for job_id, in await cur.fetchall()]
