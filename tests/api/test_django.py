@@ -1,6 +1,6 @@
-"""pgpool.contrib.django in a real Django project (tests/djangoapp) on the test's schema:
-enqueue inside ``transaction.atomic()``, ``manage.py migrate`` installing pgpool, and
-tasks enqueued through the tasks backend run by a real ``pgpool run``.
+"""pgpool.contrib.django in a real Django project (tests/handlers/djangoapp) on the test's
+schema: enqueue inside ``transaction.atomic()``, ``manage.py migrate`` installing pgpool,
+and tasks enqueued through the tasks backend run by a real ``pgpool run``.
 
 Django keeps its settings for the life of a process, so each step runs in a Python
 process of its own (`django_run`), as a management command or a view's code would.

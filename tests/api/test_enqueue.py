@@ -111,7 +111,7 @@ def test_enqueue_many_copies_all_rows_in_the_callers_transaction(db, dsn):
     assert pgpool.enqueue_many(db, "k", []) == 0
 
 
-def test_async_twins(db, dsn):
+def test_the_async_twins_enqueue_dedupe_and_copy_as_the_sync_ones(db, dsn):
     async def main() -> tuple[int | None, int]:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             one = await pgpool.enqueue_async(conn, "k", {"a": 1}, unique_key="u")

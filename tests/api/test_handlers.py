@@ -83,7 +83,7 @@ def test_registration_refuses_what_a_worker_cannot_run(case: str) -> None:
 
 def test_what_a_handler_returns_comes_back_from_run() -> None:
     # The worker sends it to its dispatcher, which keeps it or drops it (with a warning:
-    # tests/test_outcomes.py).
+    # tests/api/test_outcomes.py).
     pgpool.handler("test-returns")(returns_a_value)
     pgpool.handler("test-returns-async")(returns_a_value_async)
     handlers = registry.registered()

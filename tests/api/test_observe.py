@@ -1,6 +1,7 @@
 """Logs and traces that follow a job: a handler's ``logging`` in the worker's log, lifecycle
 hooks (`pgpool.hooks`), and OpenTelemetry spans across a real enqueue and a real `pgpool
-run` (`pgpool.tracing`). The handlers and worker hooks are tests/testobserve.py's."""
+run` (`pgpool.tracing`). The handlers and worker hooks are
+tests/handlers/testobserve.py's."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import pgpool.hooks
 from pgpool import hooks
 
 OBSERVE = ("run", "--handlers", "testobserve", "--procs", "1", "--burst")
-#: A text log line (tests/test_logs.py's), its message's job prefix apart.
+#: A text log line (tests/cli/test_logs.py's), its message's job prefix apart.
 TEXT_LINE = re.compile(
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} pgpool\[(\d+)\] (DEBUG|INFO|WARNING|ERROR) "
     r"([\w.]+): (.*)")

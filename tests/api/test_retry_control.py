@@ -2,7 +2,8 @@
 `pgpool.Discard`, `pgpool.Cancel`), end to end: real `pgpool run` hosts and workers, the
 rows they leave, their JSON log events, their metrics and `pgpool dead list`.
 
-The handlers are tests/testjobs.py's `picky`, `snoozer`, `ender` and `snooze_killed`.
+The handlers are tests/handlers/testjobs.py's `picky`, `snoozer`, `ender` and
+`snooze_killed`.
 """
 
 from __future__ import annotations

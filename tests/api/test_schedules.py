@@ -1,6 +1,6 @@
 """Periodic jobs (`pgpool.periodic`): real dispatchers on real PostgreSQL, running the
-schedules of tests/testperiodic.py, whose jobs stay in ``pgpool_jobs`` as the record of
-every tick enqueued (their queue is not served)."""
+schedules of tests/handlers/testperiodic.py, whose jobs stay in ``pgpool_jobs`` as the
+record of every tick enqueued (their queue is not served)."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ def test_drain_leaves_the_rows_a_real_pgpool_run_burst_leaves(db, app_dsn, other
         pgpool.migrate(host_db)
         seed_for_comparison(host_db)
         # One job at a time, like drain; the retry of the last job is due a minute later
-        # (tests/kitjobs.py), so it cannot be made ready while the host still runs.
+        # (tests/handlers/kitjobs.py), so it cannot be made ready while the host still runs.
         done = run_pgpool(other_dsn, "run", "--handlers", "kitjobs", "--burst", "--procs",
                           "1", "--batch", "1", "--poll", "60", **JSON_LOGS)
         assert done.returncode == 0, done.stderr

@@ -4,7 +4,7 @@ function, whose enqueue methods carry the kind and its defaults, and whose typed
 the worker.
 
 Enqueueing runs against the real test database; decoding through a real ``pgpool run
---burst`` whose handlers (tests/typedjobs.py) pickle what they received.
+--burst`` whose handlers (tests/handlers/typedjobs.py) pickle what they received.
 """
 
 from __future__ import annotations
@@ -260,7 +260,8 @@ def test_enqueue_many_refuses_keys_it_cannot_apply(db: psycopg.Connection) -> No
         ("typed.thumb", "thumbs", 9, "acme", "batch-1", 2)]
 
 
-def test_the_async_twins(dsn: str, db: psycopg.Connection) -> None:
+def test_the_async_twins_check_and_encode_typed_payloads_too(dsn: str,
+                                                             db: psycopg.Connection) -> None:
     async def main() -> tuple[int | None, int]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
             one = await typedjobs.note.enqueue_async(aconn, {"id": "n1"})

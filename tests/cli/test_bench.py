@@ -137,12 +137,12 @@ def test_hand_written_claims_read_the_ready_index_in_order(db: psycopg.Connectio
     ("--batch", "-3"), ("--profile", "fast"), ("--backlog", "-1"), ("--backlog", "1.5"),
     ("--backlog", "many"), ("--max-claims-per-sec", "0"),
 ], ids=lambda o: f"{o[0]}={o[1]}")
-def test_bench_invalid_option(dsn: str, option: tuple[str, str]) -> None:
+def test_bench_refuses_an_invalid_option_in_one_line(dsn: str, option: tuple[str, str]) -> None:
     name, value = option
     assert_user_error(run_pgpool(dsn, "bench", f"{name}={value}"), name)
 
 
-def test_bench_unreachable_database(dsn: str) -> None:
+def test_bench_says_in_one_line_it_cannot_connect(dsn: str) -> None:
     done = run_pgpool(dsn, "bench", "--dsn", UNREACHABLE, "--jobs", "10")
     assert_user_error(without_password_warning(done), "cannot connect")
 

@@ -152,8 +152,9 @@ def test_stdin_far_over_the_limit_is_refused_without_reading_it_all(
     (lambda tmp: f"@{tmp}", ["cannot read the payload", "Is a directory"]),
     (lambda tmp: "@", ["@ must be followed by a file name"]),
 ], ids=["missing", "directory", "no-name"])
-def test_unreadable_payload_file(dsn: str, db: psycopg.Connection, tmp_path: Path,
-                                 make, needles: list[str]) -> None:
+def test_an_unreadable_payload_file_is_a_one_line_error(dsn: str, db: psycopg.Connection,
+                                                        tmp_path: Path, make,
+                                                        needles: list[str]) -> None:
     assert_user_error(run_pgpool(dsn, "enqueue", "record", make(tmp_path)), *needles)
 
 

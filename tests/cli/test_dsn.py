@@ -331,7 +331,7 @@ def test_a_password_in_dsn_leaves_the_process_list_at_once_with_a_warning(dsn, d
     ("postgresql://u@h/db?sslmode=require", "postgresql://u@h/db?sslmode=require"),
     ("host=h user=u", "host=h user=u"),
 ], ids=["uri", "uri-query-multihost", "key-value", "key-value-quoted", "uri-none", "kv-none"])
-def test_mask_password(given: str, shown: str) -> None:
+def test_the_password_is_masked_in_every_form_of_dsn(given: str, shown: str) -> None:
     assert mask_password(given) == shown
 
 

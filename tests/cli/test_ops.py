@@ -1,6 +1,6 @@
 """Operator commands against a real database: jobs, dead (list, group, show, replay,
 purge), cancel, retry, pause and resume, through the CLI and the Python API
-(`pgpool.ops`). What a running dispatcher does about them is in tests/test_steer.py."""
+(`pgpool.ops`). What a running dispatcher does about them is in tests/host/test_steer.py."""
 
 from __future__ import annotations
 
@@ -312,7 +312,8 @@ def test_retry_of_a_running_job_changes_nothing(db):
 
 
 def test_retry_runs_a_parked_job_again_and_refuses_a_kept_one(db, dsn):
-    # What pgpool.host.isolate leaves when the database refuses an ack (tests/test_isolate.py).
+    # What pgpool.host.isolate leaves when the database refuses an ack
+    # (tests/db/test_isolate.py).
     parked = pgpool.enqueue(db, "record", {})
     kept = pgpool.enqueue(db, "record", {})
     db.execute("UPDATE pgpool_jobs SET state = 'parked', attempts = 1, last_error = 'x' "
@@ -349,7 +350,7 @@ def test_ops_run_in_the_callers_transaction(dsn, db):
         ops.replay_dead(conn, ops.DeadFilter(), rate=10)
 
 
-def test_async_twins(dsn, db):
+def test_every_operation_has_an_async_twin_that_does_the_same(dsn, db):
     job = pgpool.enqueue(db, "record", {}, delay=600)
 
     async def main() -> None:

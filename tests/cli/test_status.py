@@ -497,7 +497,7 @@ def test_status_watch_refreshes_until_interrupted(db, dsn):
 
 
 @pytest.mark.own_schema
-def test_status_without_schema(dsn):
+def test_status_without_schema_says_to_migrate(dsn):
     assert_user_error(run_pgpool(dsn, "status"), "pgpool migrate")
     assert_user_error(run_pgpool(dsn, "status", "--json"), "pgpool migrate")
 
@@ -509,5 +509,5 @@ def test_status_with_a_version_1_schema_asks_for_the_upgrade(dsn):
     assert_user_error(run_pgpool(dsn, "status"), "run `pgpool migrate` to upgrade")
 
 
-def test_status_unreachable_database():
+def test_status_says_in_one_line_it_cannot_connect():
     assert_user_error(run_pgpool(UNREACHABLE, "status"), "cannot connect", "127.0.0.1:1")

@@ -1,9 +1,9 @@
 """The chaos soak's handlers: a little CPU work per job, every attempt recorded durably.
 
-Imported by real worker processes (``pgpool run --handlers chaosjobs`` from ``bench/``, or
-with ``bench/`` on ``PYTHONPATH``). Each attempt appends two lines to a per-process file
-``$CHAOS_RECORD/<dispatcher pid>-<worker pid>.log``, each written with one ``write`` and
-made durable with ``fdatasync`` before the handler goes on::
+Imported by real worker processes (``pgpool run --handlers chaosjobs`` from
+``tests/handlers/``, or with it on ``PYTHONPATH``). Each attempt appends two lines to a
+per-process file ``$CHAOS_RECORD/<dispatcher pid>-<worker pid>.log``, each written with one
+``write`` and made durable with ``fdatasync`` before the handler goes on::
 
     <job id> <claim> <worker pid> <start_ns> -            before the work starts
     <job id> <claim> <worker pid> <start_ns> <end_ns>     after the work, before returning

@@ -1,4 +1,4 @@
-"""Handlers of the test kit's tests (tests/test_testing_kit.py): run in the test's own
+"""Handlers of the test kit's tests (tests/api/test_testing_kit.py): run in the test's own
 process by `pgpool.testing.drain`, and by real workers (``--handlers kitjobs``) where a
 test compares the rows drain leaves with those ``pgpool run --burst`` leaves.
 

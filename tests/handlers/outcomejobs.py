@@ -1,6 +1,6 @@
-"""Handlers of the outcomes tests (tests/test_outcomes.py): results kept or not, follow-up
-jobs and groups started through the running job, and callbacks that read their group's
-members. Imported by real worker processes (``--handlers outcomejobs``) and by
+"""Handlers of the outcomes tests (tests/api/test_outcomes.py): results kept or not,
+follow-up jobs and groups started through the running job, and callbacks that read their
+group's members. Imported by real worker processes (``--handlers outcomejobs``) and by
 `pgpool.testing.drain` in the tests' own process."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Handlers and hooks for tests/test_observe.py: logging from a handler, lifecycle hooks,
-tracing. A module of its own, not testjobs: its hooks are registered at import, so only the
-runs given ``--handlers testobserve`` have them.
+"""Handlers and hooks for tests/api/test_observe.py: logging from a handler, lifecycle
+hooks, tracing. A module of its own, not testjobs: its hooks are registered at import, so
+only the runs given ``--handlers testobserve`` have them.
 
 - ``OBSERVE_RECORD`` (a file): each ``on_start`` and ``on_end`` hook call appends a JSON line.
 - ``OBSERVE_FAILING_HOOKS``: an ``on_start`` and an ``on_end`` hook that raise, besides.

@@ -1,4 +1,4 @@
-"""Periodic schedules used by tests/test_schedules.py (``--handlers testperiodic``).
+"""Periodic schedules used by tests/api/test_schedules.py (``--handlers testperiodic``).
 
 Two schedules tick every second into queue ``ticks``, which no test host serves, so every
 job they enqueue stays in ``pgpool_jobs`` as the record of the ticks enqueued (the payload

@@ -1,5 +1,5 @@
-"""Typed handlers used by tests/test_typed_handlers.py (imported by real worker processes:
-``--handlers typedjobs``).
+"""Typed handlers used by tests/api/test_typed_handlers.py (imported by real worker
+processes: ``--handlers typedjobs``).
 
 Annotations are strings here (``from __future__ import annotations``), as in many users'
 modules: registration resolves them. Each handler pickles what it received to

@@ -91,7 +91,7 @@ def test_demands_past_the_budget_are_shared_max_min_fair():
     assert shares == [970, 10, 10, 10] and sum(shares) == 1000
 
 
-def test_floors_and_demands():
+def test_a_floor_is_a_share_of_the_budget_and_demand_keeps_headroom():
     assert floor(1000, 1) == floor(1000, 10) == 10  # 1% of the budget...
     assert floor(1000, 100) == 1  # ...but all floors together at most 10%
     assert demand(None, False, 10) == 10  # just started: the floor

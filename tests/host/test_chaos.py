@@ -1,11 +1,11 @@
 """Faults from outside pgpool: PostgreSQL restarted and connections killed mid-drain, and the
-chaos soak (bench/chaos.py) at a small size.
+chaos soak (tests/support/chaos.py) at a small size.
 
-Jobs are `bench/chaosjobs.py` ``chaos.record`` jobs: each attempt durably records its job,
-attempt, worker pid, start and end (monotonic ns), so a test can prove that no job was lost
-and no two attempts of one job ran at the same time, with the checker the soak uses
-(``bench/chaos_checks.py``). Servers and processes are driven with
-``bench/chaos_cluster.py``.
+Jobs are `tests/handlers/chaosjobs.py` ``chaos.record`` jobs: each attempt durably records
+its job, attempt, worker pid, start and end (monotonic ns), so a test can prove that no job
+was lost and no two attempts of one job ran at the same time, with the checker the soak uses
+(``tests/support/chaos_checks.py``). Servers and processes are driven with
+``tests/support/chaos_cluster.py``.
 
 Every wait polls without blocking and has a deadline; each bound says why it holds on a
 loaded two-core machine.
@@ -386,11 +386,11 @@ def test_an_outage_is_logged_as_state_changes_and_sigterm_during_one_is_bounded(
 SOAK_TIMEOUT = 180
 
 
-def test_chaos_soak_small(tmp_path):
-    """bench/chaos.py at CI size: two dispatchers, random kills and restarts, and its own
-    checkers, with the group workload (4 groups of 250 members, 100 parents with follow-up
-    children and groups): about 2000 jobs, which drain in about the time 1500 plain ones
-    did. It must pass and report the figures."""
+def test_a_small_chaos_soak_passes_every_check(tmp_path):
+    """tests/support/chaos.py at CI size: two dispatchers, random kills and restarts, and
+    its own checkers, with the group workload (4 groups of 250 members, 100 parents with
+    follow-up children and groups): about 2000 jobs, which drain in about the time 1500
+    plain ones did. It must pass and report the figures."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",

@@ -4,10 +4,10 @@ skipped there, and the job running ahead of it runs on, uncharged.
 With long jobs the pool keeps one job queued behind each running one (`WorkerPool.depth`),
 so about half of what an operator sees as running is really waiting. Cancelling such a job
 (or the heartbeat finding its lease gone) must not kill the worker, nor charge the running
-job an attempt. The jobs are tests/testjobs.py ``gated`` jobs: each runs until the test
-creates its release file, so which job runs and which waits is decided by the test, not by
-durations. Real dispatchers and workers on real PostgreSQL; the pool-level tests at the end
-drive real workers through the races the host-level tests cannot time.
+job an attempt. The jobs are tests/handlers/testjobs.py ``gated`` jobs: each runs until the
+test creates its release file, so which job runs and which waits is decided by the test, not
+by durations. Real dispatchers and workers on real PostgreSQL; the pool-level tests at the
+end drive real workers through the races the host-level tests cannot time.
 """
 
 from __future__ import annotations
@@ -155,9 +155,9 @@ def item(job_id: int, kind: str, payload: object = None, attempt: int = 1) -> ip
 
 
 class RawWorker:
-    """A real worker process (`pgpool.worker.main`, handlers from tests/testjobs.py) whose
-    two pipes the test holds, as the pool would: to send a message at a moment the pool's
-    own timing cannot be made to reach."""
+    """A real worker process (`pgpool.worker.main`, handlers from
+    tests/handlers/testjobs.py) whose two pipes the test holds, as the pool would: to send a
+    message at a moment the pool's own timing cannot be made to reach."""
 
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")

@@ -1,7 +1,7 @@
 """`pgpool run` end to end: real dispatcher processes, real workers, real signals.
 
-Handlers come from tests/testjobs.py and record every attempt they start and finish, so
-each test can say exactly which attempt of which job ran, and how often.
+Handlers come from tests/handlers/testjobs.py and record every attempt they start and
+finish, so each test can say exactly which attempt of which job ran, and how often.
 """
 
 from __future__ import annotations

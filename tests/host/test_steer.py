@@ -1,6 +1,6 @@
 """Steering running dispatchers: cancel a running job, pause a queue across hosts and
 restarts, and dead-letter retention pruning while jobs run. Real dispatchers, real workers
-(tests/testjobs.py records every attempt), real PostgreSQL."""
+(tests/handlers/testjobs.py records every attempt), real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_cancelling_a_running_job_stops_exactly_its_worker_and_never_retries_it(
 
     # The other jobs finish and are acked; the cancelled one never ends nor runs again. Its
     # row stays, running with no owner, until its 30 s lease ends (then the reaper
-    # dead-letters it: tests/test_small_fixes.py).
+    # dead-letters it: tests/host/test_cancelled_attempts.py).
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_jobs WHERE id <> %s",
                            victim)[0] == 0, "the other two jobs to finish", timeout=30)
     ends = attempts(record_dir, "end")

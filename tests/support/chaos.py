@@ -1,7 +1,8 @@
 """Chaos soak: two dispatchers drain N jobs while processes and PostgreSQL are killed.
 
-    python bench/chaos.py [--jobs 20000] [--groups 5] [--members 10000] [--parents 1000]
-                          [--seconds 300] [--seed N] [--keep] [--summary FILE]
+    python tests/support/chaos.py [--jobs 20000] [--groups 5] [--members 10000]
+                                  [--parents 1000] [--seconds 300] [--seed N] [--keep]
+                                  [--summary FILE]
 
 What it does, in order, all with real processes and a real server (``chaos_cluster``):
 

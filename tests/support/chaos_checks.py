@@ -1,10 +1,10 @@
 """The chaos checker: pure functions over what a chaos run recorded (no processes, no database).
 
-The soak (``bench/chaos.py``) and ``tests/test_chaos.py`` gather three things and hand them
-here: the attempts `chaosjobs` recorded (`read_attempts`), the faults the driver injected
-(`Fault`), and upper bounds on when worker processes died (from the driver's kills and a
-pidfd watcher, combined by `death_bound`). `judge` applies every rule and returns a
-`Verdict`; the parts are public so a test can apply one rule at a time.
+The soak (``tests/support/chaos.py``) and ``tests/host/test_chaos.py`` gather three things
+and hand them here: the attempts `chaosjobs` recorded (`read_attempts`), the faults the
+driver injected (`Fault`), and upper bounds on when worker processes died (from the driver's
+kills and a pidfd watcher, combined by `death_bound`). `judge` applies every rule and
+returns a `Verdict`; the parts are public so a test can apply one rule at a time.
 
 The rules, and why each is sound:
 

@@ -1,6 +1,6 @@
 """Control of a chaos cluster: its own PostgreSQL, the driver's connection, and the processes.
 
-Used by the soak (``bench/chaos.py``) and ``tests/test_chaos.py``:
+Used by the soak (``tests/support/chaos.py``) and ``tests/host/test_chaos.py``:
 
 - `Postgres`: a dedicated embedded server, restarted or stopped in place (same socket, so a
   DSN stays valid across restarts);

@@ -1,4 +1,5 @@
-"""Django for the pages of docs/ that show it (tests/test_docs.py runs their examples).
+"""Django for the pages of docs/ that show it (tests/api/test_doc_examples.py runs their
+examples).
 
 Django keeps its settings for the life of a process, and the pages of one test process each
 have a schema of their own: the first page configures Django, and each later one leads the

@@ -46,7 +46,7 @@ def read_ticks(where: Path) -> dict[int, list[Any]]:
 
 
 def starts(record_dir: Path) -> dict[int, list[int]]:
-    """Worker pids by job id, one per recorded start (tests/testjobs.py)."""
+    """Worker pids by job id, one per recorded start (tests/handlers/testjobs.py)."""
     out: dict[int, list[int]] = {}
     for job_id, _, pid, what in read_records(record_dir):
         if what == "start":

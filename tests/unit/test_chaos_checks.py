@@ -1,5 +1,5 @@
-"""The chaos checker (bench/chaos_checks.py) on hand-made records and faults: what it must
-accept, and what it must flag. No processes, no database."""
+"""The chaos checker (tests/support/chaos_checks.py) on hand-made records and faults: what
+it must accept, and what it must flag. No processes, no database."""
 
 from __future__ import annotations
 

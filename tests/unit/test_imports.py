@@ -139,8 +139,8 @@ SUPERVISOR = "pgpool.host.dispatcher"
 #: worker's own module, and the bench's handler module.
 WORKER_ENTRIES = ("pgpool", "pgpool.cli", "pgpool.worker.main", "pgpool.bench.jobs")
 #: What a worker must never import: psycopg adds about 0.15 s of CPU to each worker's
-#: start, and a worker never talks to the database (tests/test_pool.py checks the same at
-#: run time).
+#: start, and a worker never talks to the database (tests/host/test_pool.py checks the same
+#: at run time).
 NOT_IN_WORKERS = ("psycopg", "psycopg_pool", "asyncio")
 
 

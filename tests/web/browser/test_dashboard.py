@@ -4,7 +4,7 @@ Python) against a real `pgpool web`, real dispatchers and the suite's throwaway 
 Run by `make web-test` (not by `make test`: pyproject's norecursedirs), which installs
 Playwright; Chromium comes from Debian (`.ci/run` installs it). Every wait is a condition
 in the page (Playwright's ``expect``, which polls it) or in the database (`wait_until`).
-Screenshots of the main views land in tests/web/artifacts/ (gitignored).
+Screenshots of the main views land in tests/web/browser/artifacts/ (gitignored).
 """
 
 from __future__ import annotations
