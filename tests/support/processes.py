@@ -17,6 +17,11 @@ from commands import JSON_LOGS, pgpool_cmd, pgpool_env
 from jsonlogs import events, log_records
 from places import HANDLERS
 
+#: The two ways `pgpool run` can work on a host (`pgpool.worker.portable`), as the
+#: environment of a `pgpool` process: Linux's own calls, and the portable path macOS takes,
+#: forced.
+HOST_PATHS = {"linux": {}, "portable": {"PGPOOL_PORTABLE": "1"}}
+
 
 class Pgpool:
     """A `pgpool` command running in the background (see `start_pgpool`).
@@ -145,11 +150,6 @@ class Pgpool:
 
 
 _started: list[Pgpool] = []
-
-
-#: The two ways `pgpool run` can work on a host (`pgpool.worker.portable`), as the environment of a
-#: `pgpool` process: Linux's own calls, and the portable path macOS takes, forced.
-HOST_PATHS = {"linux": {}, "portable": {"PGPOOL_PORTABLE": "1"}}
 
 
 def start_pgpool(dsn: str, *args: str, record_dir: Path | None = None,
