@@ -51,7 +51,7 @@ $(WEB_STAMP): $(STAMP)
 
 web-test: $(WEB_STAMP)
 	$(COMPILE)
-	$(BIN)/python -m pytest -q tests/web
+	$(BIN)/python -m pytest -q tests/web/browser
 
 ## make docs: build the documentation site (mkdocs.yml) into build/site, strictly: a broken
 ## link, a page left out of the nav or an unreadable docstring fails it; make docs-serve
@@ -124,7 +124,7 @@ container-test: image
 ## restarted at random; checks nothing was lost, no attempts overlapped, every callback ran
 ## once after its members, and every parent that is done has exactly its follow-ups
 chaos: $(STAMP)
-	$(BIN)/python bench/chaos.py --jobs 20000 --seconds 300
+	$(BIN)/python tests/support/chaos.py --jobs 20000 --seconds 300
 
 ## make deploy-check: deploy/ against the Kubernetes (1.37) and Compose schemas, offline
 build/validate/.installed:

@@ -20,13 +20,15 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import psycopg
-from chaos_cluster import Postgres  # bench/ is on the path: this script's directory
 from psycopg.conninfo import make_conninfo
 
 import pgpool
 
+#: The chaos harness, whose `Postgres` this script starts: the tests' helpers.
+SUPPORT = Path(__file__).resolve().parent.parent / "tests" / "support"
 ROLE = "pgpool_web"
 DATABASE = "web_cost"
 
@@ -38,6 +40,9 @@ def main() -> int:
                         help="jobs enqueued per second in the busy cases")
     parser.add_argument("--clients", default="1,20", help="numbers of open streams")
     args = parser.parse_args()
+
+    sys.path.insert(0, str(SUPPORT))
+    from chaos_cluster import Postgres
 
     pg = Postgres.start()
     try:

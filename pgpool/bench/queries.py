@@ -42,7 +42,7 @@ FROM pgpool_jobs
 #: ``limit`` ready bench jobs in claim order, locked. The simplest claim a hand-written loop
 #: could send: one kind, no tenant, no fairness. The equalities match the ready index's
 #: leading (queue, kind, tenant) and its ORDER BY the rest, so it reads ``limit`` index
-#: entries however deep the queue (tests/test_bench.py checks the plan).
+#: entries however deep the queue (tests/cli/test_bench.py checks the plan).
 _PICK_COLUMNS: Final = """
 SELECT {} FROM pgpool_jobs
 WHERE state = 'ready' AND queue = 'default' AND kind = %(kind)s AND tenant = ''

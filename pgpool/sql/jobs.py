@@ -46,7 +46,8 @@ OPEN_TRANSACTION: Final = "SELECT 1"
 #: the stagers (`common.STAGE`) when it is scheduled. The channel is that of the table the row went
 #: into (``tableoid``), at no extra round trip. With a unique key that a live job already
 #: holds, no row is inserted and no row returns. The SQL function ``pgpool_enqueue``
-#: (migration 16) does the same: keep the two in step (tests/test_sql_enqueue.py compares).
+#: (migration 16) does the same: keep the two in step (tests/db/test_sql_enqueue.py
+#: compares).
 ENQUEUE: Final = """
 WITH due AS (
     SELECT coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))
@@ -195,7 +196,7 @@ NO_JIT: Final = "SET jit = off"
 #: them otherwise (its estimate of a generic plan, which cannot know ``limit``, stays above
 #: the custom plans'), and planning the plain claim took 0.7 ms of the 2.7 it cost the
 #: server. Both claims' generic plans are tested to read what their custom plans read
-#: (tests/test_routing.py, tests/test_plain_claim.py).
+#: (tests/db/test_routing.py, tests/db/test_plain_claim.py).
 GENERIC_PLANS: Final = "SET plan_cache_mode = force_generic_plan"
 
 #: Tenants that give nothing now (at --tenant-cap, or their first job waiting on a running

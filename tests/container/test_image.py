@@ -2,10 +2,11 @@
 throwaway PostgreSQL on this host (`make container-test` builds the image, then runs this).
 
 The containers share the host's network (the server listens on 127.0.0.1) and run the test
-handlers (tests/testjobs.py) from tests/ mounted at /app, the image's working directory: the
-documented "mounted directory" way of bringing handler code. runc and the ulimits are what
-this kind of host needs (crun fails on its hybrid cgroups; podman's default ulimits cannot
-be raised here). Not collected by `make test` (pyproject's norecursedirs).
+handlers (tests/handlers/testjobs.py) from tests/handlers/ mounted at /app, the image's
+working directory: the documented "mounted directory" way of bringing handler code. runc
+and the ulimits are what this kind of host needs (crun fails on its hybrid cgroups;
+podman's default ulimits cannot be raised here). Not collected by `make test` (pyproject's
+norecursedirs).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TESTS, log_records, only_event, read_records, wait_until
+from jsonlogs import log_records, only_event
+from places import HANDLERS, ROOT
+from records import read_records
+from waits import wait_until
 
 import pgpool
 
 IMAGE = os.environ.get("PGPOOL_IMAGE", "")
-REPO = TESTS.parent
 PODMAN = ["podman", "--runtime", "runc"]
 RUN = [*PODMAN, "run", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
        "--network", "host"]
@@ -87,7 +90,7 @@ def start(pg: Any, record_dir: Path, *args: str, **env: str) -> str:
     # No systemd here for podman's healthcheck timer: the tests run the check themselves.
     subprocess.run(
         [*RUN, "--detach", "--name", name, "--health-interval", "disable",
-         "-v", f"{TESTS}:/app:ro", "-v", f"{record_dir}:/records",
+         "-v", f"{HANDLERS}:/app:ro", "-v", f"{record_dir}:/records",
          *(f"--env={k}={v}" for k, v in env.items()), IMAGE, *args],
         check=True, capture_output=True, text=True, timeout=120)
     return name
@@ -194,7 +197,7 @@ def test_podman_stop_drains_and_exits_0_within_the_grace_period(pg: Any, record_
 
 @pytest.mark.parametrize("command", [["migrate"], ["run"]])
 def test_a_missing_dsn_is_one_line_and_a_non_zero_exit(command: list[str]) -> None:
-    done = subprocess.run([*RUN, "--rm", "--no-healthcheck", "-v", f"{TESTS}:/app:ro",
+    done = subprocess.run([*RUN, "--rm", "--no-healthcheck", "-v", f"{HANDLERS}:/app:ro",
                            "--env=PGPOOL_HANDLERS=testjobs", IMAGE, *command],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done
@@ -217,7 +220,7 @@ def test_procs_auto_follows_the_containers_limits(pg: Any, limits: list[str],
         pgpool.migrate(db)
     # Burst with an empty queue: starts, reports its workers, exits 0.
     done = subprocess.run(
-        [*RUN, "--rm", "--no-healthcheck", *limits, "-v", f"{TESTS}:/app:ro",
+        [*RUN, "--rm", "--no-healthcheck", *limits, "-v", f"{HANDLERS}:/app:ro",
          *(f"--env={k}={v}" for k, v in {
              "PGPOOL_DSN": pg.tcp_dsn, "PGPOOL_HANDLERS": "testjobs", "PGPOOL_BURST": "1",
              "PGPOOL_LOG_FORMAT": "json", "PGPOOL_METRICS_PORT": str(free_port()),
@@ -241,7 +244,7 @@ def test_a_derived_image_runs_its_packages_handlers(pg: Any, tmp_path: Path) -> 
     # deploy/derived-image as a user would build it: their package as a wheel, then the
     # Dockerfile on top of this image; its entry point names the handlers, nothing else does.
     context = tmp_path / "derived"
-    shutil.copytree(REPO / "deploy" / "derived-image", context)
+    shutil.copytree(ROOT / "deploy" / "derived-image", context)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", "dist",
                     "."], cwd=context, check=True, capture_output=True, timeout=300)
     tag = f"localhost/pgpool-derived-test:{uuid.uuid4().hex[:10]}"

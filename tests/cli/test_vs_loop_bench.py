@@ -1,0 +1,66 @@
+"""``bench/vs_loop.py``, pgpool against a hand-written loop: a real run at a small size
+drains every side and reports each figure; a bad option and a failing side end the run
+with one line.
+
+No timing assertions: only that the figures are there and sane.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import psycopg
+import pytest
+from bench_scripts import BENCH_SCHEMAS, bench_script_error, run_bench_script
+
+
+def vs_loop(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_bench_script("vs_loop.py", dsn, *args, **env)
+
+
+@pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
+@pytest.mark.parametrize("loop", ["transaction", "lease"])
+def test_vs_loop_drains_both_sides_and_reports_their_figures(dsn: str, db: psycopg.Connection,
+                                                             loop: str) -> None:
+    done = vs_loop(dsn, "--profile", "noop", "--jobs", "600", "--rounds", "1", "--loop", loop,
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["options"]["max_claims_per_sec"] == 10_000_000  # never throttled
+    assert report["command"] == ("python bench/vs_loop.py --profile noop --jobs 600 "
+                                 f"--procs 2 --batch 50 --rounds 1 --loop {loop}")
+    [r] = report["rounds"]
+    assert r["order"] == ["loop", "pgpool"]  # round 1: the loop first
+    for side in ("loop", "pgpool"):
+        f = r[side]
+        # The run checks each side drained: none left, none dead-lettered (else exit 1).
+        assert f["jobs"] == 600
+        assert f["seconds"] > 0 and f["jobs_per_s"] == 600 / f["seconds"]
+        assert f["startup_seconds"] > 0
+        # /proc counts CPU in 10 ms ticks, and 600 no-op jobs may take less than one: there,
+        # not negative. PostgreSQL's is n/a only if this host cannot see its processes.
+        assert f["client_us_per_job"] >= 0
+        assert f["postgres_us_per_job"] is None or f["postgres_us_per_job"] >= 0
+        assert "to_reference" not in f  # the cpu profile's
+    ratios = r["pgpool_to_loop"]
+    assert ratios["jobs_per_s"] == r["pgpool"]["jobs_per_s"] / r["loop"]["jobs_per_s"]
+    assert report["mean"] == {"pgpool_to_loop": ratios}  # one round: its own
+    assert report["targets"] == {"jobs_per_s": 0.8, "postgres_cpu_per_job": 1.2}
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []  # its scratch schema is gone
+
+
+def test_a_bad_option_is_one_line(dsn: str) -> None:
+    done = vs_loop(dsn, "--procs", "0")
+    assert done.returncode == 2
+    assert done.stderr == "vs_loop: error: argument --procs: 0 is less than 1\n"
+
+
+@pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
+def test_a_failing_side_ends_the_run_with_one_line(dsn: str, db: psycopg.Connection) -> None:
+    # The loop runs first, then `pgpool run`, which reads PGPOOL_KINDS: a kind no handler
+    # registers makes it exit at once.
+    error = bench_script_error(
+        vs_loop(dsn, "--jobs", "100", "--rounds", "1", PGPOOL_KINDS="nope"), db)
+    assert error.startswith("vs_loop: error: `pgpool run` exited with status 2 before it "
+                            "claimed a job: "), error

@@ -1,0 +1,118 @@
+"""Reading and writing the test's database directly: rows, roles and settings in a DSN,
+plans, old schemas, the listening sessions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgpool.sql import common as sql
+from pgpool.sql.common import listen_statement
+
+
+def one(db: psycopg.Connection, query: str, *params: object) -> Any:
+    """The first row of ``query``, or None."""
+    return db.execute(query, params).fetchone()
+
+
+def as_role(dsn: str, role: str) -> str:
+    """``dsn`` logging in as ``role`` instead."""
+    limited = make_conninfo(dsn, user=role)
+    assert conninfo_to_dict(limited)["user"] == role
+    return limited
+
+
+def with_options(dsn: str, *settings: str) -> str:
+    """``dsn`` with server settings (``"lock_timeout=0"``) added to its ``options``."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=" ".join([options, *(f"-c {s}" for s in settings)]))
+
+
+def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
+                     mode: str, options: str = "ANALYZE, FORMAT JSON") -> dict[str, Any]:
+    """EXPLAIN (``options``, which must include FORMAT JSON) of ``query`` run as a prepared
+    statement under ``plan_cache_mode`` ``mode``: the generic plan is the one a long-running
+    dispatcher ends up using. Returns the top plan node."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", query)
+    db.execute(f"SET plan_cache_mode = {mode}")
+    db.execute(f"PREPARE pgpool_q AS {numbered}")
+    try:
+        # Literal arguments: EXECUTE cannot infer the types of bound parameters.
+        args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
+                                                              pgsql.SQL(casts.get(n, "")))
+                                    for n in names)
+        (plan,) = db.execute(pgsql.SQL("EXPLAIN ({}) EXECUTE pgpool_q({})")
+                             .format(pgsql.SQL(options), args)).fetchone()[0]
+    finally:
+        db.execute("DEALLOCATE pgpool_q")
+        db.execute("RESET plan_cache_mode")
+    return plan["Plan"]
+
+
+def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
+    """A queue's ready, scheduled and running jobs and its dead letters, straight from the
+    tables: what status, the dashboard and the metrics must agree with."""
+    ready, scheduled, running = one(
+        db, "SELECT count(*) FILTER (WHERE state = 'ready'),"
+            " count(*) FILTER (WHERE state = 'scheduled'),"
+            " count(*) FILTER (WHERE state = 'running') FROM pgpool_jobs WHERE queue = %s",
+        queue)
+    (dead,) = one(db, "SELECT count(*) FROM pgpool_dead WHERE queue = %s", queue)
+    return {"ready": ready, "scheduled": scheduled, "running": running, "dead": dead}
+
+
+def listen_sql(db: psycopg.Connection) -> str:
+    """The ``LISTEN`` statement of the installation ``db``'s search_path leads to, as a
+    dispatcher's listener sends it (and ``pg_stat_activity`` shows it)."""
+    return listen_statement(one(db, sql.CHANNEL)[0])
+
+
+def listeners(db: psycopg.Connection) -> list[int]:
+    """The pids of the sessions LISTENing on the channel of ``db``'s installation."""
+    return [pid for (pid,) in db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE query = %s AND datname = current_database() "
+        "ORDER BY pid", (listen_sql(db),))]
+
+
+def insert_old_job(conn: psycopg.Connection, kind: str = "record") -> int:
+    """A due job, inserted with the columns every schema version has (`pgpool.enqueue`
+    needs the current one); its id."""
+    return conn.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES (%s, '{}') "
+                        "RETURNING id", (kind,)).fetchone()[0]
+
+
+def make_version_1_schema(conn: psycopg.Connection) -> None:
+    """Lay down pgpool's schema as version 1 left it, as an old deployment would have it."""
+    from pgpool.db import schema
+
+    conn.execute(schema.BOOKKEEPING)
+    conn.execute(schema.MIGRATIONS[0].ddl)
+    conn.execute("INSERT INTO pgpool_schema_version (version, description) VALUES (1, %s)",
+                 (schema.MIGRATIONS[0].description,))
+
+
+def buffers(node: dict[str, Any]) -> int:
+    """Shared buffers (hit or read) an EXPLAIN (ANALYZE, BUFFERS) plan node touched, its
+    children included."""
+    return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+
+def count(db: psycopg.Connection, table: str = "pgpool_jobs") -> int:
+    return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def stored_payloads(db: psycopg.Connection) -> list[object]:
+    """Payloads as a worker will see them: the stored jsonb text, decoded by orjson."""
+    rows = db.execute("SELECT payload::text FROM pgpool_jobs ORDER BY id").fetchall()
+    return [orjson.loads(text) for (text,) in rows]
+
+
+def has_table(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]
