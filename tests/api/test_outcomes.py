@@ -437,10 +437,19 @@ def test_a_callback_is_released_by_key_however_the_jobs_table_grew(db, dsn):
             assert host.execute(release, (group.id,)).fetchall() == []
         pgpool.enqueue_many(db, "k", ({"n": i} for i in range(20_000)))
         db.execute("UPDATE pgpool_groups SET completed_at = now() WHERE id = %s", (group.id,))
-        ((plan,),) = host.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + release,
-                                  (group.id,)).fetchone()
-    print(f"{_buffers(plan['Plan'])} buffers to release a callback beside 20,000 jobs")
-    assert _buffers(plan["Plan"]) < 50, plan
+        # The fewest of three runs (rolled back): the function plans its statement at each
+        # call, and planning after a cache invalidation (an autovacuum's ANALYZE of another
+        # table, on a busy server) reads catalog pages too, which count. A scan of the
+        # table would read its 200 pages in every run.
+        touched = []
+        for _ in range(3):
+            with host.transaction(force_rollback=True):
+                ((plan,),) = host.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + release,
+                                          (group.id,)).fetchone()
+            touched.append(_buffers(plan["Plan"]))
+        host.execute(release, (group.id,))
+    print(f"{touched} buffers to release a callback beside 20,000 jobs")
+    assert min(touched) < 50, touched
     assert pgpool.job_status(db, group.id).state == "ready"
 
 
