@@ -82,6 +82,10 @@ class Postgres:
         if info is None or info.socket_dir is None:
             raise RuntimeError(f"no running server with a socket in {pgdata}")
         self.socket_dir = Path(info.socket_dir)
+        # Registered after the package's exit hook, so it runs first: that hook knows only
+        # the first postmaster, and would take a restarted server for stopped and delete
+        # its data directory under it. Stopped here, it finds nothing running, as it should.
+        atexit.register(self.stop)
 
     @classmethod
     def start(cls) -> Postgres:
@@ -117,16 +121,10 @@ class Postgres:
         self.dsn = make_conninfo(self.dsn, port=str(port))
         return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
-    def _adopt(self) -> None:
-        # The package's handle remembers the first postmaster; show it the new one, or its
-        # exit hook would think the server already stopped and delete a running data dir.
-        self._server._postmaster_info = self._postmaster()
-
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: sessions are terminated, the server is back on return."""
         self._pg_ctl(["-w", "-m", "fast", *self._options(), "restart"])
         self.restarts += 1
-        self._adopt()
 
     def stop(self, *, immediate: bool = False) -> None:
         """Stop the server (``-m fast``, or ``-m immediate``: no shutdown checkpoint, crash
@@ -148,7 +146,6 @@ class Postgres:
     def start_again(self) -> None:
         """Start the stopped server with its original options; it is up on return."""
         self._pg_ctl(["-w", *self._options(), "start"])
-        self._adopt()
 
     def start_standby(self, *settings: str) -> Standby:
         """A hot standby of this server (`Standby`), started with ``settings``
