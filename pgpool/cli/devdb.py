@@ -96,11 +96,12 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    home = _embedded().home()
+    embedded = _embedded()
+    home = embedded.home()
     with _locked(home):
         holder = running_holder(home)
         if holder is None:
-            holder = _spawn(home)
+            holder = _spawn(home, embedded.default_pgdata())
             print(f"pgpool: started the development server in {holder.pgdata} (held by "
                   f"pid {holder.pid} until `pgpool db stop`)", file=sys.stderr)
         else:
@@ -141,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     embedded = _embedded()
     home = embedded.home()
     holder = running_holder(home)
-    pgdata = home / "pg18" if holder is None else holder.pgdata
+    pgdata = embedded.default_pgdata() if holder is None else holder.pgdata
     others = [pid for pid in embedded.holders(pgdata) if holder is None or pid != holder.pid]
     users = ", ".join(map(str, others)) or "none"
     if holder is None:
@@ -202,9 +203,9 @@ def running_holder(home: Path) -> Holder | None:
     removing its state, or a pid since reused, is not)."""
     try:
         state = json.loads((home / STATE).read_text())
-    except (OSError, ValueError):
+        holder = Holder(int(state["pid"]), str(state["dsn"]), Path(state["pgdata"]))
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not one a holder wrote
         return None
-    holder = Holder(int(state["pid"]), str(state["dsn"]), Path(state["pgdata"]))
     return holder if _alive(holder.pid) and _is_holder(holder.pid) else None
 
 
@@ -230,11 +231,10 @@ def hold(pgdata: Path, state: Path) -> None:
         state.unlink(missing_ok=True)
 
 
-def _spawn(home: Path) -> Holder:
-    """Start a holder for ``home``'s server, detached (a session of its own: a terminal's
-    Ctrl-C or hangup does not reach it); its first line says how the start went."""
-    pgdata = home / "pg18"
-    home.mkdir(parents=True, exist_ok=True)
+def _spawn(home: Path, pgdata: Path) -> Holder:
+    """Start a holder of the server on ``pgdata``, with its state in ``home``, detached (a
+    session of its own: a terminal's Ctrl-C or hangup does not reach it); its first line
+    says how the start went."""
     with open(home / LOG, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", MODULE, str(pgdata), str(home / STATE)],

@@ -63,6 +63,11 @@ def home() -> Path:
     return default
 
 
+def default_pgdata() -> Path:
+    """The embedded default's data directory: `home` ``/pg18``."""
+    return home() / "pg18"
+
+
 def start(pgdata: Path, *, delete_on_exit: bool = False) -> str:
     """Start (or attach to) the server for ``pgdata`` and return its DSN; this process
     holds a handle on it until it exits. `ConfigError` or `ConnectError` if it cannot."""
@@ -99,7 +104,7 @@ def start_default() -> str:
     """Start the embedded default once per process and say where it lives."""
     global _dsn
     if _dsn is None:
-        pgdata = home() / "pg18"
+        pgdata = default_pgdata()
         _dsn = start(pgdata)
         print(
             f"pgpool: no database configured: using the embedded PostgreSQL in {pgdata} "

@@ -76,9 +76,11 @@ def test_the_development_server_stays_up_for_every_command_until_stopped(home: P
     url = started.stdout.strip()
     assert url.endswith(f"?host={pgdata}")  # the socket in the data directory
     server = server_pid(pgdata)
-    again = cli("db", "start")
+    # Said again, with a notice when a configured database would take its place.
+    again = run_cli(("db", "start"), {**env, "PGPOOL_DSN": "postgresql://elsewhere/db"})
     assert (again.returncode, again.stdout) == (0, started.stdout)
     assert f"already runs in {pgdata}" in again.stderr
+    assert "notice: PGPOOL_DSN or the PG* environment configures a database" in again.stderr
 
     # Django's migrate with the settings `url --format django` prints (HOST: the socket
     # directory) installs pgpool's tables; `pgpool migrate` without a DSN uses the same
