@@ -404,9 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--horizon-warn", **horizon_warn)
     web.set_defaults(func=cmd_web)
     # Imported here, not at the top: worker processes import this module and never parse.
+    from . import devdb
     from . import operate as ops_cli
 
     ops_cli.add_commands(sub, common, dsn_help)
+    devdb.add_command(sub, common)
     return parser
 
 
@@ -855,8 +857,8 @@ def cmd_dsn(args: argparse.Namespace) -> int:
         print("pgpool: the PG* environment (PGHOST, PGDATABASE, ...) selects the database: "
               "an empty DSN uses it", file=sys.stderr)
     elif source == dsnlib.EMBEDDED:
-        print("pgpool: the embedded server runs while a pgpool process uses it (e.g. "
-              "`pgpool run`); this DSN stays valid across its restarts", file=sys.stderr)
+        print("pgpool: the embedded server runs while a pgpool process uses it (`pgpool db "
+              "start` keeps it up); this DSN stays valid across its restarts", file=sys.stderr)
     print(dsn)
     return 0
 

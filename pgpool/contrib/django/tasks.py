@@ -6,16 +6,20 @@
                          "QUEUES": [],  # any queue name; or the list of those allowed
                          "OPTIONS": {"DATABASE": "default"}}}
 
-Every task is a job of one kind, `KIND`, whose payload names the task by its import path
-with its arguments; ``pgpool run --handlers pgpool.contrib.django.worker`` runs them. The
-task's ``queue_name`` is the job's queue, its ``priority`` the job's (both are "higher runs
+Each task is a kind of job of its own, ``django:`` and its import path (`kind_of`: logs,
+dead letters, metrics and ``keep`` tell one task from another), whose payload names the
+task with its arguments; ``pgpool run --handlers pgpool.contrib.django.worker`` runs them
+(it registers the kind of every task defined here, see `defined`). The task's
+``queue_name`` is the job's queue, its ``priority`` the job's (both are "higher runs
 first", so Django's -100..100 is used as it is), its ``run_after`` the job's ``run_at``.
 ``.enqueue()`` inserts the job on Django's connection to ``OPTIONS["DATABASE"]`` inside
 the caller's ``transaction.atomic()``: it commits with the application's rows, or not at
 all (stronger than enqueueing on commit, which loses the job if the process dies between
 the commit and the enqueue; ``transaction.on_commit(partial(task.enqueue, ...))`` works
 too). A task that raises is not retried, as in Django's own backends: the job gets one
-attempt (the handler's ``max_attempts=1``) and is then a dead letter.
+attempt (the handler's ``max_attempts=1``) and is then a dead letter; unless the task opts
+into a pgpool retry policy with `retry` (``@retry(pgpool.Retry(attempts=5))`` above
+``@task``).
 
 The result id is the job's id. ``get_result`` reads the job: ready or scheduled is READY,
 running RUNNING, a dead letter FAILED (its error as the one `TaskError`), a success
@@ -38,6 +42,7 @@ from django.utils.module_loading import import_string
 
 from ...errors import ConfigError
 from ...names import check_name
+from ...retry import Retry
 from ...sql import tasks as sql
 from . import connection_for, enqueue
 
@@ -55,11 +60,15 @@ except ImportError:  # the django-tasks package (its reference implementation)
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued  # type: ignore[no-redef]
 
-__all__ = ["KIND", "InvalidTask", "PgpoolBackend", "Task", "TaskContext", "TaskResult",
-           "TaskResultDoesNotExist", "TaskResultStatus", "make_result", "task_of"]
+__all__ = ["KIND_PREFIX", "LEGACY_KIND", "InvalidTask", "PgpoolBackend", "Task", "TaskContext",
+           "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "defined", "kind_of",
+           "make_result", "retry", "retry_of", "task_of"]
 
-#: The kind of every Django task's job.
-KIND: Final = "pgpool.django"
+#: What a task's kind starts with; its import path follows (`kind_of`).
+KIND_PREFIX: Final = "django:"
+#: The one kind of every task's job before each task had its own: the worker still runs
+#: the jobs enqueued so, and ``get_result`` reads them.
+LEGACY_KIND: Final = "pgpool.django"
 #: How long a task's success is kept by default (``OPTIONS["KEEP"]``): Django's result API
 #: answers from it.
 DEFAULT_KEEP: Final = 7 * 86400.0
@@ -74,6 +83,46 @@ _STATUS: Final = {
     "done": TaskResultStatus.SUCCESSFUL,
     "dead": TaskResultStatus.FAILED,
 }
+
+
+#: The tasks of pgpool's backends defined in this process, by import path (`defined`).
+_defined: dict[str, Task] = {}
+#: The retry policies tasks opted into with `retry`, by import path.
+_retries: dict[str, Retry] = {}
+
+
+def kind_of(task: Task) -> str:
+    """The kind of ``task``'s jobs: ``django:`` and its import path."""
+    return KIND_PREFIX + task.module_path
+
+
+def defined() -> list[Task]:
+    """The tasks on a pgpool backend that this process has defined (imported), each once:
+    the worker registers their kinds."""
+    return list(_defined.values())
+
+
+def retry(policy: Retry) -> Any:
+    """Give a task pgpool's retry policy ``policy`` instead of Django's one attempt: a
+    decorator, above ``@task``. The worker then registers the task's kind with it (as
+    ``@pgpool.handler(kind, retry=policy)``): a failed attempt runs again after its backoff,
+    until ``policy.attempts`` are used (pgpool's default, 20, when it gives none)."""
+    if not isinstance(policy, Retry):
+        raise ConfigError(f"retry() takes a pgpool.Retry(...), got a {type(policy).__name__}")
+
+    def opt_in(task: Task) -> Task:
+        if not isinstance(task, Task):
+            raise ConfigError(f"@retry(...) decorates a Django task: put it above @task, "
+                              f"not on a {type(task).__name__}")
+        _retries[task.module_path] = policy
+        return task
+
+    return opt_in
+
+
+def retry_of(task: Task) -> Retry | None:
+    """The retry policy ``task`` opted into with `retry`; None: one attempt, as Django's."""
+    return _retries.get(task.module_path)
 
 
 def task_of(path: object) -> Task:
@@ -115,12 +164,16 @@ class PgpoolBackend(BaseTaskBackend):
         self.database: str = self.options.get("DATABASE", "default")
 
     def validate_task(self, task: Task) -> None:
-        """Django's checks, and that the queue name is one pgpool takes."""
+        """Django's checks, and that the queue name and the task's kind are names pgpool
+        takes. Django validates each task as it is defined: the task is then recorded for
+        the worker (`defined`)."""
         super().validate_task(task)
         try:
             check_name("queue", task.queue_name)
+            check_name("kind", kind_of(task))
         except ConfigError as exc:
             raise InvalidTask(str(exc)) from None
+        _defined.setdefault(task.module_path, task)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task's job in the current transaction of Django's connection; its
@@ -131,7 +184,7 @@ class PgpoolBackend(BaseTaskBackend):
             run_at = timezone.make_aware(run_at)
         result = make_result(task, "", TaskResultStatus.READY, args, kwargs, self.alias)
         payload = {"task": task.module_path, "args": result.args, "kwargs": result.kwargs}
-        job_id = enqueue(KIND, payload, using=self.database, queue=task.queue_name,
+        job_id = enqueue(kind_of(task), payload, using=self.database, queue=task.queue_name,
                          priority=task.priority, run_at=run_at)
         object.__setattr__(result, "id", str(job_id))
         object.__setattr__(result, "enqueued_at", timezone.now())
@@ -148,7 +201,8 @@ class PgpoolBackend(BaseTaskBackend):
         if not 0 < job_id < 2**63:  # a job's id is a positive bigint
             raise TaskResultDoesNotExist(f"{result_id!r} is not a pgpool job's id")
         row = connection_for(self.database).execute(
-            sql.TASK_JOB, {"id": job_id, "kind": KIND}).fetchone()
+            sql.TASK_JOB, {"id": job_id, "legacy": LEGACY_KIND, "prefix": KIND_PREFIX}
+        ).fetchone()
         if row is None:
             raise TaskResultDoesNotExist(
                 f"{result_id}: no such job waiting, running, kept as done or dead")

@@ -5,6 +5,9 @@ try:
 except ImportError:
     from django_tasks import task
 
+import pgpool
+from pgpool.contrib.django.tasks import retry
+
 from .models import Effect
 
 
@@ -21,3 +24,12 @@ def write_attempt(context, note: str) -> None:
 @task
 def explode() -> None:
     raise ValueError("this task always fails")
+
+
+@retry(pgpool.Retry(attempts=3, base=0.05, cap=0.05, jitter=False))
+@task(takes_context=True)
+def flaky(context, note: str) -> int:
+    """Fails its first two attempts: it opted into pgpool's retry policy."""
+    if context.attempt < 3:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return Effect.objects.create(note=f"{note} on attempt {context.attempt}").id
