@@ -68,3 +68,27 @@ def test_the_api_reference_names_each_object_as_it_is_imported() -> None:
         shown = [documented, *[members[n] for n in members if not n.startswith("_")]]
         for obj in shown:
             assert "docs/" not in (getattr(obj, "__doc__", None) or ""), identifier
+
+
+def test_the_install_page_opens_with_the_install_command() -> None:
+    # The commands first; the platforms' differences after them, at the end of the page.
+    page = (ROOT / "docs" / "getting-started" / "install.md").read_text()
+    first_block = re.search(r"^```(\w+)\n(.*?)^```$", page, re.M | re.S)
+    assert first_block and first_block[1] == "sh" and "pip install" in first_block[2]
+    assert first_block.start() < page.index("\n## ") < page.index("## macOS, for development")
+
+
+#: The longest line of code a page shows: at 1280 px its text column holds about 110
+#: characters of code (the table of contents in the navigation: mkdocs.yml). A program's
+#: output (```text) is shown as it is printed, and scrolls.
+CODE_WIDTH = 100
+
+
+def test_code_fits_the_text_column() -> None:
+    wide = [f"{page.relative_to(ROOT)}: {line[:60]}..."
+            for page in sorted((ROOT / "docs").rglob("*.md"))
+            for language, code in re.findall(r"^```(\w+)\n(.*?)^```$", page.read_text(),
+                                             re.M | re.S)
+            if language in ("python", "sh", "sql")
+            for line in code.splitlines() if len(line) > CODE_WIDTH]
+    assert not wide, f"lines of code wider than {CODE_WIDTH} characters:\n" + "\n".join(wide)
