@@ -63,7 +63,8 @@ TRICKLE_BATCHES_PER_SEC: Final = 10
 
 
 class JobNotFound(PgpoolError, LookupError):
-    """An id names no job in the state the operation needs; nothing was changed."""
+    """An id names no job in the state the operation needs (an operation that changes jobs
+    then changed none)."""
 
 
 # --- what the functions return ------------------------------------------------------------
@@ -481,7 +482,7 @@ def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJo
     else:
         rows = yield _Query(sql.DONE_BY_ID, {"id": job_id, "result": result})
         if not rows:
-            yield from _not_found([job_id], "live", NOT_KEPT)
+            yield from _nowhere(job_id)
         found = DoneJob(*rows[0])
     # Its own group, when it is a group's callback (a group's id is its callback's).
     group = yield _Query(outcomes_sql.GROUP, {"id": job_id})
@@ -659,10 +660,15 @@ def _check_queue_known(queue: str) -> Plan[None]:
                           "names it; check the name (`pgpool status` lists the queues)")
 
 
-#: Why `show_job` finds a job in no table.
-NOT_KEPT: Final = ("and none is kept as done: it finished and nothing kept it, was purged, "
-                   "or was never enqueued; a success is kept only when its handler has "
-                   "keep= or its host runs with --keep-done")
+def _nowhere(job_id: int) -> Plan[None]:
+    """Raise `JobNotFound` for a job that `show_job` finds neither live nor kept: what is
+    known of it, in plain words (a look changes nothing, so it says nothing of changes)."""
+    if (yield _Query(sql.DEAD_IDS, {"ids": int_array([job_id])})):
+        raise JobNotFound(f"job {job_id} is dead-lettered: `pgpool dead show {job_id}` shows "
+                          f"it (`pgpool dead replay --id {job_id}` runs it again)")
+    raise JobNotFound(f"job {job_id} is not in the queue, not dead-lettered and not kept: "
+                      "either it finished and nothing kept it (a success is kept only with "
+                      "keep= on its handler or `pgpool run --keep-done`), or it never existed")
 
 
 def _not_found(ids: list[int], what: str,
