@@ -123,7 +123,7 @@ def _scopes(table: symtable.SymbolTable, deferred: bool = False
     """Each scope of a block, and whether its code runs only when called (a function)."""
     yield table, deferred
     for child in table.get_children():
-        runs_later = deferred or (str(child.get_type()).endswith("function")
+        runs_later = deferred or (child.get_type() == "function"
                                   and child.get_name() not in _INLINE_SCOPES)
         yield from _scopes(child, runs_later)
 
