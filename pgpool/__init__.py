@@ -65,8 +65,9 @@ from .schedules import periodic
 from .worker.main import current_job
 
 __version__: str
-#: The schema version this pgpool needs (`pgpool.db.schema.SCHEMA_VERSION`).
 SCHEMA_VERSION: int
+"""The schema version this pgpool needs: `migrate` brings a database to it, and the
+commands refuse another (`pgpool.db.schema.SCHEMA_VERSION`)."""
 
 if not TYPE_CHECKING:  # type checkers read the declarations above
 

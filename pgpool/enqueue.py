@@ -271,9 +271,9 @@ def enqueue(
     a job of the same kind and key is in ``pgpool_jobs``: waiting (also for a retry),
     running, or parked; one that succeeded or was dead-lettered has left it and freed the
     key. ``max_attempts`` overrides the handler's limit. ``tenant`` puts it in a fairness
-    group (claims interleave tenants: docs/guides/fairness.md); with ``concurrency_key``,
-    no two jobs of one key run at once anywhere in the fleet. Raises `PayloadError` or
-    `ConfigError` before sending anything when an argument is invalid.
+    group (claims interleave tenants: see [Tenants](../guides/fairness.md#tenants)); with
+    ``concurrency_key``, no two jobs of one key run at once anywhere in the fleet. Raises
+    `PayloadError` or `ConfigError` before sending anything when an argument is invalid.
 
     Called inside an OpenTelemetry span, it runs in a PRODUCER span of its own and the job
     carries that span's trace context (`pgpool.tracing`); the ``on_enqueue`` hooks are told

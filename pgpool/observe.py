@@ -43,7 +43,8 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
     ``queues`` counts, per queue: ``ready`` (due now), ``scheduled`` (``run_at`` in the
     future, including retries waiting out their backoff), ``running`` (claimed), ``dead``,
     ``parked`` (the database refused their ack or reap: they wait for an operator),
-    ``done`` (succeeded, kept because the database refused to delete them), and ``paused``
+    ``parked_done`` (they succeeded, but the database refused to delete them: rows in state
+    ``done``, not successes kept with ``keep=``), and ``paused``
     (``pgpool pause``; ``paused_at`` is when); ``lag`` (seconds since the oldest job due now
     was due; None when none is), ``dead_24h`` (dead letters added in the last 24 hours),
     ``claims_per_sec`` and ``claim_p99_ms`` (from the live hosts serving it: their rates
@@ -164,7 +165,7 @@ def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[di
                    for q in paused if q not in listed]
     return [
         {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
-         "dead": dead, "parked": parked, "done": done, "paused": q in paused,
+         "dead": dead, "parked": parked, "parked_done": done, "paused": q in paused,
          "paused_at": paused[q].isoformat() if q in paused else None,
          "lag": _round(lag), "dead_24h": dead_24h, "claims_per_sec": _round(rate),
          "claim_p99_ms": _round(p99)}

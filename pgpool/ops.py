@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, PgpoolError
 from .names import check_name
-from .outcomes import GroupStatus
+from .outcomes import GroupStatus, group_status_of
 from .sql import ops as sql
 from .sql import outcomes as outcomes_sql
 from .sql.common import int_array
@@ -63,7 +63,8 @@ TRICKLE_BATCHES_PER_SEC: Final = 10
 
 
 class JobNotFound(PgpoolError, LookupError):
-    """An id names no job in the state the operation needs; nothing was changed."""
+    """An id names no job in the state the operation needs (an operation that changes jobs
+    then changed none)."""
 
 
 # --- what the functions return ------------------------------------------------------------
@@ -292,13 +293,80 @@ class Retried:
     already_due: list[int]
 
 
+# --- checks and formatting (before the filters, whose defaults are checked at import) -----
+
+_BIGINT_MAX: Final = 2**63 - 1
+
+
+def parse_job_id(text: str) -> int:
+    """A job id (or a group's: its callback's) as typed on a command line or in a URL:
+    ASCII digits (``str.isdigit`` takes "²", which ``int`` refuses) of a positive bigint;
+    `ConfigError` otherwise."""
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= _BIGINT_MAX:
+        raise ConfigError(f"{text[:40]!r} is not a job id (a positive integer)")
+    return int(text)
+
+
+def _check_ids(ids: Iterable[int]) -> list[int]:
+    """The distinct ids, in order; `ConfigError` for none or a non-id."""
+    out = list(dict.fromkeys(ids))
+    if not out:
+        raise ConfigError("no job ids given: pass at least one")
+    bad = [i for i in out if not isinstance(i, int) or isinstance(i, bool)
+           or not 0 < i <= _BIGINT_MAX]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a job id (a positive integer)")
+    return out
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or not 0 < limit <= _BIGINT_MAX):
+        raise ConfigError(f"limit must be a positive integer, got {limit!r}")
+
+
+def _check_seconds(what: str, value: float | None) -> None:
+    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
+                              or not math.isfinite(value) or value < 0):
+        raise ConfigError(f"{what} must be a non-negative number of seconds, got {value!r}")
+
+
+def _ids_text(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:10]))
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def _is(ids: list[int]) -> str:
+    return "is" if len(ids) == 1 else "are"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _jsonable(row: Any) -> dict[str, Any]:
+    out = {}
+    for name in row.__dataclass_fields__:
+        value = getattr(row, name)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, GroupStatus):
+            value = {**_jsonable(value), "finished": value.finished}
+        out[name] = value
+    return out
+
+
 # --- filters ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DeadFilter:
     """Which dead jobs an operation takes; every field left None matches all. ``error`` is a
     substring of the stored error, ``signature`` an exact error signature (as ``dead list
-    --group`` prints it), ``since``/``older_than`` seconds since the job died."""
+    --group`` prints it), ``since``/``older_than`` seconds since the job died. Raises
+    `ConfigError` when made with fields that are malformed or cannot both hold."""
 
     ids: Sequence[int] | None = None
     queue: str | None = None
@@ -309,8 +377,7 @@ class DeadFilter:
     since: float | None = None
     older_than: float | None = None
 
-    def check(self) -> None:
-        """Raise `ConfigError` for filters that are malformed or cannot both hold."""
+    def __post_init__(self) -> None:
         if self.ids is not None:
             _check_ids(self.ids)
         for what in ("queue", "kind"):
@@ -350,7 +417,8 @@ class JobFilter:
     """Which live jobs to list; None matches all. ``older_than``: enqueued more than that
     many seconds ago. ``group``: only the members of this group (its id, the callback
     job's). ``after``: only jobs past this (run_at, id) in the listing's order, the last
-    row of the page before (`Listing.rows`), to page through a long list."""
+    row of the page before (`Listing.rows`), to page through a long list. Raises
+    `ConfigError` when made with a malformed field."""
 
     queue: str | None = None
     kind: str | None = None
@@ -359,7 +427,7 @@ class JobFilter:
     after: tuple[datetime, int] | None = None
     group: int | None = None
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         for what in ("queue", "kind"):
             if getattr(self, what) is not None:
                 check_name(what, getattr(self, what))
@@ -398,7 +466,6 @@ Plan = Generator[_Query | _Pause, Rows, R]
 
 
 def _list_jobs(where: JobFilter, limit: int, payload: bool) -> Plan[Listing[LiveJob]]:
-    where.check()
     _check_limit(limit)
     rows = yield _Query(sql.JOBS_LIST, {**where.params(), "limit": limit, "full": False,
                                         "payload": payload})
@@ -415,17 +482,16 @@ def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJo
     else:
         rows = yield _Query(sql.DONE_BY_ID, {"id": job_id, "result": result})
         if not rows:
-            yield from _not_found([job_id], "live", NOT_KEPT)
+            yield from _nowhere(job_id)
         found = DoneJob(*rows[0])
     # Its own group, when it is a group's callback (a group's id is its callback's).
     group = yield _Query(outcomes_sql.GROUP, {"id": job_id})
     if group:
-        found = replace(found, group=GroupStatus.of_row(job_id, group[0]))
+        found = replace(found, group=group_status_of(job_id, group[0]))
     return found
 
 
 def _list_dead(where: DeadFilter, limit: int, payload: bool) -> Plan[Listing[DeadJob]]:
-    where.check()
     _check_limit(limit)
     rows = yield _Query(sql.DEAD_LIST, {**where.params(), "limit": limit, "full": False,
                                         "payload": payload})
@@ -433,7 +499,6 @@ def _list_dead(where: DeadFilter, limit: int, payload: bool) -> Plan[Listing[Dea
 
 
 def _group_dead(where: DeadFilter, limit: int) -> Plan[Listing[DeadGroup]]:
-    where.check()
     _check_limit(limit)
     rows = yield _Query(sql.DEAD_GROUPS, {**where.params(), "limit": limit})
     return Listing([DeadGroup(*r) for r in rows[:limit]], len(rows) > limit)
@@ -451,7 +516,7 @@ def _show_dead(job_id: int, payload: bool) -> Plan[DeadJob]:
 
 def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
                  dry_run: bool) -> Plan[Replayed]:
-    _check_batch_op(where, limit)
+    _check_limit(limit)
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ConfigError(f"rate must be a positive number of jobs per second, got {rate!r}")
     result = Replayed()
@@ -493,7 +558,7 @@ def _replay_dead(where: DeadFilter, limit: int | None, rate: float | None,
 
 def _purge_dead(where: DeadFilter, limit: int | None, dry_run: bool,
                 force: bool) -> Plan[Purged]:
-    _check_batch_op(where, limit)
+    _check_limit(limit)
     result = Purged()
     started = time.monotonic()
     params = {**where.params(), "keep_pending": not force}
@@ -595,10 +660,15 @@ def _check_queue_known(queue: str) -> Plan[None]:
                           "names it; check the name (`pgpool status` lists the queues)")
 
 
-#: Why `show_job` finds a job in no table.
-NOT_KEPT: Final = ("and none is kept as done: it finished and nothing kept it, was purged, "
-                   "or was never enqueued; a success is kept only when its handler has "
-                   "keep= or its host runs with --keep-done")
+def _nowhere(job_id: int) -> Plan[None]:
+    """Raise `JobNotFound` for a job that `show_job` finds neither live nor kept: what is
+    known of it, in plain words (a look changes nothing, so it says nothing of changes)."""
+    if (yield _Query(sql.DEAD_IDS, {"ids": int_array([job_id])})):
+        raise JobNotFound(f"job {job_id} is dead-lettered: `pgpool dead show {job_id}` shows "
+                          f"it (`pgpool dead replay --id {job_id}` runs it again)")
+    raise JobNotFound(f"job {job_id} is not in the queue, not dead-lettered and not kept: "
+                      "either it finished and nothing kept it (a success is kept only with "
+                      "keep= on its handler or `pgpool run --keep-done`), or it never existed")
 
 
 def _not_found(ids: list[int], what: str,
@@ -874,77 +944,6 @@ def queue_known(conn: psycopg.Connection, queue: str) -> bool:
 async def queue_known_async(conn: psycopg.AsyncConnection, queue: str) -> bool:
     """Async twin of `queue_known`."""
     return await _run_async(conn, _queue_known(queue))
-
-
-# --- checks and formatting ----------------------------------------------------------------
-
-_BIGINT_MAX: Final = 2**63 - 1
-
-
-def parse_job_id(text: str) -> int:
-    """A job id (or a group's: its callback's) as typed on a command line or in a URL:
-    ASCII digits (``str.isdigit`` takes "²", which ``int`` refuses) of a positive bigint;
-    `ConfigError` otherwise."""
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= _BIGINT_MAX:
-        raise ConfigError(f"{text[:40]!r} is not a job id (a positive integer)")
-    return int(text)
-
-
-def _check_ids(ids: Iterable[int]) -> list[int]:
-    """The distinct ids, in order; `ConfigError` for none or a non-id."""
-    out = list(dict.fromkeys(ids))
-    if not out:
-        raise ConfigError("no job ids given: pass at least one")
-    bad = [i for i in out if not isinstance(i, int) or isinstance(i, bool)
-           or not 0 < i <= _BIGINT_MAX]
-    if bad:
-        raise ConfigError(f"{bad[0]!r} is not a job id (a positive integer)")
-    return out
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
-                              or not 0 < limit <= _BIGINT_MAX):
-        raise ConfigError(f"limit must be a positive integer, got {limit!r}")
-
-
-def _check_seconds(what: str, value: float | None) -> None:
-    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
-                              or not math.isfinite(value) or value < 0):
-        raise ConfigError(f"{what} must be a non-negative number of seconds, got {value!r}")
-
-
-def _check_batch_op(where: DeadFilter, limit: int | None) -> None:
-    where.check()
-    _check_limit(limit)
-
-
-def _ids_text(ids: list[int]) -> str:
-    shown = ", ".join(map(str, ids[:10]))
-    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-
-
-def _is(ids: list[int]) -> str:
-    return "is" if len(ids) == 1 else "are"
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
-def _jsonable(row: Any) -> dict[str, Any]:
-    out = {}
-    for name in row.__dataclass_fields__:
-        value = getattr(row, name)
-        if isinstance(value, datetime):
-            value = value.isoformat()
-        elif isinstance(value, GroupStatus):
-            value = {**_jsonable(value), "finished": value.finished}
-        out[name] = value
-    return out
 
 
 __all__ = [

@@ -91,11 +91,13 @@ class GroupStatus:
     def finished(self) -> int:
         return self.done + self.dead
 
-    @classmethod
-    def of_row(cls, group_id: int, row: tuple[Any, ...]) -> GroupStatus:
-        """The group ``group_id`` from its row of `pgpool.sql.outcomes.GROUP`."""
-        total, done, dead, created_at, completed_at, callback = row
-        return cls(group_id, total, done, dead, created_at, completed_at, callback or "unknown")
+
+def group_status_of(group_id: int, row: tuple[Any, ...]) -> GroupStatus:
+    """The group ``group_id`` from its row of `pgpool.sql.outcomes.GROUP` (not a method:
+    the class shows its reader only what it holds)."""
+    total, done, dead, created_at, completed_at, callback = row
+    return GroupStatus(group_id, total, done, dead, created_at, completed_at,
+                       callback or "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,7 @@ def group_status(conn: psycopg.Connection, group_id: int) -> GroupStatus:
         row = conn.execute(sql.GROUP, {"id": group_id}).fetchone()
     if row is None:
         raise GroupNotFound(no_group(group_id))
-    return GroupStatus.of_row(group_id, row)
+    return group_status_of(group_id, row)
 
 
 async def group_status_async(conn: psycopg.AsyncConnection, group_id: int) -> GroupStatus:
@@ -199,7 +201,7 @@ async def group_status_async(conn: psycopg.AsyncConnection, group_id: int) -> Gr
         row = await (await conn.execute(sql.GROUP, {"id": group_id})).fetchone()
     if row is None:
         raise GroupNotFound(no_group(group_id))
-    return GroupStatus.of_row(group_id, row)
+    return group_status_of(group_id, row)
 
 
 def group_members(conn: psycopg.Connection, group_id: int) -> list[Member]:

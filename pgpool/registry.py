@@ -273,8 +273,9 @@ def handler(
     When ``fn``'s payload parameter is annotated with a TypedDict, a dataclass or a
     pydantic v2 model, the payload is typed: the enqueue methods check and encode it, and
     workers decode the stored JSON into that type before calling ``fn`` (see
-    docs/guides/handlers.md for the supported field types; another raises `HandlerError`
-    here, naming it). Any other annotation, or none, leaves the payload a plain dict.
+    [Typed payloads](../guides/handlers.md#typed-payloads) for the supported field types;
+    another raises `HandlerError` here, naming it). Any other annotation, or none, leaves
+    the payload a plain dict.
 
     ``keep`` (seconds, or a timedelta) keeps each success of this kind that long in
     ``pgpool_done``, with the value the handler returned (JSON, at most

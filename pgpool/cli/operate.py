@@ -185,11 +185,9 @@ def _dead_filters(p: argparse.ArgumentParser, *, older_than_required: bool = Fal
 
 
 def _dead_filter(args: argparse.Namespace) -> ops.DeadFilter:
-    where = ops.DeadFilter(ids=args.ids, queue=args.queue, kind=args.kind, error=args.error,
-                           signature=args.signature, reason=args.reason, since=args.since,
-                           older_than=args.older_than)
-    where.check()
-    return where
+    return ops.DeadFilter(ids=args.ids, queue=args.queue, kind=args.kind, error=args.error,
+                          signature=args.signature, reason=args.reason, since=args.since,
+                          older_than=args.older_than)
 
 
 @contextmanager
@@ -206,7 +204,6 @@ def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection]:
 def cmd_jobs(args: argparse.Namespace) -> int:
     where = ops.JobFilter(queue=args.queue, kind=args.kind, state=args.state,
                           older_than=args.older_than, group=args.group)
-    where.check()
     with _connect(args) as conn:
         _check_queue(conn, args.queue)
         if args.group is not None:

@@ -29,20 +29,20 @@ def render(status: dict[str, Any]) -> str:
     out.append("")
     out.append("queues:")
     out += _table(
-        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "KEPT", "LAG",
+        ("QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "PARKED DONE", "LAG",
          "DEAD 24H", "CLAIMS/S", "CLAIM P99"),
         [(q["queue"] + (" (paused)" if q["paused"] else ""), q["ready"], q["scheduled"],
-          q["running"], q["dead"], q["parked"], q["done"],
+          q["running"], q["dead"], q["parked"], q["parked_done"],
           "-" if q["lag"] is None else _ago(q["lag"]).removesuffix(" ago"),
           f"+{q['dead_24h']}", _rate(q["claims_per_sec"]),
           "-" if q["claim_p99_ms"] is None else f"{q['claim_p99_ms']:.1f}ms")
          for q in status["queues"]],
     )
-    parked = sum(q["parked"] + q["done"] for q in status["queues"])
+    parked = sum(q["parked"] + q["parked_done"] for q in status["queues"])
     if parked:
         out.append(f"warning: the database refused to ack or reap {parked} jobs: PARKED "
-                   "wait for an operator, KEPT succeeded but could not be deleted; their "
-                   "last_error says why")
+                   "wait for an operator, PARKED DONE succeeded but could not be deleted; "
+                   "their last_error says why")
     vacuum = status["vacuum"]
     if vacuum is not None:
         ago = vacuum["last_autovacuum_ago"]

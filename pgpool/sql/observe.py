@@ -41,11 +41,11 @@ _JOBS_PER_QUEUE: Final = """
     GROUP BY queue
 """
 
-#: Per queue: due now, due later, claimed, dead-lettered, parked (see `jobs.PARK`) and kept
-#: done; the age of the oldest job due now (the lag, seconds; NULL when none is); dead
-#: letters added in the last 24 hours; and, from the live hosts serving it, their claims per
-#: second together and the worst of their claim p99s (ms). Lists every queue that has jobs,
-#: dead letters or a registered host serving it.
+#: Per queue: due now, due later, claimed, dead-lettered, parked (see `jobs.PARK`) and
+#: parked done (succeeded, their delete refused); the age of the oldest job due now (the
+#: lag, seconds; NULL when none is); dead letters added in the last 24 hours; and, from the
+#: live hosts serving it, their claims per second together and the worst of their claim
+#: p99s (ms). Lists every queue that has jobs, dead letters or a registered host serving it.
 STATUS_QUEUES: Final = """
 WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
     SELECT queue, count(*) AS dead,
@@ -159,7 +159,7 @@ SELECT pg_try_advisory_lock(hashtextextended('pgpool.queue-metrics:'
                                              || 'pgpool_jobs'::regclass::oid, 0))
 """
 
-#: Per queue: due now, due later, claimed, parked, kept as done, the age of the oldest job
+#: Per queue: due now, due later, claimed, parked, parked done, the age of the oldest job
 #: due now (seconds; NULL when none is), dead-lettered by reason (``pgpool_dead.reason``,
 #: as a JSON object), and whether it is paused.
 METRICS_QUEUES: Final = """

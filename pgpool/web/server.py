@@ -544,7 +544,6 @@ def _batch_op(body: dict[str, Any]) -> tuple[ops.DeadFilter, int | None, bool]:
         ids=ids, queue=body.get("queue"), kind=body.get("kind"), error=body.get("error"),
         signature=body.get("signature"), reason=body.get("reason"),
         since=_seconds(body.get("since")), older_than=_seconds(body.get("older_than")))
-    where.check()
     limit = body.get("limit")
     if where.empty and limit is None and body.get("all") is not True:
         raise ConfigError("say which dead jobs: give filters (kind, signature, error, "
@@ -631,7 +630,6 @@ def _dead_filter(query: Any) -> ops.DeadFilter:
                            reason=_text(query, "reason"),  # type: ignore[arg-type]
                            since=_seconds(query.get("since")),
                            older_than=_seconds(query.get("older_than")))
-    where.check()
     return where
 
 

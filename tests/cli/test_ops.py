@@ -274,7 +274,8 @@ def test_bad_ids_unknown_queues_and_conflicting_filters_are_one_line_errors(dlq,
                       "pgpool dead replay --id 1000")
     assert_user_error(run_pgpool(dsn, "retry", str(live), "abc"), "'abc' is not a job id")
     assert_user_error(run_pgpool(dsn, "retry", "0"), "'0' is not a job id")
-    assert_user_error(run_pgpool(dsn, "jobs", "show", "424242"), "no live job has id 424242")
+    assert_user_error(run_pgpool(dsn, "jobs", "show", "424242"),
+                      "job 424242 is not in the queue")
     assert_user_error(run_pgpool(dsn, "dead", "show", str(live)),
                       f"no dead job has id {live}", f"pgpool jobs show {live}")
     assert_user_error(run_pgpool(dsn, "pause", "nope"), "unknown queue 'nope'")

@@ -63,12 +63,16 @@ def test_jobs_show_a_kept_success_with_its_result_only_when_asked(db, dsn):
         "done", None, 1, None)
     assert shown(dsn, kept, "--result")["result"] == {"secret": MARKER}
 
-    # In no table: the error says where successes are kept, and how to keep them.
-    assert_user_error(run_pgpool(dsn, "jobs", "show", str(loose)),
-                      f"no live job has id {loose}", "none is kept as done", "keep=",
-                      "--keep-done")
-    assert_user_error(run_pgpool(dsn, "jobs", "show", str(dead)), f"job {dead} is dead",
-                      f"pgpool dead show {dead}")
+    # In no table: what is known, in plain words, and how successes are kept; a look
+    # changes nothing, and says nothing of changes.
+    line = assert_user_error(
+        run_pgpool(dsn, "jobs", "show", str(loose)),
+        f"job {loose} is not in the queue, not dead-lettered and not kept: either it "
+        "finished and nothing kept it", "keep=", "--keep-done", "or it never existed")
+    assert "changed" not in line
+    line = assert_user_error(run_pgpool(dsn, "jobs", "show", str(dead)),
+                             f"job {dead} is dead-lettered", f"pgpool dead show {dead}")
+    assert "changed" not in line
 
     # The Python API behind it.
     found = ops.show_job(db, kept)

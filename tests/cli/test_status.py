@@ -282,6 +282,10 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
                                     "the hosts' own (none set with `pgpool budget set`)")
     # LAG is how long the oldest due job has waited (due 60 s before the seed, so a little
     # more by now); CLAIMS/S and CLAIM P99 come from the live hosts serving the queue only.
+    # PARKED DONE: succeeded, but the database refused to delete them (not keep=).
+    assert text.splitlines()[text.splitlines().index("queues:") + 1].split() == [
+        "QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "PARKED", "PARKED", "DONE", "LAG",
+        "DEAD", "24H", "CLAIMS/S", "CLAIM", "P99"]
     queues = section(text, "queues:")
     assert [row[:7] + row[8:] for row in queues] == [
         ["default", "5", "2", "1", "4", "0", "1", "+3", "123.5", "4.5ms"],
@@ -302,13 +306,13 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert lags[0] >= 59 and lags[1] >= 59 and lags[2] is None
     assert report["queues"] == [
         {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4,
-         "parked": 0, "done": 1, **not_paused, "dead_24h": 3, "claims_per_sec": 123.45,
+         "parked": 0, "parked_done": 1, **not_paused, "dead_24h": 3, "claims_per_sec": 123.45,
          "claim_p99_ms": 4.5},
         {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0, "parked": 1,
-         "done": 0, **not_paused, "dead_24h": 0, "claims_per_sec": None,
+         "parked_done": 0, **not_paused, "dead_24h": 0, "claims_per_sec": None,
          "claim_p99_ms": None},
         {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1, "parked": 0,
-         "done": 0, **not_paused, "dead_24h": 1, "claims_per_sec": None,
+         "parked_done": 0, **not_paused, "dead_24h": 1, "claims_per_sec": None,
          "claim_p99_ms": None},
     ]
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg
 from commands import MARKER, assert_user_error, clean_env, run_pgpool
 from dbtools import listeners, one, queue_counts
-from places import HANDLERS
+from places import HANDLERS, ROOT
 from prometheus_client.parser import text_string_to_metric_families
 from waits import wait_until
 
@@ -117,6 +118,9 @@ def test_snapshot_counts_match_the_database(db: psycopg.Connection, web: Web) ->
         assert snapshot["lag_history"][queue][-1][1] == got["lag"]
     assert queue_of(snapshot, "beta")["dead"] == 4 and queue_of(snapshot, "beta")["scheduled"]
     assert set(snapshot) >= {"hosts", "fleet", "vacuum", "unhandled", "lag_history"}
+    # The page reads a queue's counts by their names in this JSON (`q.parked_done`...).
+    page = (ROOT / "pgpool" / "web" / "static" / "app.js").read_text()
+    assert set(re.findall(r"\bq\.(\w+)", page)) <= set(queue_of(snapshot, "alpha"))
 
 
 def test_events_push_a_new_snapshot_after_an_enqueue(db: psycopg.Connection,

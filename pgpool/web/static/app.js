@@ -211,7 +211,7 @@ function renderWarnings(snap) {
     items.push(["unhandled", `${u.ready} ${u.kind} job(s) in queue ${u.queue} wait with no ` +
       `live host that serves the queue and has a handler (oldest due ${dur(u.oldest_ago)} ago)`]);
   }
-  const parked = (snap.queues || []).reduce((s, q) => s + q.parked + q.done, 0);
+  const parked = (snap.queues || []).reduce((s, q) => s + q.parked + q.parked_done, 0);
   if (parked) {
     items.push(["parked", `the database refused to ack or reap ${parked} job(s): they wait ` +
       "for an operator (state parked/done in Jobs; their last error says why)"]);
