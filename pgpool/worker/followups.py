@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from ..enqueue import function_params
+from ..enqueue import function_params, prepared, prepared_many
 from ..errors import ConfigError, GroupNotFound
 from ..groups import group_params
-from ..job import JobInfo, JobOptions
+from ..job import NAMES, JobInfo, JobOptions
 from ..outcomes import Member, group_members
 from ..registry import Handler
 
@@ -121,25 +121,20 @@ class RunningJob(JobInfo):
         options are checked now (`PayloadError`, `ConfigError`). No id is returned: the
         job does not exist yet."""
         attempt = self._running(1)
-        if isinstance(kind, Handler):
-            payload, chosen = kind.prepare(payload, options)
-            kind = kind.kind
-        else:
-            chosen = JobOptions.of(options, what="current_job().enqueue")
-        attempt.keep([_job_params(kind, payload, chosen)], [])
+        name, payload, chosen = prepared(kind, payload, options, what="current_job().enqueue")
+        attempt.keep([_job_params(name, payload, chosen)], [])
 
     def enqueue_many(self, kind: str | Handler[Any], payloads: Iterable[Any],
                      **options: Any) -> int:
         """`enqueue` for many jobs of one kind (``options`` as `pgpool.enqueue_many`'s);
         how many."""
-        if isinstance(kind, Handler):
-            payloads, chosen = kind.prepare_many(payloads, options)
-            kind = kind.kind
-        else:  # each is inserted on its own (`pgpool.sql.jobs.ACK_OUTCOMES`): any option
-            chosen = JobOptions.of(options, what="current_job().enqueue_many")
+        # A kind's name takes any option: each job is inserted on its own
+        # (`pgpool.sql.jobs.ACK_OUTCOMES`).
+        name, payloads, chosen = prepared_many(kind, payloads, options, allowed=NAMES,
+                                               what="current_job().enqueue_many")
         listed = list(payloads)
         attempt = self._running(len(listed))
-        attempt.keep([_job_params(kind, payload, chosen) for payload in listed], [])
+        attempt.keep([_job_params(name, payload, chosen) for payload in listed], [])
         return len(listed)
 
     def group(self, kind: str | Handler[Any], payloads: Iterable[Any], *,
