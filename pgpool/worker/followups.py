@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -60,17 +60,24 @@ def ended_message(job_id: int, left_behind: bool) -> str:
     return f"pgpool.current_job() is used outside a running job: {how}"
 
 
+#: What reads a group's members in place of a database: group id -> its members.
+MemberReader = Callable[[int], list[Member]]
+
+
 class Attempt:
-    """One attempt of a job while its handler runs: the follow-ups kept for it, and the
-    connection its group's members are read on (`pgpool.testing.drain` gives the test's,
-    whose transaction holds them; None: one of its own to ``PGPOOL_DSN``). Once it has
-    ended (`end`), what is asked of it raises and is kept nowhere."""
+    """One attempt of a job while its handler runs: the follow-ups kept for it, and where
+    its group's members are read: ``read_members`` (`pgpool.testing.run_handler` gives the
+    members it was told of), else on ``conn`` (`pgpool.testing.drain` gives the test's,
+    whose transaction holds them), else on a connection of its own to ``PGPOOL_DSN``. Once
+    it has ended (`end`), what is asked of it raises and is kept nowhere."""
 
-    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id")
+    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id", "read_members")
 
-    def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None) -> None:
+    def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None,
+                 read_members: MemberReader | None = None) -> None:
         self.job_id = job_id
         self.conn = conn
+        self.read_members = read_members
         self._thread = threading.get_ident()  # the handler's
         self._jobs: list[dict[str, Any]] = []
         self._groups: list[dict[str, Any]] = []
@@ -153,9 +160,13 @@ class RunningJob(JobInfo):
         with what its handler returned, each dead or cancelled one with its last error
         (`pgpool.group_members`, on a connection of its own to the host's database,
         ``PGPOOL_DSN``, which ``pgpool run`` sets for its workers; under
-        `pgpool.testing.drain`, on the test's connection). Raises `GroupNotFound` in a job
-        that is not a group's callback."""
-        conn = self._running().conn
+        `pgpool.testing.drain`, on the test's connection; under `pgpool.testing.run_handler`,
+        the members it was given). Raises `GroupNotFound` in a job that is not a group's
+        callback."""
+        attempt = self._running()
+        if attempt.read_members is not None:
+            return attempt.read_members(self.id)
+        conn = attempt.conn
         try:
             if conn is not None:
                 return group_members(conn, self.id)
