@@ -11,6 +11,11 @@ anything is sent, so a bad payload raises `PayloadError` and leaves the transact
 Two things are added only when in use, each behind one check per call: a call made inside
 an OpenTelemetry span records its trace context with the jobs (`pgpool.tracing`), and a
 call that inserted jobs tells the ``on_enqueue`` hooks (`pgpool.hooks`).
+
+Wherever a kind is taken, a `pgpool.Handler` may name it instead, with what its own
+``enqueue`` applies: its defaults under the options given, its payload type checked and
+encoded. A Handler is a `TypedKind`, the part of it these functions use, defined here:
+`pgpool.registry` (where Handler is) imports this module, not the other way round.
 """
 
 from __future__ import annotations
@@ -20,15 +25,15 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, Unpack, overload
 
 import orjson
 
 from . import hooks, tracing
 from .errors import ConfigError, PayloadError, SchemaError
-from .job import JobOptions
+from .job import MANY, EnqueueOptions, JobOptions, ManyOptions
 from .names import check_name
 from .sql import jobs as sql
 
@@ -72,10 +77,8 @@ def max_payload_bytes() -> int:
 def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
     """Serialise a payload to JSON bytes, or raise `PayloadError` saying what to change."""
     if not isinstance(payload, dict):
-        raise PayloadError(
-            f"payload must be a dict (a JSON object), not {type(payload).__name__}: "
-            'wrap the value, e.g. {"items": [...]}'
-        )
+        raise PayloadError(f"payload must be a dict (a JSON object), not "
+                           f"{type(payload).__name__}: {_not_a_dict(payload)}")
     try:
         data = orjson.dumps(payload)
     except orjson.JSONEncodeError as exc:
@@ -103,6 +106,29 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
             "remove it or encode the binary data (e.g. base64)"
         )
     return data
+
+
+def _not_a_dict(payload: object) -> str:
+    """What to do with a payload that is not a dict: enqueue a typed one through its
+    handler (named when one registered in this process takes its type), wrap another."""
+    # Looked up, not imported: pgpool.registry imports this module, and a payload can be of
+    # a registered handler's type only once it is loaded (as pgpool.payloads finds pydantic).
+    registry = sys.modules.get("pgpool.registry")
+    takers = [] if registry is None else [
+        h for h in registry.registered().values() if h.payload_type is type(payload)]
+    if takers:
+        named = " or ".join(f"{h.kind!r} ({h.qualname})" for h in takers)
+        name = takers[0].fn.__name__
+        return (f"it is the payload type of handler {named}: enqueue it with "
+                f"{name}.enqueue(conn, payload), which checks and encodes it, or pass the "
+                f"handler as the kind: pgpool.enqueue(conn, {name}, payload)")
+    pydantic = sys.modules.get("pydantic")
+    if (dataclasses.is_dataclass(payload) and not isinstance(payload, type)) or (
+            pydantic is not None and isinstance(payload, pydantic.BaseModel)):
+        return ("a dataclass or a pydantic model is a typed handler's payload: enqueue it "
+                "with that handler's .enqueue(conn, payload), which checks and encodes it, "
+                "or pass the handler as the kind: pgpool.enqueue(conn, handler, payload)")
+    return 'wrap the value, e.g. {"items": [...]}'
 
 
 def too_deep() -> PayloadError:
@@ -181,6 +207,46 @@ def _enqueue_params(kind: str, payload: Any, options: JobOptions,
 #: No option given: every default.
 DEFAULTS: Final = JobOptions()
 
+#: A kind's payload type (``dict[str, Any]`` for a plain handler's).
+P = TypeVar("P")
+
+
+class TypedKind(Generic[P]):
+    """A kind that knows its payload type and its enqueue defaults: what every function
+    that takes a kind takes in its place. `pgpool.Handler` is one (`pgpool.registry`
+    imports this module, so the enqueue functions know a Handler by this class)."""
+
+    kind: str
+
+    def prepare(self, payload: Any, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
+        """(the payload to store, the options) of one job of this kind with ``options``."""
+        raise NotImplementedError
+
+    def prepare_many(self, payloads: Iterable[Any], options: Mapping[str, Any]
+                     ) -> tuple[Iterable[Any], JobOptions]:
+        """(the payloads to store, the options) of many jobs of this kind at once."""
+        raise NotImplementedError
+
+
+def prepared(kind: str | TypedKind[Any], payload: Any, options: Mapping[str, Any], *,
+             what: str = "enqueue") -> tuple[str, Any, JobOptions]:
+    """(the kind's name, the payload to store, the options) of one job: a `TypedKind`'s
+    defaults under ``options`` and its payload checked and encoded, or ``options`` alone
+    for a kind's name (``what`` says who takes them in a `ConfigError`)."""
+    if isinstance(kind, TypedKind):
+        return kind.kind, *kind.prepare(payload, options)
+    return kind, payload, JobOptions.of(options, what=what) if options else DEFAULTS
+
+
+def prepared_many(kind: str | TypedKind[Any], payloads: Iterable[Any],
+                  options: Mapping[str, Any], *, what: str = "enqueue_many",
+                  allowed: frozenset[str] = MANY) -> tuple[str, Iterable[Any], JobOptions]:
+    """`prepared` for many jobs of one kind (``allowed``: the options a kind's name may
+    take), their payloads checked and encoded as they are consumed."""
+    if isinstance(kind, TypedKind):
+        return kind.kind, *kind.prepare_many(payloads, options)
+    return kind, payloads, JobOptions.of(options, allowed=allowed, what=what)
+
 
 def copy_rows(kind: str, payloads: Iterable[Any], options: JobOptions = DEFAULTS, *,
               meta: bytes | None = None) -> Iterator[tuple[bytes, int]]:
@@ -250,37 +316,37 @@ def _missing_schema(exc: Exception) -> SchemaError:
     )
 
 
-def enqueue(
-    conn: psycopg.Connection,
-    kind: str,
-    payload: dict[str, Any],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    unique_key: str | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> int | None:
+# Overloads, for a type checker: a kind's name takes a dict; a Handler its payload type, or
+# a dict that fits it (checked at the call). Options are checked by name and type.
+@overload
+def enqueue(conn: psycopg.Connection, kind: str, payload: dict[str, Any],
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+@overload
+def enqueue(conn: psycopg.Connection, kind: TypedKind[P], payload: P | dict[str, Any],
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+def enqueue(conn: psycopg.Connection, kind: str | TypedKind[Any], payload: Any,
+            **options: Any) -> int | None:
     """Insert one job in ``conn``'s current transaction and return its id.
 
-    Higher ``priority`` runs first. ``run_at`` (timezone-aware) or ``delay`` (seconds or a
-    timedelta) defers it. With ``unique_key``, nothing is inserted and None is returned while
-    a job of the same kind and key is in ``pgpool_jobs``: waiting (also for a retry),
-    running, or parked; one that succeeded or was dead-lettered has left it and freed the
-    key. ``max_attempts`` overrides the handler's limit. ``tenant`` puts it in a fairness
-    group (claims interleave tenants: see [Tenants](../guides/fairness.md#tenants)); with
-    ``concurrency_key``, no two jobs of one key run at once anywhere in the fleet. Raises
-    `PayloadError` or `ConfigError` before sending anything when an argument is invalid.
+    ``kind`` is the kind's name, or its `pgpool.Handler`, whose own ``enqueue`` this then
+    is: the handler's defaults apply where an option is not given, and a typed payload (an
+    instance of its payload type, or a dict that fits it) is checked and encoded.
+
+    The options: ``queue`` (default "default") and ``priority`` (default 0; higher runs
+    first). ``run_at`` (timezone-aware) or ``delay`` (seconds or a timedelta) defers it.
+    With ``unique_key``, nothing is inserted and None is returned while a job of the same
+    kind and key is in ``pgpool_jobs``: waiting (also for a retry), running, or parked; one
+    that succeeded or was dead-lettered has left it and freed the key. ``max_attempts``
+    overrides the handler's limit. ``tenant`` puts it in a fairness group (claims
+    interleave tenants: see [Tenants](../guides/fairness.md#tenants)); with
+    ``concurrency_key``, no two jobs of one key run at once anywhere in the fleet. Raises `PayloadError` or `ConfigError`
+    before sending anything when an argument is invalid.
 
     Called inside an OpenTelemetry span, it runs in a PRODUCER span of its own and the job
     carries that span's trace context (`pgpool.tracing`); the ``on_enqueue`` hooks are told
     of the job it inserts (`pgpool.hooks`).
     """
-    return insert(conn, kind, payload, JobOptions(
-        queue, priority, run_at, delay, unique_key, max_attempts, tenant, concurrency_key))
+    return insert(conn, *prepared(kind, payload, options))
 
 
 def insert(conn: psycopg.Connection, kind: str, payload: Any, options: JobOptions
@@ -297,27 +363,24 @@ def insert(conn: psycopg.Connection, kind: str, payload: Any, options: JobOption
     return job_id
 
 
-def enqueue_many(
-    conn: psycopg.Connection,
-    kind: str,
-    payloads: Iterable[dict[str, Any]],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> int:
+@overload
+def enqueue_many(conn: psycopg.Connection, kind: str, payloads: Iterable[dict[str, Any]],
+                 **options: Unpack[ManyOptions]) -> int: ...
+@overload
+def enqueue_many(conn: psycopg.Connection, kind: TypedKind[P],
+                 payloads: Iterable[P | dict[str, Any]],
+                 **options: Unpack[ManyOptions]) -> int: ...
+def enqueue_many(conn: psycopg.Connection, kind: str | TypedKind[Any], payloads: Iterable[Any],
+                 **options: Any) -> int:
     """Insert many jobs of one kind through COPY in ``conn``'s current transaction.
 
-    Returns how many were inserted; ``tenant`` and ``concurrency_key`` (as for `enqueue`)
-    apply to every one of them. All or none: a bad payload raises `PayloadError` naming
-    its position, and the COPY is abandoned. Traced, and told to the ``on_enqueue`` hooks,
-    as `enqueue` is (one span and one hook call for all the jobs).
+    Returns how many were inserted. ``kind`` as for `enqueue` (a `pgpool.Handler`: its
+    ``enqueue_many``); the options are `enqueue`'s but ``delay`` and ``unique_key``, and
+    apply to every job. All or none: a bad payload raises `PayloadError` naming its
+    position, and the COPY is abandoned. Traced, and told to the ``on_enqueue`` hooks, as
+    `enqueue` is (one span and one hook call for all the jobs).
     """
-    return insert_many(conn, kind, payloads, JobOptions(
-        queue, priority, run_at, None, None, max_attempts, tenant, concurrency_key))
+    return insert_many(conn, *prepared_many(kind, payloads, options))
 
 
 def insert_many(conn: psycopg.Connection, kind: str, payloads: Iterable[Any],
@@ -359,23 +422,17 @@ def _copy(conn: psycopg.Connection, rows: Iterator[tuple[bytes, int]], queue: st
     return count
 
 
-async def enqueue_async(
-    conn: psycopg.AsyncConnection,
-    kind: str,
-    payload: dict[str, Any],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    unique_key: str | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> int | None:
+@overload
+async def enqueue_async(conn: psycopg.AsyncConnection, kind: str, payload: dict[str, Any],
+                        **options: Unpack[EnqueueOptions]) -> int | None: ...
+@overload
+async def enqueue_async(conn: psycopg.AsyncConnection, kind: TypedKind[P],
+                        payload: P | dict[str, Any],
+                        **options: Unpack[EnqueueOptions]) -> int | None: ...
+async def enqueue_async(conn: psycopg.AsyncConnection, kind: str | TypedKind[Any],
+                        payload: Any, **options: Any) -> int | None:
     """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
-    return await insert_async(conn, kind, payload, JobOptions(
-        queue, priority, run_at, delay, unique_key, max_attempts, tenant, concurrency_key))
+    return await insert_async(conn, *prepared(kind, payload, options))
 
 
 async def insert_async(conn: psycopg.AsyncConnection, kind: str, payload: Any,
@@ -392,21 +449,18 @@ async def insert_async(conn: psycopg.AsyncConnection, kind: str, payload: Any,
     return job_id
 
 
-async def enqueue_many_async(
-    conn: psycopg.AsyncConnection,
-    kind: str,
-    payloads: Iterable[dict[str, Any]],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    tenant: str | None = None,
-    concurrency_key: str | None = None,
-) -> int:
+@overload
+async def enqueue_many_async(conn: psycopg.AsyncConnection, kind: str,
+                             payloads: Iterable[dict[str, Any]],
+                             **options: Unpack[ManyOptions]) -> int: ...
+@overload
+async def enqueue_many_async(conn: psycopg.AsyncConnection, kind: TypedKind[P],
+                             payloads: Iterable[P | dict[str, Any]],
+                             **options: Unpack[ManyOptions]) -> int: ...
+async def enqueue_many_async(conn: psycopg.AsyncConnection, kind: str | TypedKind[Any],
+                             payloads: Iterable[Any], **options: Any) -> int:
     """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
-    return await insert_many_async(conn, kind, payloads, JobOptions(
-        queue, priority, run_at, None, None, max_attempts, tenant, concurrency_key))
+    return await insert_many_async(conn, *prepared_many(kind, payloads, options))
 
 
 async def insert_many_async(conn: psycopg.AsyncConnection, kind: str,

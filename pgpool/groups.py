@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from . import hooks
-from .enqueue import array_params, encode_payload, schema_required
+from .enqueue import array_params, encode_payload, prepared_many, schema_required
 from .errors import ConfigError
-from .job import MANY, JobOptions
+from .job import JobOptions
 from .names import check_name
 from .registry import Handler
 from .sql import jobs as sql
@@ -140,9 +140,7 @@ def _enqueued(params: dict[str, Any], row: tuple[Any, ...] | None) -> Group:
 
 def _members(kind: str | Handler[Any], payloads: Iterable[Any],
              options: dict[str, Any]) -> tuple[str, Iterable[Any], JobOptions]:
-    if isinstance(kind, Handler):
-        return kind.kind, *kind.prepare_many(payloads, options)
-    return kind, payloads, JobOptions.of(options, allowed=MANY, what="a group's members")
+    return prepared_many(kind, payloads, options, what="a group's members")
 
 
 def _then(then: Any) -> tuple[str | Handler[Any], Any]:

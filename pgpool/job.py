@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from .errors import ConfigError
 from .names import check_name
@@ -110,6 +110,32 @@ class JobOptions:
 NAMES: Final = frozenset(f.name for f in dataclasses.fields(JobOptions))
 #: The options of many jobs given at once (`JobOptions.for_many`).
 MANY: Final = NAMES - {"unique_key", "delay"}
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one job, as keywords (`pgpool.enqueue`, `Handler.enqueue` and the
+    integrations' ``enqueue``): `JobOptions`'s fields, for a type checker."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay: float | timedelta | None
+    unique_key: str | None
+    max_attempts: int | None
+    tenant: str | None
+    concurrency_key: str | None
+
+
+class ManyOptions(TypedDict, total=False):
+    """The options of many jobs given at once (`pgpool.enqueue_many`,
+    `Handler.enqueue_many`): those of `MANY`."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int | None
+    tenant: str | None
+    concurrency_key: str | None
 
 
 def _delay_seconds(run_at: datetime | None, delay: float | timedelta) -> float:

@@ -20,19 +20,25 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, TypeVar, Unpack, overload
 
-from .enqueue import insert, insert_async, insert_many, insert_many_async
+from .enqueue import TypedKind, insert, insert_async, insert_many, insert_many_async
 from .errors import ConfigError, HandlerError, PayloadError
-from .job import MANY, JobOptions
+from .job import MANY, EnqueueOptions, JobOptions, ManyOptions
 from .names import check_name
 from .retry import Retry
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
     import psycopg
+    from _typeshed import DataclassInstance
 
     from .payloads import Codec
+
+    class _Model(Protocol):
+        """A pydantic model, as a type checker sees one (pydantic is not imported)."""
+
+        def model_dump(self) -> dict[str, Any]: ...
 
 ENTRY_POINT_GROUP: Final = "pgpool.handlers"
 
@@ -41,35 +47,15 @@ ENTRY_POINT_GROUP: Final = "pgpool.handlers"
 #: handler, a TypedDict, a dataclass or a pydantic model for a typed one).
 P = TypeVar("P")
 
+#: The payload type of a handler that takes a dict of its fields too: a dataclass or a
+#: pydantic model (a TypedDict's instances are dicts already).
+Built = TypeVar("Built", bound="DataclassInstance | _Model")
+
 #: A handler's default key: a string, or a function of the payload computing one per job.
 Key: TypeAlias = str | Callable[[Any], str | None] | None
 
 
-class EnqueueOptions(TypedDict, total=False):
-    """The options of `Handler.enqueue`: those of `pgpool.enqueue`."""
-
-    queue: str
-    priority: int
-    run_at: datetime | None
-    delay: float | timedelta | None
-    unique_key: str | None
-    max_attempts: int | None
-    tenant: str | None
-    concurrency_key: str | None
-
-
-class ManyOptions(TypedDict, total=False):
-    """The options of `Handler.enqueue_many`: those of `pgpool.enqueue_many`."""
-
-    queue: str
-    priority: int
-    run_at: datetime | None
-    max_attempts: int | None
-    tenant: str | None
-    concurrency_key: str | None
-
-
-class Handler(Generic[P]):
+class Handler(TypedKind[P]):
     """A registered handler: what ``@pgpool.handler(kind)`` turns a function into.
 
     Calling it calls the function as written (``thumbnail(payload)``). ``enqueue``,
@@ -77,7 +63,11 @@ class Handler(Generic[P]):
     defaults (``queue``, ``priority``, ``tenant``, ``unique_key``, ``concurrency_key``),
     each overridable per call; for a typed handler they check and encode the payload first.
     ``timeout`` and ``max_attempts`` are the kind's limits, which hosts apply (see
-    `handler`). Generic in the payload type ``P``, so a type checker sees a wrong payload.
+    `handler`). Generic in the payload type ``P``, so a type checker sees a wrong payload;
+    a dataclass's or pydantic model's handler takes a dict of its fields too, as at run
+    time. Every function that takes a kind takes a Handler in its place
+    (`pgpool.enqueue(conn, thumbnail, payload)`, `pgpool.group`, ``current_job().enqueue``,
+    the integrations), with what its own ``enqueue`` applies.
     """
 
     def __init__(
@@ -146,11 +136,20 @@ class Handler(Generic[P]):
     def __repr__(self) -> str:
         return f"<pgpool.Handler {self.kind!r}: {self.qualname}>"
 
-    def encode(self, payload: P) -> dict[str, Any]:
+    # The methods that take a payload are overloaded, for a type checker: a dataclass's or
+    # pydantic model's handler takes a dict of its fields too (`pgpool.payloads` checks that
+    # it fits), any other takes its payload type (a TypedDict's: a dict literal checked
+    # against it).
+    @overload
+    def encode(self: Handler[Built], payload: Built | dict[str, Any]) -> dict[str, Any]: ...
+    @overload
+    def encode(self, payload: P) -> dict[str, Any]: ...
+    def encode(self, payload: Any) -> dict[str, Any]:
         """``payload`` as it is stored: checked against a typed handler's payload type
         (`PayloadError` naming the field), given back as is for a plain handler."""
         if self._codec is None:
-            return payload  # type: ignore[return-value]  # a plain handler's is the dict
+            encoded: dict[str, Any] = payload  # a plain handler's is the dict
+            return encoded
         return self._codec.encode(payload)[0]
 
     def decode(self, stored: Any) -> P:
@@ -160,23 +159,44 @@ class Handler(Generic[P]):
         decoded: P = stored if self._codec is None else self._codec.decode(stored)
         return decoded
 
+    @overload
+    def enqueue(self: Handler[Built], conn: psycopg.Connection[Any],
+                payload: Built | dict[str, Any],
+                **options: Unpack[EnqueueOptions]) -> int | None: ...
+    @overload
     def enqueue(self, conn: psycopg.Connection[Any], payload: P,
-                **options: Unpack[EnqueueOptions]) -> int | None:
+                **options: Unpack[EnqueueOptions]) -> int | None: ...
+    def enqueue(self, conn: psycopg.Connection[Any], payload: Any,
+                **options: Any) -> int | None:
         """`pgpool.enqueue` of a job of this kind: its id, or None for a duplicate
         ``unique_key``. The handler's defaults apply unless an option is given; a typed
-        payload is checked and encoded first (`PayloadError` naming the field, nothing
-        sent)."""
+        payload (an instance of its type, or a dict that fits it) is checked and encoded
+        first (`PayloadError` naming the field, nothing sent)."""
         data, chosen = self.prepare(payload, options)
         return insert(conn, self.kind, data, chosen)
 
+    @overload
+    async def enqueue_async(self: Handler[Built], conn: psycopg.AsyncConnection[Any],
+                            payload: Built | dict[str, Any],
+                            **options: Unpack[EnqueueOptions]) -> int | None: ...
+    @overload
     async def enqueue_async(self, conn: psycopg.AsyncConnection[Any], payload: P,
-                            **options: Unpack[EnqueueOptions]) -> int | None:
+                            **options: Unpack[EnqueueOptions]) -> int | None: ...
+    async def enqueue_async(self, conn: psycopg.AsyncConnection[Any], payload: Any,
+                            **options: Any) -> int | None:
         """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare(payload, options)
         return await insert_async(conn, self.kind, data, chosen)
 
+    @overload
+    def enqueue_many(self: Handler[Built], conn: psycopg.Connection[Any],
+                     payloads: Iterable[Built | dict[str, Any]],
+                     **options: Unpack[ManyOptions]) -> int: ...
+    @overload
     def enqueue_many(self, conn: psycopg.Connection[Any], payloads: Iterable[P],
-                     **options: Unpack[ManyOptions]) -> int:
+                     **options: Unpack[ManyOptions]) -> int: ...
+    def enqueue_many(self, conn: psycopg.Connection[Any], payloads: Iterable[Any],
+                     **options: Any) -> int:
         """`pgpool.enqueue_many` of jobs of this kind, through COPY, all or none: how many
         were inserted. A typed payload that does not fit fails the call (`PayloadError`
         naming its position and field) and none is inserted.
@@ -187,14 +207,21 @@ class Handler(Generic[P]):
         data, chosen = self.prepare_many(payloads, options)
         return insert_many(conn, self.kind, data, chosen)
 
+    @overload
+    async def enqueue_many_async(self: Handler[Built], conn: psycopg.AsyncConnection[Any],
+                                 payloads: Iterable[Built | dict[str, Any]],
+                                 **options: Unpack[ManyOptions]) -> int: ...
+    @overload
     async def enqueue_many_async(self, conn: psycopg.AsyncConnection[Any],
                                  payloads: Iterable[P],
-                                 **options: Unpack[ManyOptions]) -> int:
+                                 **options: Unpack[ManyOptions]) -> int: ...
+    async def enqueue_many_async(self, conn: psycopg.AsyncConnection[Any],
+                                 payloads: Iterable[Any], **options: Any) -> int:
         """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare_many(payloads, options)
         return await insert_many_async(conn, self.kind, data, chosen)
 
-    def prepare(self, payload: P, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
+    def prepare(self, payload: Any, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
         """What `enqueue` inserts for ``payload`` with ``options``: (the payload to store,
         the options), the handler's defaults under the given options, and the keys computed
         from the payload where a default is a function. `PayloadError` when a typed
@@ -208,7 +235,7 @@ class Handler(Generic[P]):
                           if name not in options}, **options}
         return data, JobOptions.of(options, over=self.defaults, what=f"{self.kind}.enqueue")
 
-    def prepare_many(self, payloads: Iterable[P], options: Mapping[str, Any]
+    def prepare_many(self, payloads: Iterable[Any], options: Mapping[str, Any]
                      ) -> tuple[Iterable[Any], JobOptions]:
         """What `enqueue_many` inserts: (the payloads to store, encoded one by one as they
         are consumed, the options). `ConfigError` for a default COPY cannot apply."""

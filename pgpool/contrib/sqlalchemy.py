@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, Final, TypeAlias, Unpack, overload
+from typing import Any, Final, TypeAlias, TypeVar, Unpack, overload
 
 import psycopg
 
@@ -44,9 +44,10 @@ from pgpool.enqueue import (
     insert_async,
     insert_many,
     insert_many_async,
+    prepared,
+    prepared_many,
 )
-from pgpool.job import MANY, JobOptions
-from pgpool.registry import EnqueueOptions, ManyOptions
+from pgpool.job import EnqueueOptions, ManyOptions
 from pgpool.sql import jobs as sql
 
 __all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
@@ -55,13 +56,16 @@ __all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
 Bind: TypeAlias = Session | scoped_session[Any] | Connection
 #: What the async twins take.
 AsyncBind: TypeAlias = AsyncSession | async_scoped_session[Any] | AsyncConnection
+#: A handler's payload type.
+P = TypeVar("P")
 
 
-# The overloads let a type checker see a misspelt option, or a kind's payload that is not a
-# dict. A handler's payload is Any here, checked at the call: inferring the handler's type
-# and a dict literal's together, mypy refuses a literal that fits a TypedDict.
+# The overloads let a type checker see a misspelt option, a kind's payload that is not a
+# dict, or a handler's that is neither its payload type nor a dict (a dict is checked at
+# the call: inferring the handler's type and a dict literal's together, mypy would refuse
+# a literal that fits a TypedDict), as `pgpool.enqueue`'s do.
 @overload
-def enqueue(session: Bind, kind: Handler[Any], payload: Any,
+def enqueue(session: Bind, kind: Handler[P], payload: P | dict[str, Any],
             **options: Unpack[EnqueueOptions]) -> int | None: ...
 @overload
 def enqueue(session: Bind, kind: str, payload: dict[str, Any],
@@ -84,7 +88,7 @@ def enqueue(
     transaction usable; an engine on another database than PostgreSQL raises `ConfigError`.
     """
     conn = _connection(session)
-    name, payload, chosen = _prepared(kind, payload, options)
+    name, payload, chosen = prepared(kind, payload, options)
     driver = conn.connection.driver_connection
     if isinstance(driver, psycopg.Connection):
         return insert(driver, name, payload, chosen)
@@ -96,7 +100,7 @@ def enqueue(
 
 
 @overload
-def enqueue_many(session: Bind, kind: Handler[Any], payloads: Iterable[Any],
+def enqueue_many(session: Bind, kind: Handler[P], payloads: Iterable[P | dict[str, Any]],
                  **options: Unpack[ManyOptions]) -> int: ...
 @overload
 def enqueue_many(session: Bind, kind: str, payloads: Iterable[dict[str, Any]],
@@ -112,7 +116,7 @@ def enqueue_many(
     position, none of the jobs is inserted and the transaction stays usable. ``kind`` and
     ``options`` as for `enqueue`."""
     conn = _connection(session)
-    name, payloads, chosen = _prepared_many(kind, payloads, options)
+    name, payloads, chosen = prepared_many(kind, payloads, options)
     driver = conn.connection.driver_connection
     if isinstance(driver, psycopg.Connection):
         return insert_many(driver, name, payloads, chosen)
@@ -124,7 +128,7 @@ def enqueue_many(
 
 
 @overload
-async def enqueue_async(session: AsyncBind, kind: Handler[Any], payload: Any,
+async def enqueue_async(session: AsyncBind, kind: Handler[P], payload: P | dict[str, Any],
                         **options: Unpack[EnqueueOptions]) -> int | None: ...
 @overload
 async def enqueue_async(session: AsyncBind, kind: str, payload: dict[str, Any],
@@ -139,7 +143,7 @@ async def enqueue_async(
     made by ``create_async_engine("postgresql+psycopg://...")`` (or another async
     PostgreSQL driver, such as ``postgresql+asyncpg://``)."""
     conn = await _async_connection(session)
-    name, payload, chosen = _prepared(kind, payload, options)
+    name, payload, chosen = prepared(kind, payload, options)
     driver = (await conn.get_raw_connection()).driver_connection
     if isinstance(driver, psycopg.AsyncConnection):
         return await insert_async(driver, name, payload, chosen)
@@ -151,7 +155,8 @@ async def enqueue_async(
 
 
 @overload
-async def enqueue_many_async(session: AsyncBind, kind: Handler[Any], payloads: Iterable[Any],
+async def enqueue_many_async(session: AsyncBind, kind: Handler[P],
+                             payloads: Iterable[P | dict[str, Any]],
                              **options: Unpack[ManyOptions]) -> int: ...
 @overload
 async def enqueue_many_async(session: AsyncBind, kind: str,
@@ -165,7 +170,7 @@ async def enqueue_many_async(
 ) -> int:
     """Async twin of `enqueue_many`, for an `AsyncSession` or `AsyncConnection`."""
     conn = await _async_connection(session)
-    name, payloads, chosen = _prepared_many(kind, payloads, options)
+    name, payloads, chosen = prepared_many(kind, payloads, options)
     driver = (await conn.get_raw_connection()).driver_connection
     if isinstance(driver, psycopg.AsyncConnection):
         return await insert_many_async(driver, name, payloads, chosen)
@@ -184,22 +189,6 @@ def _as_text(statement: str) -> TextClause:
 
 _ENQUEUE: Final = _as_text(sql.ENQUEUE_BY_FUNCTION)
 _ENQUEUE_MANY: Final = _as_text(sql.ENQUEUE_ARRAY)
-
-
-def _prepared(kind: str | Handler[Any], payload: Any,
-              options: dict[str, Any]) -> tuple[str, Any, JobOptions]:
-    """(the kind's name, the payload to store, the options) of one job."""
-    if isinstance(kind, Handler):
-        return kind.kind, *kind.prepare(payload, options)
-    return kind, payload, JobOptions.of(options)
-
-
-def _prepared_many(kind: str | Handler[Any], payloads: Iterable[Any],
-                   options: dict[str, Any]) -> tuple[str, Iterable[Any], JobOptions]:
-    """(the kind's name, the payloads to store, the options) of many jobs."""
-    if isinstance(kind, Handler):
-        return kind.kind, *kind.prepare_many(payloads, options)
-    return kind, payloads, JobOptions.of(options, allowed=MANY, what="enqueue_many")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from .kit import (
         Counts,
         EnqueuedJob,
+        FollowUp,
+        FollowUpGroup,
+        HandlerRun,
         assert_enqueued,
         drain,
         enqueued,
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Counts",
     "EnqueuedJob",
+    "FollowUp",
+    "FollowUpGroup",
+    "HandlerRun",
     "assert_enqueued",
     "drain",
     "enqueued",

@@ -13,7 +13,8 @@ in the test's own process, and calling one handler without a database.
   their retry or moved to ``pgpool_dead``, with the same error text. What it does not do:
   enforce handler timeouts, cap memory, or name the job in what a handler prints.
 - `run_handler`: one call of a handler, with `pgpool.current_job` saying what it is told,
-  and no database.
+  and no database; it returns what the handler returned and what it enqueued through its
+  job (`HandlerRun`), as its success would write it.
 
 The pytest fixtures that give a test a migrated schema (``pgpool_conn``, ``pgpool_dsn``,
 ``pgpool_aconn``) are `pgpool.testing.plugin`'s.
@@ -28,8 +29,8 @@ import secrets
 import socket
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
@@ -38,7 +39,7 @@ from psycopg.rows import tuple_row
 
 from .. import names, registry
 from ..enqueue import encode_payload, schema_required
-from ..errors import HandlerError
+from ..errors import GroupNotFound, HandlerError
 from ..host.attempt import AttemptEnd, Job
 from ..host.claimer import RawJsonLoader
 from ..host.completer import (
@@ -52,6 +53,7 @@ from ..host.completer import (
 )
 from ..host.config import DEFAULT_MAX_ATTEMPTS
 from ..ops import JobState
+from ..outcomes import Member
 from ..retry import Retry
 from ..sql import jobs as sql
 from ..sql import testing as tsql
@@ -106,6 +108,54 @@ class Counts:
     snoozed: int = 0
     discarded: int = 0
     cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """A job a handler enqueued through its job (``current_job().enqueue`` or
+    ``.enqueue_many``), as `run_handler` reports it: what the attempt's success would
+    insert, checked and encoded as `pgpool.enqueue` checks and encodes it (a `pgpool.Handler`
+    given as the kind: its defaults applied, its typed payload encoded).
+
+    ``payload`` is the JSON object as stored (a tuple is a list, a dataclass a dict);
+    ``run_at`` is timezone-aware (UTC), ``delay`` in seconds (0: none); ``tenant`` is None
+    for a job without one. The fields not given compare as `pgpool.enqueue`'s defaults, so
+    a test writes only those it asks for: ``FollowUp("email", {"to": 7}, queue="mail")``.
+    """
+
+    kind: str
+    payload: dict[str, Any]
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: float = 0.0
+    unique_key: str | None = None
+    max_attempts: int | None = None
+    tenant: str | None = None
+    concurrency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUpGroup:
+    """A group a handler started through its job (``current_job().group``), as
+    `run_handler` reports it: its ``members`` (jobs of one kind, with the options they
+    share) and its callback ``then``, each a `FollowUp`."""
+
+    members: list[FollowUp]
+    then: FollowUp
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerRun:
+    """What `run_handler` saw a handler do: ``result``, what it returned (as it returned
+    it), and what it enqueued through its job, in the order it did: ``enqueued``, the jobs
+    (``current_job().enqueue`` and ``.enqueue_many``), and ``groups``
+    (``current_job().group``). A worker writes these with the attempt's success, in the
+    same transaction as its ack; here nothing is written anywhere."""
+
+    result: Any
+    enqueued: list[FollowUp] = field(default_factory=list)
+    groups: list[FollowUpGroup] = field(default_factory=list)
 
 
 #: The `Counts` field of each decision `drain` can meet.
@@ -224,7 +274,8 @@ def drain(conn: psycopg.Connection, kinds: str | Iterable[str] | None = None, *,
 
 def run_handler(kind_or_fn: str | Callable[..., Any], payload: Any, *,
                 attempt: int = 1, max_attempts: int | None = None, job_id: int = 1,
-                queue: str = "default") -> Any:
+                queue: str = "default", members: Iterable[Member] | None = None
+                ) -> HandlerRun:
     """Call the handler registered for a kind (or the `pgpool.Handler`, or the function
     decorated as one) with ``payload``, as a worker calls it, without a database: the
     payload checked and encoded as the handler's ``.enqueue`` does (a typed handler takes
@@ -233,9 +284,17 @@ def run_handler(kind_or_fn: str | Callable[..., Any], payload: Any, *,
     an ``async def`` handler run to completion, and `pgpool.current_job` giving ``job_id``,
     ``queue``, ``attempt`` and ``max_attempts`` (default: the handler's, else 20).
 
-    Returns what the handler returns and raises what it raises. Raises `HandlerError` if
-    no handler is registered for it (import its module first) and `pgpool.PayloadError`
-    for a payload `pgpool.enqueue` would refuse.
+    ``members``: what ``current_job().group_members()`` returns, for a group's callback
+    (`pgpool.Member` objects; each ``result`` goes through JSON, as a stored one does).
+    Without it, ``group_members()`` raises `pgpool.GroupNotFound`, as in a job that is not
+    a callback; no database is ever read.
+
+    Returns a `HandlerRun`: what the handler returned (``.result``) and what it enqueued
+    through its job (``.enqueued``, ``.groups``), checked and encoded as its success would
+    write them. Raises what the handler raises (and what it enqueued is dropped, as a
+    failed attempt's is). Raises `HandlerError` if no handler is registered for it (import
+    its module first) and `pgpool.PayloadError` for a payload `pgpool.enqueue` would
+    refuse.
     """
     handler = _handler_of(kind_or_fn)
     max_attempts = max_attempts or handler.max_attempts or DEFAULT_MAX_ATTEMPTS
@@ -243,6 +302,7 @@ def run_handler(kind_or_fn: str | Callable[..., Any], payload: Any, *,
         raise ValueError(f"attempt must be from 1 to max_attempts ({max_attempts}), "
                          f"not {attempt}")
     names.check_name("queue", queue)
+    told = None if members is None else _told_members(members)
     fn = handler.fn  # the function itself: what the worker calls drops what it returns
     returned: list[Any] = []
 
@@ -253,13 +313,65 @@ def run_handler(kind_or_fn: str | Callable[..., Any], payload: Any, *,
         returned.append(result)
         return None
 
+    def read_members(group_id: int) -> list[Member]:
+        if told is None:
+            raise GroupNotFound(
+                f"current_job().group_members(): job {group_id} ({handler.kind}) was run by "
+                "run_handler without members=: pass members=[pgpool.Member(id, 'done', "
+                "result=...), ...] to run it as a group's callback")
+        return list(told)
+
     job = ipc.WorkItem(job_id, attempt, 0, max_attempts, handler.kind, queue,
                        encode_payload(handler.encode(payload)), math.inf)
     raised: list[BaseException] = []
-    run_job({handler.kind: registry.Handler(handler.kind, call)}, job, (), raised)
+    ended = run_job({handler.kind: registry.Handler(handler.kind, call)}, job, (), raised,
+                    read_members=read_members)
     if raised:
         raise raised[0]
-    return returned[0]
+    jobs, groups = (ended.follow if isinstance(ended, ipc.Finished) else None) or ([], [])
+    return HandlerRun(returned[0], [_follow_up(params) for params in jobs],
+                      [_follow_up_group(params) for params in groups])
+
+
+def _told_members(members: Iterable[Member]) -> list[Member]:
+    """``run_handler``'s ``members=``, as a callback reads them: each result through JSON."""
+    told = []
+    for i, member in enumerate(members):
+        if not isinstance(member, Member):
+            raise TypeError(f"members are pgpool.Member(id, state, result=..., error=...) "
+                            f"objects, not {type(member).__name__} (members[{i}])")
+        try:
+            result = _as_json(member.result)
+        except orjson.JSONEncodeError as exc:
+            raise ValueError(f"members[{i}].result is not JSON-serialisable ({exc}): a "
+                             "member's result is what its handler returned, stored as JSON"
+                             ) from None
+        told.append(Member(member.id, member.state, result, member.error))
+    return told
+
+
+def _follow_up(params: dict[str, Any]) -> FollowUp:
+    """A follow-up job from its parameters (`pgpool.worker.followups`: ``run_at`` in
+    seconds since the epoch, '' for no tenant, the payload as JSON text)."""
+    run_at = params["run_at"]
+    return FollowUp(params["kind"], orjson.loads(params["payload"]), params["queue"],
+                    params["priority"],
+                    None if run_at is None else datetime.fromtimestamp(run_at, UTC),
+                    params["delay"] or 0.0, params["unique_key"], params["max_attempts"],
+                    params["tenant"] or None, params["concurrency_key"])
+
+
+def _follow_up_group(params: dict[str, Any]) -> FollowUpGroup:
+    """A follow-up group from its parameters (`pgpool.groups.group_params`)."""
+    members = [FollowUp(params["kind"], payload, params["queue"], params["priority"],
+                        params["run_at"], 0.0, None, params["max_attempts"],
+                        params["tenant"] or None, params["concurrency_key"])
+               for payload in orjson.loads(params["payloads"])]
+    then = FollowUp(params["then_kind"], orjson.loads(params["then_payload"]),
+                    params["then_queue"], params["then_priority"], None, 0.0, None,
+                    params["then_max_attempts"], params["then_tenant"] or None,
+                    params["then_concurrency_key"])
+    return FollowUpGroup(members, then)
 
 
 # --- drain's host -------------------------------------------------------------------------

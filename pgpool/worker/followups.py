@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from ..enqueue import function_params
+from ..enqueue import function_params, prepared, prepared_many
 from ..errors import ConfigError, GroupNotFound
 from ..groups import group_params
-from ..job import JobInfo, JobOptions
+from ..job import NAMES, JobInfo, JobOptions
 from ..outcomes import Member, group_members
 from ..registry import Handler
 
@@ -60,17 +60,24 @@ def ended_message(job_id: int, left_behind: bool) -> str:
     return f"pgpool.current_job() is used outside a running job: {how}"
 
 
+#: What reads a group's members in place of a database: group id -> its members.
+MemberReader = Callable[[int], list[Member]]
+
+
 class Attempt:
-    """One attempt of a job while its handler runs: the follow-ups kept for it, and the
-    connection its group's members are read on (`pgpool.testing.drain` gives the test's,
-    whose transaction holds them; None: one of its own to ``PGPOOL_DSN``). Once it has
-    ended (`end`), what is asked of it raises and is kept nowhere."""
+    """One attempt of a job while its handler runs: the follow-ups kept for it, and where
+    its group's members are read: ``read_members`` (`pgpool.testing.run_handler` gives the
+    members it was told of), else on ``conn`` (`pgpool.testing.drain` gives the test's,
+    whose transaction holds them), else on a connection of its own to ``PGPOOL_DSN``. Once
+    it has ended (`end`), what is asked of it raises and is kept nowhere."""
 
-    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id")
+    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id", "read_members")
 
-    def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None) -> None:
+    def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None,
+                 read_members: MemberReader | None = None) -> None:
         self.job_id = job_id
         self.conn = conn
+        self.read_members = read_members
         self._thread = threading.get_ident()  # the handler's
         self._jobs: list[dict[str, Any]] = []
         self._groups: list[dict[str, Any]] = []
@@ -121,25 +128,20 @@ class RunningJob(JobInfo):
         options are checked now (`PayloadError`, `ConfigError`). No id is returned: the
         job does not exist yet."""
         attempt = self._running(1)
-        if isinstance(kind, Handler):
-            payload, chosen = kind.prepare(payload, options)
-            kind = kind.kind
-        else:
-            chosen = JobOptions.of(options, what="current_job().enqueue")
-        attempt.keep([_job_params(kind, payload, chosen)], [])
+        name, payload, chosen = prepared(kind, payload, options, what="current_job().enqueue")
+        attempt.keep([_job_params(name, payload, chosen)], [])
 
     def enqueue_many(self, kind: str | Handler[Any], payloads: Iterable[Any],
                      **options: Any) -> int:
         """`enqueue` for many jobs of one kind (``options`` as `pgpool.enqueue_many`'s);
         how many."""
-        if isinstance(kind, Handler):
-            payloads, chosen = kind.prepare_many(payloads, options)
-            kind = kind.kind
-        else:  # each is inserted on its own (`pgpool.sql.jobs.ACK_OUTCOMES`): any option
-            chosen = JobOptions.of(options, what="current_job().enqueue_many")
+        # A kind's name takes any option: each job is inserted on its own
+        # (`pgpool.sql.jobs.ACK_OUTCOMES`).
+        name, payloads, chosen = prepared_many(kind, payloads, options, allowed=NAMES,
+                                               what="current_job().enqueue_many")
         listed = list(payloads)
         attempt = self._running(len(listed))
-        attempt.keep([_job_params(kind, payload, chosen) for payload in listed], [])
+        attempt.keep([_job_params(name, payload, chosen) for payload in listed], [])
         return len(listed)
 
     def group(self, kind: str | Handler[Any], payloads: Iterable[Any], *,
@@ -158,9 +160,13 @@ class RunningJob(JobInfo):
         with what its handler returned, each dead or cancelled one with its last error
         (`pgpool.group_members`, on a connection of its own to the host's database,
         ``PGPOOL_DSN``, which ``pgpool run`` sets for its workers; under
-        `pgpool.testing.drain`, on the test's connection). Raises `GroupNotFound` in a job
-        that is not a group's callback."""
-        conn = self._running().conn
+        `pgpool.testing.drain`, on the test's connection; under `pgpool.testing.run_handler`,
+        the members it was given). Raises `GroupNotFound` in a job that is not a group's
+        callback."""
+        attempt = self._running()
+        if attempt.read_members is not None:
+            return attempt.read_members(self.id)
+        conn = attempt.conn
         try:
             if conn is not None:
                 return group_members(conn, self.id)

@@ -46,7 +46,7 @@ from ..enqueue import has_non_finite
 from ..errors import ConfigError, PayloadDecodeError, PgpoolError
 from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
 from . import fence, ipc, output, portable
-from .followups import Attempt, FollowUps, RunningJob, ended_message
+from .followups import Attempt, FollowUps, MemberReader, RunningJob, ended_message
 
 if TYPE_CHECKING:  # a worker never imports psycopg for its own use
     import psycopg
@@ -358,7 +358,8 @@ class _Inbox:
 def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
             streams: tuple[output.JobStream, ...] = (),
             raised: list[BaseException] | None = None,
-            conn: psycopg.Connection[Any] | None = None
+            conn: psycopg.Connection[Any] | None = None,
+            read_members: MemberReader | None = None,
             ) -> ipc.Done | ipc.Failed | ipc.Finished | Controlled:
     """Run one attempt of ``job`` with its handler, `current_job` set meanwhile, and return
     its outcome: done (finished, with what it returned and its follow-ups, when it has
@@ -366,11 +367,12 @@ def run_job(handlers: dict[str, registry.Handler[Any]], job: ipc.WorkItem,
     for (`_controlled`). ``streams``: what prints go to (`output.install`). ``raised``: if
     given, gets the exception that ended the attempt (`pgpool.testing` runs jobs with
     this, and re-raises it in the test). ``conn``: what a group's callback reads its
-    members on (`RunningJob.group_members`; `pgpool.testing.drain` gives the test's)."""
+    members on (`RunningJob.group_members`; `pgpool.testing.drain` gives the test's);
+    ``read_members``: what gives them instead (`pgpool.testing.run_handler`'s)."""
     global _now, _current
     started = time.perf_counter()
     _left.begin()
-    attempt = Attempt(job.id, conn)
+    attempt = Attempt(job.id, conn, read_members)
     _now = (job, attempt)
     for stream in streams:
         stream.begin(f"{job.kind}#{job.id}")

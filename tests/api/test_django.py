@@ -100,6 +100,48 @@ def test_enqueue_commits_with_the_transaction_or_not_at_all(dsn: str) -> None:
     assert jobs[-1][0] == autocommitted
 
 
+def test_enqueue_takes_a_handler_with_its_defaults_and_its_payload_type(dsn: str) -> None:
+    out = django_run(dsn, migrate=True, code="""
+        from django.db import transaction
+        from pgpool import PayloadError
+        from pgpool.contrib.django import enqueue, enqueue_many
+        from typedjobs import Size, Thumb, report, thumb
+
+        with transaction.atomic():
+            print(enqueue(thumb, Thumb(7, Size.LARGE)))
+            print(enqueue(thumb, {"image_id": 8, "size": Size.SMALL}, priority=1))
+            print(enqueue_many(thumb, [Thumb(9, Size.SMALL)], concurrency_key="batch"))
+            print(enqueue(report, {"report_id": 3, "pages": []}))
+            print(enqueue(report, {"report_id": 3, "pages": [1]}))  # its unique_key: a dup
+        for bad in (lambda: enqueue(thumb, {"image_id": "x", "size": 64}),
+                    lambda: enqueue_many(thumb, [{"size": 64}], concurrency_key="k"),
+                    lambda: enqueue("typed.thumb", Thumb(1, Size.SMALL))):
+            try:
+                bad()
+            except PayloadError as exc:
+                print(exc)
+        """)
+    lines = out.splitlines()
+    first, second, count, third, duplicate = lines[:5]
+    assert (count, duplicate) == ("1", "None")
+    assert lines[5:7] == [
+        "payload for 'typed.thumb': field 'image_id': expected int, got str",
+        "payload #0 (0-based): payload for 'typed.thumb': field 'image_id': missing (required "
+        "by Thumb)"]
+    assert lines[7].startswith("payload must be a dict (a JSON object), not Thumb: it is the "
+                               "payload type of handler 'typed.thumb' (typedjobs.thumb)")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, kind, queue, priority, tenant, concurrency_key, unique_key, "
+            "payload->'image_id' FROM pgpool_jobs ORDER BY id").fetchall()
+    assert [row[1:] for row in rows] == [
+        ("typed.thumb", "thumbs", 5, "acme", "image-7", None, 7),
+        ("typed.thumb", "thumbs", 1, "acme", "image-8", None, 8),
+        ("typed.thumb", "thumbs", 5, "acme", "batch", None, 9),
+        ("typed.report", "default", 0, "", None, "report-3", None)]
+    assert [rows[i][0] for i in (0, 1, 3)] == [int(first), int(second), int(third)]
+
+
 def test_a_database_that_is_not_postgresql_on_psycopg_3_is_refused_in_one_line(dsn: str
                                                                                ) -> None:
     out = django_run(dsn, """

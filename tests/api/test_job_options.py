@@ -76,3 +76,15 @@ def test_every_path_refuses_an_unknown_option_with_the_same_error() -> None:
     job = RunningJob(1, "k", "default", 1, 3, 1, Attempt(1))
     with pytest.raises(pgpool.ConfigError, match=r"current_job\(\).enqueue takes"):
         job.enqueue("k", {}, priorty=1)
+
+
+def test_pgpool_enqueue_and_its_kin_refuse_an_unknown_option_alike(db) -> None:
+    # The public functions take **options (a Handler's defaults need to know which were
+    # given): a misspelt one is the same ConfigError, not Python's TypeError.
+    with pytest.raises(pgpool.ConfigError, match=r"^enqueue takes .*queue.*, not qeue$"):
+        pgpool.enqueue(db, "k", {}, qeue="q")  # type: ignore[call-overload]
+    with pytest.raises(pgpool.ConfigError, match=r"^enqueue_many takes .*, not delay$"):
+        pgpool.enqueue_many(db, "k", [{}], delay=5)  # type: ignore[call-overload]
+    with pytest.raises(pgpool.ConfigError, match=r"^options\.defaults\.enqueue takes"):
+        pgpool.enqueue(db, defaults, {"acct": 1}, queu="q")  # type: ignore[call-overload]
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone() == (0,)

@@ -30,6 +30,9 @@ from pgpool.errors import HandlerError, PayloadError
 from pgpool.testing import (
     Counts,
     EnqueuedJob,
+    FollowUp,
+    FollowUpGroup,
+    HandlerRun,
     assert_enqueued,
     drain,
     enqueued,
@@ -303,19 +306,83 @@ def test_the_assertions_say_pgpool_is_not_installed_rather_than_fail_on_sql(dsn)
 
 
 def test_run_handler_gives_current_job_and_returns_what_the_handler_returns() -> None:
-    assert run_handler("kit.answer", {"x": 21}) == 42
-    assert run_handler(kitjobs.answer, {"x": 1}) == 2
+    assert run_handler("kit.answer", {"x": 21}) == HandlerRun(42, [], [])
+    assert run_handler(kitjobs.answer, {"x": 1}).result == 2
 
     kitjobs.seen_by_note.clear()
-    assert run_handler("kit.note", {}, attempt=3, max_attempts=5, job_id=7, queue="q") is None
+    run = run_handler("kit.note", {}, attempt=3, max_attempts=5, job_id=7, queue="q")
+    assert (run.result, run.enqueued, run.groups) == (None, [], [])
     seen = [RunningJob(7, "kit.note", "q", 3, 5, 3)]
     assert kitjobs.seen_by_note == seen
 
 
 def test_run_handler_runs_an_async_handler_with_the_payload_as_a_worker_sees_it() -> None:
-    result = run_handler("kit.async", {"ids": (1, 2)}, job_id=9)
+    result = run_handler("kit.async", {"ids": (1, 2)}, job_id=9).result
     assert result == {"id": 9, "attempt": 1, "payload": {"ids": [1, 2]}}
     assert asyncio.get_event_loop_policy() is not None  # no loop was left set
+
+
+def test_run_handler_returns_what_the_handler_enqueued_through_its_job() -> None:
+    run = run_handler("kit.fanout", {})
+
+    assert run.result == "spread"
+    # Checked and encoded as the attempt's success would write them: a tuple as a list, a
+    # Handler's defaults under the options given, its typed payload encoded.
+    assert run.enqueued == [
+        FollowUp("kit.ok", {"n": 1, "pair": [1, 2]}, priority=5, delay=30.0, tenant="acme"),
+        FollowUp("kit.point", {"x": 3, "y": 0}, queue="points", priority=2,
+                 unique_key="point-3"),
+        FollowUp("kit.point", {"x": 4}, queue="other", priority=2, run_at=kitjobs.RUN_AT),
+        FollowUp("kit.ok", {"n": 2}, queue="bulk", max_attempts=2),
+        FollowUp("kit.ok", {"n": 3}, queue="bulk", max_attempts=2),
+    ]
+    members = [FollowUp("kit.ok", {"n": n}, tenant="t", concurrency_key="c") for n in (4, 5)]
+    assert run.groups == [FollowUpGroup(members, FollowUp("kit.note", {"done": True},
+                                                          priority=7))]
+
+
+def test_what_run_handler_reports_is_what_drain_writes(db) -> None:
+    run = run_handler("kit.fanout", {})
+    pgpool.enqueue(db, "kit.fanout", {})
+    assert drain(db, "kit.fanout") == Counts(done=1)
+
+    def said(f: FollowUp) -> tuple[Any, ...]:
+        return (f.kind, f.payload, f.queue, f.priority, f.tenant, f.concurrency_key,
+                f.unique_key, f.max_attempts)
+
+    def written(j: EnqueuedJob) -> tuple[Any, ...]:
+        return (j.kind, j.payload, j.queue, j.priority, j.tenant, j.concurrency_key,
+                j.unique_key, j.max_attempts)
+
+    [group] = run.groups
+    reported = [*run.enqueued, *group.members, group.then]
+    jobs = enqueued(db)
+    assert sorted(map(repr, map(written, jobs))) == sorted(map(repr, map(said, reported)))
+    [scheduled] = [j for j in jobs if j.payload == {"x": 4}]
+    assert (scheduled.state, scheduled.run_at) == ("scheduled", kitjobs.RUN_AT)
+
+
+def test_run_handler_gives_a_callback_the_members_it_is_told_of(monkeypatch) -> None:
+    members = [pgpool.Member(4, "done", result={"rows": (1, 2)}),
+               pgpool.Member(5, "dead", error="ValueError: no")]
+
+    run = run_handler("kit.combine", {}, members=members, job_id=3)
+
+    # Each result as a callback reads it: through JSON.
+    assert run.result == {"ids": [4, 5], "results": [{"rows": [1, 2]}, None],
+                          "errors": [None, "ValueError: no"]}
+    assert run_handler("kit.combine", {}, members=[]).result == {
+        "ids": [], "results": [], "errors": []}
+    # Without members=, no database is read, whatever PGPOOL_DSN says.
+    monkeypatch.setenv("PGPOOL_DSN", UNREACHABLE)
+    with pytest.raises(pgpool.GroupNotFound, match=r"job 3 \(kit\.combine\) was run by "
+                                                   r"run_handler without members="):
+        run_handler("kit.combine", {}, job_id=3)
+    with pytest.raises(TypeError, match=r"members are pgpool\.Member\(id, state, "
+                                        r"result=\.\.\., error=\.\.\.\) objects, not dict"):
+        run_handler("kit.combine", {}, members=[{"id": 1}])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"members\[0\]\.result is not JSON-serialisable"):
+        run_handler("kit.combine", {}, members=[pgpool.Member(1, "done", result={1, 2})])
 
 
 def test_run_handler_raises_what_the_handler_raises() -> None:

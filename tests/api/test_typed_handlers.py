@@ -1,7 +1,9 @@
 """Handlers as typed objects: ``@pgpool.handler`` returns a `pgpool.Handler`, callable as the
 function, whose enqueue methods carry the kind and its defaults, and whose typed payloads
 (TypedDict, dataclass, pydantic model) are checked and encoded at enqueue and decoded in
-the worker.
+the worker. A Handler names its kind wherever one is taken (`pgpool.enqueue` and its kin),
+with what its own enqueue applies; a typed payload given with the kind's name instead is
+refused naming the handler to go through.
 
 Enqueueing runs against the real test database; decoding through a real ``pgpool run
 --burst`` whose handlers (tests/handlers/typedjobs.py) pickle what they received.
@@ -276,6 +278,173 @@ def test_the_async_twins_check_and_encode_typed_payloads_too(dsn: str,
     assert db.execute("SELECT queue, payload FROM pgpool_jobs ORDER BY id").fetchall() == [
         ("default", {"id": "n1"}), ("notes", {"id": "n3", "text": None}),
         ("notes", {"id": "n4", "text": "hi"})]
+
+
+# --- a Handler wherever a kind is taken ----------------------------------------------------
+
+#: The columns a job's producer decides, as the comparisons below read them.
+JOB_COLUMNS = ("kind, queue, priority, tenant, unique_key, concurrency_key, max_attempts, "
+               "state, payload")
+
+
+def jobs_as_rows(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return db.execute(f"SELECT {JOB_COLUMNS} FROM pgpool_jobs ORDER BY id").fetchall()
+
+
+def by_both(db: psycopg.Connection, enqueue: Any) -> list[tuple[Any, ...]]:
+    """The rows ``enqueue(how)`` leaves when ``how`` is the handler's own method and when it
+    is `pgpool.enqueue`'s kin given the handler (each on an empty table): asserted equal,
+    and returned."""
+    rows = []
+    for own in (True, False):
+        db.execute("DELETE FROM pgpool_jobs")
+        enqueue(own)
+        rows.append(jobs_as_rows(db))
+    assert rows[0] == rows[1]
+    return rows[0]
+
+
+def test_pgpool_enqueue_given_a_handler_is_the_handlers_own_enqueue(
+        db: psycopg.Connection) -> None:
+    thumb, report = typedjobs.thumb, typedjobs.report
+    taken = datetime(2024, 5, 1, 12, tzinfo=UTC)
+
+    def enqueue(own: bool) -> None:
+        def one(handler: pgpool.Handler[Any], payload: Any, **options: Any) -> int | None:
+            if own:
+                return handler.enqueue(db, payload, **options)
+            return pgpool.enqueue(db, handler, payload, **options)
+
+        # Its defaults (queue, priority, tenant, a concurrency_key computed from the typed
+        # payload), then a dict that fits with options given over them, None included.
+        assert one(thumb, Thumb(7, Size.LARGE, taken=taken)) is not None
+        assert one(thumb, {"image_id": 8, "size": Size.SMALL}, queue="urgent", priority=-1,
+                   tenant=None, concurrency_key="mine", max_attempts=4) is not None
+        # A unique_key computed from the payload deduplicates: None for the second.
+        assert one(report, {"report_id": 3, "pages": [1]}) is not None
+        assert one(report, {"report_id": 3, "pages": [2]}) is None
+        assert one(report, {"report_id": 3, "pages": []}, unique_key=None,
+                   delay=60) is not None
+
+    assert by_both(db, enqueue) == [
+        ("typed.thumb", "thumbs", 5, "acme", None, "image-7", None, "ready",
+         {"image_id": 7, "size": 512, "ratio": 1.0, "owner": None,
+          "taken": "2024-05-01T12:00:00+00:00", "day": None, "ref": None, "mode": "fit",
+          "meta": {}}),
+        ("typed.thumb", "urgent", -1, "", None, "mine", 4, "ready",
+         {"image_id": 8, "size": 64}),
+        ("typed.report", "default", 0, "", "report-3", None, None, "ready",
+         {"report_id": 3, "pages": [1]}),
+        ("typed.report", "default", 0, "", None, None, None, "scheduled",
+         {"report_id": 3, "pages": []}),
+    ]
+
+
+def test_a_payload_that_does_not_fit_the_handler_given_as_the_kind_is_refused(
+        db: psycopg.Connection) -> None:
+    with pytest.raises(pgpool.PayloadError) as caught:
+        pgpool.enqueue(db, typedjobs.thumb, {"image_id": "x", "size": 64})
+    assert str(caught.value) == ("payload for 'typed.thumb': field 'image_id': expected int, "
+                                 "got str")
+    with pytest.raises(pgpool.PayloadError, match=r"^payload #1 \(0-based\): payload for "
+                                                  r"'typed.thumb': field 'size'"):
+        pgpool.enqueue_many(db, typedjobs.thumb, [Thumb(1, Size.SMALL), {"image_id": 2}],
+                            concurrency_key="batch")
+    with pytest.raises(pgpool.PayloadError, match="field 'oops': not a field of Thumb"):
+        pgpool.enqueue(db, typedjobs.thumb, {"image_id": 1, "size": 64, "oops": 1})
+    assert jobs_as_rows(db) == []
+
+
+def test_pgpool_enqueue_many_given_a_handler_is_the_handlers_own(db: psycopg.Connection
+                                                                 ) -> None:
+    def enqueue(own: bool) -> None:
+        payloads = [Thumb(1, Size.SMALL), {"image_id": 2, "size": Size.LARGE}]
+        options: dict[str, Any] = {"concurrency_key": "batch-1", "priority": 9}
+        count = (typedjobs.thumb.enqueue_many(db, payloads, **options) if own
+                 else pgpool.enqueue_many(db, typedjobs.thumb, payloads, **options))
+        assert count == 2
+
+    assert by_both(db, enqueue) == [
+        ("typed.thumb", "thumbs", 9, "acme", None, "batch-1", None, "ready",
+         {"image_id": 1, "size": 64, "ratio": 1.0, "owner": None, "taken": None,
+          "day": None, "ref": None, "mode": "fit", "meta": {}}),
+        ("typed.thumb", "thumbs", 9, "acme", None, "batch-1", None, "ready",
+         {"image_id": 2, "size": 512}),
+    ]
+    # What the handler's enqueue_many refuses, pgpool.enqueue_many refuses alike.
+    with pytest.raises(pgpool.ConfigError, match="has a unique_key, which enqueue_many "
+                                                 "cannot apply"):
+        pgpool.enqueue_many(db, typedjobs.report, [{"report_id": 1, "pages": []}])
+    with pytest.raises(pgpool.ConfigError, match="computes its concurrency_key per payload"):
+        pgpool.enqueue_many(db, typedjobs.thumb, [Thumb(1, Size.SMALL)])
+    with pytest.raises(pgpool.ConfigError, match=r"typed.thumb.enqueue_many takes .*, not "
+                                                 r"delay"):
+        pgpool.enqueue_many(db, typedjobs.thumb, [], concurrency_key="k",
+                            delay=5)  # type: ignore[call-overload]
+
+
+def test_the_async_twins_take_a_handler_too(dsn: str, db: psycopg.Connection) -> None:
+    async def main() -> tuple[int | None, int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            one = await pgpool.enqueue_async(aconn, typedjobs.thumb, Thumb(3, Size.SMALL),
+                                             priority=1)
+            with pytest.raises(pgpool.PayloadError, match="field 'text': expected str"):
+                await pgpool.enqueue_async(aconn, typedjobs.note, {"id": "n2", "text": 5})
+            many = await pgpool.enqueue_many_async(
+                aconn, typedjobs.note, [{"id": "n3"}, {"id": "n4", "text": "hi"}],
+                queue="notes")
+            return one, many
+
+    one, many = asyncio.run(main())
+    assert one is not None and many == 2
+    assert [row[:3] + row[5:6] + row[8:] for row in jobs_as_rows(db)] == [
+        ("typed.thumb", "thumbs", 1, "image-3",
+         {"image_id": 3, "size": 64, "ratio": 1.0, "owner": None, "taken": None,
+          "day": None, "ref": None, "mode": "fit", "meta": {}}),
+        ("typed.note", "notes", 0, None, {"id": "n3"}),
+        ("typed.note", "notes", 0, None, {"id": "n4", "text": "hi"}),
+    ]
+
+
+def test_a_kind_that_is_neither_a_name_nor_a_handler_is_refused(db: psycopg.Connection
+                                                                ) -> None:
+    for kind in (typedjobs.thumb.fn, typedjobs.Thumb, 42, None):
+        with pytest.raises(pgpool.ConfigError, match="invalid kind"):
+            pgpool.enqueue(db, kind, {})  # type: ignore[call-overload]
+        with pytest.raises(pgpool.ConfigError, match="invalid kind"):
+            pgpool.enqueue_many(db, kind, [{}])  # type: ignore[call-overload]
+    assert jobs_as_rows(db) == []
+
+
+def test_a_typed_payload_given_with_the_kinds_name_is_refused_naming_its_handler(
+        db: psycopg.Connection) -> None:
+    through = ("enqueue it with {0}.enqueue(conn, payload), which checks and encodes it, or "
+               "pass the handler as the kind: pgpool.enqueue(conn, {0}, payload)")
+    with pytest.raises(pgpool.PayloadError) as caught:
+        pgpool.enqueue(db, "typed.thumb", Thumb(1, Size.SMALL))  # type: ignore[call-overload]
+    assert str(caught.value) == (
+        "payload must be a dict (a JSON object), not Thumb: it is the payload type of handler "
+        "'typed.thumb' (typedjobs.thumb): " + through.format("thumb"))
+    # Enqueued many at once, named by position; a type two handlers take names both.
+    invoice = Invoice(invoice_id=1, total=2, issued=datetime(2024, 1, 1, tzinfo=UTC))
+    with pytest.raises(pgpool.PayloadError) as caught:
+        pgpool.enqueue_many(db, "typed.bill", [{"invoice_id": 1}, invoice])  # type: ignore[list-item]
+    assert str(caught.value) == (
+        "payload #1 (0-based): payload must be a dict (a JSON object), not Invoice: it is the "
+        "payload type of handler 'typed.invoice' (typedjobs.invoice) or 'typed.bill' "
+        "(typedjobs.bill): " + through.format("invoice"))
+    # A dataclass no handler registered in this process takes: the advice, unnamed.
+    with pytest.raises(pgpool.PayloadError) as caught:
+        pgpool.enqueue(db, "typed.flat", Flat(**GOOD_FLAT))  # type: ignore[arg-type, call-overload]
+    assert str(caught.value) == (
+        "payload must be a dict (a JSON object), not Flat: a dataclass or a pydantic model "
+        "is a typed handler's payload: enqueue it with that handler's .enqueue(conn, "
+        "payload), which checks and encodes it, or pass the handler as the kind: "
+        "pgpool.enqueue(conn, handler, payload)")
+    # Any other value is to be wrapped.
+    with pytest.raises(pgpool.PayloadError, match=r"not list: wrap the value, e\.g\. "):
+        pgpool.enqueue(db, "typed.thumb", [1, 2])  # type: ignore[call-overload]
+    assert jobs_as_rows(db) == []
 
 
 # --- registration -------------------------------------------------------------------------

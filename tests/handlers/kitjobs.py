@@ -8,11 +8,15 @@ test compares the rows drain leaves with those ``pgpool run --burst`` leaves.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pgpool
 
 #: `pgpool.current_job()` as each ``kit.note`` attempt saw it, in this process.
 seen_by_note: list[pgpool.JobInfo] = []
+#: When ``kit.fanout`` schedules one of its follow-ups.
+RUN_AT = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
 
 @pgpool.handler("kit.ok")
@@ -74,3 +78,35 @@ def asks(payload: dict) -> None:
 def picky(payload: dict) -> None:
     """Raises a KeyError, which its Retry never retries."""
     raise KeyError(payload["missing"])
+
+
+@dataclass
+class Point:
+    x: int
+    y: int = 0
+
+
+@pgpool.handler("kit.point", queue="points", priority=2, unique_key=lambda p: f"point-{p.x}")
+def point(payload: Point) -> None:
+    """A typed handler with enqueue defaults, for ``kit.fanout`` to name as a kind."""
+
+
+@pgpool.handler("kit.fanout")
+def fanout(payload: dict) -> str:
+    """Enqueues follow-ups of every sort through its job, and returns "spread"."""
+    job = pgpool.current_job()
+    job.enqueue("kit.ok", {"n": 1, "pair": (1, 2)}, priority=5, delay=30, tenant="acme")
+    job.enqueue(point, Point(3))  # a Handler as the kind: its defaults, its payload type
+    job.enqueue(point, {"x": 4}, queue="other", unique_key=None, run_at=RUN_AT)
+    job.enqueue_many("kit.ok", [{"n": 2}, {"n": 3}], queue="bulk", max_attempts=2)
+    job.group("kit.ok", [{"n": 4}, {"n": 5}], then=("kit.note", {"done": True}),
+              then_options={"priority": 7}, tenant="t", concurrency_key="c")
+    return "spread"
+
+
+@pgpool.handler("kit.combine")
+def combine(payload: dict) -> dict:
+    """A group's callback: what its members were, as it read them."""
+    members = pgpool.current_job().group_members()
+    return {"ids": [m.id for m in members], "results": [m.result for m in members],
+            "errors": [m.error for m in members]}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import psycopg
+from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -46,6 +47,15 @@ def plain(payload: dict[str, Any]) -> None:
     print(payload["anything"])
 
 
+class Resize(BaseModel):
+    width: int
+
+
+@pgpool.handler("resize")
+def resize(payload: Resize) -> None:
+    print(payload.width)
+
+
 def produce(conn: psycopg.Connection[Any]) -> None:
     job: int | None = thumbnail.enqueue(conn, Thumb(image_id=1, size=256), priority=3)
     count: int = thumbnail.enqueue_many(conn, [Thumb(2, 64), Thumb(3, 64)],
@@ -56,22 +66,57 @@ def produce(conn: psycopg.Connection[Any]) -> None:
     handler: pgpool.Handler[Thumb] = thumbnail
     print(job, count, handler.kind, handler.timeout, pgpool.enqueue(conn, "plain", {}))
 
+    # A dataclass's or a pydantic model's handler takes a dict of its fields too, as at run
+    # time (checked there: a dict that does not fit raises PayloadError).
+    thumbnail.enqueue(conn, {"image_id": 1, "size": 2})
+    thumbnail.enqueue_many(conn, [Thumb(1, 2), {"image_id": 3, "size": 4}])
+    resize.enqueue(conn, Resize(width=3))
+    resize.enqueue(conn, {"width": 3}, priority=1)
+    print(thumbnail.encode({"image_id": 1, "size": 2}), resize.encode(Resize(width=3)))
+
+    # A Handler wherever a kind is taken, with its defaults and its payload type.
+    by_handler: int | None = pgpool.enqueue(conn, thumbnail, Thumb(1, 2), priority=3)
+    pgpool.enqueue(conn, thumbnail, {"image_id": 1, "size": 2})
+    pgpool.enqueue(conn, report, {"report_id": 7}, delay=30)
+    pgpool.enqueue(conn, plain, {"anything": 1})
+    many: int = pgpool.enqueue_many(conn, thumbnail, [Thumb(1, 2), Thumb(3, 4)],
+                                    concurrency_key="all")
+    pgpool.enqueue_many(conn, thumbnail, [{"image_id": 3, "size": 4}], concurrency_key="all")
+    pgpool.enqueue_many(conn, "plain", [{"a": 1}], queue="bulk")
+    print(by_handler, many)
+
     # Mistakes a type checker catches:
-    thumbnail.enqueue(conn, Report(report_id=1))  # type: ignore[arg-type]
-    thumbnail.enqueue(conn, {"image_id": 1, "size": 2})  # type: ignore[arg-type]
+    thumbnail.enqueue(conn, Report(report_id=1))  # type: ignore[call-overload]
+    thumbnail.enqueue(conn, [1, 2])  # type: ignore[call-overload]
+    resize.enqueue(conn, Thumb(1, 2))  # type: ignore[call-overload]
     report.enqueue(conn, {"report_id": "7"})  # type: ignore[typeddict-item]
-    thumbnail.enqueue(conn, Thumb(1, 2), priority="high")  # type: ignore[arg-type]
-    thumbnail.enqueue(conn, Thumb(1, 2), qeue="images")  # type: ignore[call-arg]
-    thumbnail.enqueue_many(conn, [Thumb(1, 2)], delay=5)  # type: ignore[call-arg]
+    report.enqueue(conn, Thumb(1, 2))  # type: ignore[arg-type]
+    plain.enqueue(conn, [1, 2])  # type: ignore[arg-type]
+    thumbnail.enqueue(conn, Thumb(1, 2), priority="high")  # type: ignore[call-overload]
+    thumbnail.enqueue(conn, Thumb(1, 2), qeue="images")  # type: ignore[call-overload]
+    thumbnail.enqueue_many(conn, [Thumb(1, 2)], delay=5)  # type: ignore[call-overload]
+    thumbnail.enqueue_many(conn, [Report(report_id=1)])  # type: ignore[list-item]
     thumbnail(Report(report_id=1))  # type: ignore[arg-type]
+    thumbnail({"image_id": 1, "size": 2})  # type: ignore[arg-type]  # the function as written
     wrong: pgpool.Handler[Report] = thumbnail  # type: ignore[assignment]
     print(wrong)
+    pgpool.enqueue(conn, thumbnail, Report(report_id=1))  # type: ignore[misc]
+    pgpool.enqueue(conn, report, Thumb(1, 2))  # type: ignore[misc]
+    pgpool.enqueue(conn, "plain", [1, 2])  # type: ignore[call-overload]
+    pgpool.enqueue(conn, thumbnail, Thumb(1, 2), qeue="x")  # type: ignore[call-overload]
+    pgpool.enqueue_many(conn, "plain", [{}], delay=5)  # type: ignore[call-overload]
+    pgpool.enqueue_many(conn, thumbnail, [Report(report_id=1)])  # type: ignore[misc]
 
 
 async def produce_async(conn: psycopg.AsyncConnection[Any]) -> None:
     job: int | None = await thumbnail.enqueue_async(conn, Thumb(1, 2))
     count: int = await report.enqueue_many_async(conn, [{"report_id": 1}])
-    await thumbnail.enqueue_async(conn, Report(report_id=1))  # type: ignore[arg-type]
+    await thumbnail.enqueue_async(conn, {"image_id": 1, "size": 2})
+    await thumbnail.enqueue_many_async(conn, [{"image_id": 1, "size": 2}])
+    await pgpool.enqueue_async(conn, thumbnail, {"image_id": 1, "size": 2}, tenant="acme")
+    await pgpool.enqueue_many_async(conn, report, [{"report_id": 1}])
+    await thumbnail.enqueue_async(conn, Report(report_id=1))  # type: ignore[call-overload]
+    await pgpool.enqueue_async(conn, "plain", [1])  # type: ignore[call-overload]
     print(job, count)
 
 

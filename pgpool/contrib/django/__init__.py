@@ -16,14 +16,18 @@ psycopg2 when both are installed).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from ...enqueue import insert, insert_many
+from ...enqueue import insert, insert_many, prepared, prepared_many
 from ...errors import ConfigError
-from ...job import MANY, JobOptions
+from ...job import EnqueueOptions, ManyOptions
+from ...registry import Handler
 
 if TYPE_CHECKING:
     import psycopg
+
+#: A handler's payload type.
+P = TypeVar("P")
 
 __all__ = ["connection_for", "enqueue", "enqueue_many"]
 
@@ -53,19 +57,36 @@ def connection_for(using: str = "default") -> psycopg.Connection[Any]:
     return raw
 
 
+# Overloads, for a type checker, as `pgpool.enqueue`'s: a kind's name takes a dict, a
+# Handler its payload type or a dict (checked at the call).
+@overload
 def enqueue(kind: str, payload: dict[str, Any], *, using: str = "default",
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+@overload
+def enqueue(kind: Handler[P], payload: P | dict[str, Any], *, using: str = "default",
+            **options: Unpack[EnqueueOptions]) -> int | None: ...
+def enqueue(kind: str | Handler[Any], payload: Any, *, using: str = "default",
             **options: Any) -> int | None:
     """`pgpool.enqueue` on Django's database ``using``: inside ``transaction.atomic()`` the
     job is part of that transaction (rolled back with it); outside, it commits at once, as
-    any query in Django's autocommit. ``options`` are `pgpool.enqueue`'s (``queue``,
-    ``priority``, ``run_at``, ``delay``, ``unique_key``, ``max_attempts``, ``tenant``,
+    any query in Django's autocommit. ``kind`` is the kind's name, or its `pgpool.Handler`
+    (its defaults apply, a typed payload is checked and encoded, as with
+    ``handler.enqueue``). ``options`` are `pgpool.enqueue`'s (``queue``, ``priority``,
+    ``run_at``, ``delay``, ``unique_key``, ``max_attempts``, ``tenant``,
     ``concurrency_key``). Returns the job's id, or None for a duplicate ``unique_key``."""
-    return insert(connection_for(using), kind, payload, JobOptions.of(options))
+    name, payload, chosen = prepared(kind, payload, options)
+    return insert(connection_for(using), name, payload, chosen)
 
 
+@overload
 def enqueue_many(kind: str, payloads: Iterable[dict[str, Any]], *, using: str = "default",
-                 **options: Any) -> int:
+                 **options: Unpack[ManyOptions]) -> int: ...
+@overload
+def enqueue_many(kind: Handler[P], payloads: Iterable[P | dict[str, Any]], *,
+                 using: str = "default", **options: Unpack[ManyOptions]) -> int: ...
+def enqueue_many(kind: str | Handler[Any], payloads: Iterable[Any], *,
+                 using: str = "default", **options: Any) -> int:
     """`pgpool.enqueue_many` (COPY, all or none) on Django's database ``using``, as
-    `enqueue`; returns how many jobs it inserted."""
-    return insert_many(connection_for(using), kind, payloads,
-                       JobOptions.of(options, allowed=MANY, what="enqueue_many"))
+    `enqueue` (``kind`` too); returns how many jobs it inserted."""
+    name, payloads, chosen = prepared_many(kind, payloads, options)
+    return insert_many(connection_for(using), name, payloads, chosen)
