@@ -339,8 +339,8 @@ def enqueue(conn: psycopg.Connection, kind: str | TypedKind[Any], payload: Any,
     that succeeded or was dead-lettered has left it and freed the key. ``max_attempts``
     overrides the handler's limit. ``tenant`` puts it in a fairness group (claims
     interleave tenants: see [Tenants](../guides/fairness.md#tenants)); with
-    ``concurrency_key``, no two jobs of one key run at once anywhere in the fleet. Raises `PayloadError` or `ConfigError`
-    before sending anything when an argument is invalid.
+    ``concurrency_key``, no two jobs of one key run at once anywhere in the fleet. Raises
+    `PayloadError` or `ConfigError` before sending anything when an argument is invalid.
 
     Called inside an OpenTelemetry span, it runs in a PRODUCER span of its own and the job
     carries that span's trace context (`pgpool.tracing`); the ``on_enqueue`` hooks are told
