@@ -39,16 +39,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import pairwise
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import psycopg
 from drains import (  # bench/ is on the path: this script's directory
+    PGPOOL_JOBS,
     STALL,
     UNTHROTTLED,
     Parser,
+    Pgpool,
+    Queue,
+    Side,
     at_least,
-    check_running,
-    expect_exit,
+    count_interval,
     killed_on_exit,
     last_id,
     marker_states,
@@ -56,7 +59,6 @@ from drains import (  # bench/ is on the path: this script's directory
     remaining,
     script_main,
     session,
-    start_pgpool_run,
 )
 
 import pgpool
@@ -89,7 +91,7 @@ def main() -> int:
                         help="worker processes of the dispatcher (default 2)")
     parser.add_argument("--batch", type=at_least(1), default=50,
                         help="jobs per claim (default 50)")
-    parser.add_argument("--interval", type=_interval, default=4.0,
+    parser.add_argument("--interval", type=count_interval, default=4.0,
                         help=f"seconds between counts of the jobs left (default 4, at most "
                              f"{STALL / 2:g}: a stall is noticed at a count)")
     parser.add_argument("--pin", action="store_true",
@@ -97,16 +99,6 @@ def main() -> int:
                              "pinned xmin horizon)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return script_main(parser, run, render)
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= STALL / 2:
-        raise argparse.ArgumentTypeError(f"{value:g} is not in (0, {STALL / 2:g}]")
-    return value
 
 
 def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -124,7 +116,9 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
             progress.step(f"round {number}: draining with `pgpool run --procs {args.procs} "
                           f"--batch {args.batch} --burst`")
             with open(tmp / f"round-{number}.log", "w+b") as log:
-                drained = drive(conn, scratch.dsn, args, last - args.jobs + 1, log, progress)
+                dispatcher = Pgpool(scratch.dsn, args.procs, args.batch, log)
+                drained = drive(conn, dispatcher, PGPOOL_JOBS, args.jobs, last - args.jobs + 1,
+                                args.interval, progress)
             rounds.append({"round": number, "load_seconds": loaded, **drained,
                            "table": table_stats(conn)})
     for r in rounds:
@@ -150,64 +144,63 @@ def pinned(dsn: str | None) -> Iterator[None]:
         holder.rollback()
 
 
-def drive(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, first_id: int,
-          log: IO[bytes], progress: Progress) -> dict[str, Any]:
-    """Drain the round's ``args.jobs`` jobs (ids from ``first_id`` on) with a ``pgpool run
-    --burst`` subprocess on ``dsn``, its output in ``log``; return the round's figures.
-    The subprocess is killed if anything goes wrong."""
-    n = args.jobs
+def drive(conn: psycopg.Connection, side: Side, queue: Queue, n: int, first_id: int,
+          interval: float, progress: Progress) -> dict[str, Any]:
+    """Drain the ``n`` jobs just loaded into ``queue`` (consecutive ids from ``first_id`` on,
+    claimed in id order) with ``side``, counting the jobs left every ``interval`` seconds;
+    return the round's figures. Its processes are killed if anything goes wrong."""
     tenth = n // 10
     # From "first" to "tenth", and from "ninth" to "last", `tenth` jobs are claimed.
     ids = dict(zip(MARKER_NAMES, (first_id, first_id + tenth, first_id + n - 1 - tenth,
                                   first_id + n - 1), strict=True))
-    proc = start_pgpool_run(dsn, args.procs, args.batch, log)
-    with killed_on_exit([proc]):
+    with killed_on_exit(side.procs):
         launched = time.monotonic()
+        side.start({})
         claimed: dict[str, float] = {}  # marker -> seconds since the first claim
         samples = [(0.0, n)]  # (seconds since the first claim, jobs left)
         while True:
             time.sleep(POLL)
-            check_running(proc, log, "before it claimed a job")
+            side.check(conn, claimed=False)
             start = time.monotonic()  # a statement sees the table as of its start
-            if marker_states(conn, ids)["first"] != "ready":
+            if marker_states(conn, ids, queue)["first"] != queue.ready:
                 break
             if start - launched > STALL:
-                raise BenchError(f"`pgpool run` claimed no job within {STALL:g}s of starting")
+                raise BenchError(f"{side.title} claimed no job within {STALL:g}s of starting")
         startup = start - launched
         claimed["first"] = 0.0  # the clock's start
-        next_count, last_progress, fewest = args.interval, 0.0, n  # fewest jobs left seen
+        next_count, last_progress, fewest = interval, 0.0, n  # fewest jobs left seen
         while True:
             time.sleep(POLL)
             now = time.monotonic() - start
-            states = marker_states(conn, ids)
+            states = marker_states(conn, ids, queue)
             for name, state in states.items():
-                if state != "ready" and name not in claimed:
+                if state != queue.ready and name not in claimed:
                     claimed[name] = now
                     last_progress = now
-            exited = proc.poll() is not None
+            exited = any(proc.poll() is not None for proc in side.procs)
             # Once the last job in claim order is done, only a batch or two is in flight:
             # count at every poll, so that the drain's end is seen within one.
             if now >= next_count or states["last"] is None or exited:
                 counted = time.monotonic() - start
-                left = remaining(conn)
+                left = remaining(conn, queue)
                 if left < fewest:
                     fewest, last_progress = left, counted
                 if now >= next_count or left == 0:
                     samples.append((counted, left))
                     while next_count <= counted:  # a slow count skips the counts it missed
-                        next_count += args.interval
+                        next_count += interval
                     progress.update(f"{n - left:,}/{n:,} jobs done in {counted:.1f}s")
                 if left == 0:
                     break
-                check_running(proc, log, f"with {left:,} jobs left")
+                side.check(conn, claimed=True)
             if now - last_progress > STALL:
-                raise BenchError(f"`pgpool run` made no progress for {STALL:g}s "
+                raise BenchError(f"{side.title} made no progress for {STALL:g}s "
                                  f"({fewest:,} jobs left)")
-        expect_exit(proc, log)
+        side.finish(n)
     # A marker claimed and done between a poll and the final count: claimed by the end.
     for name in MARKER_NAMES:
         claimed.setdefault(name, samples[-1][0])
-    return {"startup_seconds": startup, **summarize(n, samples, claimed, args.interval)}
+    return {"startup_seconds": startup, **summarize(n, samples, claimed, interval)}
 
 
 def summarize(n: int, samples: list[tuple[float, int]], claimed: dict[str, float],

@@ -1,6 +1,7 @@
 """What the bench scripts that drain jobs with a real ``pgpool run`` share (bench/cliff.py,
-bench/vs_loop.py): their command lines and one-line errors, a migrated scratch schema, the
-``pgpool run --burst`` subprocess and its checks, and marker jobs looked up by primary key.
+bench/vs_loop.py, bench/peers.py): their command lines and one-line errors, a migrated
+scratch schema, the ``pgpool run --burst`` subprocess and its checks, what any side of a
+drain offers (`Side`), and the queue tables' marker jobs and jobs left (`Queue`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Final, NamedTuple, NoReturn
+from typing import IO, Any, Final, NamedTuple, NoReturn, Protocol
 
 import psycopg
 
@@ -42,6 +43,21 @@ MARKERS: Final = """
 SELECT m.id, j.state
 FROM unnest(%(ids)s::bigint[]) AS m(id) LEFT JOIN pgpool_jobs AS j USING (id)
 """
+
+
+class Queue(NamedTuple):
+    """A queue table, as a drain's watch reads it: every row a job not yet done."""
+
+    #: How many jobs are left.
+    remaining: str
+    #: The state of each job of ``%(ids)s``: (id, state), NULL once done (deleted).
+    markers: str
+    #: A job's state until it is claimed.
+    ready: str
+
+
+#: pgpool's table, which the hand-written loops drain too.
+PGPOOL_JOBS: Final = Queue(REMAINING, MARKERS, "ready")
 
 #: Seconds without progress (or, once drained, without the processes exiting) that fail
 #: the run.
@@ -74,6 +90,18 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
         return value
     return parse
+
+
+def count_interval(text: str) -> float:
+    """An argparse ``type``: seconds between counts of the jobs left, more than 0 and at most
+    half of `STALL` (a stall is noticed at a count)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= STALL / 2:
+        raise argparse.ArgumentTypeError(f"{value:g} is not in (0, {STALL / 2:g}]")
+    return value
 
 
 def script_main(parser: Parser,
@@ -189,6 +217,55 @@ def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, 
 PGPOOL_RUN: Final = "`pgpool run`"
 
 
+class Side(Protocol):
+    """What drains the jobs of a round: its processes, started, checked while they work
+    and finished (`Pgpool`; `Loop` in bench/vs_loop.py, `PgQueuer` in bench/peers.py)."""
+
+    #: How the errors name it.
+    title: str
+    #: How many jobs it runs at once (its processes or workers).
+    count: int
+    #: Its processes, once started (for `killed_on_exit`).
+    procs: list[subprocess.Popen[bytes]]
+
+    def start(self, env: dict[str, str]) -> None:
+        """Start its processes, with ``env`` added to their environment."""
+
+    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
+        """`BenchError` if it has failed (``claimed``: whether it had claimed a job)."""
+
+    def finish(self, n: int) -> None:
+        """Once the jobs are drained: `BenchError` unless it ran ``n`` jobs and exits."""
+
+
+class Pgpool:
+    """A real ``pgpool run --burst`` (`start_pgpool_run`), a `Side`."""
+
+    title = PGPOOL_RUN
+
+    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
+        self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str]) -> None:
+        self.procs.append(start_pgpool_run(self.dsn, self.count, self.batch, self.log, **env))
+
+    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
+        if self.procs[0].poll() is not None:
+            check_running(self.procs[0], self.log, how_far(conn, claimed))
+
+    def finish(self, n: int) -> None:
+        # That it ran all n jobs is `expect_empty`'s to check: a failed job is
+        # dead-lettered, not left.
+        expect_exit(self.procs[0], self.log)
+
+
+def how_far(conn: psycopg.Connection, claimed: bool, queue: Queue = PGPOOL_JOBS) -> str:
+    """How far a drain of ``queue`` was, for an error."""
+    return (f"with {remaining(conn, queue):,} jobs left" if claimed
+            else "before it claimed a job")
+
+
 def check_running(proc: subprocess.Popen[Any], log: IO[bytes], when: str,
                   title: str = PGPOOL_RUN) -> None:
     """`BenchError` if ``proc`` (``title`` in the message; its output in ``log``) has
@@ -223,15 +300,16 @@ def killed_on_exit(procs: Iterable[subprocess.Popen[Any]]) -> Iterator[None]:
                 proc.wait()
 
 
-def marker_states(conn: psycopg.Connection, ids: dict[str, int]) -> dict[str, str | None]:
-    """The state of each marker job (named: id), by name; None once done."""
-    states = dict(conn.execute(MARKERS, {"ids": list(ids.values())}).fetchall())
+def marker_states(conn: psycopg.Connection, ids: dict[str, int], queue: Queue = PGPOOL_JOBS
+                  ) -> dict[str, str | None]:
+    """The state of each marker job (named: id) of ``queue``, by name; None once done."""
+    states = dict(conn.execute(queue.markers, {"ids": list(ids.values())}).fetchall())
     return {name: states[i] for name, i in ids.items()}
 
 
-def remaining(conn: psycopg.Connection) -> int:
-    """How many jobs are left."""
-    return conn.execute(REMAINING).fetchone()[0]
+def remaining(conn: psycopg.Connection, queue: Queue = PGPOOL_JOBS) -> int:
+    """How many jobs of ``queue`` are left."""
+    return conn.execute(queue.remaining).fetchone()[0]
 
 
 def last_id(conn: psycopg.Connection) -> int:

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 with open(tmp / f"{side}.log", "w+b") as log:
                     runner = (Loop(scratch.dsn, args.procs, args.batch, log, args.loop)
                               if side == "loop" else
-                              Pgpool(scratch.dsn, args.procs, args.batch, log))
+                              drains.Pgpool(scratch.dsn, args.procs, args.batch, log))
                     figures[side] = drain(conn, runner, n, job, tmp / f"{side}.stamps")
                 progress.step(f"round {number}, {side}: {figures[side]['jobs_per_s']:,.0f} "
                               "jobs/s")
@@ -171,7 +171,8 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
 
 
 class Loop:
-    """The hand-written loop's processes (`loop_process`), driven through their pipes."""
+    """The hand-written loop's processes (`loop_process`), driven through their pipes: a
+    `drains.Side`."""
 
     title = "the loop"
     #: How the errors name one of its processes.
@@ -204,7 +205,7 @@ class Loop:
         with jobs left."""
         for proc in self.procs:
             if proc.poll() is not None:
-                drains.check_running(proc, self.log, _when(conn, claimed), self.process)
+                drains.check_running(proc, self.log, drains.how_far(conn, claimed), self.process)
         waiting = {proc.stdout: i for i, proc in enumerate(self.procs) if i not in self.ran}
         for out in select.select(list(waiting), [], [], 0)[0]:
             line = out.readline()
@@ -239,35 +240,7 @@ class Loop:
         return line
 
 
-class Pgpool:
-    """A real ``pgpool run --burst`` (`drains.start_pgpool_run`), with the interface of
-    `Loop`."""
-
-    title = drains.PGPOOL_RUN
-
-    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
-        self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, env: dict[str, str]) -> None:
-        self.procs.append(
-            drains.start_pgpool_run(self.dsn, self.count, self.batch, self.log, **env))
-
-    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
-        if self.procs[0].poll() is not None:
-            drains.check_running(self.procs[0], self.log, _when(conn, claimed))
-
-    def finish(self, n: int) -> None:
-        # That it ran all n jobs is `expect_empty`'s to check: a failed job is
-        # dead-lettered, not left.
-        drains.expect_exit(self.procs[0], self.log)
-
-
-def _when(conn: psycopg.Connection, claimed: bool) -> str:
-    return f"with {remaining(conn):,} jobs left" if claimed else "before it claimed a job"
-
-
-def drain(conn: psycopg.Connection, side: Loop | Pgpool, n: int, job: dict[str, Any] | None,
+def drain(conn: psycopg.Connection, side: drains.Side, n: int, job: dict[str, Any] | None,
           stamps: Path) -> dict[str, Any]:
     """Drain the ``n`` jobs just loaded with ``side``, its jobs' start times in
     ``stamps``; its figures. Its processes are killed if anything goes wrong. ``job``: the
@@ -286,7 +259,7 @@ def drain(conn: psycopg.Connection, side: Loop | Pgpool, n: int, job: dict[str, 
     return figures
 
 
-def _watch(conn: psycopg.Connection, side: Loop | Pgpool, stamps: Path, last: int,
+def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
            n: int) -> dict[str, Any]:
     """Start ``side``, wait for its first job to start, then for the table to be empty;
     the drain's figures: its time, jobs/s and CPU per job."""
