@@ -21,8 +21,9 @@ def cliff(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.soak  # a drain of thousands of jobs: `make soak-test`
 def test_cliff_drains_every_round_and_reports_its_figures(dsn: str, db: psycopg.Connection
                                                           ) -> None:
-    # Batch 5: a tenth of the jobs takes 40 claims, far more than one 20 ms poll.
-    done = cliff(dsn, "--jobs", "2000", "--rounds", "2", "--batch", "5", "--interval", "0.5",
+    # Batch 1: a tenth of the jobs takes 200 claims, far more than one 20 ms poll even when
+    # a loaded machine delays the polls (with batch 5, 40 claims fitted in one, once).
+    done = cliff(dsn, "--jobs", "2000", "--rounds", "2", "--batch", "1", "--interval", "0.5",
                  "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
