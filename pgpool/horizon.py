@@ -226,6 +226,18 @@ def span(seconds: float) -> str:
     return f"{s // 86_400}d"
 
 
+def run_time(seconds: float) -> str:
+    """A run time (a job's, in the hosts' logs): precise below two minutes (0.0042ms,
+    0.4ms, 12.3ms, 1.25s, 14.2s), then as `span`."""
+    if seconds < 0.01:
+        return f"{seconds * 1000:.2g}ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.1f}ms"
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    return f"{seconds:.1f}s" if seconds < 120 else span(seconds)
+
+
 class DeadRowsTrend:
     """How fast the dead rows of ``pgpool_jobs`` grow, per minute, over the reports of the
     last `WINDOW` seconds: what a watch (`pgpool status --watch`, the dashboard) adds to

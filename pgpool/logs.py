@@ -10,6 +10,12 @@ is not.
 The CLI's one-line errors (``pgpool: error: ...``) and notices are not log records: they
 stay plain text in both formats. Payloads are never logged, in either.
 
+A failed job's error text is user data too (a handler's exception often quotes its
+payload), so a log line shows as much of it as the operator chose (`LOG_ERRORS`, ``pgpool
+run --log-errors``): its exception's type only, the first line of its message
+(`error_message`: bounded, with what looks like a secret masked, `mask_secrets`), or its
+traceback as well (masked alike).
+
 Worker processes log in the same format at the same level (`configure_worker`), and each
 record emitted while a job runs, a handler's own ``logging`` calls included, names that job:
 ``job_id``, ``kind`` and ``attempt`` fields in JSON, a ``[kind#id attempt N]`` prefix on the
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -32,11 +39,27 @@ TEXT_FORMAT: Final = "%(asctime)s pgpool[%(process)d] %(levelname)s %(name)s: %(
 #: The keys every JSON line has; an event's fields sit beside them and may not reuse them.
 BASE_KEYS: Final = frozenset({"time", "level", "host", "logger", "pid", "message", "event"})
 
+#: What a failed job's log line shows of its error (``--log-errors`` /
+#: ``PGPOOL_LOG_ERRORS``): nothing but its exception's type, the first line of its message
+#: (the default; the traceback at DEBUG), or the traceback too. See `error_message`.
+LOG_ERRORS: Final = ("none", "message", "traceback")
+DEFAULT_LOG_ERRORS: Final = "message"
+#: The longest error message a log line shows, its ellipsis included.
+MAX_MESSAGE_CHARS: Final = 300
+#: What a secret in logged error text is replaced with (as a password in ``--dsn`` is).
+MASK: Final = "***"
+#: The first line of the error text a worker stores for an exception (then its innermost
+#: frames, indented, then the exception's type and message: `pgpool.worker.main.format_error`).
+TRACEBACK_HEADER: Final = "Traceback (most recent call last):"
+
 
 def event(logger: logging.Logger, level: int, name: str, message: str, *args: object,
-          exc_info: BaseException | None = None, **fields: object) -> None:
+          exc_info: BaseException | None = None, exc_text: str | None = None,
+          **fields: object) -> None:
     """Log ``message % args`` at ``level`` as the event ``name`` with ``fields``, and the
-    traceback of ``exc_info`` if given.
+    traceback of ``exc_info`` if given, or ``exc_text``, a traceback already formatted
+    (written where a record's traceback goes: under the line in text, ``exception`` in
+    JSON, and by any other `logging.Formatter` alike).
 
     Field values should be JSON values (str, int, float, bool, None, lists, dicts);
     anything else is written as its ``str``. Field names must not be one of `BASE_KEYS`
@@ -45,8 +68,64 @@ def event(logger: logging.Logger, level: int, name: str, message: str, *args: ob
     clash = BASE_KEYS.intersection(fields)
     if clash:
         raise TypeError(f"event {name!r}: field names {sorted(clash)} are reserved")
-    logger.log(level, message, *args, exc_info=exc_info,
-               extra={"event": name, "fields": fields}, stacklevel=2)
+    extra = {"event": name, "fields": fields}
+    if exc_text is None:
+        logger.log(level, message, *args, exc_info=exc_info, extra=extra, stacklevel=2)
+    elif logger.isEnabledFor(level):
+        # `extra` may not set a record's own attributes: the record is made here instead.
+        record = logger.makeRecord(logger.name, level, "(unknown file)", 0, message, args,
+                                   None, extra=extra)
+        record.exc_text = exc_text
+        logger.handle(record)
+
+
+#: ``scheme://user:PASSWORD@host`` in any URI (a DSN, a broker's or a web address): the
+#: user info ends at the last ``@`` before a blank, a quote or a ``/``.
+_URI_PASSWORD: Final = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:@/'\"]*:)([^\s/'\"]+)(?=@)",
+                                  re.IGNORECASE)
+#: The names whose values are masked: ``password=...`` (a key/value DSN, a URI's query)
+#: and its kin, alone or at the end of a longer name (``db_password``, ``access_token``).
+_SECRET_NAMES: Final = r"(?:password|passwd|pwd|secret(?:_?key)?|token|api_?key|access_?key)"
+#: A value: quoted (backslash escapes), or up to a blank, a quote, ``&``, ``,``, ``;`` or a
+#: closing bracket.
+_VALUE: Final = r"""('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s&'",;)}\]]+)"""
+#: ``name=value`` (``name = value``), and ``'name': value`` or ``"name": value`` (a Python
+#: dict's or a JSON object's).
+_NAMED_SECRET: Final = re.compile(
+    rf"((?<![a-z0-9]){_SECRET_NAMES}\s*=\s*|['\"][\w-]*{_SECRET_NAMES}['\"]\s*:\s*){_VALUE}",
+    re.IGNORECASE)
+#: Control characters, which a log line shows escaped (a terminal would act on them).
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with what looks like a secret replaced by `MASK`: the password of a URI
+    (``postgresql://user:***@host``, any scheme's) and the value of ``password=``,
+    ``secret=``, ``token=``, ``api_key=`` and their kin, as ``name=value`` or a dict's or
+    JSON object's ``'name': value``, quoted or not. Best effort: a secret in any other form
+    is left as it is."""
+    if "://" in text:
+        text = _URI_PASSWORD.sub(lambda m: m[1] + MASK, text)
+    return _NAMED_SECRET.sub(lambda m: m[1] + MASK, text)
+
+
+def error_message(error: str) -> str:
+    """What a log line shows of a failed attempt's error text at ``--log-errors message``:
+    the first line of its exception's type and message (after the frames of a traceback,
+    `TRACEBACK_HEADER`), else its first line that is not blank; secrets masked
+    (`mask_secrets`), control characters escaped, and cut to `MAX_MESSAGE_CHARS` with an
+    ellipsis."""
+    lines = error.splitlines()
+    if lines and lines[0] == TRACEBACK_HEADER:  # the frames are indented, the message not
+        line = next((ln for ln in lines[1:] if ln and not ln[0].isspace()), "")
+    else:
+        line = next((ln for ln in lines if ln.strip()), "")
+    line = mask_secrets(line.strip())
+    if _CONTROL.search(line):
+        line = _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", line)
+    if len(line) > MAX_MESSAGE_CHARS:
+        line = line[:MAX_MESSAGE_CHARS - 3] + "..."
+    return line
 
 
 class JsonFormatter(logging.Formatter):
@@ -80,6 +159,8 @@ class JsonFormatter(logging.Formatter):
             line.update(getattr(record, "fields", {}))
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted already (`event`'s ``exc_text``)
+            line["exception"] = record.exc_text
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
         # ASCII only: the line survives any terminal or log file encoding.

@@ -99,6 +99,13 @@ def _kind_list(text: str) -> list[str]:
     return [names.name_arg("kind")(name.strip()) for name in text.split(",")]
 
 
+def _log_errors(text: str) -> str:
+    value = text.strip().lower()
+    if value not in logs.LOG_ERRORS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(logs.LOG_ERRORS)}")
+    return value
+
+
 def _boolean(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -142,6 +149,9 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
     ("dead_retention", "PGPOOL_DEAD_RETENTION", _retention, RunConfig.dead_retention),
     ("keep_done", "PGPOOL_KEEP_DONE", _retention, None),
+    ("log_errors", "PGPOOL_LOG_ERRORS", _log_errors, RunConfig.log_errors),
+    ("log_jobs", "PGPOOL_LOG_JOBS", _boolean, False),
+    ("log_summary", "PGPOOL_LOG_SUMMARY", _retention, RunConfig.log_summary),
 )
 _RUN_VARIABLES = {dest: variable for dest, variable, _, _ in RUN_ENVIRONMENT}
 #: ``--horizon-warn``'s variable, read by status, health and web.
@@ -261,6 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "returned, for pgpool.job_status, pgpool.wait and `pgpool jobs "
                          "show` (a handler's keep= wins; default: only kinds whose handler "
                          "says keep=)")
+    _add_run_option(run, "--log-errors", type=_log_errors, metavar="{none,message,traceback}",
+                    help="what the log line of a failed job shows of its error: its type "
+                         "only, the first line of its message (at most 300 characters, "
+                         "secrets masked; the traceback at DEBUG), or its traceback too "
+                         "(default message; see the Security guide)")
+    _add_run_option(run, "--log-jobs", action="store_true", default=None,
+                    help="log each job that succeeds too, with its run time (failures "
+                         "always are)")
+    _add_run_option(run, "--log-summary", type=_retention, metavar="DURATION",
+                    help="log what the jobs that ended did (counts per outcome, run time "
+                         "p50/p95 per kind) at most this often while jobs end, the first "
+                         "line within 5s (0 or off: never; default 60s)")
     run.set_defaults(func=cmd_run)
 
     migrate = sub.add_parser("migrate", parents=[common], help="create or upgrade pgpool's tables")
@@ -528,6 +550,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         keep_done=args.keep_done or None,
         log_level=log_level,
         log_format=log_format,
+        log_errors=args.log_errors,
+        log_jobs=args.log_jobs,
+        log_summary=args.log_summary or None,
     )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back

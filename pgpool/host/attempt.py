@@ -63,9 +63,12 @@ class AttemptEnd:
 
     job: Job
     error: str | None
+    #: Seconds the handler ran (as the worker measured it; for a worker that ended with
+    #: the job, as the pool saw it).
     elapsed: float
     #: A short cause for logs: the exception type, "timeout", "worker died: signal 9"...
-    #: Logs carry this and never the error text, which may quote payload data.
+    #: Logs carry this always, and of the error text, which may quote payload data, only
+    #: what ``--log-errors`` allows (`pgpool.logs.error_message`).
     cause: str = ""
     #: Cut off by this host's shutdown (its grace period ran out), or killed with a job whose
     #: lease was lost (`pgpool.host.pool.KILLED_WITH_LOST`): not by the job itself.

@@ -13,6 +13,12 @@ job; after that a snooze fails like any error), `Ack.discard` and `Ack.cancel`
 `Completer.complete` and `Completer.release` are where the pool's outcomes arrive; an
 attempt whose lease was lost (see `pgpool.host.parts.heartbeat`) is dropped there, never acked.
 
+Logging: every decision but a success is logged as it is made, one event each (``job_retry``,
+``job_dead``...), with the attempt's run time and as much of its error as ``log_errors``
+says (`pgpool.logs.LOG_ERRORS`: the exception's type, the first line of its message, or its
+traceback too); a success only with ``log_jobs`` (``job_done``), so that by default the
+common case stays quiet.
+
 Writing: the completer buffers acks and flushes when ``max_batch`` are waiting or the
 oldest has waited ``interval`` seconds, whichever comes first, as the single `sql.ACK`
 statement (deletes, retries, hand-backs, interruptions and dead letters, each guarded by
@@ -65,7 +71,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..db.outage import Failures, backoff
 from ..errors import first_line
-from ..logs import event
+from ..horizon import run_time
+from ..logs import DEFAULT_LOG_ERRORS, error_message, event, mask_secrets
 from ..retry import FREE_INTERRUPTIONS, MAX_SNOOZES, Retry
 from ..sql import jobs as sql
 from ..sql.common import int_array
@@ -273,6 +280,8 @@ class Completer:
     ``retry`` is the default retry schedule, ``retries`` the kinds' own (a handler's
     ``retry=``). ``keeps`` are the seconds a success of each kind is kept (a handler's
     ``keep=``), ``keep_done`` those of every other kind (``--keep-done``; None: not kept).
+    ``log_errors``: what the events of failures show of their error
+    (`pgpool.logs.LOG_ERRORS`); ``log_jobs``: log each success too (``job_done``).
     """
 
     def __init__(
@@ -288,6 +297,8 @@ class Completer:
         keeps: Mapping[str, float] | None = None,
         keep_done: float | None = None,
         on_flushed: Callable[[FlushResult], None] | None = None,
+        log_errors: str = DEFAULT_LOG_ERRORS,
+        log_jobs: bool = False,
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -303,6 +314,8 @@ class Completer:
         #: Kinds whose handler returned a value that was dropped: warned of once each.
         self._dropped_results: set[str] = set()
         self._on_flushed = on_flushed
+        self._log_errors = log_errors
+        self._log_jobs = log_jobs
         self.counts: Counter[str] = Counter()
         self._buffer: list[Ack] = []
         self._flushing: list[Ack] = []
@@ -326,8 +339,8 @@ class Completer:
         if job.lost:
             self.counts["lost"] += 1
             event(log, logging.WARNING, "job_lost",
-                  "%s ended after its lease was lost; result dropped", job,
-                  **_fields(outcome))
+                  "%s ended after its lease was lost (after %s); result dropped", job,
+                  run_time(outcome.elapsed), **_fields(outcome, "lost"))
             return None
         keep = (keep_of(job, self._keeps, self._keep_done)
                 if self._keeping or job.group_id is not None else None)
@@ -338,8 +351,11 @@ class Completer:
         if keep is None and outcome.error is None and (
                 outcome.result is not None or outcome.result_error is not None):
             self._drop_result(job)
-        if ack.kind != "done":  # a success is not logged: the common case stays quiet
-            _log_decision(ack, outcome)
+        if ack.kind != "done":
+            _log_decision(ack, outcome, self._log_errors)
+        elif self._log_jobs:  # off by default: the common case stays quiet
+            event(log, logging.INFO, "job_done", "%s succeeded in %s", job,
+                  run_time(outcome.elapsed), **_fields(outcome, "done"))
         self.add(ack)
         return ack
 
@@ -605,11 +621,31 @@ _ARMS: tuple[AckKind, ...] = ("done", "retry", "release", "interrupted", "dead")
 _ARMS_CONTROL: tuple[AckKind, ...] = (*_ARMS, "snooze")
 
 
-def _fields(outcome: AttemptEnd) -> dict[str, object]:
-    """What every event about a job's outcome carries."""
+def _fields(outcome: AttemptEnd, counted: str) -> dict[str, object]:
+    """What every event about a job's outcome carries; ``counted``: the outcome as
+    `Completer.counts` (and the summary, `pgpool.host.summary`) counts it."""
     job = outcome.job
     return {"job_id": job.id, "kind": job.kind, "attempt": job.counted,
-            "cause": outcome.cause}
+            "outcome": counted, "seconds": round(outcome.elapsed, 6), "cause": outcome.cause}
+
+
+def _error(outcome: AttemptEnd, errors: str, fields: dict[str, object]
+           ) -> tuple[str | None, str | None]:
+    """What the event of a failed ``outcome`` shows of its error, as ``errors``
+    (`pgpool.logs.LOG_ERRORS`) says: the first line of its message (None: none to show
+    beyond its cause), also put in ``fields`` as ``error``; and its whole error text,
+    masked, to write under the line (``traceback``; None: none, or nothing more than the
+    message)."""
+    if errors == "none" or not outcome.error:
+        return None, None
+    message = error_message(outcome.error)
+    if message:
+        fields["error"] = message
+    if errors == "traceback" or log.isEnabledFor(logging.DEBUG):
+        whole = mask_secrets(outcome.error).strip()
+        if whole != message:
+            return message or None, whole
+    return message or None, None
 
 
 #: Why a job died at once, by the cause of its failure, where its Retry did not decide it.
@@ -617,32 +653,45 @@ _PERMANENT: Final = {"PayloadDecodeError": "its payload does not fit its handler
                      "ResultError": "its result cannot be stored"}
 
 
-def _log_decision(ack: Ack, outcome: AttemptEnd) -> None:
-    """The event of a decision other than done: what became of the job, and why."""
-    job, fields = outcome.job, _fields(outcome)
+def _log_decision(ack: Ack, outcome: AttemptEnd, errors: str) -> None:
+    """The event of a decision other than done: what became of the job, after how long,
+    and why (as much of its error as ``errors`` says: `_error`)."""
+    job, fields = outcome.job, _fields(outcome, _COUNTED[ack.kind])
+    took = run_time(outcome.elapsed)
+    message, whole = (None, None) if ack.kind == "snooze" else _error(outcome, errors, fields)
+    # The cause, or the message when there is one (it starts with the exception's type).
+    why = outcome.cause if message is None or message == outcome.cause else message
+    exc_text = whole if errors == "traceback" else None
     if ack.kind == "dead":
         permanent = outcome.verdict == "final"
-        why = (_PERMANENT.get(outcome.cause, "an error its handler's Retry does not retry")
-               if permanent else "no attempts left")
-        event(log, logging.ERROR, "job_dead", "%s failed (%s), %s: moved to pgpool_dead",
-              job, outcome.cause, why, permanent=permanent, **fields)
+        reason = (_PERMANENT.get(outcome.cause, "an error its handler's Retry does not retry")
+                  if permanent else "no attempts left")
+        event(log, logging.ERROR, "job_dead",
+              "%s failed (%s) after %s, %s: moved to pgpool_dead", job, why, took, reason,
+              exc_text=exc_text, permanent=permanent, **fields)
     elif ack.kind == "retry":
-        event(log, logging.WARNING, "job_retry", "%s failed (%s); retry in %.1fs", job,
-              outcome.cause, ack.delay, delay=round(ack.delay, 3), **fields)
+        event(log, logging.WARNING, "job_retry", "%s failed (%s) after %s; retry in %.1fs",
+              job, why, took, ack.delay, exc_text=exc_text, delay=round(ack.delay, 3),
+              **fields)
     elif ack.kind == "interrupted":
         event(log, logging.WARNING, "job_interrupted",
-              "%s cut off by this host (%s); ready again, not counted as an attempt",
-              job, outcome.cause, **fields)
+              "%s cut off by this host (%s) after %s; ready again, not counted as an "
+              "attempt", job, why, took, exc_text=exc_text, **fields)
     elif ack.kind == "snooze":
         event(log, logging.INFO, "job_snoozed",
-              "%s snoozed by its handler; runs again in %.1fs, not counted as an attempt",
-              job, ack.delay, delay=round(ack.delay, 3), snoozes=job.snoozes + 1, **fields)
-    elif ack.kind == "discard":
-        event(log, logging.WARNING, "job_discarded",
-              "%s discarded by its handler: moved to pgpool_dead", job, **fields)
-    elif ack.kind == "cancel":
-        event(log, logging.WARNING, "job_cancelled",
-              "%s cancelled by its handler: moved to pgpool_dead", job, **fields)
+              "%s snoozed by its handler after %s; runs again in %.1fs, not counted as an "
+              "attempt", job, took, ack.delay, delay=round(ack.delay, 3),
+              snoozes=job.snoozes + 1, **fields)
+    elif ack.kind in ("discard", "cancel"):
+        name, done = (("job_discarded", "discarded") if ack.kind == "discard"
+                      else ("job_cancelled", "cancelled"))
+        reason = "" if message is None else f" ({message})"
+        event(log, logging.WARNING, name,
+              "%s %s by its handler%s after %s: moved to pgpool_dead", job, done, reason,
+              took, exc_text=exc_text, **fields)
+    if whole is not None and exc_text is None:  # --log-errors message: at DEBUG
+        event(log, logging.DEBUG, "job_traceback", "%s: the error of that attempt", job,
+              exc_text=whole, job_id=job.id, kind=job.kind, attempt=job.counted)
 
 
 def ack_statement(acks: list[Ack], owner: str) -> tuple[str, dict[str, object]]:

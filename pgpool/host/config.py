@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Final, Literal
 
 from ..errors import ConfigError
+from ..logs import DEFAULT_LOG_ERRORS
 from ..retry import Retry
 
 #: Attempts a job gets when neither its producer nor its handler says otherwise.
 DEFAULT_MAX_ATTEMPTS = 20
 #: How long dead jobs are kept before a host prunes them (``--dead-retention``).
 DEFAULT_DEAD_RETENTION = 30 * 86_400.0
+#: Seconds between two ``summary`` events (``--log-summary``; why 60: `pgpool.host.summary`).
+DEFAULT_LOG_SUMMARY = 60.0
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -75,6 +78,13 @@ class RunConfig:
     #: as Python starts it (a dispatcher embedded in a program with logging of its own).
     log_level: str | None = None
     log_format: str = "text"
+    #: What the events of failed attempts show of their error (`pgpool.logs.LOG_ERRORS`).
+    log_errors: str = DEFAULT_LOG_ERRORS
+    #: Log each success too (``job_done``), with its run time; the other outcomes always are.
+    log_jobs: bool = False
+    #: Seconds between the ``summary`` events while jobs end (`pgpool.host.summary`); None:
+    #: no summary.
+    log_summary: float | None = DEFAULT_LOG_SUMMARY
 
 
 #: Where cgroup controllers are mounted, and this process's cgroup membership (parameters of

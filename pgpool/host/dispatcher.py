@@ -20,6 +20,7 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
   _job_finished(outcome):                    │
      scheduler.job_finished()  (room)        │
      completer.complete(outcome): decide() ─▶ Ack.done / Ack.retry / Ack.dead / Ack.snooze
+     summary.runs.add()  (its run time)      │
   unstarted jobs handed back: completer.release(jobs) ─▶ Ack.release
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
@@ -33,8 +34,10 @@ path, as do `control` (an operator's paused queues, taken out of the claimer's q
 cancellations, which make the heartbeat beat at once: ``pgpool.host.parts.control``), `retention`
 (pruning dead letters, kept outcomes and finished groups), `vacuum` (the keeper that
 vacuums pgpool_jobs before its dead rows slow claims) and, when the handler modules
-declare schedules, `periodic` (their ticks: ``pgpool.host.parts.periodic``). The scheduler
-owns the room formulas and the two claim loops; the completer owns what an outcome becomes.
+declare schedules, `periodic` (their ticks: ``pgpool.host.parts.periodic``). `summary`
+logs what the jobs that ended did, at most once a minute, unless ``--log-summary`` is off
+(`pgpool.host.summary`). The scheduler owns the room formulas and the two claim loops; the
+completer owns what an outcome becomes.
 
 This module is supervision, in a few verbs: `run` checks the database, starts the workers,
 opens the connections and starts the parts (the completer, the watchdog, and the side
@@ -92,6 +95,7 @@ from .parts.retention import Retention
 from .parts.stager import Stager
 from .pool import WorkerPool
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
+from .summary import RunTimes, Summary
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -170,6 +174,9 @@ class Dispatcher:
         #: With ``metrics_port``: the instruments and their HTTP server.
         self.metrics: DispatcherMetrics | None = None
         self.metrics_server: MetricsServer | None = None
+        #: With ``log_summary``: the periodic summary, and where each run time goes.
+        self.summary: Summary | None = None
+        self._run_times: RunTimes | None = None
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -302,7 +309,11 @@ class Dispatcher:
             keeps={kind: h.keep for kind, h in self.handlers.items() if h.keep is not None},
             keep_done=cfg.keep_done, on_flushed=self._acks_flushed,
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
+            log_errors=cfg.log_errors, log_jobs=cfg.log_jobs,
         )
+        if cfg.log_summary:
+            self.summary = Summary(cfg.log_summary, self.completer.counts)
+            self._run_times = self.summary.runs
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
                                    on_lost=self.pool.drop_lost, on_extended=self.pool.extend,
                                    acking=self.completer.pending_jobs)
@@ -335,9 +346,11 @@ class Dispatcher:
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
         """Start what runs beside the claim loops, each supervised (`_part_ended`): the
-        completer's flushes, the watchdog and the side parts."""
+        completer's flushes, the watchdog, the side parts and the summary's loop."""
         runs = {"completer": self.completer.run(), WATCHDOG: self._watch(),
                 **{part.name: part.run() for part in self.side}}
+        if self.summary is not None:
+            runs[self.summary.name] = self.summary.run()
         self._parts = {name: asyncio.create_task(run, name=f"pgpool {name}")
                        for name, run in runs.items()}
         if self.metrics_server is not None:
@@ -453,6 +466,8 @@ class Dispatcher:
     def _job_finished(self, outcome: AttemptEnd) -> None:
         self.scheduler.job_finished()
         ack = self.completer.complete(outcome)
+        if self._run_times is not None:
+            self._run_times.add(outcome.job.kind, outcome.elapsed)
         if self.metrics is not None:
             self.metrics.job_finished(outcome, ack)
         self.observer.finished(outcome)
@@ -560,7 +575,8 @@ class Dispatcher:
             c["snoozed"], c["released"], c["interrupted"], elapsed, rate,
             self.claimer.claims, self.completer.stats.flushes, self.scheduler.batch,
             " (auto)" if auto else "",
-            done=c["done"], retried=c["retried"], dead=c["dead"], released=c["released"],
+            done=c["done"], failed=c["retried"] + c["dead"], retried=c["retried"],
+            dead=c["dead"], released=c["released"],
             interrupted=c["interrupted"], dead_lettered=dead_lettered,
             seconds=round(elapsed, 3), jobs_per_s=round(rate, 1), claims=self.claimer.claims,
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,

@@ -636,7 +636,10 @@ class WorkerPool:
             # `drop_lost` read what the worker had written): this one had only just
             # started, and is not to blame. It runs again, the attempt not counted.
             cause, interrupted = KILLED_WITH_LOST, True
-        self._report_outcome(AttemptEnd(job, cause, 0.0, cause=cause, interrupted=interrupted))
+        # Its run time as this pool saw it: from when the worker started it to now.
+        elapsed = asyncio.get_running_loop().time() - w.started_at if job.started else 0.0
+        self._report_outcome(AttemptEnd(job, cause, elapsed, cause=cause,
+                                        interrupted=interrupted))
 
     def _requeue(self, w: _Worker) -> None:
         """Take a worker's unstarted jobs: back to the front of the backlog, or to the

@@ -498,11 +498,14 @@ def format_error(exc: BaseException) -> str:
     each bounded, as valid UTF-8 without NUL bytes."""
     frames = "".join(traceback.format_tb(exc.__traceback__))
     if len(frames) > MAX_ERROR_CHARS // 2:
-        frames = "  ...\n" + frames[-(MAX_ERROR_CHARS // 2):]
+        # Whole lines: every line of the frames stays indented, so the message is the
+        # first line that is not (`pgpool.logs.error_message`).
+        cut = frames.find("\n", len(frames) - MAX_ERROR_CHARS // 2 - 1) + 1
+        frames = "  ...\n" + frames[cut:]
     message = "".join(traceback.format_exception_only(exc))
     if len(message) > MAX_ERROR_CHARS // 2:
         message = message[: MAX_ERROR_CHARS // 2] + "... (truncated)\n"
-    return clean_text("Traceback (most recent call last):\n" + frames + message)
+    return clean_text(f"{logs.TRACEBACK_HEADER}\n{frames}{message}")
 
 
 def clean_text(text: str) -> str:

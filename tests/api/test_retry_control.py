@@ -227,7 +227,8 @@ def test_a_job_snoozed_100_times_fails_its_next_snooze(db, dsn, record_dir):
 
 # --- Discard and Cancel -------------------------------------------------------------------
 
-#: A reason a handler gives: it may quote payload data, so logs must not show it.
+#: A reason a handler gives: it may quote payload data, so logs show it only as
+#: ``--log-errors`` allows (here ``none``: not at all).
 SECRET = "card 4111-1111 refused"
 
 
@@ -237,7 +238,7 @@ def test_discard_and_cancel_dead_letter_with_their_reasons_everywhere(db, dsn, r
     cancelled = pgpool.enqueue(db, "ender", {"how": "cancel", "reason": "order withdrawn"})
     snoozed = pgpool.enqueue(db, "snoozer", {"until_claim": 1, "seconds": 3600})
     failed = pgpool.enqueue(db, "picky", {"raise": "ValueError"})
-    host, port = with_metrics(dsn, "--procs", "2")
+    host, port = with_metrics(dsn, "--procs", "2", "--log-errors", "none")
     wait_until(lambda: one(db, "SELECT count(*) FROM pgpool_dead")[0] == 4
                and job_row(db, snoozed)["state"] == "scheduled", "every job to end its way")
     # pgpool_dead: the reason, and the handler's words as last_error; one attempt each.
@@ -258,7 +259,8 @@ def test_discard_and_cancel_dead_letter_with_their_reasons_everywhere(db, dsn, r
     assert value(m, dead, queue="default", reason="cancelled") == 1
     assert value(m, dead, queue="default", reason="failed") == 1
     assert host.stop() == 0, host.stderr
-    # Events: one per job, with its id, kind and attempt, never the handler's reason.
+    # Events: one per job, with its id, kind and attempt; with --log-errors none, never
+    # the handler's reason.
     assert sorted(e["job_id"] for e in host.events("job_discarded")) == discarded
     (event,) = host.events("job_cancelled")
     assert {k: event[k] for k in ("job_id", "kind", "attempt")} == {

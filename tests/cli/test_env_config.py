@@ -26,6 +26,8 @@ GOOD = {
     "PGPOOL_METRICS_HOST": ("127.0.0.1", "127.0.0.1"),
     "PGPOOL_DEAD_RETENTION": ("7d", 7 * 86400.0), "PGPOOL_KINDS": ("a, b", ["a", "b"]),
     "PGPOOL_TENANT_CAP": ("4", 4), "PGPOOL_KEEP_DONE": ("1h", 3600.0),
+    "PGPOOL_LOG_ERRORS": ("Traceback", "traceback"), "PGPOOL_LOG_JOBS": ("yes", True),
+    "PGPOOL_LOG_SUMMARY": ("5s", 5.0),
 }
 #: A value of each variable the flag refuses (none for the free-form address).
 BAD = {
@@ -34,8 +36,11 @@ BAD = {
     "PGPOOL_MAX_TASKS_PER_CHILD": "0", "PGPOOL_MAX_MEMORY": "10",
     "PGPOOL_MAX_CLAIMS_PER_SEC": "-5", "PGPOOL_BURST": "maybe", "PGPOOL_METRICS_PORT": "nine",
     "PGPOOL_DEAD_RETENTION": "soon", "PGPOOL_KINDS": "a,bad kind!", "PGPOOL_TENANT_CAP": "0",
-    "PGPOOL_KEEP_DONE": "a while",
+    "PGPOOL_KEEP_DONE": "a while", "PGPOOL_LOG_ERRORS": "all", "PGPOOL_LOG_JOBS": "loud",
+    "PGPOOL_LOG_SUMMARY": "60",
 }
+#: The switches: their flag takes no value.
+SWITCHES = {"PGPOOL_BURST", "PGPOOL_LOG_JOBS"}
 TABLE = {variable: (dest, default) for dest, variable, _, default in cli.RUN_ENVIRONMENT}
 
 
@@ -74,7 +79,7 @@ def test_each_variable_sets_its_option(monkeypatch: pytest.MonkeyPatch, variable
     assert getattr(parse_run(monkeypatch, {variable: text}), TABLE[variable][0]) == value
 
 
-@pytest.mark.parametrize("variable", sorted(set(GOOD) - {"PGPOOL_BURST", "PGPOOL_QUEUES"}))
+@pytest.mark.parametrize("variable", sorted(set(GOOD) - SWITCHES - {"PGPOOL_QUEUES"}))
 def test_a_flag_wins_over_its_variable_even_a_bad_one(monkeypatch: pytest.MonkeyPatch,
                                                       variable: str) -> None:
     dest = TABLE[variable][0]
@@ -85,10 +90,11 @@ def test_a_flag_wins_over_its_variable_even_a_bad_one(monkeypatch: pytest.Monkey
     assert getattr(parse_run(monkeypatch, {variable: bad}, flag_of(dest), text), dest) == value
 
 
-def test_the_queue_and_burst_flags_win_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = parse_run(monkeypatch, {"PGPOOL_QUEUES": "a,b", "PGPOOL_BURST": "0"},
-                     "--queue", "c", "--burst")
-    assert (args.queue, args.burst) == (["c"], True)
+def test_the_queue_flag_and_the_switches_win_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parse_run(monkeypatch, {"PGPOOL_QUEUES": "a,b", "PGPOOL_BURST": "0",
+                                   "PGPOOL_LOG_JOBS": "0"}, "--queue", "c", "--burst",
+                     "--log-jobs")
+    assert (args.queue, args.burst, args.log_jobs) == (["c"], True, True)
 
 
 @pytest.mark.parametrize("variable", sorted(BAD))
@@ -99,8 +105,8 @@ def test_a_bad_variable_gets_the_flags_message_naming_the_variable(
     with pytest.raises(ConfigError) as refused:
         parse_run(monkeypatch, {variable: BAD[variable]})
     assert str(refused.value).startswith(f"{variable}: ")
-    if variable == "PGPOOL_BURST":  # a switch: its flag takes no value to refuse
-        assert "'maybe' is not a boolean" in str(refused.value)
+    if variable in SWITCHES:  # its flag takes no value to refuse
+        assert f"{BAD[variable]!r} is not a boolean" in str(refused.value)
         return
     with pytest.raises(SystemExit):
         parse_run(monkeypatch, {}, flag_of(dest), BAD[variable].split(",")[-1])

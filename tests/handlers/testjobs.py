@@ -45,6 +45,16 @@ def fail(payload: dict) -> None:
     raise ValueError("this job always fails")
 
 
+@pgpool.handler("leaky", max_attempts=2)
+def leaky(payload: dict) -> None:
+    """Fails with what a handler's exception may carry: a connection string with its
+    password, a ``password=`` pair, and a second line (``payload["more"]``)."""
+    _record("start")
+    secret = payload["password"]
+    raise ConnectionError(f"could not connect to postgresql://app:{secret}@db:5432/prod "
+                          f"(password={secret})\nsecond line: {payload['more']}")
+
+
 @pgpool.handler("flaky")
 def flaky(payload: dict) -> None:
     _record("start")
