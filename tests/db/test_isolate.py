@@ -262,7 +262,7 @@ def test_a_job_an_application_row_references_is_kept_done_and_the_host_goes_on(
          "succeeded, but the database refused to delete it: ForeignKeyViolation (23503): "
          'update or delete on table "pgpool_jobs" violates foreign key constraint '
          '"app_orders_job_fkey" on table "app_orders"')]
-    assert [(q["queue"], q["parked"], q["done"]) for q in status_json(dsn)["queues"]] == [
+    assert [(q["queue"], q["parked"], q["parked_done"]) for q in status_json(dsn)["queues"]] == [
         ("default", 0, 1)]
     # A restart runs nothing again: the 49 are gone and the referenced one is done.
     again = run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir)
@@ -325,7 +325,7 @@ def test_triggers_that_raise_for_one_job_park_it_and_spare_the_others(db, dsn, r
         "failed, and the database refused to make it ready for its retry: RaiseException "
         f"(P0001): job {failing} may not be retried\n")
     assert "this job always fails" in error  # the attempt's own error is kept below
-    assert [(q["parked"], q["done"]) for q in status_json(dsn)["queues"]] == [(1, 1)]
+    assert [(q["parked"], q["parked_done"]) for q in status_json(dsn)["queues"]] == [(1, 1)]
 
 
 # --- the reaper ---------------------------------------------------------------------------
