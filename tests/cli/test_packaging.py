@@ -10,6 +10,7 @@ run against the real test PostgreSQL.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import venv
@@ -31,13 +32,25 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest, to load pgpool's plugin)."""
     tmp = tmp_path_factory.mktemp("bare")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", tmp / "dist", ROOT],
-                   check=True, capture_output=True, timeout=300)
+    # Built from a copy of what the wheel is made of, with this venv's setuptools (the dev
+    # extra pins the version pyproject.toml needs): no index is asked for a build
+    # environment, and nothing is written into the checkout the other tests read.
+    source = tmp / "source"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "pgpool", source / "pgpool",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "--wheel-dir", tmp / "dist", source],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp / "dist").glob("pgpool-*.whl")
     venv.create(tmp / "venv", with_pip=False)  # this venv's pip installs into it: faster
     python = tmp / "venv" / "bin" / "python"
-    subprocess.run([*pip, "--python", python, "install", "--quiet", wheel, "pytest"],
-                   check=True, capture_output=True, timeout=300)
+    installed = subprocess.run([*pip, "--python", python, "install", "--quiet", wheel, "pytest"],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
     return python.parent
 
 
