@@ -62,7 +62,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -359,6 +359,27 @@ class Completer:
         self.add(ack)
         return ack
 
+    def done(self, jobs: list[Job], elapsed: list[float]) -> list[Ack | None]:
+        """Plain successes (nothing returned, no follow-ups): `complete` for each, its ack
+        made here without an `AttemptEnd` when nothing is kept or logged (the common case
+        of a host running short jobs)."""
+        if self._keeping or self._log_jobs:
+            return [self.complete(AttemptEnd(job, None, seconds))
+                    for job, seconds in zip(jobs, elapsed, strict=True)]
+        acks: list[Ack | None] = []
+        plain: list[Ack] = []
+        for job, seconds in zip(jobs, elapsed, strict=True):
+            if job.lost or job.group_id is not None:
+                acks.append(self.complete(AttemptEnd(job, None, seconds)))
+            else:
+                ack = Ack("done", job)
+                acks.append(ack)
+                plain.append(ack)
+        if plain:
+            self.counts["done"] += len(plain)
+            self._queue(plain)
+        return acks
+
     def _drop_result(self, job: Job) -> None:
         if job.kind in self._dropped_results:
             return
@@ -378,9 +399,12 @@ class Completer:
     def add(self, ack: Ack) -> None:
         """Queue ``ack`` for the next flush."""
         self.counts[_COUNTED[ack.kind]] += 1
+        self._queue((ack,))
+
+    def _queue(self, acks: Sequence[Ack]) -> None:
         if not self._buffer:
             self._first_at = time.monotonic()
-        self._buffer.append(ack)
+        self._buffer.extend(acks)
         self._idle.clear()
         self._have.set()
         if len(self._buffer) >= self.max_batch:

@@ -158,6 +158,9 @@ class Dispatcher:
         self.owner = make_owner()
         self.lease = Lease(config.lease)
         self.observer = observer or DispatcherObserver()
+        #: Whether the observer watches each attempt's end (`pgpool bench` does): the
+        #: common case makes no call per job for it.
+        self._observed = type(self.observer).finished is not DispatcherObserver.finished
         self.fatal: str | None = None
         self._early_signals = early_signals if early_signals is not None else []
         #: A signal or a failure asked the host to stop claiming.
@@ -211,8 +214,11 @@ class Dispatcher:
                 self.metrics_server.close()
 
     async def _start_and_serve(self) -> int:
-        await self._check_database()
-        await self._start_workers()
+        # The workers start (a fresh interpreter each, importing the handler modules) while
+        # the database is checked and connected: start-up takes the longer of the two, not
+        # their sum. No job is claimed before every worker is ready.
+        self.pool = self._worker_pool()
+        starting = asyncio.create_task(self.pool.start())
         connections = CONNECTIONS + (1 if self.schedules else 0)
         self.db = AsyncConnectionPool(
             self.config.dsn, min_size=connections, max_size=connections, open=False,
@@ -226,9 +232,11 @@ class Dispatcher:
         )
         tasks: list[asyncio.Task[None]] = []
         try:
+            await self._check_database()
             await self.db.open(wait=True, timeout=30)
             await self.claims_db.open(wait=True, timeout=30)
             await self._build_parts()
+            await starting
             tasks = self._start_parts()
             if not await self._until_hard_stop(self._serve()):
                 return await self._die()
@@ -241,9 +249,9 @@ class Dispatcher:
                 await self.hosts.deregister()
             return 1 if self.fatal else 0
         finally:
-            for task in tasks:
+            for task in (*tasks, starting):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, starting, return_exceptions=True)
             if self._killing is not None:
                 await self._killing
             if not self.pool.closing:
@@ -272,15 +280,16 @@ class Dispatcher:
 
         await _retrying("checking the schema", check)
 
-    async def _start_workers(self) -> None:
+    def _worker_pool(self) -> WorkerPool:
         cfg = self.config
         # The workers' handlers reach the host's database through it (a group's callback
         # reading its members: `pgpool.job.JobInfo.group_members`).
         os.environ["PGPOOL_DSN"] = cfg.dsn
-        self.pool = WorkerPool(
+        return WorkerPool(
             procs=cfg.procs,
             modules=list(cfg.modules),
             on_outcome=self._job_finished,
+            on_done=self._jobs_done,
             on_returned=self._jobs_returned,
             on_fatal=self._on_fatal,
             max_tasks=cfg.max_tasks_per_child,
@@ -288,7 +297,6 @@ class Dispatcher:
             min_left_to_start=self.lease.min_left_to_start,
             log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
         )
-        await self.pool.start()
 
     async def _build_parts(self) -> None:
         cfg, db = self.config, self.db
@@ -462,6 +470,21 @@ class Dispatcher:
             vacuums=0 if self.vacuum is None else self.vacuum.vacuums,
             vacuum_left=0 if self.vacuum is None else self.vacuum.left,
         )
+
+    def _jobs_done(self, jobs: list[Job], elapsed: list[float]) -> None:
+        """Plain successes, reported together (`WorkerPool`'s ``on_done``): what
+        `_job_finished` does for each, once per read of a worker's results."""
+        self.scheduler.job_finished()
+        acks = self.completer.done(jobs, elapsed)
+        if self._run_times is not None:
+            add = self._run_times.add
+            for job, seconds in zip(jobs, elapsed, strict=True):
+                add(job.kind, seconds)
+        if self.metrics is not None:
+            self.metrics.jobs_done(jobs, elapsed, acks)
+        if self._observed:
+            for job, seconds in zip(jobs, elapsed, strict=True):
+                self.observer.finished(AttemptEnd(job, None, seconds))
 
     def _job_finished(self, outcome: AttemptEnd) -> None:
         self.scheduler.job_finished()

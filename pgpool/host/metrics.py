@@ -194,6 +194,18 @@ class DispatcherMetrics:
             h = self._run[kind] = _Histogram(RUN_BUCKETS)
         h.observe(outcome.elapsed)
 
+    def jobs_done(self, jobs: list[Job], elapsed: list[float], acks: list[Ack | None]
+                  ) -> None:
+        """Plain successes (`job_finished` for each, without an `AttemptEnd`)."""
+        for job, seconds, ack in zip(jobs, elapsed, acks, strict=True):
+            kind = job.kind
+            key = (kind, OUTCOMES[ack.kind] if ack is not None else "lost")
+            self._finished[key] = self._finished.get(key, 0) + 1
+            h = self._run.get(kind)
+            if h is None:
+                h = self._run[kind] = _Histogram(RUN_BUCKETS)
+            h.observe(seconds)
+
     def acks_flushed(self, result: FlushResult) -> None:
         self._flush_size.observe(result.size)
         self._flush_seconds.observe(result.seconds)

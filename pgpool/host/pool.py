@@ -23,9 +23,12 @@ types of `pgpool.worker.ipc`::
      │                  Done | Failed | Skipped; Returned | Retiring  │   handler.run()     │
      │                  (Snoozed | Ended: what a handler asked for;   │                     │
      │                  Finished: a result, follow-ups)               │                     │
-     │    _on_readable() ─▶ ipc.Decoder ─▶ _on_message(w, message)    └─────────────────────┘
-     │        one method per type: _on_ready, _on_broken, _on_returned, _on_retiring,
-     │        Done, _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
+     │    _on_readable() ─▶ ipc.Decoder ─▶ _read_results(w)           └─────────────────────┘
+     │        Done: assigned.popleft(), gathered per read ─▶ on_done(jobs, run times)
+     │            (the dispatcher's `_jobs_done`: to its completer, without an AttemptEnd)
+     │        the rest ─▶ _on_message(w, message), one method per type: _on_ready,
+     │        _on_broken, _on_returned, _on_retiring,
+     │        _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
      │            ─▶ on_outcome(AttemptEnd)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
      │
@@ -84,7 +87,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
@@ -147,6 +150,9 @@ class WorkerPool:
     ``on_outcome`` is called, on the event loop, once per started job: success, failure,
     timeout or worker death; except a job its worker's fence ended (its lease deadline
     passed), which gets no outcome: it is not acked, and runs again once the lease expires.
+    ``on_done``, if given, gets the plain successes instead (`ipc.Done`: nothing returned,
+    no follow-ups), those of one read of a result pipe together, with their run times:
+    the per-job path of a host running short jobs, without an `AttemptEnd` each.
     ``on_returned`` receives jobs that were never started: those a stopping worker hands
     back, those requeued while the pool closes, and late ones (below). ``on_fatal`` is
     called if replacement workers keep failing to start.
@@ -162,6 +168,7 @@ class WorkerPool:
         on_outcome: Callable[[AttemptEnd], None],
         on_returned: Callable[[list[Job]], None],
         on_fatal: Callable[[str], None],
+        on_done: Callable[[list[Job], list[float]], None] | None = None,
         depth: int | None = None,
         max_tasks: int | None = None,
         max_memory: int | None = None,
@@ -176,6 +183,7 @@ class WorkerPool:
         self._log = log  # the workers' log level and format (`worker.main`)
         self._modules = modules
         self._report_outcome = on_outcome
+        self._report_done = on_done or self._done_one_by_one
         self._report_returned = on_returned
         self._report_fatal = on_fatal
         self._ctx = multiprocessing.get_context("spawn")
@@ -250,6 +258,7 @@ class WorkerPool:
         """Kill every worker now, without reporting outcomes (hard stop)."""
         self.closing = True
         self._report_outcome = _ignore
+        self._report_done = _ignore
         self._report_returned = _ignore
         waits = []
         for w in list(self._workers.values()):
@@ -450,10 +459,7 @@ class WorkerPool:
     # --- messages from a worker -----------------------------------------------------------
 
     def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
-        match message:  # the per-job ones first
-            case ipc.Done():  # the common case first, and made directly
-                self._finished(w, AttemptEnd(self._front_job(w, message.id), None,
-                                          message.elapsed))
+        match message:  # the per-job ones first (Done: `_read_results`)
             case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished():
                 self._on_outcome(w, message)
             case ipc.Skipped():
@@ -492,19 +498,40 @@ class WorkerPool:
         return job
 
     def _finished(self, w: _Worker, outcome: AttemptEnd) -> None:
-        w.started_at = asyncio.get_running_loop().time()  # its next job starts now
+        self._next_started(w, (outcome.elapsed,))
+        self._report_outcome(outcome)
+        self._top_up(w)
+
+    def _finished_done(self, w: _Worker, jobs: list[Job], elapsed: list[float]) -> None:
+        """Plain successes, in the order the worker ran them (`_read_results`)."""
+        self._next_started(w, elapsed)
+        self._report_done(jobs, elapsed)
+        self._top_up(w)
+
+    def _next_started(self, w: _Worker, elapsed: Iterable[float]) -> None:
+        """Jobs of ``w`` ran for ``elapsed`` seconds each: the one now at its front started
+        as the last of them ended."""
+        w.started_at = asyncio.get_running_loop().time()
         if w.assigned:
             w.assigned[0].started = True
         # A slow average: one job preempted for 5 ms among 3 us jobs must not swing the
         # batch and depth derived from it; a real change (jobs turning long) still moves it
         # at once, because the new times are so much larger.
-        self._job_seconds = (outcome.elapsed if not self._job_seconds
-                             else 0.98 * self._job_seconds + 0.02 * outcome.elapsed)
-        self._report_outcome(outcome)
-        # Every other worker was topped up when it last could be: only this one, now a job
-        # shorter, may need more (per-job path: skip scanning the pool).
+        average = self._job_seconds
+        for seconds in elapsed:
+            average = seconds if not average else 0.98 * average + 0.02 * seconds
+        self._job_seconds = average
+
+    def _top_up(self, w: _Worker) -> None:
+        # Every other worker was topped up when it last could be: only this one, now
+        # shorter of jobs, may need more (per-job path: skip scanning the pool).
         if len(w.assigned) <= self.depth // 2:
             self._assign()
+
+    def _done_one_by_one(self, jobs: list[Job], elapsed: list[float]) -> None:
+        """Without ``on_done``: each success goes to ``on_outcome``."""
+        for job, seconds in zip(jobs, elapsed, strict=True):
+            self._report_outcome(AttemptEnd(job, None, seconds))
 
     def _on_ready(self, w: _Worker) -> None:
         w.ready = True
@@ -559,8 +586,23 @@ class WorkerPool:
             return False
         if not data:
             return None
+        # Plain successes, the common case by far, are gathered and reported together: the
+        # per-job work of a short job is then a few list appends here.
+        done: list[Job] = []
+        elapsed: list[float] = []
         for message in w.decoder.feed(data):
+            if type(message) is ipc.Done:
+                job = self._front_job(w, message.id)
+                job.started = True  # it ran: the heartbeat records that until it is acked
+                done.append(job)
+                elapsed.append(message.elapsed)
+                continue
+            if done:  # in order: what came before this message first
+                self._finished_done(w, done, elapsed)
+                done, elapsed = [], []
             self._on_message(w, message)
+        if done:
+            self._finished_done(w, done, elapsed)
         return True
 
     def _on_exit(self, w: _Worker) -> None:
