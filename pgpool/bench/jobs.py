@@ -2,11 +2,13 @@
 
 Payload ``{"do": "noop"}`` returns at once; ``{"do": "cpu", "rounds": R}`` computes a
 SHA-256 chain of R rounds (pure CPU; `pgpool.bench.profiles` calibrates R to about 5 ms on
-the host); ``{"do": "sleep"}`` sleeps a random 2-5 ms. With ``"stamp": true`` as well, the
-job first appends its start time (``time.monotonic_ns()``, one line) to the file or FIFO
-named by the environment variable `STAMPS_ENV`, if set: that is how the bench measures
-queue lag and pickup latency without a database round trip. Workers import this module as
-``pgpool.bench.jobs``: it and the package's ``__init__`` import neither psycopg nor asyncio.
+the host); ``{"do": "sleep"}`` sleeps a random 2-5 ms; ``{"do": "exit"}`` ends its worker
+process at once (``bench/startup.py`` times the worker's replacement). With ``"stamp":
+true`` as well, the job first appends its start time (``time.monotonic_ns()``, one line)
+to the file or FIFO named by the environment variable `STAMPS_ENV`, if set: that is how
+the bench measures queue lag and pickup latency without a database round trip. Workers
+import this module as ``pgpool.bench.jobs``: it and the package's ``__init__`` import
+neither psycopg nor asyncio.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def bench_job(payload: dict[str, Any]) -> None:
         sha256_chain(payload["rounds"])
     elif action == "sleep":
         time.sleep(random.uniform(SLEEP_MIN, SLEEP_MAX))
+    elif action == "exit":  # the worker dies with the job: bench/startup.py's replacement
+        os._exit(1)
     elif action != "noop":
         raise ValueError(f"unknown bench action {action!r}")
 

@@ -1,0 +1,134 @@
+"""How fast a host starts, and replaces a worker that died: two figures of issue 34.
+
+    python bench/startup.py [--rounds 10] [--procs 2] [--dsn DSN] [--json]
+
+In a scratch schema (dropped afterwards), each round:
+
+- **start-up**: one job is due; ``pgpool run --burst --procs P`` is started, and the figure
+  runs from just before the process is started to the job's handler starting in a worker
+  (the handler writes ``time.monotonic_ns()`` to a file, `pgpool.bench.jobs`). It covers
+  the interpreter, the imports, the database checks and connections, the workers' own
+  start (a fresh interpreter each, importing the handler modules) and the first claim.
+  Target: 0.25 s on a warm machine.
+- **replacement**: ``pgpool run --burst --procs 1`` with two jobs due, the first of which
+  ends its worker process (``os._exit``: a crash); the figure runs from that handler
+  starting to the second one starting, in the worker that replaced it. It covers noticing
+  the death, settling the crashed job, starting the new worker and handing it the job.
+  Target: 50 ms.
+
+It prints the median and the slowest of each over the rounds. Rounds are sequential, on
+an otherwise idle machine: the figures are wall-clock times of short events, and a busy
+machine inflates them (a 2-core machine running anything else: by 2x or more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+import psycopg
+
+import pgpool
+from pgpool.bench.jobs import KIND, STAMPS_ENV
+from pgpool.bench.progress import Progress
+from pgpool.bench.scratch import scratch_schema
+from pgpool.db import dsn as dsnlib
+
+#: How long one host may take to start and drain its jobs before the run fails.
+HOST_TIMEOUT: Final = 120.0
+TARGETS: Final = {"startup": 0.25, "replacement": 0.050}
+
+
+def run_host(dsn: str, procs: int, stamps: Path) -> int:
+    """Start ``pgpool run --burst`` on ``dsn``; wait for it to exit 0. Returns the
+    monotonic time in ns just before it was started."""
+    env = {**os.environ, STAMPS_ENV: str(stamps), "PGPOOL_DSN": dsn,
+           "PGPOOL_LOG_LEVEL": "WARNING"}
+    started = time.monotonic_ns()
+    done = subprocess.run([sys.executable, "-m", "pgpool", "run", "--burst", "--procs",
+                           str(procs), "--handlers", "pgpool.bench.jobs"],
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=HOST_TIMEOUT)
+    # The crashed job's failure is logged at WARNING: only the exit status tells.
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"pgpool: `pgpool run` exited with status {done.returncode}: {last}")
+    return started
+
+
+def read_stamps(stamps: Path) -> list[int]:
+    """The handlers' start times written so far, in order; the file is emptied."""
+    values = [int(line) for line in stamps.read_text().split()]
+    stamps.write_text("")
+    return values
+
+
+def one_round(conn: psycopg.Connection, dsn: str, procs: int, stamps: Path
+              ) -> tuple[float, float]:
+    """(start-up, replacement) in seconds."""
+    pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
+    started = run_host(dsn, procs, stamps)
+    (first,) = read_stamps(stamps)
+    with conn.transaction():  # one claim sees both, in this order (id)
+        pgpool.enqueue(conn, KIND, {"do": "exit", "stamp": True})
+        pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
+    run_host(dsn, 1, stamps)
+    crashed, replaced = read_stamps(stamps)
+    return (first - started) / 1e9, (replaced - crashed) / 1e9
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
+    parser.add_argument("--procs", type=int, default=2,
+                        help="workers of the start-up's host (default 2)")
+    parser.add_argument("--dsn")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.procs < 1:
+        parser.error("--rounds and --procs must be at least 1")
+    base = dsnlib.resolve(args.dsn)
+    progress = Progress(sys.stderr)
+    startups, replacements = [], []
+    with dsnlib.connect(base, autocommit=True) as admin, \
+            scratch_schema(admin, base, progress) as scratch, \
+            dsnlib.connect(scratch.dsn, autocommit=True) as conn, \
+            tempfile.TemporaryDirectory() as tmp:
+        pgpool.migrate(conn)
+        stamps = Path(tmp) / "stamps"
+        stamps.write_text("")
+        for n in range(1, args.rounds + 1):
+            progress.step(f"round {n} of {args.rounds}")
+            startup, replacement = one_round(conn, scratch.dsn, args.procs, stamps)
+            startups.append(startup)
+            replacements.append(replacement)
+    figures = {
+        "rounds": args.rounds, "procs": args.procs,
+        "startup_s": {"median": statistics.median(startups), "max": max(startups),
+                      "target": TARGETS["startup"]},
+        "replacement_s": {"median": statistics.median(replacements),
+                          "max": max(replacements), "target": TARGETS["replacement"]},
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    print(f"{args.rounds} rounds; start-up with --procs {args.procs}, replacement with "
+          "--procs 1")
+    for name, key in (("start-up (exec to first job)", "startup_s"),
+                      ("replacement (crash to next job)", "replacement_s")):
+        f = figures[key]
+        print(f"{name:32s} median {1000 * f['median']:7.1f} ms, slowest "
+              f"{1000 * f['max']:7.1f} ms (target {1000 * f['target']:g} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
