@@ -64,7 +64,7 @@ import socket
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -82,7 +82,6 @@ from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
 from .lease import Lease
-from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
 from .parts import vacuum
 from .parts.control import Control
 from .parts.heartbeat import Heartbeat
@@ -96,6 +95,11 @@ from .parts.stager import Stager
 from .pool import WorkerPool
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 from .summary import RunTimes, Summary
+
+if TYPE_CHECKING:
+    # Imported where a host serves /metrics (`_bind_metrics`): prometheus_client is a
+    # tenth of a dispatcher's imports, and most hosts never load it.
+    from .metrics import DispatcherMetrics, HostState, MetricsServer
 
 log = logging.getLogger("pgpool.dispatcher")
 
@@ -262,6 +266,8 @@ class Dispatcher:
     # --- start-up -------------------------------------------------------------------------
 
     def _bind_metrics(self) -> None:
+        from .metrics import DispatcherMetrics, Health, MetricsServer
+
         cfg = self.config
         assert cfg.metrics_port is not None
         loop = asyncio.get_running_loop()
@@ -458,6 +464,8 @@ class Dispatcher:
 
     def _host_state(self) -> HostState:
         """What /metrics shows of this host (called on the loop by the metrics thread)."""
+        from .metrics import HostState
+
         assert self.scheduler is not None
         return HostState(
             procs=self.config.procs, batch=self.scheduler.batch,
