@@ -52,19 +52,32 @@ def tree_cpu(roots: Iterable[int]) -> dict[int, float]:
     return {s.pid: s.cpu + s.children_cpu for s in stats if s.pid in tree}
 
 
+def process_cpu(pid: int) -> tuple[float, float] | None:
+    """(its own CPU seconds, its ended and waited-for children's) of process ``pid``;
+    None once it is gone."""
+    s = _stat(Path(f"/proc/{pid}"))
+    return None if s is None else (s.cpu, s.children_cpu)
+
+
 def _stats() -> Iterator[_Stat]:
-    ticks = os.sysconf("SC_CLK_TCK")
     for entry in _proc_dirs():
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The name may hold spaces and parentheses: it ends at the last ")".
-        comm_end = stat.rfind(")")
-        fields = stat[comm_end + 2:].split()
-        yield _Stat(int(entry.name), stat[stat.find("(") + 1:comm_end], int(fields[1]),
-                    (int(fields[11]) + int(fields[12])) / ticks,
-                    (int(fields[13]) + int(fields[14])) / ticks)
+        s = _stat(entry)
+        if s is not None:
+            yield s
+
+
+def _stat(entry: Path) -> _Stat | None:
+    try:
+        stat = (entry / "stat").read_text()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    # The name may hold spaces and parentheses: it ends at the last ")".
+    comm_end = stat.rfind(")")
+    fields = stat[comm_end + 2:].split()
+    return _Stat(int(entry.name), stat[stat.find("(") + 1:comm_end], int(fields[1]),
+                 (int(fields[11]) + int(fields[12])) / ticks,
+                 (int(fields[13]) + int(fields[14])) / ticks)
 
 
 def _proc_dirs() -> Iterator[Path]:

@@ -19,15 +19,17 @@ CPU_JOB_SECONDS: Final = 0.005
 LAG_SAMPLE_EVERY: Final = 64
 
 
-def calibrate(profile: str) -> tuple[int | None, float]:
-    """(SHA-256 rounds for a ~5 ms cpu job or None, the profile's mean job time in s)."""
+def calibrate(profile: str, cpu_seconds: float = CPU_JOB_SECONDS
+              ) -> tuple[int | None, float]:
+    """(SHA-256 rounds for a cpu job of about ``cpu_seconds`` or None, the profile's mean
+    job time in s)."""
     noop = _mean_seconds(lambda: None, 1000)
     if profile == "noop":
         return None, noop
     rounds = 2000
     for times in (3, 10):  # a rough probe, then a refinement at about the target length
         took = _mean_seconds(partial(sha256_chain, rounds), times)
-        rounds = max(1, round(rounds * CPU_JOB_SECONDS / took))
+        rounds = max(1, round(rounds * cpu_seconds / took))
     cpu = _mean_seconds(lambda: sha256_chain(rounds), 10)
     if profile == "cpu":
         return rounds, cpu
