@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .. import extras, logs, names, registry
 from ..db import schema
@@ -29,6 +29,9 @@ from ..sql import fleet as sql
 from ..sql.fleet import STALE_AFTER_LEASES
 from ..sql.install import INSTALLED_SCHEMA
 from ..worker import portable
+
+if TYPE_CHECKING:
+    from ..host.pool import Launched
 
 # psycopg (through pgpool.db.dsn) is imported by the commands, not here: the worker processes
 # of `pgpool run` import this module again (multiprocessing's "spawn" re-runs the main
@@ -520,44 +523,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     # As PID 1 (a container without an init), a small init stays PID 1 to reap orphans and
     # forward signals, and the dispatcher goes on in a child.
     init.split_if_pid1(_early_signals)
-    from .. import schedules
     from ..db import dsn as dsnlib
-    from ..host.dispatcher import Dispatcher
+    from ..host import pool
 
     modules = registry.resolve_modules(args.handlers)
+    found = registry.entry_point_modules()
     procs = _resolve_procs(args.procs, args.max_memory)
     log_level, log_format = _log_settings(args)  # checked by main
-    found = registry.entry_point_modules()
+    dsn = dsnlib.resolve(args.dsn)
+    max_memory = args.max_memory * 2**20 if args.max_memory else None
+    # The workers start now (a fresh interpreter each, importing the handler modules) while
+    # this process imports the dispatcher and loads the handler modules itself: start-up
+    # takes the longer of the two, not their sum. Their handlers reach the host's database
+    # through PGPOOL_DSN (a group's callback reading its members), read at their start.
+    os.environ["PGPOOL_DSN"] = dsn
+    launched = {i: pool.launch(i, (*modules, *found), (args.max_tasks_per_child, max_memory),
+                               (log_level, log_format))
+                for i in range(procs)}
+    try:
+        return _run_dispatcher(args, RunConfig(
+            dsn=dsn,
+            modules=(*modules, *found),
+            procs=procs,
+            queues=tuple(dict.fromkeys(args.queue)),
+            batch=args.batch,
+            lease=args.lease,
+            timeout=args.timeout,
+            grace=args.grace,
+            burst=args.burst,
+            poll=args.poll,
+            max_tasks_per_child=args.max_tasks_per_child,
+            max_claims_per_sec=args.max_claims_per_sec,
+            tenant_cap=args.tenant_cap,
+            max_memory=max_memory,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            dead_retention=args.dead_retention or None,
+            keep_done=args.keep_done or None,
+            log_level=log_level,
+            log_format=log_format,
+            log_errors=args.log_errors,
+            log_jobs=args.log_jobs,
+            log_summary=args.log_summary or None,
+        ), modules, found, launched)
+    finally:
+        for worker in launched.values():  # those the dispatcher never adopted
+            pool.abandon(worker)
+
+
+def _run_dispatcher(args: argparse.Namespace, config: RunConfig, modules: list[str],
+                    found: dict[str, str], launched: dict[int, Launched]) -> int:
+    """`cmd_run`'s dispatcher, with the workers it ``launched`` (taken out as they are
+    adopted), once this process has loaded the handler modules too."""
+    from .. import schedules
+    from ..host.dispatcher import Dispatcher
+
     handlers = registry.select(registry.load(modules, found), args.kinds)
-    config = RunConfig(
-        dsn=dsnlib.resolve(args.dsn),
-        modules=(*modules, *found),
-        procs=procs,
-        queues=tuple(dict.fromkeys(args.queue)),
-        batch=args.batch,
-        lease=args.lease,
-        timeout=args.timeout,
-        grace=args.grace,
-        burst=args.burst,
-        poll=args.poll,
-        max_tasks_per_child=args.max_tasks_per_child,
-        max_claims_per_sec=args.max_claims_per_sec,
-        tenant_cap=args.tenant_cap,
-        max_memory=args.max_memory * 2**20 if args.max_memory else None,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        dead_retention=args.dead_retention or None,
-        keep_done=args.keep_done or None,
-        log_level=log_level,
-        log_format=log_format,
-        log_errors=args.log_errors,
-        log_jobs=args.log_jobs,
-        log_summary=args.log_summary or None,
-    )
     if _early_signals:
         return 0  # asked to stop before anything started: nothing to hand back
     return Dispatcher(config, handlers, early_signals=_early_signals,
-                      schedules=schedules.declared()).run_sync()
+                      schedules=schedules.declared(), workers=launched).run_sync()
 
 
 def _from_env(value: Any, variable: str, parse: Callable[[str], Any]) -> Any:

@@ -92,7 +92,7 @@ from .parts.periodic import Periodic
 from .parts.reaper import Reaper
 from .parts.retention import Retention
 from .parts.stager import Stager
-from .pool import WorkerPool
+from .pool import Launched, WorkerPool
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 from .summary import RunTimes, Summary
 
@@ -151,14 +151,18 @@ class Dispatcher:
     def __init__(self, config: RunConfig, handlers: dict[str, Handler], *,
                  early_signals: list[int] | None = None,
                  observer: DispatcherObserver | None = None,
-                 schedules: dict[str, Schedule] | None = None) -> None:
+                 schedules: dict[str, Schedule] | None = None,
+                 workers: dict[int, Launched] | None = None) -> None:
         """``early_signals``: signals received before `run` could install its handlers
         (the CLI records them); any there, or arriving later, stop the run gracefully.
         ``schedules``: the periodic schedules this host runs (`pgpool.schedules`), those the
-        handler modules declared."""
+        handler modules declared. ``workers``: its worker processes, started already
+        (`pgpool.host.pool.launch`, as `pgpool run` does), which its pool adopts, taking
+        each out of the dict; the caller ends those left in it."""
         self.config = config
         self.handlers = handlers
         self.schedules = schedules or {}
+        self._launched = workers
         self.owner = make_owner()
         self.lease = Lease(config.lease)
         self.observer = observer or DispatcherObserver()
@@ -302,6 +306,7 @@ class Dispatcher:
             max_memory=cfg.max_memory,
             min_left_to_start=self.lease.min_left_to_start,
             log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
+            launched=self._launched,
         )
 
     async def _build_parts(self) -> None:

@@ -87,9 +87,10 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+from typing import NamedTuple
 
 from ..errors import HandlerError
 from ..logs import event
@@ -158,6 +159,8 @@ class WorkerPool:
     called if replacement workers keep failing to start.
     ``min_left_to_start``: a job is sent to a worker only with at least that many seconds
     left before its `Job.deadline`; later ones go back through ``on_returned``.
+    ``launched``: workers already started by `launch`, by index, which `start` adopts
+    (taking each out of the dict) instead of starting them.
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class WorkerPool:
         max_memory: int | None = None,
         min_left_to_start: float = 0.0,
         log: tuple[str, str] | None = None,
+        launched: dict[int, Launched] | None = None,
     ) -> None:
         self.procs = procs
         self._min_left_to_start = min_left_to_start
@@ -186,7 +190,9 @@ class WorkerPool:
         self._report_done = on_done or self._done_one_by_one
         self._report_returned = on_returned
         self._report_fatal = on_fatal
-        self._ctx = multiprocessing.get_context("spawn")
+        #: Workers `launch`ed ahead of the pool, by index: `_spawn` takes each out as it
+        #: adopts it, so that what is left in the caller's dict was never adopted.
+        self._launched = launched if launched is not None else {}
         self._workers: dict[int, _Worker] = {}
         self._backlog: deque[Job] = deque()
         self._start_failures = 0
@@ -264,6 +270,9 @@ class WorkerPool:
         for w in list(self._workers.values()):
             self._kill(w, _HARD_STOP)
             waits.append(w.exited)
+        for launched in self._launched.values():  # never adopted: a start cut short
+            abandon(launched)
+        self._launched.clear()
         if waits:
             await asyncio.wait(waits, timeout=10)
 
@@ -406,33 +415,18 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> None:
         loop = asyncio.get_running_loop()
-        task_r, task_w = self._ctx.Pipe(duplex=False)
-        result_r, result_w = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(
-            target=worker.main,
-            args=(index, self._modules, task_r, result_w, os.getpid(), *self._limits,
-                  self._log),
-            name=f"pgpool-worker-{index}",
-            daemon=True,
-        )
-        process.start()
-        # The child has its own copies now; ours must close or EOF would never arrive.
-        task_r.close()
-        result_w.close()
-        results = os.dup(result_r.fileno())
+        process, task, results = (self._launched.pop(index, None)
+                                  or launch(index, self._modules, self._limits, self._log))
         os.set_blocking(results, False)
         w = _Worker(index, process, loop.create_future(), _exit_fd(process), results)
         self._workers[index] = w
-        write_fd = os.dup(task_w.fileno())
-        task_w.close()
-        result_r.close()
         loop.add_reader(w.results, self._on_readable, w)
         if w.exit_fd >= 0:
             loop.add_reader(w.exit_fd, self._on_exit, w)
         else:
             _wait_in_thread(w, lambda: loop.call_soon_threadsafe(self._on_exit, w))
         w.transport, _ = await loop.connect_write_pipe(
-            asyncio.BaseProtocol, os.fdopen(write_fd, "wb", buffering=0)
+            asyncio.BaseProtocol, os.fdopen(task, "wb", buffering=0)
         )
 
     def _send(self, w: _Worker, message: ipc.ToWorker) -> None:
@@ -736,6 +730,48 @@ class WorkerPool:
             self._report_fatal(
                 f"worker processes keep failing to start ({reason}); stopping this dispatcher"
             )
+
+
+class Launched(NamedTuple):
+    """A worker process started before its pool existed (`launch`): the pool adopts it."""
+
+    process: BaseProcess
+    task: int  # the write end of its task pipe
+    results: int  # the read end of its result pipe
+
+
+def launch(index: int, modules: Sequence[str], limits: tuple[int | None, int | None],
+           log: tuple[str, str] | None) -> Launched:
+    """Start worker ``index`` (`pgpool.worker.main`, a fresh interpreter) importing
+    ``modules``, with its (max tasks, max memory) ``limits`` and ``log`` settings, and
+    return it with the dispatcher's ends of its pipes. `pgpool run` calls it before the
+    dispatcher has imported its own modules, so that both start at once."""
+    ctx = multiprocessing.get_context("spawn")
+    task_r, task_w = ctx.Pipe(duplex=False)
+    result_r, result_w = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=worker.main,
+        args=(index, list(modules), task_r, result_w, os.getpid(), *limits, log),
+        name=f"pgpool-worker-{index}",
+        daemon=True,
+    )
+    process.start()
+    # The child has its own copies now; ours must close or EOF would never arrive.
+    task_r.close()
+    result_w.close()
+    ends = Launched(process, os.dup(task_w.fileno()), os.dup(result_r.fileno()))
+    task_w.close()
+    result_r.close()
+    return ends
+
+
+def abandon(launched: Launched) -> None:
+    """End a `launch`ed worker no pool adopted, and reap it."""
+    assert launched.process.pid is not None  # started
+    _kill_group(launched.process.pid)
+    launched.process.join()
+    os.close(launched.task)
+    os.close(launched.results)
 
 
 def restart_reason(w: _Worker, cause: str) -> str:
