@@ -77,11 +77,13 @@ from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
 from ..sql.fleet import STALE_AFTER_LEASES
+from ..worker import ipc
 from .attempt import AttemptEnd, Job
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
 from .lease import Lease
+from .long import Answer, LongJobs
 from .metrics import DispatcherMetrics, Health, HostState, MetricsServer
 from .parts import vacuum
 from .parts.control import Control
@@ -177,6 +179,8 @@ class Dispatcher:
         #: With ``log_summary``: the periodic summary, and where each run time goes.
         self.summary: Summary | None = None
         self._run_times: RunTimes | None = None
+        #: Long jobs' checkpoints and progress, once the database is open.
+        self.long: LongJobs | None = None
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -248,6 +252,8 @@ class Dispatcher:
                 await self._killing
             if not self.pool.closing:
                 await self.pool.kill_all()
+            if self.long is not None:
+                await self.long.close()
             await self.claims_db.close()
             await self.db.close()
 
@@ -287,6 +293,7 @@ class Dispatcher:
             max_memory=cfg.max_memory,
             min_left_to_start=self.lease.min_left_to_start,
             log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
+            on_long=self._long_message,
         )
         await self.pool.start()
 
@@ -314,9 +321,11 @@ class Dispatcher:
         if cfg.log_summary:
             self.summary = Summary(cfg.log_summary, self.completer.counts)
             self._run_times = self.summary.runs
+        self.long = long = LongJobs(db, self.owner)
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
                                    on_lost=self.pool.drop_lost, on_extended=self.pool.extend,
-                                   acking=self.completer.pending_jobs)
+                                   acking=self.completer.pending_jobs,
+                                   progress=long.write_progress)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
         self.stager = Stager(db, interval=cfg.poll)
         self.vacuum = await vacuum.keeper(db, cfg.dsn)
@@ -471,6 +480,11 @@ class Dispatcher:
         if self.metrics is not None:
             self.metrics.job_finished(outcome, ack)
         self.observer.finished(outcome)
+
+    def _long_message(self, job: Job | None, message: ipc.LongFromWorker,
+                      answer: Answer) -> None:
+        assert self.long is not None  # built before any job is claimed
+        self.long.received(job, message, answer)
 
     def _jobs_returned(self, jobs: list[Job]) -> None:
         self.completer.release(jobs)

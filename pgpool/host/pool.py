@@ -167,8 +167,11 @@ class WorkerPool:
         max_memory: int | None = None,
         min_left_to_start: float = 0.0,
         log: tuple[str, str] | None = None,
+        on_long: Callable[[Job | None, ipc.LongFromWorker, Callable[[ipc.LongToWorker], None]],
+                          None] | None = None,
     ) -> None:
         self.procs = procs
+        self._report_long = on_long
         self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
@@ -454,8 +457,10 @@ class WorkerPool:
             case ipc.Done():  # the common case first, and made directly
                 self._finished(w, AttemptEnd(self._front_job(w, message.id), None,
                                           message.elapsed))
-            case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished():
+            case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished() | ipc.HandedBack():
                 self._on_outcome(w, message)
+            case ipc.Checkpoint() | ipc.LoadCheckpoint() | ipc.Progress():
+                self._on_long(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
             case ipc.Ready():
@@ -469,9 +474,28 @@ class WorkerPool:
             case _:
                 raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
 
-    def _on_outcome(self, w: _Worker,
-                    message: ipc.Failed | ipc.Snoozed | ipc.Ended | ipc.Finished) -> None:
+    def _on_outcome(self, w: _Worker, message: ipc.Failed | ipc.Snoozed | ipc.Ended
+                    | ipc.Finished | ipc.HandedBack) -> None:
         self._finished(w, AttemptEnd.of(self._front_job(w, message.id), message))
+
+    def _on_long(self, w: _Worker, message: ipc.LongFromWorker) -> None:
+        """The running job's handler checkpoints or reports progress
+        (`pgpool.worker.long`): to ``on_long``, with the job (None when the attempt the
+        message names is not the one running: it has ended) and how to answer."""
+        job = w.running
+        if job is not None and (job.id, job.attempt) != (message.id, message.attempt):
+            job = None
+        if self._report_long is not None:
+            self._report_long(job, message, lambda answer: self._answer(w, answer))
+        elif not isinstance(message, ipc.Progress):  # a pool on its own (tests)
+            self._answer(w, ipc.Stored(message.id, "no dispatcher stores checkpoints")
+                         if isinstance(message, ipc.Checkpoint)
+                         else ipc.Loaded(message.id, None))
+
+    def _answer(self, w: _Worker, answer: ipc.LongToWorker) -> None:
+        """Answer worker ``w``'s request, unless it has ended meanwhile."""
+        if w.kill_reason is None and self._workers.get(w.index) is w:
+            self._send(w, answer)
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).

@@ -44,8 +44,8 @@ from setproctitle import setproctitle
 from .. import hooks, logs, registry, schedules
 from ..enqueue import has_non_finite
 from ..errors import ConfigError, PayloadDecodeError, PgpoolError
-from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
-from . import fence, ipc, output, portable
+from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Interrupted, Snooze
+from . import fence, ipc, long, output, portable
 from .followups import Attempt, FollowUps, MemberReader, RunningJob, ended_message
 
 if TYPE_CHECKING:  # a worker never imports psycopg for its own use
@@ -193,6 +193,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
             ipc.write_all(wfd, ipc.encode(ipc.Broken(reason)))
             return
     streams = output.install()  # handlers' prints name their job, and are bounded
+    long.open_channel(wfd)
     ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
@@ -335,12 +336,16 @@ class _Inbox:
                             self._ready.notify()
                     case ipc.Extend():
                         self._timer.extend(message.until, self._received)
+                        long.extended()
                     case ipc.Stop():
+                        long.stop()
                         with self._ready:
                             self.stopping = True
                             self._ready.notify()
                     case ipc.Drop():
                         self._drop(set(message.jobs))
+                    case ipc.Stored() | ipc.Loaded():
+                        long.answer(message)
 
     def _drop(self, lost: set[tuple[int, int]]) -> None:
         self._drops = True  # before `_running` is read: see finished()
@@ -452,7 +457,7 @@ def max_result_bytes() -> int:
     return value
 
 
-Controlled = ipc.Snoozed | ipc.Ended
+Controlled = ipc.Snoozed | ipc.Ended | ipc.HandedBack
 
 
 def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
@@ -461,6 +466,8 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
     does not retry."""
     if isinstance(exc, Snooze):
         return ipc.Snoozed(job_id, exc.seconds, elapsed)
+    if isinstance(exc, Interrupted):
+        return ipc.HandedBack(job_id, elapsed)
     if isinstance(exc, PayloadDecodeError):
         # Its message says it all; a traceback would show pgpool's frames only.
         return ipc.Ended(job_id, "final", clean_text(str(exc))[:MAX_ERROR_CHARS],

@@ -1,0 +1,50 @@
+"""Long jobs for the suite (``--handlers longjobs``): a job of steps that checkpoints after
+each, resuming from its checkpoint.
+
+Each step run is recorded as a line "<job id> <claim> <step>" in a per-process file under
+$TESTJOBS_RECORD (`steps_run` reads them back), written once the step's work is over and
+before its checkpoint is stored: a step whose checkpoint was not stored is recorded, and
+runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pgpool
+
+
+def _record(line: str) -> None:
+    where = os.environ["TESTJOBS_RECORD"]
+    fd = os.open(os.path.join(where, f"{os.getpid()}.steps"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@pgpool.handler("steps", keep=600)
+def steps(payload: dict) -> int:
+    """``payload["steps"]`` steps of ``payload["seconds"]`` each, a checkpoint
+    ``{"next": step + 1, "claim": claim}`` after each; starts at the stored checkpoint's
+    ``next``. Returns the step it started from."""
+    job = pgpool.current_job()
+    state = job.checkpoint_state or {"next": 0}
+    for step in range(state["next"], payload["steps"]):
+        time.sleep(payload["seconds"])
+        _record(f"{job.id} {job.claim} {step}")
+        job.checkpoint({"next": step + 1, "claim": job.claim})
+    return int(state["next"])
+
+
+def steps_run(where: Path) -> list[tuple[int, int, int]]:
+    """Every step recorded under ``where``: (job id, claim, step), in no particular order."""
+    found = []
+    for path in where.glob("*.steps"):
+        for line in path.read_text().splitlines():
+            job_id, claim, step = map(int, line.split())
+            found.append((job_id, claim, step))
+    return found
