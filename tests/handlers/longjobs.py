@@ -27,17 +27,17 @@ def _record(line: str) -> None:
 
 
 @pgpool.handler("steps", keep=600)
-def steps(payload: dict) -> int:
+def steps(payload: dict) -> dict:
     """``payload["steps"]`` steps of ``payload["seconds"]`` each, a checkpoint
     ``{"next": step + 1, "claim": claim}`` after each; starts at the stored checkpoint's
-    ``next``. Returns the step it started from."""
+    ``next``. Returns the step it started from and its attempt as counted."""
     job = pgpool.current_job()
     state = job.checkpoint_state or {"next": 0}
     for step in range(state["next"], payload["steps"]):
         time.sleep(payload["seconds"])
         _record(f"{job.id} {job.claim} {step}")
         job.checkpoint({"next": step + 1, "claim": job.claim})
-    return int(state["next"])
+    return {"from": state["next"], "attempt": job.attempt}
 
 
 def steps_run(where: Path) -> list[tuple[int, int, int]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -66,8 +67,8 @@ def check_resumed(db: psycopg.Connection, record_dir: Path, job_id: int,
     earlier = max(step for _, claim, step in runs if claim < last)
     # It resumed at the step after the last stored one: the step in flight ran again, or
     # (its checkpoint stored just before the stop) none did.
-    assert status.result in (earlier, earlier + 1)
-    assert min(step for _, claim, step in runs if claim == last) == status.result
+    assert status.result["from"] in (earlier, earlier + 1)
+    assert min(step for _, claim, step in runs if claim == last) == status.result["from"]
     return runs
 
 
@@ -88,7 +89,31 @@ def test_a_killed_hosts_job_resumes_from_its_checkpoint_on_another_host(db, dsn,
     first.wait()
     second = host(dsn, record_dir)
     check_resumed(db, record_dir, job_id, claims=2)
-    second.stop()
+    assert pgpool.job_status(db, job_id).result["attempt"] == 2  # a crash uses an attempt
+    assert second.stop() == 0
+
+
+def test_a_deploy_hands_a_job_back_at_its_checkpoint_without_using_an_attempt(
+        db, dsn, record_dir):
+    stopping = host(dsn, record_dir, "--grace", "60")
+    job_id = pgpool.enqueue(db, "steps", {"steps": STEPS, "seconds": STEP_SECONDS})
+    wait_until(lambda: reached(db, job_id, 10), "ten steps checkpointed")
+    signalled = time.monotonic()
+    # Its running job stops at its next checkpoint: the host exits long before its grace.
+    assert stopping.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - signalled < 30
+    handed = stopping.event("job_interrupted", end_ok=True)
+    assert (handed["job_id"], handed["cause"]) == (job_id, "Interrupted")
+    row = db.execute("SELECT state, attempts, interruptions, last_error FROM pgpool_jobs "
+                     "WHERE id = %s", (job_id,)).fetchone()
+    assert row[:3] == ("ready", 1, 1) and "handed back at its checkpoint" in row[3]
+    # Stopped at a checkpoint: the step it was running when asked to stop ran to its
+    # end and was stored; no step runs twice.
+    second = host(dsn, record_dir)
+    runs = check_resumed(db, record_dir, job_id, claims=2)
+    assert len(runs) == STEPS
+    assert pgpool.job_status(db, job_id).result["attempt"] == 1
+    assert second.stop() == 0
 
 
 @pytest.mark.own_schema  # a trigger records every checkpoint stored
