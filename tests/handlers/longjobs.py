@@ -48,3 +48,19 @@ def steps_run(where: Path) -> list[tuple[int, int, int]]:
             job_id, claim, step = map(int, line.split())
             found.append((job_id, claim, step))
     return found
+
+
+@pgpool.handler("progressing")
+def progressing(payload: dict) -> None:
+    """Report progress in a tight loop, ``done`` counting the calls of ``total``, until
+    the file ``payload["release"]`` exists (at most 60 s)."""
+    job = pgpool.current_job()
+    total = payload["total"]
+    deadline = time.monotonic() + 60
+    done = 0
+    while not os.path.exists(payload["release"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never released this job")
+        for _ in range(1000):
+            done = min(total, done + 1)
+            job.progress(done, total, note=f"frame {done}")
