@@ -26,6 +26,7 @@ The public API::
     raise pgpool.Snooze(seconds) / Discard(reason) / Cancel(reason)
                                  inside a handler: run later, unattempted / dead-letter now
     pgpool.Interrupted           raised by checkpoint() on a stopping host: let it propagate
+    pgpool.SoftTimeout           raised in a handler at its soft_timeout: checkpoint, clean up
     pgpool.hooks.on_start / on_end / on_enqueue                 lifecycle hooks (pgpool.hooks)
 
 Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
@@ -67,7 +68,7 @@ from .outcomes import (
     wait_async,
 )
 from .registry import Handler, handler
-from .retry import Cancel, Discard, Interrupted, Retry, Snooze
+from .retry import Cancel, Discard, Interrupted, Retry, Snooze, SoftTimeout
 from .schedules import periodic
 from .worker.main import current_job
 
@@ -115,6 +116,7 @@ __all__ = [
     "Retry",
     "SchemaError",
     "Snooze",
+    "SoftTimeout",
     "__version__",
     "current_job",
     "enqueue",

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import math
 import os
 import re
 import sys
@@ -85,6 +86,7 @@ class Handler(TypedKind[P]):
         concurrency_key: Key = None,
         codec: Codec | None = None,
         keep: float | None = None,
+        soft_timeout: float | None = None,
     ) -> None:
         self.kind = kind
         """The kind of job it runs."""
@@ -92,6 +94,8 @@ class Handler(TypedKind[P]):
         """The function as written."""
         self.timeout = timeout
         """Seconds an attempt may run before its worker is killed; None: the host's."""
+        self.soft_timeout = soft_timeout
+        """Seconds after which `pgpool.SoftTimeout` is raised in an attempt; None: never."""
         self.max_attempts = max_attempts
         """Attempts a job of this kind gets when its producer did not say; None: 20."""
         self.retry = retry
@@ -282,13 +286,18 @@ def handler(
     unique_key: Key = None,
     concurrency_key: Key = None,
     keep: float | timedelta | None = None,
+    soft_timeout: float | None = None,
 ) -> Callable[[Callable[[P], Any]], Handler[P]]:
     """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
     ``timeout`` (seconds) is a hard limit per attempt: past it the worker running the job is
-    killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
-    of this kind gets when its producer did not say; after the last failure it moves to
-    ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
+    killed and replaced, and the attempt fails. ``soft_timeout`` (seconds, below
+    ``timeout``) is a warning before it: `pgpool.SoftTimeout` is raised in the handler that
+    many seconds into an attempt, so it can checkpoint and clean up (within milliseconds in
+    Python code; inside a long C call, once that call returns to Python). ``max_attempts``
+    is how many attempts a job of this kind gets when its producer did not say; after the
+    last failure it moves to ``pgpool_dead``. A raised exception fails the attempt;
+    returning normally succeeds it.
     ``retry`` (a `pgpool.Retry`) replaces the default retry schedule for this kind's jobs;
     its ``attempts`` is then the handler's ``max_attempts`` (give one or the other).
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
@@ -319,6 +328,11 @@ def handler(
     check_name("kind", kind)
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
         raise HandlerError(f"handler {kind!r}: timeout must be a positive number of seconds")
+    if soft_timeout is not None and (
+            not isinstance(soft_timeout, int | float) or isinstance(soft_timeout, bool)
+            or not 0 < soft_timeout < (timeout or math.inf)):
+        raise HandlerError(f"handler {kind!r}: soft_timeout must be a positive number of "
+                           f"seconds below its timeout ({timeout}), got {soft_timeout!r}")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
     if retry is not None:
@@ -345,7 +359,8 @@ def handler(
         new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts,
                       retry=retry, queue=queue, priority=priority, tenant=tenant,
                       unique_key=unique_key, concurrency_key=concurrency_key, codec=codec,
-                      keep=kept)
+                      keep=kept,
+                      soft_timeout=None if soft_timeout is None else float(soft_timeout))
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(

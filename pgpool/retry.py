@@ -189,3 +189,11 @@ class Interrupted(Control):
     (its lease was lost: then nothing was stored). Let it propagate: the job is handed
     back, ready at once, without using one of its attempts, and its next attempt resumes
     from ``current_job().checkpoint_state``."""
+
+
+class SoftTimeout(Exception):
+    """Raised in a handler when its attempt has run for its ``soft_timeout``
+    (``@pgpool.handler(kind, timeout=H, soft_timeout=S)``): checkpoint and clean up before
+    the hard timeout ends the worker at H. Left to propagate, it fails the attempt like
+    any error (retried as its handler's `Retry` says); its next attempt may resume from
+    the checkpoint (``current_job().checkpoint_state``)."""

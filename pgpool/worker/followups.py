@@ -245,26 +245,28 @@ class RunningJob(JobInfo):
                  note: str | None = None) -> None:
         """Report how far the job is: ``done`` of ``total`` (None: unknown), and a short
         ``note`` (at most 200 characters are kept). Cheap enough for a tight loop: only
-        the latest report is kept, and sent to the host at most once a heartbeat, which
-        writes it with its next beat (`pgpool.job_status`'s ``progress``,
-        ``pgpool jobs show``). Raises `pgpool.ConfigError` for a value that is not a
-        number."""
+        the latest report is kept, and sent to the host at an attempt's first report and
+        then at most once a heartbeat; the host writes it with its next beat
+        (`pgpool.job_status`'s ``progress``, ``pgpool jobs show``). A report that is sent
+        is checked first: `pgpool.ConfigError` for a value that is not a number (the first
+        report is always sent)."""
         attempt = self._attempt
-        if attempt is None or attempt._ended:
-            self._running()  # raises, saying why
-            return
-        if not (type(done) is int or type(done) is float) or done != done or not (
-                total is None or type(total) is int or type(total) is float) or (
-                note is not None and type(note) is not str):
-            refused = long.check_progress(done, total, note)
-            if refused is not None:
-                raise ConfigError(f"current_job().progress(): {refused}")
-        first = attempt.progress is None
+        # The common call keeps the report and returns: nothing is checked nor sent.
+        if attempt is None or attempt._ended or long.beat or attempt.progress is None:
+            self._report(done, total, note)
+        else:
+            attempt.progress = (done, total, note)
+
+    def _report(self, done: float, total: float | None, note: str | None) -> None:
+        """`progress`, checked and sent."""
+        attempt = self._running()
+        refused = long.check_progress(done, total, note)
+        if refused is not None:
+            raise ConfigError(f"current_job().progress(): {refused}")
         attempt.progress = (done, total, note)
-        if long.beat or first:
-            long.send_progress(self.id, self.claim, done, total,
-                               None if note is None else note[:long.MAX_NOTE_CHARS],
-                               attempt.while_running)
+        long.send_progress(self.id, self.claim, done, total,
+                           None if note is None else note[:long.MAX_NOTE_CHARS],
+                           attempt.while_running)
 
     @property
     def stopping(self) -> bool:

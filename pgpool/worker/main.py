@@ -45,7 +45,7 @@ from .. import hooks, logs, registry, schedules
 from ..enqueue import has_non_finite
 from ..errors import ConfigError, PayloadDecodeError, PgpoolError
 from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Interrupted, Snooze
-from . import fence, ipc, long, output, portable
+from . import fence, ipc, long, output, portable, soft
 from .followups import Attempt, FollowUps, MemberReader, RunningJob, ended_message
 
 if TYPE_CHECKING:  # a worker never imports psycopg for its own use
@@ -180,6 +180,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     schedules.skip_time_checks()
     try:
         handlers = registry.load(modules)
+        soft.wrap(handlers)
         max_result_bytes()  # a bad PGPOOL_MAX_RESULT_BYTES stops the host at its start
     except PgpoolError as exc:
         ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))

@@ -64,3 +64,18 @@ def progressing(payload: dict) -> None:
         for _ in range(1000):
             done = min(total, done + 1)
             job.progress(done, total, note=f"frame {done}")
+
+
+@pgpool.handler("soft_spin", timeout=20, soft_timeout=1, keep=600)
+def soft_spin(payload: dict) -> dict:
+    """A pure-Python CPU loop (or ``time.sleep``, with ``payload["sleep"]``) until its soft
+    timeout: returns how long after its start SoftTimeout came, and where."""
+    started = time.perf_counter()
+    try:
+        if payload.get("sleep"):
+            time.sleep(60)
+        n = 0
+        while True:
+            n += 1
+    except pgpool.SoftTimeout as exc:
+        return {"after": time.perf_counter() - started, "message": str(exc)}
