@@ -85,9 +85,11 @@ def drain(conn: psycopg.Connection, dsn: str, tmp: Path,
     with open(tmp / "host.log", "w+b") as log:
         path = [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
         host = start_pgpool_run(dsn, 1, 1, log, ["longbench"], PYTHONPATH=os.pathsep.join(path))
+        every = [i for group in ids.values() for i in group]
         with killed_on_exit([host]):
+            pgpool.wait(conn, every, timeout=3600)
             expect_exit(host, log)
-    statuses = pgpool.job_statuses(conn, [i for group in ids.values() for i in group])
+    statuses = pgpool.job_statuses(conn, every)
     results = {}
     for name, group in ids.items():
         if any(statuses[i].state != "done" for i in group):

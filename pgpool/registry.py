@@ -87,6 +87,7 @@ class Handler(TypedKind[P]):
         codec: Codec | None = None,
         keep: float | None = None,
         soft_timeout: float | None = None,
+        cpus: int = 1,
     ) -> None:
         self.kind = kind
         """The kind of job it runs."""
@@ -96,6 +97,8 @@ class Handler(TypedKind[P]):
         """Seconds an attempt may run before its worker is killed; None: the host's."""
         self.soft_timeout = soft_timeout
         """Seconds after which `pgpool.SoftTimeout` is raised in an attempt; None: never."""
+        self.cpus = cpus
+        """The host's worker slots (``--procs``) an attempt takes while it runs."""
         self.max_attempts = max_attempts
         """Attempts a job of this kind gets when its producer did not say; None: 20."""
         self.retry = retry
@@ -287,6 +290,7 @@ def handler(
     concurrency_key: Key = None,
     keep: float | timedelta | None = None,
     soft_timeout: float | None = None,
+    cpus: int = 1,
 ) -> Callable[[Callable[[P], Any]], Handler[P]]:
     """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
@@ -297,7 +301,10 @@ def handler(
     Python code; inside a long C call, once that call returns to Python). ``max_attempts``
     is how many attempts a job of this kind gets when its producer did not say; after the
     last failure it moves to ``pgpool_dead``. A raised exception fails the attempt;
-    returning normally succeeds it.
+    returning normally succeeds it. ``cpus`` is how many of a host's ``--procs`` slots an
+    attempt takes while it runs (a handler that uses several cores: numpy, a thread pool,
+    a subprocess; ``current_job().cpus`` says how many it may use): a host never runs more
+    slots than it has, and a host with fewer ``--procs`` does not claim the kind.
     ``retry`` (a `pgpool.Retry`) replaces the default retry schedule for this kind's jobs;
     its ``attempts`` is then the handler's ``max_attempts`` (give one or the other).
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
@@ -333,6 +340,9 @@ def handler(
             or not 0 < soft_timeout < (timeout or math.inf)):
         raise HandlerError(f"handler {kind!r}: soft_timeout must be a positive number of "
                            f"seconds below its timeout ({timeout}), got {soft_timeout!r}")
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+        raise HandlerError(f"handler {kind!r}: cpus must be a positive integer (the worker "
+                           f"slots an attempt takes), got {cpus!r}")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
     if retry is not None:
@@ -360,7 +370,8 @@ def handler(
                       retry=retry, queue=queue, priority=priority, tenant=tenant,
                       unique_key=unique_key, concurrency_key=concurrency_key, codec=codec,
                       keep=kept,
-                      soft_timeout=None if soft_timeout is None else float(soft_timeout))
+                      soft_timeout=None if soft_timeout is None else float(soft_timeout),
+                      cpus=cpus)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(

@@ -294,19 +294,33 @@ class Dispatcher:
             min_left_to_start=self.lease.min_left_to_start,
             log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
             on_long=self._long_message,
+            cpus={kind: h.cpus for kind, h in self.handlers.items()},
         )
         await self.pool.start()
 
+    def _runnable(self) -> dict[str, Handler]:
+        """The handlers whose jobs fit this host: a kind wider (``cpus``) than its
+        ``--procs`` is not claimed here, and said so once."""
+        procs = self.config.procs
+        for kind, h in self.handlers.items():
+            if h.cpus > procs:
+                event(log, logging.WARNING, "kind_too_wide",
+                      "kind %r takes %d cpus, more than this host's %d --procs: this host "
+                      "does not claim it; run it on a host with --procs %d or more",
+                      kind, h.cpus, procs, h.cpus, kind=kind, cpus=h.cpus, procs=procs)
+        return {kind: h for kind, h in self.handlers.items() if h.cpus <= procs}
+
     async def _build_parts(self) -> None:
         cfg, db = self.config, self.db
+        runnable = self._runnable()
         self.claimer = Claimer(
-            self.claims_db, self.owner, queues=cfg.queues, handlers=self.handlers,
+            self.claims_db, self.owner, queues=cfg.queues, handlers=runnable,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             on_claimed=self.metrics.jobs_claimed if self.metrics else None,
             tenant_cap=cfg.tenant_cap,
         )
         self.hosts = HostRegistry(
-            db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
+            db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(runnable),
             lease=self.lease, max_claims_per_sec=cfg.max_claims_per_sec,
             counters=self._host_counters,
         )

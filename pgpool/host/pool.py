@@ -169,9 +169,13 @@ class WorkerPool:
         log: tuple[str, str] | None = None,
         on_long: Callable[[Job | None, ipc.LongFromWorker, Callable[[ipc.LongToWorker], None]],
                           None] | None = None,
+        cpus: dict[str, int] | None = None,
     ) -> None:
         self.procs = procs
         self._report_long = on_long
+        #: The kinds whose jobs take more than one of the ``procs`` slots (a handler's
+        #: ``cpus``): with any, jobs are assigned by slots (`_assign_slots`).
+        self._wide = {kind: n for kind, n in (cpus or {}).items() if n > 1}
         self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
@@ -343,12 +347,17 @@ class WorkerPool:
         """
         if self._fixed_depth is not None:
             return self._fixed_depth
+        if self._wide:
+            return 1  # a job starts only once its slots are free: none waits in a pipe
         if self._job_seconds <= 0:
             return 2
         return max(2, min(MAX_DEPTH, round(QUEUED_SECONDS / self._job_seconds)))
 
     def _assign(self) -> None:
         if not self._backlog:
+            return
+        if self._wide:
+            self._assign_slots()
             return
         depth = self.depth
         # Top a worker up only once it is half drained, so short jobs travel in chunks of
@@ -384,6 +393,44 @@ class WorkerPool:
             w.assigned.extend(batch)
             self._send(w, ipc.Jobs([job.wire() for job in batch]))
             self.frames_sent += 1
+
+    def _assign_slots(self) -> None:
+        """Assign by slots, when some kinds take several (``cpus``): each idle worker gets
+        the backlog's next job if its slots are free, one job at a time. The backlog's
+        order is kept: a wide job that does not fit yet holds the narrow ones behind it
+        back until enough slots are free, so a stream of narrow jobs never starves it."""
+        idle = [w for w in self._workers.values()
+                if w.ready and not (w.stopping or w.kill_reason or w.retiring or w.assigned)]
+        used = self.slots_used
+        late: list[Job] = []
+        start_by = time.monotonic() + self._min_left_to_start
+        now = asyncio.get_running_loop().time()
+        for w in idle:
+            while self._backlog and self._backlog[0].deadline < start_by:
+                late.append(self._backlog.popleft())
+            if not self._backlog:
+                break
+            job = self._backlog[0]
+            slots = self._wide.get(job.kind, 1)
+            if used + slots > self.procs:
+                break
+            self._backlog.popleft()
+            used += slots
+            w.started_at = now
+            job.started = True
+            w.assigned.append(job)
+            self._send(w, ipc.Jobs([job.wire()]))
+            self.frames_sent += 1
+        if late:
+            log.warning("handing back %d jobs with too little of their lease left to start "
+                        "(a slow claim, or a stalled dispatcher)", len(late))
+            self._report_returned(late)
+
+    @property
+    def slots_used(self) -> int:
+        """The slots the running jobs take (each its kind's ``cpus``)."""
+        return sum(self._wide.get(w.assigned[0].kind, 1)
+                   for w in self._workers.values() if w.assigned)
 
     def _take(self, start_by: float, late: list[Job]) -> Job | None:
         """The next backlog job whose deadline is ``start_by`` or later; earlier ones go

@@ -31,7 +31,7 @@ from ..errors import ConfigError, GroupNotFound
 from ..groups import group_params
 from ..job import NAMES, JobInfo, JobOptions
 from ..outcomes import Member, group_members
-from ..registry import Handler
+from ..registry import Handler, registered
 from ..retry import Interrupted
 from . import long
 
@@ -267,6 +267,13 @@ class RunningJob(JobInfo):
         long.send_progress(self.id, self.claim, done, total,
                            None if note is None else note[:long.MAX_NOTE_CHARS],
                            attempt.while_running)
+
+    @property
+    def cpus(self) -> int:
+        """How many cores this job may use: its handler's ``cpus`` (the host's worker
+        slots it takes while it runs)."""
+        handler = registered().get(self.kind)
+        return 1 if handler is None else handler.cpus
 
     @property
     def stopping(self) -> bool:

@@ -79,3 +79,46 @@ def soft_spin(payload: dict) -> dict:
             n += 1
     except pgpool.SoftTimeout as exc:
         return {"after": time.perf_counter() - started, "message": str(exc)}
+
+
+def _span(seconds: float) -> None:
+    """Sleep ``seconds``, recording "<kind> <job id> <cpus> <start ns> <end ns>"."""
+    job = pgpool.current_job()
+    started = time.monotonic_ns()
+    time.sleep(seconds)
+    _record_span(f"{job.kind} {job.id} {job.cpus} {started} {time.monotonic_ns()}")
+
+
+def _record_span(line: str) -> None:
+    fd = os.open(os.path.join(os.environ["TESTJOBS_RECORD"], f"{os.getpid()}.spans"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@pgpool.handler("wide", cpus=2)
+def wide(payload: dict) -> None:
+    _span(payload["seconds"])
+
+
+@pgpool.handler("narrow")
+def narrow(payload: dict) -> None:
+    _span(payload["seconds"])
+
+
+@pgpool.handler("too_wide", cpus=64)
+def too_wide(payload: dict) -> None:
+    _span(0)
+
+
+def spans(where: Path) -> list[tuple[str, int, int, int, int]]:
+    """Every span recorded under ``where``: (kind, job id, cpus, start ns, end ns)."""
+    found = []
+    for path in where.glob("*.spans"):
+        for line in path.read_text().splitlines():
+            kind, *numbers = line.split()
+            job_id, cpus, start, end = map(int, numbers)
+            found.append((kind, job_id, cpus, start, end))
+    return found
