@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .enqueue import schema_required
 from .errors import ConfigError, GroupNotFound
+from .sql import long as long_sql
 from .sql import outcomes as sql
 from .sql.common import listen_statement
 
@@ -315,3 +316,17 @@ def _left(statuses: dict[int, JobStatus], deadline: float) -> float | None:
                            f"(first: {unfinished[:5]})")
     return left
 
+
+
+def store_checkpoint(conn: psycopg.Connection, job_id: int, claim: int, state: str) -> bool:
+    """Store checkpoint ``state`` (JSON text) of claim ``claim`` of job ``job_id`` on
+    ``conn``, as `pgpool.testing.drain` does in the test's process (a host stores them
+    through its dispatcher: `pgpool.host.long`); whether that claim still runs."""
+    params = {"id": job_id, "attempt": claim, "state": state}
+    return conn.execute(long_sql.CHECKPOINT_IN_PROCESS, params).rowcount == 1
+
+
+def load_checkpoint(conn: psycopg.Connection, job_id: int) -> str | None:
+    """Job ``job_id``'s stored checkpoint, as JSON text, or None (`store_checkpoint`)."""
+    row = conn.execute(long_sql.LOAD_CHECKPOINT_IN_PROCESS, {"id": job_id}).fetchone()
+    return None if row is None else row[0]

@@ -45,3 +45,13 @@ SET progress = f.progress::jsonb, progress_at = now()
 FROM free AS f
 WHERE j.id = f.id
 """
+
+#: `CHECKPOINT` and `LOAD_CHECKPOINT` for a handler run by `pgpool.testing.drain`, on the
+#: test's connection, in the test's process: there is no dispatcher, and the attempt is
+#: the one the drain claimed.
+CHECKPOINT_IN_PROCESS: Final = """
+UPDATE pgpool_jobs
+SET checkpoint = %(state)s::jsonb, checkpoint_at = now()
+WHERE id = %(id)s AND attempts = %(attempt)s AND state = 'running'
+"""
+LOAD_CHECKPOINT_IN_PROCESS: Final = "SELECT checkpoint::text FROM pgpool_jobs WHERE id = %(id)s"

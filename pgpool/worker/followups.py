@@ -220,7 +220,7 @@ class RunningJob(JobInfo):
         resumes elsewhere), or when this attempt no longer holds the job (nothing stored)."""
         attempt = self._running()
         data = long.encode(state)
-        refused = long.store(self.id, self.claim, data, attempt.while_running)
+        refused = long.store(self.id, self.claim, data, attempt.while_running, attempt.conn)
         if refused is not None:
             raise Interrupted(f"job {self.id}'s checkpoint was not stored: {refused}")
         attempt.state = data
@@ -236,8 +236,8 @@ class RunningJob(JobInfo):
         state = attempt.state
         if state is _UNREAD:
             # A first claim has nothing to read: no round trip for it.
-            state = None if self.claim == 1 else long.load(self.id, self.claim,
-                                                           attempt.while_running)
+            state = None if self.claim == 1 else long.load(
+                self.id, self.claim, attempt.while_running, attempt.conn)
             attempt.state = state
         return None if state is None else orjson.loads(state)  # type: ignore[arg-type]
 

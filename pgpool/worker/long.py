@@ -21,8 +21,9 @@ end takes), so none is ever written after the attempt's outcome, nor in
 the middle of another frame (a large checkpoint is written in several pieces).
 
 Without a dispatcher (`pgpool.testing` runs handlers in the test's process), checkpoints
-are kept in this process, by job id: a test can run a job, fail it, and see its next
-attempt resume.
+are stored on the test's connection under `pgpool.testing.drain`, and kept in this
+process, by job id, under `pgpool.testing.run_handler`: a test can run a job, fail it,
+and see its next attempt resume.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from ..enqueue import has_non_finite, has_nul
 from ..errors import CheckpointError, ConfigError
+from ..outcomes import load_checkpoint, store_checkpoint
 from . import ipc
+
+if TYPE_CHECKING:  # a worker never imports psycopg for its own use
+    import psycopg
 
 #: The default bound of a checkpoint's JSON text (``PGPOOL_MAX_CHECKPOINT_BYTES``).
 DEFAULT_MAX_CHECKPOINT_BYTES: Final = 1024 * 1024
@@ -159,21 +164,31 @@ def encode(state: Any) -> bytes:
     return data
 
 
-def store(job_id: int, claim: int, data: bytes, guard: Guard) -> str | None:
+def store(job_id: int, claim: int, data: bytes, guard: Guard,
+          conn: psycopg.Connection[Any] | None = None) -> str | None:
     """Store checkpoint ``data`` for claim ``claim`` of job ``job_id``; why it was not
-    (this attempt no longer holds the job), or None once it is stored."""
+    (this attempt no longer holds the job), or None once it is stored. ``conn``: the
+    test's connection (`pgpool.testing.drain`), when there is no dispatcher."""
     if _channel is None:
-        guard(lambda: _local.__setitem__(job_id, data))
+        if conn is None:
+            guard(lambda: _local.__setitem__(job_id, data))
+            return None
+        if not store_checkpoint(conn, job_id, claim, data.decode()):
+            return "this attempt no longer holds the job"
         return None
     reply = _channel.ask(ipc.Checkpoint(job_id, claim, data), guard)
     assert isinstance(reply, ipc.Stored)
     return reply.error
 
 
-def load(job_id: int, claim: int, guard: Guard) -> bytes | None:
+def load(job_id: int, claim: int, guard: Guard,
+         conn: psycopg.Connection[Any] | None = None) -> bytes | None:
     """The JSON text of job ``job_id``'s stored checkpoint, or None."""
     if _channel is None:
-        return _local.get(job_id)
+        if conn is None:
+            return _local.get(job_id)
+        text = load_checkpoint(conn, job_id)
+        return None if text is None else text.encode()
     reply = _channel.ask(ipc.LoadCheckpoint(job_id, claim), guard)
     assert isinstance(reply, ipc.Loaded)
     return reply.state
