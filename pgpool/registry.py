@@ -15,6 +15,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import logging
 import math
 import os
 import re
@@ -29,6 +30,7 @@ from .errors import ConfigError, HandlerError, PayloadError
 from .job import MANY, EnqueueOptions, JobOptions, ManyOptions
 from .names import check_name
 from .retry import Retry
+from .sql import fleet as fleet_sql
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
     import psycopg
@@ -140,6 +142,18 @@ class Handler(TypedKind[P]):
         """Call the function as written, with ``payload`` as given."""
         return self.fn(payload)
 
+    def _check_width(self, widest: tuple[int | None] | None) -> None:
+        """Warn, once per kind and process, when the widest live host (``widest``: its
+        ``--procs``, None when no host is live) has fewer slots than this kind's ``cpus``:
+        its jobs would wait until a wider host starts."""
+        procs = None if widest is None else widest[0]
+        if procs is None or procs >= self.cpus or self.kind in _warned_wide:
+            return
+        _warned_wide.add(self.kind)
+        log.warning("kind %r takes %d cpus, more than every live host's --procs (at most "
+                    "%d): its jobs wait until a host with --procs %d or more runs it",
+                    self.kind, self.cpus, procs, self.cpus)
+
     def __repr__(self) -> str:
         return f"<pgpool.Handler {self.kind!r}: {self.qualname}>"
 
@@ -180,6 +194,8 @@ class Handler(TypedKind[P]):
         payload (an instance of its type, or a dict that fits it) is checked and encoded
         first (`PayloadError` naming the field, nothing sent)."""
         data, chosen = self.prepare(payload, options)
+        if self.cpus > 1:
+            self._check_width(conn.execute(fleet_sql.WIDEST_LIVE_HOST, _STALE).fetchone())
         return insert(conn, self.kind, data, chosen)
 
     @overload
@@ -193,6 +209,9 @@ class Handler(TypedKind[P]):
                             **options: Any) -> int | None:
         """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare(payload, options)
+        if self.cpus > 1:
+            self._check_width(await (await conn.execute(fleet_sql.WIDEST_LIVE_HOST,
+                                                        _STALE)).fetchone())
         return await insert_async(conn, self.kind, data, chosen)
 
     @overload
@@ -212,6 +231,8 @@ class Handler(TypedKind[P]):
         deduplicate), and for one whose ``concurrency_key`` is a function unless the call
         gives the one key all its jobs get."""
         data, chosen = self.prepare_many(payloads, options)
+        if self.cpus > 1:
+            self._check_width(conn.execute(fleet_sql.WIDEST_LIVE_HOST, _STALE).fetchone())
         return insert_many(conn, self.kind, data, chosen)
 
     @overload
@@ -226,6 +247,9 @@ class Handler(TypedKind[P]):
                                  payloads: Iterable[Any], **options: Any) -> int:
         """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare_many(payloads, options)
+        if self.cpus > 1:
+            self._check_width(await (await conn.execute(fleet_sql.WIDEST_LIVE_HOST,
+                                                        _STALE)).fetchone())
         return await insert_many_async(conn, self.kind, data, chosen)
 
     def prepare(self, payload: Any, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
@@ -272,7 +296,13 @@ def _encoded(codec: Codec, payloads: Iterable[Any]) -> Iterator[dict[str, Any]]:
             raise PayloadError(f"payload #{i} (0-based): {exc}") from None
 
 
+log = logging.getLogger("pgpool.enqueue")
+
 _registry: dict[str, Handler[Any]] = {}
+#: Kinds whose enqueue warned that no live host is wide enough (`Handler._check_width`).
+_warned_wide: set[str] = set()
+#: `fleet_sql.WIDEST_LIVE_HOST`'s parameters: a host is live as `pgpool status` says.
+_STALE: Final = {"stale_leases": fleet_sql.STALE_AFTER_LEASES}
 #: Longest ``keep=``: 100 years, as a delay's limit.
 MAX_KEEP_SECONDS: Final = 100 * 366 * 86400
 

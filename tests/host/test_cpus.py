@@ -5,7 +5,10 @@ ones enqueued after it; a kind wider than the host's ``--procs`` is not claimed 
 
 from __future__ import annotations
 
-from longjobs import spans
+import logging
+
+from commands import status_json
+from longjobs import spans, too_wide
 from processes import start_pgpool
 from waits import wait_until
 
@@ -34,7 +37,9 @@ def test_wide_jobs_take_their_slots_and_are_not_starved(db, dsn, record_dir):
     first_wide = pgpool.enqueue(db, "wide", {"seconds": SECONDS})
     after = [pgpool.enqueue(db, kind, {"seconds": SECONDS})
              for _ in range(6) for kind in ("narrow", "wide")]
-    ids = [*before, first_wide, *after]
+    # Longer than any job before them: the first two run side by side once both start.
+    last = [pgpool.enqueue(db, "wide", {"seconds": 3 * SECONDS}) for _ in range(3)]
+    ids = [*before, first_wide, *after, *last]
     wait_until(lambda: all(pgpool.job_status(db, i).state == "unknown" for i in ids),
                "every job ran", timeout=60)
     found = spans(record_dir)
@@ -50,14 +55,21 @@ def test_wide_jobs_take_their_slots_and_are_not_starved(db, dsn, record_dir):
     assert host.stop() == 0
 
 
-def test_a_kind_wider_than_the_host_is_not_claimed_there(db, dsn, record_dir):
+def test_a_kind_wider_than_the_host_is_not_claimed_there(db, dsn, record_dir, caplog):
     host = start_pgpool(dsn, "run", "--handlers", "longjobs", "--procs", "2",
                         record_dir=record_dir)
     warned = host.event("kind_too_wide")
     assert (warned["kind"], warned["cpus"], warned["procs"]) == ("too_wide", 64, 2)
     host.event("started")
-    job_id = pgpool.enqueue(db, "too_wide", {})
+    with caplog.at_level(logging.WARNING, logger="pgpool.enqueue"):
+        job_id = too_wide.enqueue(db, {})
+        too_wide.enqueue(db, {})  # warned once
+    assert [r.getMessage() for r in caplog.records] == [
+        "kind 'too_wide' takes 64 cpus, more than every live host's --procs (at most 2): "
+        "its jobs wait until a host with --procs 64 or more runs it"]
     done = pgpool.enqueue(db, "narrow", {"seconds": 0})
     wait_until(lambda: pgpool.job_status(db, done).state == "unknown", "a narrow job ran")
     assert pgpool.job_status(db, job_id).state == "ready"
+    # `pgpool status` lists it among the kinds no live host handles.
+    assert [(u["kind"], u["ready"]) for u in status_json(dsn)["unhandled"]] == [("too_wide", 2)]
     assert host.stop() == 0
