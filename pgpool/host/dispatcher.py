@@ -22,6 +22,8 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
      completer.complete(outcome): decide() ─▶ Ack.done / Ack.retry / Ack.dead / Ack.snooze
      summary.runs.add()  (its run time)      │
   unstarted jobs handed back: completer.release(jobs) ─▶ Ack.release
+  a handler's checkpoint or progress: long.received() (pgpool.host.long): a checkpoint
+     stored at once, guarded like an ack; progress written after each heartbeat
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)

@@ -28,6 +28,8 @@ types of `pgpool.worker.ipc`::
      │        Done, _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
      │            ─▶ on_outcome(AttemptEnd)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
+     │        _on_long: the running job's Checkpoint | LoadCheckpoint | Progress ─▶ on_long
+     │            (`pgpool.host.long`), answered with Stored | Loaded (`_answer`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
      │    (without pidfds: _wait_in_thread() ─▶ call_soon_threadsafe(_on_exit, w))

@@ -4,12 +4,14 @@ It imports the handler modules once, then loops: take the next job, run it (deco
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
 or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, an
 error the handler's `pgpool.Retry` does not retry, or a payload that does not fit the
-handler's type) per job to the result pipe. A reader
+handler's type; `ipc.HandedBack` for `pgpool.Interrupted`) per job to the result pipe. A reader
 thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
 seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
 `ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
 runs, and an `ipc.Drop` (jobs whose lease was lost) makes the worker skip those not started
-(`ipc.Skipped`), or end at once with its process group if one of them is running. Each
+(`ipc.Skipped`), or end at once with its process group if one of them is running; an
+`ipc.Stored` or `ipc.Loaded` answers a handler's checkpoint (`pgpool.worker.long`), and
+`ipc.Stop` also tells a running handler its host is stopping (``current_job().stopping``). Each
 job runs under the fence's kernel timer (`pgpool.worker.fence`): past its deadline, the kernel
 ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
