@@ -37,8 +37,6 @@ log = logging.getLogger("pgpool.long")
 
 #: How the dispatcher answers the worker that asked (nothing once that worker is gone).
 Answer = Callable[[ipc.LongToWorker], None]
-#: Why a checkpoint is not stored.
-NOT_HELD = "this attempt no longer holds the job (its lease was lost, or it ended)"
 
 
 class LongJobs:
@@ -50,9 +48,6 @@ class LongJobs:
         #: The latest progress of each job that reported since the last beat wrote it.
         self.progress: dict[Job, tuple[float, float | None, str | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Checkpoints stored, and refused (their attempt no longer held the job).
-        self.stored = 0
-        self.refused = 0
 
     def received(self, job: Job | None, message: ipc.LongFromWorker, answer: Answer) -> None:
         """A worker's ``message`` about ``job``, its running attempt (None: the attempt it
@@ -83,16 +78,14 @@ class LongJobs:
             return f"the database refused it ({type(exc).__name__})"
         if rows != 1:
             return self._refused(job)
-        self.stored += 1
         return None
 
     def _refused(self, job: Job | None) -> str:
-        self.refused += 1
         if job is not None:  # None: an attempt already over, whose outcome was logged
             event(log, logging.WARNING, "checkpoint_refused",
                   "%s: a checkpoint of an attempt that no longer holds the job was not "
                   "stored", job, job_id=job.id, kind=job.kind)
-        return NOT_HELD
+        return ipc.NOT_HELD
 
     async def _load(self, job: Job | None) -> bytes | None:
         if job is None or job.lost:
@@ -119,8 +112,8 @@ class LongJobs:
                     return 0 if want == "rowcount" else None
                 failures += 1
                 delay = backoff(failures, 0.1, 2.0)
-                log.warning("%s: writing its checkpoint failed (%s); retrying in %.1fs", job,
-                            type(exc).__name__, delay)
+                log.warning("%s: its checkpoint's statement failed (%s); retrying in %.1fs",
+                            job, type(exc).__name__, delay)
                 await asyncio.sleep(delay)
 
     async def write_progress(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import orjson
 
 from ..enqueue import function_params, prepared, prepared_many
-from ..errors import ConfigError, GroupNotFound
+from ..errors import CheckpointError, ConfigError, GroupNotFound
 from ..groups import group_params
 from ..job import NAMES, JobInfo, JobOptions
 from ..outcomes import Member, group_members
 from ..registry import Handler, registered
 from ..retry import Interrupted
-from . import long
+from . import ipc, long
 
 if TYPE_CHECKING:  # workers import psycopg only to read a group's members
     import psycopg
@@ -221,8 +221,11 @@ class RunningJob(JobInfo):
         attempt = self._running()
         data = long.encode(state)
         refused = long.store(self.id, self.claim, data, attempt.while_running, attempt.conn)
-        if refused is not None:
+        if refused == ipc.NOT_HELD:
             raise Interrupted(f"job {self.id}'s checkpoint was not stored: {refused}")
+        if refused is not None:  # the database refused it (an application's trigger...)
+            raise CheckpointError(f"current_job().checkpoint(): job {self.id}'s checkpoint "
+                                  f"was not stored: {refused}")
         attempt.state = data
         if long.stopping:
             raise Interrupted(f"job {self.id} stopped at its checkpoint: its host is "

@@ -184,9 +184,13 @@ class HandedBack(NamedTuple):
     elapsed: float
 
 
+#: `Stored.error` when the attempt no longer holds the job (its lease was lost, or it ended).
+NOT_HELD = "this attempt no longer holds the job (its lease was lost, or it ended)"
+
+
 class Stored(NamedTuple):
     id: int
-    error: str | None  # why the checkpoint was not stored; None: stored
+    error: str | None  # why the checkpoint was not stored (`NOT_HELD`...); None: stored
 
 
 class Loaded(NamedTuple):

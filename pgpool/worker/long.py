@@ -174,7 +174,7 @@ def store(job_id: int, claim: int, data: bytes, guard: Guard,
             guard(lambda: _local.__setitem__(job_id, data))
             return None
         if not store_checkpoint(conn, job_id, claim, data.decode()):
-            return "this attempt no longer holds the job"
+            return ipc.NOT_HELD
         return None
     reply = _channel.ask(ipc.Checkpoint(job_id, claim, data), guard)
     assert isinstance(reply, ipc.Stored)
