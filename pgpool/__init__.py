@@ -18,9 +18,15 @@ The public API::
                                                                 a group's progress, members
     pgpool.migrate(conn)                                        create or upgrade the schema
     pgpool.current_job()                                        inside a handler: id, attempt,
-                                                                .enqueue(...) follow-ups
+                                                                .enqueue(...) follow-ups,
+                                                                .checkpoint(state),
+                                                                .checkpoint_state,
+                                                                .progress(done, total, note),
+                                                                .stopping
     raise pgpool.Snooze(seconds) / Discard(reason) / Cancel(reason)
                                  inside a handler: run later, unattempted / dead-letter now
+    pgpool.Interrupted           raised by checkpoint() on a stopping host: let it propagate
+    pgpool.SoftTimeout           raised in a handler at its soft_timeout: checkpoint, clean up
     pgpool.hooks.on_start / on_end / on_enqueue                 lifecycle hooks (pgpool.hooks)
 
 Errors a caller can act on derive from `pgpool.PgpoolError`. ``pgpool.__version__`` is the
@@ -33,6 +39,7 @@ from . import hooks
 from .db.schema import migrate
 from .enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
+    CheckpointError,
     ConfigError,
     ConnectError,
     GroupNotFound,
@@ -48,6 +55,7 @@ from .outcomes import (
     GroupStatus,
     JobStatus,
     Member,
+    Progress,
     group_members,
     group_members_async,
     group_status,
@@ -60,7 +68,7 @@ from .outcomes import (
     wait_async,
 )
 from .registry import Handler, handler
-from .retry import Cancel, Discard, Retry, Snooze
+from .retry import Cancel, Discard, Interrupted, Retry, Snooze, SoftTimeout
 from .schedules import periodic
 from .worker.main import current_job
 
@@ -88,6 +96,7 @@ if not TYPE_CHECKING:  # type checkers read the declarations above
 __all__ = [
     "SCHEMA_VERSION",
     "Cancel",
+    "CheckpointError",
     "ConfigError",
     "ConnectError",
     "Discard",
@@ -96,15 +105,18 @@ __all__ = [
     "GroupStatus",
     "Handler",
     "HandlerError",
+    "Interrupted",
     "JobInfo",
     "JobStatus",
     "Member",
     "PayloadDecodeError",
     "PayloadError",
     "PgpoolError",
+    "Progress",
     "Retry",
     "SchemaError",
     "Snooze",
+    "SoftTimeout",
     "__version__",
     "current_job",
     "enqueue",

@@ -100,7 +100,7 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> bytes:
             "payload contains NaN or Infinity, which JSON cannot represent: "
             "replace them (e.g. with None or a string) before enqueueing"
         )
-    if b"\\u0000" in data and _NUL_ESCAPE.search(data):
+    if has_nul(data):
         raise PayloadError(
             "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store: "
             "remove it or encode the binary data (e.g. base64)"
@@ -148,6 +148,11 @@ def _deeper_than(value: Any, depth: int) -> bool:
         return True
     children = value.values() if isinstance(value, dict) else value
     return any(_deeper_than(v, depth - 1) for v in children)
+
+
+def has_nul(data: bytes) -> bool:
+    """Whether JSON text ``data`` holds a NUL character, which jsonb cannot store."""
+    return b"\\u0000" in data and _NUL_ESCAPE.search(data) is not None
 
 
 def has_non_finite(value: Any) -> bool:

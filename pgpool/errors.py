@@ -50,3 +50,8 @@ class PayloadDecodeError(PayloadError):
     """A stored payload does not fit its handler's payload type, so the handler cannot be
     called with it: it was written without the handler's checks (``pgpool_enqueue``, an
     INSERT, an older producer). Workers dead-letter its job at once: no retry changes it."""
+
+
+class CheckpointError(PgpoolError, ValueError):
+    """A checkpoint's state cannot be stored: not JSON-serialisable, or too large. Raised
+    in the handler by ``current_job().checkpoint()``; nothing was stored."""

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, PgpoolError
 from .names import check_name
-from .outcomes import GroupStatus, group_status_of
+from .outcomes import GroupStatus, Progress, group_status_of, progress_of
 from .sql import ops as sql
 from .sql import outcomes as outcomes_sql
 from .sql.common import int_array
@@ -77,7 +77,10 @@ class LiveJob:
     id) are set while it runs. ``error`` is the summary line of the last failed attempt's
     error; ``last_error`` (the whole text) and ``payload`` are only read when asked for.
     ``group_id`` is the group it is a member of; ``group`` (read by `show_job` only) its
-    own group's progress when it is a group's callback."""
+    own group's progress when it is a group's callback. ``checkpoint_at``: when its handler
+    last stored a checkpoint (``current_job().checkpoint``; its content, user data, is
+    ``checkpoint``, read with the payload only); ``progress``: what its running attempt
+    last reported (``current_job().progress``)."""
 
     id: int
     kind: str
@@ -95,6 +98,9 @@ class LiveJob:
     payload: Any = None
     group_id: int | None = None
     group: GroupStatus | None = None
+    checkpoint_at: datetime | None = None
+    checkpoint: Any = None
+    progress: Progress | None = None
 
     @property
     def parked(self) -> bool:
@@ -355,6 +361,8 @@ def _jsonable(row: Any) -> dict[str, Any]:
             value = value.isoformat()
         elif isinstance(value, GroupStatus):
             value = {**_jsonable(value), "finished": value.finished}
+        elif isinstance(value, Progress):
+            value = {**_jsonable(value), "fraction": value.fraction}
         out[name] = value
     return out
 
@@ -469,7 +477,14 @@ def _list_jobs(where: JobFilter, limit: int, payload: bool) -> Plan[Listing[Live
     _check_limit(limit)
     rows = yield _Query(sql.JOBS_LIST, {**where.params(), "limit": limit, "full": False,
                                         "payload": payload})
-    return Listing([LiveJob(*r) for r in rows[:limit]], len(rows) > limit)
+    return Listing([_live(r) for r in rows[:limit]], len(rows) > limit)
+
+
+def _live(row: tuple[Any, ...]) -> LiveJob:
+    """A row of `sql.JOBS_LIST` or `sql.JOBS_BY_ID`."""
+    *columns, checkpoint_at, checkpoint, progress, progress_at = row
+    return replace(LiveJob(*columns), checkpoint_at=checkpoint_at, checkpoint=checkpoint,
+                   progress=progress_of(progress, progress_at))
 
 
 def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJob]:
@@ -478,7 +493,7 @@ def _show_job(job_id: int, payload: bool, result: bool) -> Plan[LiveJob | DoneJo
                                          "payload": payload})
     found: LiveJob | DoneJob
     if rows:
-        found = LiveJob(*rows[0])
+        found = _live(rows[0])
     else:
         rows = yield _Query(sql.DONE_BY_ID, {"id": job_id, "result": result})
         if not rows:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .enqueue import schema_required
 from .errors import ConfigError, GroupNotFound
+from .sql import long as long_sql
 from .sql import outcomes as sql
 from .sql.common import listen_statement
 
@@ -67,11 +68,36 @@ class JobStatus:
     finished_at: datetime | None = None
     group_id: int | None = None
     parked: bool = False
+    #: When its handler last stored a checkpoint (``current_job().checkpoint``), kept
+    #: across attempts while the job is live; None: none stored. Its content is the
+    #: handler's data: `pgpool jobs show --payload` shows it.
+    checkpoint_at: datetime | None = None
+    #: The last progress its running attempt reported (``current_job().progress``).
+    progress: Progress | None = None
 
     @property
     def finished(self) -> bool:
         """Done, dead, cancelled, or unknown: no host will run it again."""
         return self.state in FINISHED
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a running job is, as its handler last reported (``current_job().progress``):
+    ``done`` of ``total`` (None: unknown) with a short ``note``; ``at``, when a heartbeat
+    wrote it (at most a beat, a third of a lease, after the report)."""
+
+    done: float
+    total: float | None
+    note: str | None
+    at: datetime
+
+    @property
+    def fraction(self) -> float | None:
+        """``done / total`` within 0 and 1; None without a total."""
+        if not self.total:
+            return None
+        return min(1.0, max(0.0, self.done / self.total))
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,8 +269,24 @@ def _ids(ids: Iterable[int]) -> list[int]:
 
 
 def _statuses(wanted: list[int], rows: list[tuple[Any, ...]]) -> dict[int, JobStatus]:
-    found = {row[0]: JobStatus(*row) for row in rows}
+    found = {row[0]: _status(*row) for row in rows}
     return {i: found.get(i) or JobStatus(i, "unknown") for i in wanted}
+
+
+def _status(job_id: int, state: State, kind: str, queue: str, attempts: int, result: Any,
+            error: str | None, finished_at: datetime | None, group_id: int | None,
+            parked: bool, checkpoint_at: datetime | None, progress: dict[str, Any] | None,
+            progress_at: datetime | None) -> JobStatus:
+    """A row of `sql.STATUSES`."""
+    return JobStatus(job_id, state, kind, queue, attempts, result, error, finished_at,
+                     group_id, parked, checkpoint_at, progress_of(progress, progress_at))
+
+
+def progress_of(progress: dict[str, Any] | None, at: datetime | None) -> Progress | None:
+    """A job's progress as its ``progress`` and ``progress_at`` columns hold it."""
+    if progress is None or at is None:
+        return None
+    return Progress(progress["done"], progress.get("total"), progress.get("note"), at)
 
 
 def _waiting(conn: psycopg.Connection | psycopg.AsyncConnection, ids: Iterable[int],
@@ -274,3 +316,17 @@ def _left(statuses: dict[int, JobStatus], deadline: float) -> float | None:
                            f"(first: {unfinished[:5]})")
     return left
 
+
+
+def store_checkpoint(conn: psycopg.Connection, job_id: int, claim: int, state: str) -> bool:
+    """Store checkpoint ``state`` (JSON text) of claim ``claim`` of job ``job_id`` on
+    ``conn``, as `pgpool.testing.drain` does in the test's process (a host stores them
+    through its dispatcher: `pgpool.host.long`); whether that claim still runs."""
+    params = {"id": job_id, "attempt": claim, "state": state}
+    return conn.execute(long_sql.CHECKPOINT_IN_PROCESS, params).rowcount == 1
+
+
+def load_checkpoint(conn: psycopg.Connection, job_id: int) -> str | None:
+    """Job ``job_id``'s stored checkpoint, as JSON text, or None (`store_checkpoint`)."""
+    row = conn.execute(long_sql.LOAD_CHECKPOINT_IN_PROCESS, {"id": job_id}).fetchone()
+    return None if row is None else row[0]

@@ -15,6 +15,8 @@ import contextlib
 import functools
 import importlib
 import inspect
+import logging
+import math
 import os
 import re
 import sys
@@ -28,6 +30,7 @@ from .errors import ConfigError, HandlerError, PayloadError
 from .job import MANY, EnqueueOptions, JobOptions, ManyOptions
 from .names import check_name
 from .retry import Retry
+from .sql import fleet as fleet_sql
 
 if TYPE_CHECKING:  # see pgpool.enqueue: workers never import psycopg
     import psycopg
@@ -85,6 +88,8 @@ class Handler(TypedKind[P]):
         concurrency_key: Key = None,
         codec: Codec | None = None,
         keep: float | None = None,
+        soft_timeout: float | None = None,
+        cpus: int = 1,
     ) -> None:
         self.kind = kind
         """The kind of job it runs."""
@@ -92,6 +97,10 @@ class Handler(TypedKind[P]):
         """The function as written."""
         self.timeout = timeout
         """Seconds an attempt may run before its worker is killed; None: the host's."""
+        self.soft_timeout = soft_timeout
+        """Seconds after which `pgpool.SoftTimeout` is raised in an attempt; None: never."""
+        self.cpus = cpus
+        """The host's worker slots (``--procs``) an attempt takes while it runs."""
         self.max_attempts = max_attempts
         """Attempts a job of this kind gets when its producer did not say; None: 20."""
         self.retry = retry
@@ -133,6 +142,18 @@ class Handler(TypedKind[P]):
         """Call the function as written, with ``payload`` as given."""
         return self.fn(payload)
 
+    def _check_width(self, widest: tuple[int | None] | None) -> None:
+        """Warn, once per kind and process, when the widest live host (``widest``: its
+        ``--procs``, None when no host is live) has fewer slots than this kind's ``cpus``:
+        its jobs would wait until a wider host starts."""
+        procs = None if widest is None else widest[0]
+        if procs is None or procs >= self.cpus or self.kind in _warned_wide:
+            return
+        _warned_wide.add(self.kind)
+        log.warning("kind %r takes %d cpus, more than every live host's --procs (at most "
+                    "%d): its jobs wait until a host with --procs %d or more runs it",
+                    self.kind, self.cpus, procs, self.cpus)
+
     def __repr__(self) -> str:
         return f"<pgpool.Handler {self.kind!r}: {self.qualname}>"
 
@@ -173,6 +194,8 @@ class Handler(TypedKind[P]):
         payload (an instance of its type, or a dict that fits it) is checked and encoded
         first (`PayloadError` naming the field, nothing sent)."""
         data, chosen = self.prepare(payload, options)
+        if self.cpus > 1:
+            self._check_width(conn.execute(fleet_sql.WIDEST_LIVE_HOST, _STALE).fetchone())
         return insert(conn, self.kind, data, chosen)
 
     @overload
@@ -186,6 +209,9 @@ class Handler(TypedKind[P]):
                             **options: Any) -> int | None:
         """Async twin of `enqueue`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare(payload, options)
+        if self.cpus > 1:
+            self._check_width(await (await conn.execute(fleet_sql.WIDEST_LIVE_HOST,
+                                                        _STALE)).fetchone())
         return await insert_async(conn, self.kind, data, chosen)
 
     @overload
@@ -205,6 +231,8 @@ class Handler(TypedKind[P]):
         deduplicate), and for one whose ``concurrency_key`` is a function unless the call
         gives the one key all its jobs get."""
         data, chosen = self.prepare_many(payloads, options)
+        if self.cpus > 1:
+            self._check_width(conn.execute(fleet_sql.WIDEST_LIVE_HOST, _STALE).fetchone())
         return insert_many(conn, self.kind, data, chosen)
 
     @overload
@@ -219,6 +247,9 @@ class Handler(TypedKind[P]):
                                  payloads: Iterable[Any], **options: Any) -> int:
         """Async twin of `enqueue_many`, for a psycopg `AsyncConnection`."""
         data, chosen = self.prepare_many(payloads, options)
+        if self.cpus > 1:
+            self._check_width(await (await conn.execute(fleet_sql.WIDEST_LIVE_HOST,
+                                                        _STALE)).fetchone())
         return await insert_many_async(conn, self.kind, data, chosen)
 
     def prepare(self, payload: Any, options: Mapping[str, Any]) -> tuple[Any, JobOptions]:
@@ -265,7 +296,13 @@ def _encoded(codec: Codec, payloads: Iterable[Any]) -> Iterator[dict[str, Any]]:
             raise PayloadError(f"payload #{i} (0-based): {exc}") from None
 
 
+log = logging.getLogger("pgpool.enqueue")
+
 _registry: dict[str, Handler[Any]] = {}
+#: Kinds whose enqueue warned that no live host is wide enough (`Handler._check_width`).
+_warned_wide: set[str] = set()
+#: `fleet_sql.WIDEST_LIVE_HOST`'s parameters: a host is live as `pgpool status` says.
+_STALE: Final = {"stale_leases": fleet_sql.STALE_AFTER_LEASES}
 #: Longest ``keep=``: 100 years, as a delay's limit.
 MAX_KEEP_SECONDS: Final = 100 * 366 * 86400
 
@@ -282,13 +319,22 @@ def handler(
     unique_key: Key = None,
     concurrency_key: Key = None,
     keep: float | timedelta | None = None,
+    soft_timeout: float | None = None,
+    cpus: int = 1,
 ) -> Callable[[Callable[[P], Any]], Handler[P]]:
     """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
     ``timeout`` (seconds) is a hard limit per attempt: past it the worker running the job is
-    killed and replaced, and the attempt fails. ``max_attempts`` is how many attempts a job
-    of this kind gets when its producer did not say; after the last failure it moves to
-    ``pgpool_dead``. A raised exception fails the attempt; returning normally succeeds it.
+    killed and replaced, and the attempt fails. ``soft_timeout`` (seconds, below
+    ``timeout``) is a warning before it: `pgpool.SoftTimeout` is raised in the handler that
+    many seconds into an attempt, so it can checkpoint and clean up (within milliseconds in
+    Python code; inside a long C call, once that call returns to Python). ``max_attempts``
+    is how many attempts a job of this kind gets when its producer did not say; after the
+    last failure it moves to ``pgpool_dead``. A raised exception fails the attempt;
+    returning normally succeeds it. ``cpus`` is how many of a host's ``--procs`` slots an
+    attempt takes while it runs (a handler that uses several cores: numpy, a thread pool,
+    a subprocess; ``current_job().cpus`` says how many it may use): a host never runs more
+    slots than it has, and a host with fewer ``--procs`` does not claim the kind.
     ``retry`` (a `pgpool.Retry`) replaces the default retry schedule for this kind's jobs;
     its ``attempts`` is then the handler's ``max_attempts`` (give one or the other).
     An ``async def`` handler is run to completion in a fresh event loop per attempt.
@@ -319,6 +365,14 @@ def handler(
     check_name("kind", kind)
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
         raise HandlerError(f"handler {kind!r}: timeout must be a positive number of seconds")
+    if soft_timeout is not None and (
+            not isinstance(soft_timeout, int | float) or isinstance(soft_timeout, bool)
+            or not 0 < soft_timeout < (timeout or math.inf)):
+        raise HandlerError(f"handler {kind!r}: soft_timeout must be a positive number of "
+                           f"seconds below its timeout ({timeout}), got {soft_timeout!r}")
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+        raise HandlerError(f"handler {kind!r}: cpus must be a positive integer (the worker "
+                           f"slots an attempt takes), got {cpus!r}")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise HandlerError(f"handler {kind!r}: max_attempts must be a positive integer")
     if retry is not None:
@@ -345,7 +399,9 @@ def handler(
         new = Handler(kind, fn, float(timeout) if timeout else None, max_attempts,
                       retry=retry, queue=queue, priority=priority, tenant=tenant,
                       unique_key=unique_key, concurrency_key=concurrency_key, codec=codec,
-                      keep=kept)
+                      keep=kept,
+                      soft_timeout=None if soft_timeout is None else float(soft_timeout),
+                      cpus=cpus)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(

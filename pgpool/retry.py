@@ -180,3 +180,20 @@ class Cancel(_Ending):
     """Raised by a handler: the job is no longer wanted: it moves to ``pgpool_dead`` now,
     as an operator's ``pgpool cancel`` would move it, with ``reason = 'cancelled'`` and
     ``last_error`` the given ``reason``."""
+
+
+class Interrupted(Control):
+    """Raised by `current_job().checkpoint() <pgpool.worker.followups.RunningJob.checkpoint>`
+    once the state is stored, when the job should stop there: its host is stopping (a
+    deploy's SIGTERM: ``current_job().stopping``), or this attempt no longer holds the job
+    (its lease was lost: then nothing was stored). Let it propagate: the job is handed
+    back, ready at once, without using one of its attempts, and its next attempt resumes
+    from ``current_job().checkpoint_state``."""
+
+
+class SoftTimeout(Exception):
+    """Raised in a handler when its attempt has run for its ``soft_timeout``
+    (``@pgpool.handler(kind, timeout=H, soft_timeout=S)``): checkpoint and clean up before
+    the hard timeout ends the worker at H. Left to propagate, it fails the attempt like
+    any error (retried as its handler's `Retry` says); its next attempt may resume from
+    the checkpoint (``current_job().checkpoint_state``)."""

@@ -214,12 +214,18 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 0
     now = datetime.now(UTC)
     header = ["ID", "KIND", "QUEUE", "STATE", "ATTEMPTS", "DUE / LEASE", "OWNER", "ERROR"]
+    # Only when a listed job reported progress: most listings have none.
+    progress = any(j.progress is not None for j in listing.rows)
+    if progress:
+        header.append("PROGRESS")
     if args.payload:
         header.append("PAYLOAD")
     rows = []
     for j in listing.rows:
         row = [j.id, j.kind, j.queue, j.state, _attempts(j.attempts, j.max_attempts),
                _due(j, now), j.owner or "-", _clip(j.error)]
+        if progress:
+            row.append(_progress(j.progress, now, width=30) if j.progress else "-")
         if args.payload:
             row.append(_payload(j.payload))
         rows.append(row)
@@ -257,8 +263,33 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         ("state", state), ("attempts", _attempts(job.attempts, job.max_attempts)),
         ("due / lease", _due(job, now)), ("owner", job.owner or "-"),
         ("priority", job.priority), ("enqueued", _when(job.created_at, now)), *_groups(job, now),
+        *_long(job, now, args.payload),
     ], job.last_error, job.payload if args.payload else None, args.payload)
     return 0
+
+
+def _long(job: ops.LiveJob, now: datetime, with_payload: bool) -> list[tuple[str, object]]:
+    """The lines on a long job: its checkpoint (its content is user data: shown with
+    ``--payload``) and its progress."""
+    lines: list[tuple[str, object]] = []
+    if job.checkpoint_at is not None:
+        lines.append(("checkpoint", f"stored {_when(job.checkpoint_at, now)}"))
+        lines.append(("  state", json.dumps(job.checkpoint) if with_payload
+                      else "(not shown: --payload shows it)"))
+    if job.progress is not None:
+        lines.append(("progress", _progress(job.progress, now)))
+    return lines
+
+
+def _progress(progress: outcomes.Progress, now: datetime, width: int = 60) -> str:
+    """``done/total (percent)``, the note, and how old the report is."""
+    done = f"{progress.done:g}"
+    if progress.total is not None:
+        done += f"/{progress.total:g}"
+        if progress.fraction is not None:
+            done += f" ({progress.fraction:.0%})"
+    note = f" {_clip(progress.note, width)}" if progress.note else ""
+    return f"{done}{note}, {_ago(progress.at, now)}"
 
 
 def _groups(job: ops.LiveJob | ops.DoneJob, now: datetime) -> list[tuple[str, object]]:

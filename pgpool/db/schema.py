@@ -31,6 +31,7 @@ import itertools
 import logging
 import re
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ..errors import SchemaError
@@ -94,8 +95,9 @@ def _load() -> None:
 def read_migrations(folder: Traversable) -> tuple[Migration, ...]:
     """The migrations in ``folder``, in order (`MIGRATIONS` are pgpool's own, read from
     `pgpool.db.migrations`, which describes the format): one ``NNNN_what_it_does.sql``
-    file each, numbered from 1 with no gap, its header giving its description and drain.
-    Raises `SchemaError` naming the first file that breaks these rules."""
+    file each, numbered from 1, its header giving its description and drain. A number may
+    be missing (see `_applied`). Raises `SchemaError` naming the first file that breaks
+    these rules."""
     found: dict[int, Traversable] = {}
     for entry in sorted(folder.iterdir(), key=lambda entry: entry.name):
         if not entry.name.endswith(".sql"):
@@ -112,10 +114,8 @@ def read_migrations(folder: Traversable) -> tuple[Migration, ...]:
     if not found:
         raise SchemaError(f"pgpool's schema migrations are missing from {folder}: "
                           "reinstall pgpool")
-    for expected, version in enumerate(sorted(found), 1):
-        if version != expected:
-            raise _malformed(found[version], f"is numbered {version} where {expected} is "
-                                             "next: number the migrations from 1 with no gap")
+    if 0 in found:
+        raise _malformed(found[0], "is numbered 0: number the migrations from 1")
     return tuple(_read_migration(version, found[version]) for version in sorted(found))
 
 
@@ -280,11 +280,12 @@ def _migrate_once(conn: psycopg.Connection, lock_timeout: float) -> list[int]:
         conn.execute(sql.MIGRATE_LOCK)
         conn.execute(sql.MIGRATE_LOCK_TIMEOUT, {"lock_timeout": f"{lock_timeout * 1000:.0f}ms"})
         conn.execute(BOOKKEEPING)
-        current = _row(conn.execute(sql.SCHEMA_VERSION).fetchone())[0]
+        recorded = set(_row(conn.execute(sql.SCHEMA_VERSIONS).fetchone())[0])
+        current = _applied(recorded)
         if current > SCHEMA_VERSION:
             raise SchemaError(_too_new(current))
         for m in MIGRATIONS:
-            if m.version > current:
+            if m.version not in recorded:
                 conn.execute(m.ddl)
                 conn.execute(sql.MIGRATE_RECORD, (m.version, m.description))
                 applied.append(m.version)
@@ -332,13 +333,31 @@ async def check_async(conn: psycopg.AsyncConnection) -> None:
     found = await locate_async(conn)
     version = None
     if found.schema is not None:
-        version = _row(await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
+        version = _applied(_row(await (await conn.execute(sql.SCHEMA_VERSIONS)).fetchone())[0])
     check_version(version, found.elsewhere)
 
 
 def _version(conn: psycopg.Connection) -> int:
-    version: int = _row(conn.execute(sql.SCHEMA_VERSION).fetchone())[0]
-    return version
+    return _applied(_row(conn.execute(sql.SCHEMA_VERSIONS).fetchone())[0])
+
+
+def _applied(recorded: Iterable[int]) -> int:
+    """The version a database whose ``pgpool_schema_version`` lists ``recorded`` is at:
+    the last of `MIGRATIONS` before the first it lacks (or its newest, when it is newer
+    than this code). Migrations are written on branches in parallel, each taking the next
+    number, so one may be merged before a lower-numbered one: a database that applied it
+    first is not at the newest version until `migrate` has applied the one it lacks too."""
+    _load()
+    done = set(recorded)
+    newest = max(done, default=0)
+    if newest > SCHEMA_VERSION:
+        return newest
+    reached = 0
+    for m in MIGRATIONS:
+        if m.version not in done:
+            break
+        reached = m.version
+    return reached
 
 
 def _row(row: tuple[Any, ...] | None) -> tuple[Any, ...]:

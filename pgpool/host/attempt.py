@@ -6,7 +6,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..worker.ipc import Done, Ended, Failed, Finished, FollowUpsWire, Snoozed, Verdict, WorkItem
+from ..worker.ipc import (
+    Done,
+    Ended,
+    Failed,
+    Finished,
+    FollowUpsWire,
+    HandedBack,
+    Snoozed,
+    Verdict,
+    WorkItem,
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -77,7 +87,9 @@ class AttemptEnd:
     #: "snooze" (run again in ``delay`` seconds, not counted), "discard" or "cancel"
     #: (dead-letter it now, with that reason), "final" (a failure no retry would change:
     #: one its handler's `pgpool.Retry` does not retry, a payload that does not fit its
-    #: type, a kept result that cannot be stored; dead-letter it now). None: a plain outcome.
+    #: type, a kept result that cannot be stored; dead-letter it now), "handback" (it
+    #: stopped at a checkpoint, `pgpool.Interrupted`: ready again now, not counted). None:
+    #: a plain outcome.
     verdict: Verdict | None = None
     delay: float = 0.0
     #: A success's returned value, as JSON text (None: it returned None), or why it cannot
@@ -87,7 +99,8 @@ class AttemptEnd:
     follow: FollowUpsWire | None = None
 
     @classmethod
-    def of(cls, job: Job, message: Done | Failed | Snoozed | Ended | Finished) -> AttemptEnd:
+    def of(cls, job: Job,
+           message: Done | Failed | Snoozed | Ended | Finished | HandedBack) -> AttemptEnd:
         """The outcome of ``job`` a worker's message reports."""
         match message:
             case Finished():
@@ -101,4 +114,7 @@ class AttemptEnd:
             case Ended():
                 return cls(job, message.error, message.elapsed, cause=message.cause,
                            verdict=message.verdict)
+            case HandedBack():
+                return cls(job, "handed back at its checkpoint: its host was stopping",
+                           message.elapsed, cause="Interrupted", verdict="handback")
         return cls(job, None, message.elapsed)

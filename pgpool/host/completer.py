@@ -223,6 +223,8 @@ def decide(outcome: AttemptEnd, retry: Retry, keep: float | None = None) -> Ack:
             return Ack.cancel(job, error)
         case "final":
             return Ack.dead(job, error)
+        case "handback":  # no bound: it stopped where its checkpoint lets it resume
+            return Ack.interrupted(job, error)
     if outcome.interrupted and job.interruptions < FREE_INTERRUPTIONS:
         return Ack.interrupted(job, error)
     if job.counted >= job.max_attempts:

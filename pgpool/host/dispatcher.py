@@ -22,6 +22,8 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
      completer.complete(outcome): decide() ─▶ Ack.done / Ack.retry / Ack.dead / Ack.snooze
      summary.runs.add()  (its run time)      │
   unstarted jobs handed back: completer.release(jobs) ─▶ Ack.release
+  a handler's checkpoint or progress: long.received() (pgpool.host.long): a checkpoint
+     stored at once, guarded like an ack; progress written after each heartbeat
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
@@ -77,11 +79,13 @@ from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
 from ..sql.fleet import STALE_AFTER_LEASES
+from ..worker import ipc
 from .attempt import AttemptEnd, Job
 from .claimer import Claimer, configure_connection
 from .completer import Completer, FlushResult
 from .config import RunConfig
 from .lease import Lease
+from .long import Answer, LongJobs
 from .parts import vacuum
 from .parts.control import Control
 from .parts.heartbeat import Heartbeat
@@ -188,6 +192,8 @@ class Dispatcher:
         #: With ``log_summary``: the periodic summary, and where each run time goes.
         self.summary: Summary | None = None
         self._run_times: RunTimes | None = None
+        #: Long jobs' checkpoints and progress, once the database is open.
+        self.long: LongJobs | None = None
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -264,6 +270,8 @@ class Dispatcher:
                 await self._killing
             if not self.pool.closing:
                 await self.pool.kill_all()
+            if self.long is not None:
+                await self.long.close()
             await self.claims_db.close()
             await self.db.close()
 
@@ -307,18 +315,33 @@ class Dispatcher:
             min_left_to_start=self.lease.min_left_to_start,
             log=None if cfg.log_level is None else (cfg.log_level, cfg.log_format),
             launched=self._launched,
+            on_long=self._long_message,
+            cpus={kind: h.cpus for kind, h in self.handlers.items()},
         )
+
+    def _runnable(self) -> dict[str, Handler]:
+        """The handlers whose jobs fit this host: a kind wider (``cpus``) than its
+        ``--procs`` is not claimed here, and said so once."""
+        procs = self.config.procs
+        for kind, h in self.handlers.items():
+            if h.cpus > procs:
+                event(log, logging.WARNING, "kind_too_wide",
+                      "kind %r takes %d cpus, more than this host's %d --procs: this host "
+                      "does not claim it; run it on a host with --procs %d or more",
+                      kind, h.cpus, procs, h.cpus, kind=kind, cpus=h.cpus, procs=procs)
+        return {kind: h for kind, h in self.handlers.items() if h.cpus <= procs}
 
     async def _build_parts(self) -> None:
         cfg, db = self.config, self.db
+        runnable = self._runnable()
         self.claimer = Claimer(
-            self.claims_db, self.owner, queues=cfg.queues, handlers=self.handlers,
+            self.claims_db, self.owner, queues=cfg.queues, handlers=runnable,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             on_claimed=self.metrics.jobs_claimed if self.metrics else None,
             tenant_cap=cfg.tenant_cap,
         )
         self.hosts = HostRegistry(
-            db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
+            db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(runnable),
             lease=self.lease, max_claims_per_sec=cfg.max_claims_per_sec,
             counters=self._host_counters,
         )
@@ -333,9 +356,11 @@ class Dispatcher:
         if cfg.log_summary:
             self.summary = Summary(cfg.log_summary, self.completer.counts)
             self._run_times = self.summary.runs
+        self.long = long = LongJobs(db, self.owner)
         self.heartbeat = Heartbeat(db, self.owner, self.lease, self._held,
                                    on_lost=self.pool.drop_lost, on_extended=self.pool.extend,
-                                   acking=self.completer.pending_jobs)
+                                   acking=self.completer.pending_jobs,
+                                   progress=long.write_progress)
         self.reaper = Reaper(db, interval=self.lease.reaper_interval)
         self.stager = Stager(db, interval=cfg.poll)
         self.vacuum = await vacuum.keeper(db, cfg.dsn)
@@ -507,6 +532,11 @@ class Dispatcher:
         if self.metrics is not None:
             self.metrics.job_finished(outcome, ack)
         self.observer.finished(outcome)
+
+    def _long_message(self, job: Job | None, message: ipc.LongFromWorker,
+                      answer: Answer) -> None:
+        assert self.long is not None  # built before any job is claimed
+        self.long.received(job, message, answer)
 
     def _jobs_returned(self, jobs: list[Job]) -> None:
         self.completer.release(jobs)

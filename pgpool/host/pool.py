@@ -31,6 +31,8 @@ types of `pgpool.worker.ipc`::
      │        _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
      │            ─▶ on_outcome(AttemptEnd)    (the dispatcher's `_job_finished`: to its completer)
      │        _on_skipped: assigned.popleft(), no outcome (its lease was lost: `drop_lost`)
+     │        _on_long: the running job's Checkpoint | LoadCheckpoint | Progress ─▶ on_long
+     │            (`pgpool.host.long`), answered with Stored | Loaded (`_answer`)
      │
      │  .exit_fd (a pidfd) readable: the process itself ended ─▶ _on_exit(w):
      │    (without pidfds: _wait_in_thread() ─▶ call_soon_threadsafe(_on_exit, w))
@@ -178,8 +180,15 @@ class WorkerPool:
         min_left_to_start: float = 0.0,
         log: tuple[str, str] | None = None,
         launched: dict[int, Launched] | None = None,
+        on_long: Callable[[Job | None, ipc.LongFromWorker, Callable[[ipc.LongToWorker], None]],
+                          None] | None = None,
+        cpus: dict[str, int] | None = None,
     ) -> None:
         self.procs = procs
+        self._report_long = on_long
+        #: The kinds whose jobs take more than one of the ``procs`` slots (a handler's
+        #: ``cpus``): with any, jobs are assigned by slots (`_assign_slots`).
+        self._wide = {kind: n for kind, n in (cpus or {}).items() if n > 1}
         self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
@@ -358,12 +367,17 @@ class WorkerPool:
         """
         if self._fixed_depth is not None:
             return self._fixed_depth
+        if self._wide:
+            return 1  # a job starts only once its slots are free: none waits in a pipe
         if self._job_seconds <= 0:
             return 2
         return max(2, min(MAX_DEPTH, round(QUEUED_SECONDS / self._job_seconds)))
 
     def _assign(self) -> None:
         if not self._backlog:
+            return
+        if self._wide:
+            self._assign_slots()
             return
         depth = self.depth
         # Top a worker up only once it is half drained, so short jobs travel in chunks of
@@ -399,6 +413,44 @@ class WorkerPool:
             w.assigned.extend(batch)
             self._send(w, ipc.Jobs([job.wire() for job in batch]))
             self.frames_sent += 1
+
+    def _assign_slots(self) -> None:
+        """Assign by slots, when some kinds take several (``cpus``): each idle worker gets
+        the backlog's next job if its slots are free, one job at a time. The backlog's
+        order is kept: a wide job that does not fit yet holds the narrow ones behind it
+        back until enough slots are free, so a stream of narrow jobs never starves it."""
+        idle = [w for w in self._workers.values()
+                if w.ready and not (w.stopping or w.kill_reason or w.retiring or w.assigned)]
+        used = self.slots_used
+        late: list[Job] = []
+        start_by = time.monotonic() + self._min_left_to_start
+        now = asyncio.get_running_loop().time()
+        for w in idle:
+            while self._backlog and self._backlog[0].deadline < start_by:
+                late.append(self._backlog.popleft())
+            if not self._backlog:
+                break
+            job = self._backlog[0]
+            slots = self._wide.get(job.kind, 1)
+            if used + slots > self.procs:
+                break
+            self._backlog.popleft()
+            used += slots
+            w.started_at = now
+            job.started = True
+            w.assigned.append(job)
+            self._send(w, ipc.Jobs([job.wire()]))
+            self.frames_sent += 1
+        if late:
+            log.warning("handing back %d jobs with too little of their lease left to start "
+                        "(a slow claim, or a stalled dispatcher)", len(late))
+            self._report_returned(late)
+
+    @property
+    def slots_used(self) -> int:
+        """The slots the running jobs take (each its kind's ``cpus``)."""
+        return sum(self._wide.get(w.assigned[0].kind, 1)
+                   for w in self._workers.values() if w.assigned)
 
     def _take(self, start_by: float, late: list[Job]) -> Job | None:
         """The next backlog job whose deadline is ``start_by`` or later; earlier ones go
@@ -454,8 +506,10 @@ class WorkerPool:
 
     def _on_message(self, w: _Worker, message: ipc.FromWorker) -> None:
         match message:  # the per-job ones first (Done: `_read_results`)
-            case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished():
+            case ipc.Failed() | ipc.Snoozed() | ipc.Ended() | ipc.Finished() | ipc.HandedBack():
                 self._on_outcome(w, message)
+            case ipc.Checkpoint() | ipc.LoadCheckpoint() | ipc.Progress():
+                self._on_long(w, message)
             case ipc.Skipped():
                 self._on_skipped(w, message)
             case ipc.Ready():
@@ -469,9 +523,28 @@ class WorkerPool:
             case _:
                 raise RuntimeError(f"worker {w.index} sent {message!r}")  # a bug
 
-    def _on_outcome(self, w: _Worker,
-                    message: ipc.Failed | ipc.Snoozed | ipc.Ended | ipc.Finished) -> None:
+    def _on_outcome(self, w: _Worker, message: ipc.Failed | ipc.Snoozed | ipc.Ended
+                    | ipc.Finished | ipc.HandedBack) -> None:
         self._finished(w, AttemptEnd.of(self._front_job(w, message.id), message))
+
+    def _on_long(self, w: _Worker, message: ipc.LongFromWorker) -> None:
+        """The running job's handler checkpoints or reports progress
+        (`pgpool.worker.long`): to ``on_long``, with the job (None when the attempt the
+        message names is not the one running: it has ended) and how to answer."""
+        job = w.running
+        if job is not None and (job.id, job.attempt) != (message.id, message.attempt):
+            job = None
+        if self._report_long is not None:
+            self._report_long(job, message, lambda answer: self._answer(w, answer))
+        elif not isinstance(message, ipc.Progress):  # a pool on its own (tests)
+            self._answer(w, ipc.Stored(message.id, "no dispatcher stores checkpoints")
+                         if isinstance(message, ipc.Checkpoint)
+                         else ipc.Loaded(message.id, None))
+
+    def _answer(self, w: _Worker, answer: ipc.LongToWorker) -> None:
+        """Answer worker ``w``'s request, unless it has ended meanwhile."""
+        if w.kill_reason is None and self._workers.get(w.index) is w:
+            self._send(w, answer)
 
     def _on_skipped(self, w: _Worker, message: ipc.Skipped) -> None:
         # Its lease was lost before it started: nothing to report (the heartbeat did).

@@ -8,6 +8,7 @@
 - `observe`: what ``pgpool status``, the metrics and the dashboard read;
 - `install`: locating, migrating and granting an installation;
 - `ops`: the operators' commands (`pgpool.ops`) and dead-letter retention;
+- `long`: long jobs' checkpoints and progress (`pgpool.host.long`);
 - `common`: the installation's LISTEN/NOTIFY channel and its payloads, and `int_array`.
 
 A caller imports the module of its audience (``from .sql import jobs as sql``); this package

@@ -165,3 +165,10 @@ SET last_tick = %(tick)s, last_run = %(tick)s, last_run_at = now()
 WHERE name = %(name)s AND last_tick = %(seen)s AND %(tick)s > last_tick
 RETURNING name
 """
+
+#: The most ``--procs`` of a live host (NULL when none is live): a kind whose handler
+#: takes more ``cpus`` waits for a wider host (`pgpool.registry.Handler.enqueue` warns).
+WIDEST_LIVE_HOST: Final = """
+SELECT max(procs) FROM pgpool_hosts
+WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""

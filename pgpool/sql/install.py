@@ -59,7 +59,11 @@ WHERE l.granted AND l.pid <> pg_backend_pid() AND n.nspname = %(schema)s
 ORDER BY 1
 """
 
-SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM pgpool_schema_version"
+#: Every migration a database has applied (`pgpool.db.schema._applied` reads its version
+#: from them).
+SCHEMA_VERSIONS: Final = (
+    "SELECT coalesce(array_agg(version), '{}') FROM pgpool_schema_version"
+)
 
 # --- grants (pgpool.db.grants) ------------------------------------------------------------
 

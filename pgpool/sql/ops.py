@@ -36,7 +36,8 @@ _JOB_COLUMNS = f"""
     id, kind, queue, {_JOB_STATE} AS op_state, attempts, max_attempts, priority, run_at,
     extract(epoch FROM lease_until - now())::float8, locked_by, nullif({_ERROR_LINE}, ''),
     created_at,
-    CASE WHEN %(full)s THEN last_error END, CASE WHEN %(payload)s THEN payload END, group_id
+    CASE WHEN %(full)s THEN last_error END, CASE WHEN %(payload)s THEN payload END, group_id,
+    checkpoint_at, CASE WHEN %(payload)s THEN checkpoint END, progress, progress_at
 """
 
 #: Live jobs, filtered (a NULL filter matches all), oldest first; one more than ``limit``,

@@ -21,14 +21,15 @@ STATUSES: Final = """
 SELECT id,
        CASE WHEN state = 'ready' AND run_at > now() THEN 'scheduled' ELSE state END,
        kind, queue, attempts, NULL::jsonb, last_error, NULL::timestamptz, group_id,
-       state IN ('parked', 'done')
+       state IN ('parked', 'done'), checkpoint_at, progress, progress_at
 FROM pgpool_jobs WHERE id = ANY(%(ids)s::bigint[])
 UNION ALL
-SELECT id, 'done', kind, queue, attempts, result, NULL, finished_at, group_id, false
+SELECT id, 'done', kind, queue, attempts, result, NULL, finished_at, group_id, false,
+       NULL, NULL, NULL
 FROM pgpool_done WHERE id = ANY(%(ids)s::bigint[])
 UNION ALL
 SELECT id, CASE WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END, kind, queue,
-       attempts, NULL, last_error, died_at, group_id, false
+       attempts, NULL, last_error, died_at, group_id, false, NULL, NULL, NULL
 FROM pgpool_dead WHERE id = ANY(%(ids)s::bigint[])
 """
 

@@ -359,6 +359,12 @@ def _row(request: web.Request, row: ops.LiveJob | ops.DeadJob | ops.DoneJob) -> 
         # quotes the payload (a handler's exception names what it failed on), so it is
         # hidden alike, and a signature (made of that text) becomes its group's token.
         del d["payload"], d["error"], d["last_error"]
+        if isinstance(row, ops.LiveJob):
+            # A checkpoint is the handler's data; a progress note its own words, which
+            # may quote it as an error does.
+            del d["checkpoint"]
+            if d["progress"] is not None:
+                del d["progress"]["note"]
         if isinstance(row, ops.DeadJob):
             d["signature"] = _signature_token(request.app[SECRET], row.kind, row.signature)
     return d

@@ -24,12 +24,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+import orjson
+
 from ..enqueue import function_params, prepared, prepared_many
-from ..errors import ConfigError, GroupNotFound
+from ..errors import CheckpointError, ConfigError, GroupNotFound
 from ..groups import group_params
 from ..job import NAMES, JobInfo, JobOptions
 from ..outcomes import Member, group_members
-from ..registry import Handler
+from ..registry import Handler, registered
+from ..retry import Interrupted
+from . import ipc, long
 
 if TYPE_CHECKING:  # workers import psycopg only to read a group's members
     import psycopg
@@ -60,6 +64,10 @@ def ended_message(job_id: int, left_behind: bool) -> str:
     return f"pgpool.current_job() is used outside a running job: {how}"
 
 
+#: `Attempt.state` before the attempt has read or stored a checkpoint.
+_UNREAD: Final = object()
+
+
 #: What reads a group's members in place of a database: group id -> its members.
 MemberReader = Callable[[int], list[Member]]
 
@@ -71,7 +79,8 @@ class Attempt:
     whose transaction holds them), else on a connection of its own to ``PGPOOL_DSN``. Once
     it has ended (`end`), what is asked of it raises and is kept nowhere."""
 
-    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id", "read_members")
+    __slots__ = ("_ended", "_groups", "_jobs", "_thread", "conn", "job_id", "progress",
+                 "read_members", "state")
 
     def __init__(self, job_id: int, conn: psycopg.Connection[Any] | None = None,
                  read_members: MemberReader | None = None) -> None:
@@ -82,6 +91,11 @@ class Attempt:
         self._jobs: list[dict[str, Any]] = []
         self._groups: list[dict[str, Any]] = []
         self._ended = False
+        #: The checkpoint's JSON text as last read or stored (`pgpool.worker.long`);
+        #: `_UNREAD` until then.
+        self.state: bytes | object | None = _UNREAD
+        #: The last progress reported, sent or not: (done, total, note); None: none yet.
+        self.progress: tuple[float, float | None, str | None] | None = None
 
     def check(self, more: int = 0) -> None:
         """Raise unless this attempt is running with room for ``more`` follow-ups (the
@@ -102,6 +116,14 @@ class Attempt:
             self.check(len(jobs) + len(groups))
             self._jobs += jobs
             self._groups += groups
+
+    def while_running(self, write: Callable[[], None]) -> None:
+        """Call ``write`` if this attempt still runs, before it can end (`long.Guard`): a
+        frame its handler sends the dispatcher never follows its outcome, nor is cut by
+        another thread's."""
+        with _lock:
+            self.check()
+            write()
 
     def end(self) -> FollowUps | None:
         """End the attempt: its follow-ups (None: none), which only its success writes."""
@@ -184,6 +206,83 @@ class RunningJob(JobInfo):
                 f"current_job().group_members(): job {self.id} ({self.kind}) is not a "
                 "group's callback: only the callback of pgpool.group(..., then=...) has "
                 "members to read") from None
+
+    # --- long jobs (pgpool.worker.long) ---------------------------------------------------
+
+    def checkpoint(self, state: Any) -> None:
+        """Store ``state`` (JSON: dicts, lists, str, int, float, bool, None; at most 1 MiB
+        of it, ``PGPOOL_MAX_CHECKPOINT_BYTES``) as this job's checkpoint, and return once it
+        is stored. A later attempt of the job (after a crash, a lost lease, a deploy or a
+        retry) reads it back as `checkpoint_state`. Only the attempt that holds the job's
+        lease stores it. Raises `pgpool.CheckpointError` (nothing stored) for a state that
+        cannot be stored, and `pgpool.Interrupted` once it is stored when the host is
+        `stopping` (let it propagate: the job is handed back, its attempt not used, and
+        resumes elsewhere), or when this attempt no longer holds the job (nothing stored)."""
+        attempt = self._running()
+        data = long.encode(state)
+        refused = long.store(self.id, self.claim, data, attempt.while_running, attempt.conn)
+        if refused == ipc.NOT_HELD:
+            raise Interrupted(f"job {self.id}'s checkpoint was not stored: {refused}")
+        if refused is not None:  # the database refused it (an application's trigger...)
+            raise CheckpointError(f"current_job().checkpoint(): job {self.id}'s checkpoint "
+                                  f"was not stored: {refused}")
+        attempt.state = data
+        if long.stopping:
+            raise Interrupted(f"job {self.id} stopped at its checkpoint: its host is "
+                              "stopping; it is handed back and resumes from there")
+
+    @property
+    def checkpoint_state(self) -> Any:
+        """The state last stored with `checkpoint` (by an earlier attempt, or this one),
+        decoded; None when none was."""
+        attempt = self._running()
+        state = attempt.state
+        if state is _UNREAD:
+            # A first claim has nothing to read: no round trip for it.
+            state = None if self.claim == 1 else long.load(
+                self.id, self.claim, attempt.while_running, attempt.conn)
+            attempt.state = state
+        return None if state is None else orjson.loads(state)  # type: ignore[arg-type]
+
+    def progress(self, done: float, total: float | None = None,
+                 note: str | None = None) -> None:
+        """Report how far the job is: ``done`` of ``total`` (None: unknown), and a short
+        ``note`` (at most 200 characters are kept). Cheap enough for a tight loop: only
+        the latest report is kept, and sent to the host at an attempt's first report and
+        then at most once a heartbeat; the host writes it with its next beat
+        (`pgpool.job_status`'s ``progress``, ``pgpool jobs show``). A report that is sent
+        is checked first: `pgpool.ConfigError` for a value that is not a number (the first
+        report is always sent)."""
+        attempt = self._attempt
+        # The common call keeps the report and returns: nothing is checked nor sent.
+        if attempt is None or attempt._ended or long.beat or attempt.progress is None:
+            self._report(done, total, note)
+        else:
+            attempt.progress = (done, total, note)
+
+    def _report(self, done: float, total: float | None, note: str | None) -> None:
+        """`progress`, checked and sent."""
+        attempt = self._running()
+        refused = long.check_progress(done, total, note)
+        if refused is not None:
+            raise ConfigError(f"current_job().progress(): {refused}")
+        attempt.progress = (done, total, note)
+        long.send_progress(self.id, self.claim, done, total,
+                           None if note is None else note[:long.MAX_NOTE_CHARS],
+                           attempt.while_running)
+
+    @property
+    def cpus(self) -> int:
+        """How many cores this job may use: its handler's ``cpus`` (the host's worker
+        slots it takes while it runs)."""
+        handler = registered().get(self.kind)
+        return 1 if handler is None else handler.cpus
+
+    @property
+    def stopping(self) -> bool:
+        """The host running this job is stopping (a deploy's SIGTERM): `checkpoint` soon,
+        which then raises `pgpool.Interrupted`; the job resumes elsewhere."""
+        return long.stopping
 
     def _running(self, more: int = 0) -> Attempt:
         """Its attempt, while it runs with room for ``more`` follow-ups (checked again as

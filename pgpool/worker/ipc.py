@@ -12,6 +12,9 @@ Every message is a named tuple of its own type, read by field at both ends:
         Drop(jobs)                   these (id, attempt) jobs sent earlier lost their
                                      lease: skip each not yet started; if one is running,
                                      end at once, with its process group
+        Stored(id, error) | Loaded(id, state)
+                                     the answer to the running job's Checkpoint (error None:
+                                     stored) or LoadCheckpoint (`pgpool.worker.long`)
     worker -> dispatcher
         Ready(pid) | Broken(reason)  once, after importing the handler modules
         Done(id, elapsed) | Failed(id, error, cause, elapsed)    one per job, in order;
@@ -27,6 +30,14 @@ Every message is a named tuple of its own type, read by field at both ends:
         Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
                                      job still assigned to it is unstarted, even those sent
                                      after this message, which it never reads
+        Checkpoint(id, attempt, state) | LoadCheckpoint(id, attempt)
+                                     from the running job's handler, which waits for the
+                                     answer (`pgpool.worker.long`)
+        Progress(id, attempt, done, total, note)
+                                     the running job's latest progress, at most once per
+                                     `Extend` (the dispatcher writes it with the heartbeats)
+        HandedBack(id, elapsed)      in place of an outcome: the handler stopped at a
+                                     checkpoint because its host is stopping (`pgpool.Interrupted`)
 
 A frame is a 4-byte little-endian length and a pickle. Pickle is safe here: both ends are
 our own processes, started by the dispatcher, and nothing from the database is unpickled
@@ -50,7 +61,7 @@ from typing import Any, Literal, NamedTuple
 _HEADER = struct.Struct("<I")
 
 #: What a handler asked for instead of a plain failure (`pgpool.host.attempt.AttemptEnd.verdict`).
-Verdict = Literal["snooze", "discard", "cancel", "final"]
+Verdict = Literal["snooze", "discard", "cancel", "final", "handback"]
 
 
 class WorkItem(NamedTuple):
@@ -149,15 +160,58 @@ class Retiring(NamedTuple):
     reason: str
 
 
-ToWorker = Jobs | Stop | Extend | Drop
+class Checkpoint(NamedTuple):
+    id: int
+    attempt: int
+    state: bytes  # JSON text, checked and bounded by the worker
+
+
+class LoadCheckpoint(NamedTuple):
+    id: int
+    attempt: int
+
+
+class Progress(NamedTuple):
+    id: int
+    attempt: int
+    done: float
+    total: float | None
+    note: str | None
+
+
+class HandedBack(NamedTuple):
+    id: int
+    elapsed: float
+
+
+#: `Stored.error` when the attempt no longer holds the job (its lease was lost, or it ended).
+NOT_HELD = "this attempt no longer holds the job (its lease was lost, or it ended)"
+
+
+class Stored(NamedTuple):
+    id: int
+    error: str | None  # why the checkpoint was not stored (`NOT_HELD`...); None: stored
+
+
+class Loaded(NamedTuple):
+    id: int
+    state: bytes | None  # the stored checkpoint's JSON text; None: none stored
+
+
+#: The messages of long jobs (`pgpool.worker.long`): none on a job that never checkpoints
+#: nor reports progress.
+LongToWorker = Stored | Loaded
+LongFromWorker = Checkpoint | LoadCheckpoint | Progress
+ToWorker = Jobs | Stop | Extend | Drop | LongToWorker
 FromWorker = (Ready | Broken | Done | Failed | Snoozed | Ended | Skipped | Returned | Retiring
-              | Finished)
+              | Finished | HandedBack | LongFromWorker)
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
                                        Retiring, Extend, Drop, Skipped, Snoozed, Ended,
-                                       Finished)
+                                       Finished, Checkpoint, LoadCheckpoint, Progress,
+                                       HandedBack, Stored, Loaded)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

@@ -4,12 +4,14 @@ It imports the handler modules once, then loops: take the next job, run it (deco
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
 or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, an
 error the handler's `pgpool.Retry` does not retry, or a payload that does not fit the
-handler's type) per job to the result pipe. A reader
+handler's type; `ipc.HandedBack` for `pgpool.Interrupted`) per job to the result pipe. A reader
 thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
 seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
 `ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
 runs, and an `ipc.Drop` (jobs whose lease was lost) makes the worker skip those not started
-(`ipc.Skipped`), or end at once with its process group if one of them is running. Each
+(`ipc.Skipped`), or end at once with its process group if one of them is running; an
+`ipc.Stored` or `ipc.Loaded` answers a handler's checkpoint (`pgpool.worker.long`), and
+`ipc.Stop` also tells a running handler its host is stopping (``current_job().stopping``). Each
 job runs under the fence's kernel timer (`pgpool.worker.fence`): past its deadline, the kernel
 ends the process.
 The worker ignores SIGINT and SIGTERM (the dispatcher decides when it stops) and dies with
@@ -44,8 +46,8 @@ from setproctitle import setproctitle
 from .. import hooks, logs, registry, schedules
 from ..enqueue import has_non_finite
 from ..errors import ConfigError, PayloadDecodeError, PgpoolError
-from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Snooze
-from . import fence, ipc, output, portable
+from ..retry import MAX_REASON_CHARS, Cancel, Control, Discard, Interrupted, Snooze
+from . import fence, ipc, long, output, portable, soft
 from .followups import Attempt, FollowUps, MemberReader, RunningJob, ended_message
 
 if TYPE_CHECKING:  # a worker never imports psycopg for its own use
@@ -180,6 +182,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     schedules.skip_time_checks()
     try:
         handlers = registry.load(modules)
+        soft.wrap(handlers)
         max_result_bytes()  # a bad PGPOOL_MAX_RESULT_BYTES stops the host at its start
     except PgpoolError as exc:
         ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))
@@ -193,6 +196,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
             ipc.write_all(wfd, ipc.encode(ipc.Broken(reason)))
             return
     streams = output.install()  # handlers' prints name their job, and are bounded
+    long.open_channel(wfd)
     ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
@@ -335,12 +339,16 @@ class _Inbox:
                             self._ready.notify()
                     case ipc.Extend():
                         self._timer.extend(message.until, self._received)
+                        long.extended()
                     case ipc.Stop():
+                        long.stop()
                         with self._ready:
                             self.stopping = True
                             self._ready.notify()
                     case ipc.Drop():
                         self._drop(set(message.jobs))
+                    case ipc.Stored() | ipc.Loaded():
+                        long.answer(message)
 
     def _drop(self, lost: set[tuple[int, int]]) -> None:
         self._drops = True  # before `_running` is read: see finished()
@@ -452,7 +460,7 @@ def max_result_bytes() -> int:
     return value
 
 
-Controlled = ipc.Snoozed | ipc.Ended
+Controlled = ipc.Snoozed | ipc.Ended | ipc.HandedBack
 
 
 def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
@@ -461,6 +469,8 @@ def _controlled(job_id: int, exc: BaseException, elapsed: float) -> Controlled:
     does not retry."""
     if isinstance(exc, Snooze):
         return ipc.Snoozed(job_id, exc.seconds, elapsed)
+    if isinstance(exc, Interrupted):
+        return ipc.HandedBack(job_id, elapsed)
     if isinstance(exc, PayloadDecodeError):
         # Its message says it all; a traceback would show pgpool's frames only.
         return ipc.Ended(job_id, "final", clean_text(str(exc))[:MAX_ERROR_CHARS],

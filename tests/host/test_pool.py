@@ -164,6 +164,12 @@ EVERY_MESSAGE: list[ipc.Message] = [
     ipc.Returned([3, 4]),
     ipc.Returned([]),
     ipc.Retiring("recycled after 3 jobs"),
+    ipc.Checkpoint(9, 2, b'{"next": 4}'),
+    ipc.LoadCheckpoint(9, 2),
+    ipc.Progress(9, 2, 3.5, 10, "rendering"),
+    ipc.HandedBack(9, 1.25),
+    ipc.Stored(9, None),
+    ipc.Loaded(9, b'{"next": 4}'),
 ]
 
 

@@ -2,7 +2,9 @@
 
 A file is named ``NNNN_what_it_does.sql``: ``NNNN`` is its version, four digits, so that
 ``ls`` lists them in the order they apply; the words after it are for the reader. The
-versions run from 1 with no gap. Adding a migration is adding the next file. A migration
+versions run from 1. Adding a migration is adding the next file; a number may be missing
+while a migration written in parallel with it is not merged yet (then `migrate` applies
+that one too once it arrives, even into a database that has a later one). A migration
 that has shipped is never edited, since databases have applied it as it was: a change is a
 new migration (tests/test_schema.py keeps a digest of each shipped one).
 
@@ -22,7 +24,7 @@ runs the SQL as it stands, in one transaction with the other migrations it appli
 
 The metadata is a comment in the file rather than a Python table beside it, so that a
 migration is one file to read, review and add, and the whole file is SQL to an editor or
-to psql. A malformed file (its name, its header, a gap or a repeated version) stops
+to psql. A malformed file (its name, its header, a version 0 or a repeated version) stops
 pgpool with a `pgpool.SchemaError` naming it, the first time the migrations are read: when
 a command checks or migrates the schema, never when `pgpool` is imported.
 """

@@ -7,15 +7,18 @@ them (the pool kills a worker running one; a worker skips one still queued); eve
 part only reads the flag, and a lost job's result is dropped instead of acked. It also
 moves `Job.deadline` on for every job a heartbeat extended, then calls ``on_extended`` (the
 pool tells its workers, whose fence would otherwise end them at the old deadline:
-`pgpool.worker.fence`).
+`pgpool.worker.fence`). After a beat, on its connection, ``progress`` writes the progress
+the running jobs reported since (`pgpool.host.long`): none, most beats.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ...logs import event
@@ -57,6 +60,7 @@ class Heartbeat(LoopPart):
         on_extended: Callable[[], None],
         *,
         acking: Callable[[], list[Job]] = list,
+        progress: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
     ) -> None:
         self._pool = pool
         self._owner = owner
@@ -65,6 +69,7 @@ class Heartbeat(LoopPart):
         self._on_lost = on_lost
         self._on_extended = on_extended
         self._acking = acking
+        self._progress = progress
         self._loop = Loop(log, "heartbeat", interval=lease.beat_interval,
                           retry=lease.retry_interval, timeout=lease.beat_interval,
                           wait_first=True, reached=lambda: self.reached)
@@ -97,6 +102,16 @@ class Heartbeat(LoopPart):
             self.abandoned += len(lost)
             self._lose(lost)
 
+    async def _write_progress(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Progress is for people to read: a failure to write it is logged, and never
+        fails the beat whose leases were just extended."""
+        assert self._progress is not None
+        try:
+            await self._progress(conn)
+        except (psycopg.Error, OSError) as exc:
+            log.warning("writing the running jobs' progress failed (%s); the next report "
+                        "is written with a later beat", type(exc).__name__)
+
     async def step(self) -> None:
         await self.beat()
 
@@ -120,6 +135,8 @@ class Heartbeat(LoopPart):
             async with self._pool.connection() as conn:
                 cur = await conn.execute(sql.HEARTBEAT, params)
                 owned = await cur.fetchall()
+                if self._progress is not None:
+                    await self._write_progress(conn)
             kept = {(job_id, attempt) for job_id, attempt, extended in owned if extended}
             busy = {(job_id, attempt) for job_id, attempt, extended in owned if not extended}
         else:

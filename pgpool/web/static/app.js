@@ -13,6 +13,7 @@ const HOUR = 3600;
 const JOBS_PAGE = 50;
 
 const state = {
+  progressSeen: {},       // job id -> its last progress seen {done, at, rate}
   session: null,          // /api/session
   snapshots: 0,           // how many arrived (tests wait on it)
   lastAt: 0,              // Date.now() of the last one
@@ -532,7 +533,8 @@ async function loadJobs(reset = true) {
     el("td", {class: "n", text: j.id}),
     el("td", {text: j.queue}),
     el("td", {text: j.kind}),
-    el("td", {}, el("span", {class: `state state-${j.state}`, text: j.state})),
+    el("td", {}, el("span", {class: `state state-${j.state}`, text: j.state}),
+       ...(j.progress ? [progressBar(j, "job-progress")] : [])),
     el("td", {class: "n", text: j.max_attempts ? `${j.attempts}/${j.max_attempts}` : j.attempts}),
     el("td", {text: j.state === "scheduled" ? `in ${dur((Date.parse(j.run_at) - Date.now()) / 1000)}`
                   : j.state === "waiting" ? "when its group finishes" : ago(j.run_at)}),
@@ -542,6 +544,37 @@ async function loadJobs(reset = true) {
   if (!rows.length) rows.push(el("tr", {}, el("td", {colspan: 9, class: "empty", text: "No jobs match."})));
   body.replaceChildren(...rows);
   document.body.dataset.jobsLoaded = String(Number(document.body.dataset.jobsLoaded || 0) + 1);
+}
+
+// A long job's progress (current_job().progress), as its heartbeats wrote it: a bar when
+// it has a total, and its rate and time left from the last two reports seen of it.
+function progressBar(j, testid) {
+  const p = j.progress;
+  const bar = el("progress", {"data-testid": testid, class: "job-progress"});
+  if (p.total) {
+    bar.max = p.total;
+    bar.value = Math.min(p.done, p.total);
+  }
+  bar.title = progressText(j);
+  return bar;
+}
+
+function progressText(j) {
+  const p = j.progress;
+  const seen = state.progressSeen[j.id];
+  if (!seen || seen.at !== p.at) {
+    state.progressSeen[j.id] = {done: p.done, at: p.at, rate: seen && seen.at < p.at
+      ? (p.done - seen.done) / ((Date.parse(p.at) - Date.parse(seen.at)) / 1000) : seen?.rate};
+  }
+  const rate = state.progressSeen[j.id].rate;
+  let text = p.total ? `${p.done} of ${p.total} (${Math.floor(100 * p.done / p.total)}%)`
+                     : `${p.done}`;
+  if (rate > 0) {
+    text += `, ${num(rate)}/s`;
+    if (p.total) text += `, about ${dur((p.total - p.done) / rate)} left`;
+  }
+  if (p.note) text += ` — ${p.note}`;
+  return text + ` (${ago(p.at)})`;
 }
 
 async function showJob(id) {
@@ -579,6 +612,11 @@ async function showJob(id) {
     ...field("lease left", j.lease_left === null ? "—" : dur(j.lease_left), "d-lease"),
     ...field("due", j.state === "waiting" ? "when its group finishes"
                                           : `${j.run_at} (${ago(j.run_at)})`, "d-due"),
+    ...field("progress", j.progress ? el("span", {}, progressBar(j, "d-progress-bar"),
+                                         " " + progressText(j))
+                                    : "—", "d-progress"),
+    ...field("checkpoint", j.checkpoint_at ? `stored ${ago(j.checkpoint_at)}` : "none",
+             "d-checkpoint"),
     ...field("created", j.created_at, "d-created"),
     ...groupFields(j, field));
   const parts = [

@@ -462,3 +462,41 @@ def test_authentication_is_required_when_configured(db, dsn, web, open_page):
     # This server allows payloads: the detail shows it.
     page.locator(f'[data-testid="job"][data-job-id="{job}"]').click()
     expect(page.get_by_test_id("d-payload")).to_contain_text(MARKER)
+
+
+def test_a_long_jobs_progress_and_checkpoint_are_shown(db, dsn, record_dir, tmp_path, web,
+                                                       open_page):
+    release = tmp_path / "release"
+    host = start_pgpool(dsn, "run", "--handlers", "longjobs", "--procs", "2", *LEASE,
+                        record_dir=record_dir)
+    host.event("started")
+    total = 10**9
+    reporting = pgpool.enqueue(db, "progressing", {"total": total, "release": str(release)})
+    stepping = pgpool.enqueue(db, "steps", {"steps": 600, "seconds": 0.05})
+    try:
+        wait_until(lambda: pgpool.job_status(db, reporting).progress is not None
+                   and pgpool.job_status(db, stepping).checkpoint_at is not None,
+                   "progress and a checkpoint written")
+        page = load(open_page(), web()[1])
+        row = page.locator(f'[data-testid="job"][data-job-id="{reporting}"]')
+        expect(row.get_by_test_id("job-progress")).to_have_attribute("max", str(total))
+        row.click()
+        detail = page.get_by_test_id("job-detail")
+        expect(detail.get_by_test_id("d-progress")).to_contain_text(f"of {total} (0%)")
+        expect(detail.get_by_test_id("d-checkpoint")).to_have_text("none")
+        # A later report: the rate and the time left, from the two seen.
+        first = pgpool.job_status(db, reporting).progress
+        wait_until(lambda: pgpool.job_status(db, reporting).progress.at > first.at,
+                   "a later beat wrote the progress again")
+        row.click()
+        expect(detail.get_by_test_id("d-progress")).to_contain_text(
+            re.compile(r"\d/s, about \S+ left"))
+        assert "frame" not in detail.inner_text()  # the note: --allow-payloads only
+        screenshot(page, "job-progress")
+        page.locator(f'[data-testid="job"][data-job-id="{stepping}"]').click()
+        expect(detail.get_by_test_id("d-checkpoint")).to_have_text(re.compile(r"^stored \S+ ago$"))
+        expect(detail.get_by_test_id("d-progress")).to_have_text("—")
+    finally:
+        release.touch()
+    run_pgpool(dsn, "cancel", str(stepping))
+    assert host.stop() == 0
