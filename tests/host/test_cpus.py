@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from commands import status_json
 from longjobs import spans, too_wide
 from processes import start_pgpool
@@ -29,6 +30,7 @@ def most_at_once(found: list[tuple[str, int, int, int, int]], kind: str | None) 
     return most
 
 
+@pytest.mark.soak  # a real host running long jobs for 10 s or more: `make soak-test`
 def test_wide_jobs_take_their_slots_and_are_not_starved(db, dsn, record_dir):
     host = start_pgpool(dsn, "run", "--handlers", "longjobs", "--procs", "4",
                         record_dir=record_dir)

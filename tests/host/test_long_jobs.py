@@ -27,8 +27,9 @@ STEPS = 40
 #: Long enough that a host is stopped mid-way, short enough for a test.
 STEP_SECONDS = 0.1
 
-#: Its timing is its subject: these run one after another (tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("timing")
+#: Its timing is its subject: these run one after another (tests/conftest.py). Hosts
+#: killed, frozen past their lease and stopped, a minute or more in all: the soak tier.
+pytestmark = [pytest.mark.xdist_group("timing"), pytest.mark.soak]
 
 
 def host(dsn: str, record_dir: Path, *more: str) -> Pgpool:

@@ -9,6 +9,7 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pytest
 from commands import run_pgpool
 from processes import start_pgpool
 from waits import wait_until
@@ -19,6 +20,7 @@ LEASE = 2
 TOTAL = 10**9
 
 
+@pytest.mark.soak  # a real host running long jobs for 10 s or more: `make soak-test`
 def test_progress_is_seen_while_the_job_runs(db, dsn, tmp_path: Path, web):
     release = tmp_path / "release"
     host = start_pgpool(dsn, "run", "--handlers", "longjobs", "--procs", "1", "--lease",
