@@ -41,6 +41,10 @@ from pgpool.worker.followups import RunningJob
 RECORD_ENV = "CHAOS_RECORD"
 #: The job kind the soak enqueues (chaos_cluster.KIND).
 KIND = "chaos.record"
+#: Long jobs that checkpoint after each step (issue 35): ``{"steps": n, "ms": per step}``.
+#: Their start line carries kind and payload, and each step's start is recorded in the
+#: per-process file ``<dispatcher pid>-<worker pid>.steps`` as ``<job id> <claim> <step>``.
+STEPS = "chaos.steps"
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -48,20 +52,22 @@ MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.paren
 #: row in ``pgpool_groups`` (it prunes a group only once its members' records are gone).
 KEEP = 24 * 3600
 
-_fd: int | None = None
+#: This process's record files, by suffix.
+_fds: dict[str, int] = {}
 
 
-def _append(line: str) -> None:
-    """Append ``line`` to this process's record file and make it durable."""
-    global _fd
-    if _fd is None:
+def _append(line: str, suffix: str = ".log") -> None:
+    """Append ``line`` to this process's record file (``.log``, or ``.steps``) and make it
+    durable."""
+    fd = _fds.get(suffix)
+    if fd is None:
         where = os.environ.get(RECORD_ENV)
         if not where:
             raise RuntimeError(f"{RECORD_ENV} is not set: chaos jobs have nowhere to record")
-        name = os.path.join(where, f"{os.getppid()}-{os.getpid()}.log")
-        _fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_fd, line.encode())
-    os.fdatasync(_fd)
+        name = os.path.join(where, f"{os.getppid()}-{os.getpid()}{suffix}")
+        fd = _fds[suffix] = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, line.encode())
+    os.fdatasync(fd)
 
 
 def spin(ms: float) -> None:
@@ -90,6 +96,23 @@ def record(payload: dict) -> None:
         time.sleep(float(payload["sleep"]))
     end = time.monotonic_ns()
     _append(f"{job.id} {job.claim} {pid} {start} {end}\n")
+
+
+@pgpool.handler(STEPS)
+def steps(payload: dict) -> None:
+    """Run steps ``0..steps-1``, each ``ms`` ms of CPU, from the one the last stored
+    checkpoint names, and checkpoint after each: a later attempt resumes there."""
+    job = pgpool.current_job()
+    pid = os.getpid()
+    start = time.monotonic_ns()
+    _append(f"{job.id} {job.claim} {pid} {start} - {STEPS} "
+            f"{json.dumps(payload, separators=(',', ':'))}\n")
+    state = job.checkpoint_state
+    for step in range(state["next"] if state else 0, payload["steps"]):
+        _append(f"{job.id} {job.claim} {step}\n", ".steps")
+        spin(float(payload.get("ms", 5)))
+        job.checkpoint({"next": step + 1})
+    _append(f"{job.id} {job.claim} {pid} {start} {time.monotonic_ns()}\n")
 
 
 def _started(payload: dict) -> tuple[RunningJob, int]:

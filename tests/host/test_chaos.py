@@ -389,12 +389,13 @@ SOAK_TIMEOUT = 180
 def test_a_small_chaos_soak_passes_every_check(tmp_path):
     """tests/support/chaos.py at CI size: two dispatchers, random kills and restarts, and
     its own checkers, with the group workload (4 groups of 250 members, 100 parents with
-    follow-up children and groups): about 2000 jobs, which drain in about the time 1500
-    plain ones did. It must pass and report the figures."""
+    follow-up children and groups) and 20 long jobs that checkpoint after each of their 20
+    steps: about 2000 jobs, which drain in about the time 1500 plain ones did. It must pass
+    and report the figures."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",
-         "--members", "1000", "--parents", "100", "--seconds", "60",
+         "--members", "1000", "--parents", "100", "--steps", "20", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -411,8 +412,9 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
         pytest.fail(f"the soak ran over {SOAK_TIMEOUT}s:\n{out}{err[-5000:]}")
     assert soak.returncode == 0, out + err[-5000:]
     figures = json.loads(summary.read_text())
-    # The driver's 300 + 1000 + 4 callbacks + 100 parents, and the parents' follow-ups.
-    assert figures["jobs"] > 1404
+    # The driver's 300 + 1000 + 4 callbacks + 100 parents + 20 long jobs, and the parents'
+    # follow-ups.
+    assert figures["jobs"] > 1424
     # The soak does one fault of each kind before it ends (unless its 45 s of faults run
     # out, which a passing run of 2000 jobs never nears).
     assert figures["faults"] >= 4
@@ -426,8 +428,12 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     assert figures["callbacks run"] == figures["groups"]
     assert figures["members"] >= 1000
     for name in ("members lost", "callbacks duplicated", "callbacks early", "orphans",
-                 "duplicates", "children lost"):
+                 "duplicates", "children lost", "bad resumes"):
         assert figures[name] == 0, name
+    # Every long job resumed from its checkpoints, if a fault cut it off: none ran a step
+    # twice but the one in flight (`chaos_checks.judge_steps`).
+    assert figures["long jobs"] == 20
+    assert figures["steps run twice"] <= figures["resumed"]
 
 
 # --- groups and follow-ups under kills ----------------------------------------------------

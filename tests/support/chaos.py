@@ -1,8 +1,8 @@
 """Chaos soak: two dispatchers drain N jobs while processes and PostgreSQL are killed.
 
     python tests/support/chaos.py [--jobs 20000] [--groups 5] [--members 10000]
-                                  [--parents 1000] [--seconds 300] [--seed N] [--keep]
-                                  [--summary FILE]
+                                  [--parents 1000] [--steps 50] [--seconds 300] [--seed N]
+                                  [--keep] [--summary FILE]
 
 What it does, in order, all with real processes and a real server (``chaos_cluster``):
 
@@ -20,7 +20,9 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    a running member is cancelled (``pgpool.ops.cancel``, as an operator would): its host
    stops it, and it counts as finished in its group. The kinds of the workload keep their
    successes (``keep=``), so ``pgpool_done`` and ``pgpool_groups`` hold every outcome at
-   the end.
+   the end. And ``--steps`` long jobs (`chaosjobs.steps`: 20 steps of 2-5 ms, a checkpoint
+   after each): a claim after a fault resumes from the last stored checkpoint
+   (`chaos_checks.judge_steps`).
 2. Starts two ``pgpool run --handlers chaosjobs --lease 2 --procs 1 --batch 50``
    dispatchers.
 3. Until the queue is empty, at random intervals (``--interval``), injects one fault:
@@ -88,16 +90,20 @@ from chaos_checks import (
     MEMBER,
     PARENT,
     POSTGRES_RESTART,
+    STEPS,
     WORKER_KILL,
     Fault,
+    Resumes,
     Verdict,
     Workflows,
     death_bound,
     failed_on_purpose,
     judge,
+    judge_steps,
     judge_workflows,
     read_attempts,
     read_identities,
+    read_steps,
 )
 from chaos_cluster import (
     KIND,
@@ -123,6 +129,8 @@ LEASE = 2.0
 PROCS = 1
 BATCH = 50
 DISPATCHERS = 2
+#: Steps of each long job (`chaosjobs.steps`).
+STEPS_PER_JOB = 20
 #: Jobs a dispatcher holds at most (running, sent to its worker, or in its backlog).
 CAPACITY = capacity(PROCS, BATCH)
 #: The most unwritten acks a dispatcher keeps before it stops claiming: with the capacity,
@@ -178,9 +186,12 @@ class Soak:
             payloads = ({"ms": self.rng.randint(1, 5)} for _ in range(self.args.jobs))
             pgpool.enqueue_many(conn, KIND, payloads)
             self.enqueue_workflows(conn)
+            pgpool.enqueue_many(conn, STEPS, ({"steps": STEPS_PER_JOB,
+                                               "ms": self.rng.randint(2, 5)}
+                                              for _ in range(self.args.steps)))
             self.ids = [r[0] for r in conn.execute("SELECT id FROM pgpool_jobs")]
         expected = (self.args.jobs + sum(self.planned.values()) + len(self.planned)
-                    + self.args.parents)
+                    + self.args.parents + self.args.steps)
         if len(self.ids) != expected:
             raise RuntimeError(f"enqueued {len(self.ids)} jobs, not {expected}")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
@@ -449,6 +460,9 @@ class Soak:
         workflows = judge_workflows(attempts, identities, planned=self.planned,
                                     finished=finished, left=left, groups=groups, died=died,
                                     cancelled=self.cancelled)
+        resumes = judge_steps(read_steps(self.record_dir), identities,
+                              completed={job for job, runs in attempts.items()
+                                         if any(a.end is not None for a in runs)})
         # Follow-ups are jobs of the run too: their ids are known from what they left.
         ids = set(self.ids) | set(identities) | set(finished) | set(left)
         verdict = judge(
@@ -456,13 +470,14 @@ class Soak:
             dead={r for (r,) in self._rows("SELECT id FROM pgpool_dead")},
             left=int(self.db.query("SELECT count(*) FROM pgpool_jobs")),
             failed=failed_on_purpose(attempts, identities))
-        figures = {**verdict.figures(), **workflows.figures(),
+        figures = {**verdict.figures(), **workflows.figures(), **resumes.figures(),
                    "dispatcher starts": self.starts,
                    "postgres restarts": self.pg.restarts if self.pg else 0}
-        self._print(verdict, workflows, figures, drained, elapsed)
+        self._print(verdict, workflows, resumes, figures, drained, elapsed)
         if self.args.summary is not None:
             self.args.summary.write_text(json.dumps(figures, indent=1) + "\n")
-        failures = verdict.failures() + workflows.failures() + self.problems
+        failures = (verdict.failures() + workflows.failures() + resumes.failures()
+                    + self.problems)
         if not drained:
             failures.append(f"not drained within {self.args.seconds:g}s")
         for failure in failures:
@@ -473,8 +488,8 @@ class Soak:
                 print(f"postgres log ends:\n{self.pg.log_tail()}")
         return not failures
 
-    def _print(self, verdict: Verdict, workflows: Workflows, figures: dict[str, int],
-               drained: bool, elapsed: float) -> None:
+    def _print(self, verdict: Verdict, workflows: Workflows, resumes: Resumes,
+               figures: dict[str, int], drained: bool, elapsed: float) -> None:
         def breakdown(counts: Counter[str], kinds: tuple[str, ...] = FAULT_KINDS) -> str:
             return ", ".join(f"{k} {counts[k]}" for k in kinds)
 
@@ -495,6 +510,9 @@ class Soak:
             "members cancelled": "while they ran, by an operator; each must be dead",
             "orphans": "follow-up jobs and groups of failed or cut-off attempts",
             "duplicates": "a follow-up or member written twice",
+            "long jobs": "checkpointing after each step",
+            "resumed": "claims that started past step 0, from a checkpoint",
+            "steps run twice": "a step cut off before its checkpoint was stored, run again",
             "dispatcher starts": f"refused at start-up while the server was away: "
                                  f"{self.refused}; exited by themselves: {self.crashes}",
         }
@@ -537,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="members of those groups in all (default 10000)")
     parser.add_argument("--parents", type=int, default=1000,
                         help="parents that enqueue follow-ups and groups (default 1000)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="long jobs that checkpoint after each step (default 50)")
     parser.add_argument("--seconds", type=float, default=300,
                         help="time limit of the drain; faults stop after 3/4 of it (default 300)")
     parser.add_argument("--interval", type=_interval, default=(0.5, 2.0), metavar="MIN,MAX",

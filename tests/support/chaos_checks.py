@@ -623,3 +623,67 @@ def judge_workflows(attempts: dict[int, list[Attempt]], identities: dict[int, Id
                                   if claimed.get(parent) != claim
                                   for ids in jobs.values() for job in ids))
     return verdict
+
+
+# --- long jobs that checkpoint ---------------------------------------------------------
+
+#: The long jobs' kind (`chaosjobs.steps`).
+STEPS = "chaos.steps"
+
+
+def read_steps(record_dir: Path) -> dict[int, dict[int, list[int]]]:
+    """The steps each long job's claims started, in the order recorded: job -> claim ->
+    steps, from the ``.steps`` records (see ``chaosjobs``). Cut-short lines are ignored."""
+    found: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for f in record_dir.glob("*.steps"):
+        for line in f.read_text().split("\n")[:-1]:
+            job, claim, step = map(int, line.split(" "))
+            found[job][claim].append(step)
+    return {job: dict(claims) for job, claims in found.items()}
+
+
+@dataclass
+class Resumes:
+    """The long jobs' rules applied to one run (`judge_steps`): ``broken`` lists
+    (job, claim, why) examples; ``resumed`` counts the claims that started past step 0."""
+
+    jobs: int = 0
+    resumed: int = 0
+    repeated: int = 0
+    broken: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def figures(self) -> dict[str, int]:
+        return {"long jobs": self.jobs, "resumed": self.resumed,
+                "steps run twice": self.repeated, "bad resumes": len(self.broken)}
+
+    def failures(self) -> list[str]:
+        return ([f"bad resumes: {len(self.broken)}, e.g. {self.broken[:5]}"]
+                if self.broken else [])
+
+
+def judge_steps(steps: dict[int, dict[int, list[int]]], identities: dict[int, Identity],
+                completed: Collection[int]) -> Resumes:
+    """Apply the long jobs' rules: every claim of a job runs its steps one after another
+    from where the last stored checkpoint left it, so its first step is the highest any
+    earlier claim started (that step was cut off before its checkpoint was stored), or
+    the next one (it was stored), never one lower (more than the step in flight run
+    again) nor higher (a step skipped); a completed job ran every step."""
+    verdict = Resumes()
+    for job, (kind, payload) in identities.items():
+        if kind != STEPS:
+            continue
+        verdict.jobs += 1
+        highest = -1
+        for claim, run in sorted(steps.get(job, {}).items()):
+            if run != list(range(run[0], run[0] + len(run))):
+                verdict.broken.append((job, claim, f"steps out of order: {run}"))
+            elif not highest <= run[0] <= highest + 1:
+                verdict.broken.append((job, claim, f"started at step {run[0]} after step "
+                                                   f"{highest}"))
+            verdict.resumed += run[0] > 0
+            verdict.repeated += run[0] == highest
+            highest = max(highest, run[-1])
+        if job in completed and highest != payload["steps"] - 1:
+            verdict.broken.append((job, 0, f"completed after step {highest} of "
+                                           f"{payload['steps']}"))
+    return verdict

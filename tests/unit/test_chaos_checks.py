@@ -16,6 +16,7 @@ from chaos_checks import (
     MEMBER,
     PARENT,
     POSTGRES_RESTART,
+    STEPS,
     WORKER_KILL,
     Attempt,
     DeathBound,
@@ -30,9 +31,11 @@ from chaos_checks import (
     failed_on_purpose,
     find_overlaps,
     judge,
+    judge_steps,
     judge_workflows,
     read_attempts,
     read_identities,
+    read_steps,
 )
 
 S = 10**9  # one second in the checker's unit (monotonic ns)
@@ -420,3 +423,34 @@ def test_judge_workflows_flags_a_cancelled_member_that_did_not_die():
                               died=seen_at(w101=0.8), cancelled=[12, 41])
     assert verdict.figures()["members cancelled"] == 2
     assert verdict.not_cancelled == [41]  # done: the cancel did not stop it
+
+
+# --- long jobs that checkpoint ---------------------------------------------------------
+
+LONG = {7: (STEPS, {"steps": 5, "ms": 2})}
+
+
+def test_read_steps_groups_steps_by_job_and_claim_and_ignores_cut_lines(tmp_path):
+    (tmp_path / "1-2.steps").write_text("7 1 0\n7 1 1\n7 2 1\n7 2 2\n7 2 3")
+    (tmp_path / "1-3.log").write_text("7 1 3 10 -\n")  # not a steps record
+    assert read_steps(tmp_path) == {7: {1: [0, 1], 2: [1, 2]}}
+
+
+def test_claims_that_resume_from_their_checkpoints_pass():
+    # Claim 2 reran step 1, cut off before its checkpoint; claim 3 went on after step 3.
+    verdict = judge_steps({7: {1: [0, 1], 2: [1, 2, 3], 3: [4]}}, LONG, completed={7})
+    assert verdict.failures() == []
+    assert verdict.figures() == {"long jobs": 1, "resumed": 2, "steps run twice": 1,
+                                 "bad resumes": 0}
+
+
+@pytest.mark.parametrize(("claims", "why"), [
+    ({1: [0, 1, 2], 2: [1, 2, 3, 4]}, "started at step 1 after step 2"),  # two run again
+    ({1: [0, 1], 2: [3, 4]}, "started at step 3 after step 1"),  # step 2 skipped
+    ({1: [0, 2, 3, 4]}, "steps out of order: [0, 2, 3, 4]"),
+    ({1: [0, 1, 2]}, "completed after step 2 of 5"),
+])
+def test_a_claim_that_does_not_resume_where_it_stopped_is_reported(claims, why):
+    verdict = judge_steps({7: claims}, LONG, completed={7})
+    assert [b[2] for b in verdict.broken] == [why]
+    assert verdict.failures() == [f"bad resumes: 1, e.g. {verdict.broken}"]
