@@ -1,11 +1,14 @@
 """Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
 
-Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
+Three claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
 concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
 queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
 waits, or something needs fairness) is followed by a look at whether something needs
 fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
-claim can be plain again.
+claim can be plain again. The kinds with a concurrency limit (`pgpool.Limit`) are left out
+of both and claimed by the third, `sql.CLAIM_LIMITED`, first, which takes a job only with
+a free slot of its kind's limit: a host without limited kinds never runs it, and the plain
+and fair claims are the same statements with or without limits elsewhere.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -126,9 +129,12 @@ class Claimer:
         (docs/guides/fairness.md), None for no cap."""
         self._pool = pool
         self._on_claimed = on_claimed
-        kinds = sorted(handlers)
-        self._timeouts = {k: handlers[k].timeout or timeout for k in kinds}
-        #: What every claim sends, but its ``limit``.
+        self._timeouts = {k: handlers[k].timeout or timeout for k in handlers}
+        self._all_kinds = sorted(handlers)
+        limited = sorted(k for k, h in handlers.items() if h.limit is not None)
+        kinds = [k for k in self._all_kinds if k not in limited]
+        #: What every plain or fair claim sends, but its ``limit``: the kinds without a
+        #: limit.
         self._params: dict[str, object] = {
             "queues": list(queues),
             "kinds": kinds,
@@ -138,6 +144,17 @@ class Claimer:
             "lease": lease.seconds,
             "tenant_cap": tenant_cap,
         }
+        #: What every limited claim (`sql.CLAIM_LIMITED`) sends, but its ``limit`` and
+        #: queues: the kinds with a limit. Empty: this host has none, never runs it.
+        self._limited: dict[str, object] = {
+            "limited_kinds": limited,
+            "limited_concurrency": int_array(
+                handlers[k].limit.concurrency for k in limited),  # type: ignore[union-attr]
+            "limited_max_attempts": int_array(handlers[k].max_attempts or max_attempts
+                                              for k in limited),
+            "owner": owner,
+            "lease": lease.seconds,
+        } if limited else {}
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
@@ -197,7 +214,8 @@ class Claimer:
         """(jobs of this host's queues and kinds running anywhere, seconds until the last of
         their leases ends, 0 if none)."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues})
+            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues,
+                                                   "kinds": self._all_kinds})
             count, left = await cur.fetchone()
         return count, left.total_seconds() if left is not None else 0.0
 
@@ -207,10 +225,10 @@ class Claimer:
 
         Each job's deadline counts from the moment the claim was started (waiting for a
         connection included), not from its answer: a slow claim hands out the lease that is
-        left, and the pool hands back jobs with too little of it to start.
+        left, and the pool hands back jobs with too little of it to start. With limited
+        kinds, their claim goes first (bounded by their limits, it cannot crowd the others
+        out), and the plain or fair claim asks for the rest.
         """
-        # A dict per claim: a claim waiting for a connection must not send another's limit.
-        params = {**self._params, "limit": limit}
         queues = self._serving
         if not queues:
             return []  # every queue it serves is paused
@@ -221,13 +239,17 @@ class Claimer:
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows: list[tuple] = []
-            if self.plain:
-                rows, leased = await self._claim_plain(conn, params, queues, limit, started)
-            if not rows and (not self.plain or await self._needs_fair(conn, params)):
-                # The fair claim's jobs are leased from its own start: the plain claim
-                # before it took none, however long it waited (for a lock, say).
-                leased = time.monotonic()
-                rows = self._fair_order(await self._claim_fair(conn, params))
+            if self._limited:
+                rows = await self._claim_limited(conn, queues, limit)
+            # A dict per claim: a claim waiting for a connection must not send another's
+            # limit.
+            rest = limit - len(rows)
+            if rest > 0 and self._params["kinds"]:
+                more, more_leased = await self._claim_unlimited(
+                    conn, {**self._params, "limit": rest}, queues, rest, started)
+                if not rows:  # its jobs are leased from its own start: the first took none
+                    leased = more_leased
+                rows += more
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
         self.claims += 1
@@ -244,6 +266,41 @@ class Claimer:
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
         return jobs
+
+    async def _claim_unlimited(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                               queues: list[str], limit: int, started: float
+                               ) -> tuple[list[tuple], float]:
+        """The plain claim, or the fair one (see the module's docstring), of the kinds
+        without a limit: their rows, and when the statement that took them started."""
+        rows: list[tuple] = []
+        leased = started
+        if self.plain:
+            rows, leased = await self._claim_plain(conn, params, queues, limit, started)
+        if not rows and (not self.plain or await self._needs_fair(conn, params)):
+            # The fair claim's jobs are leased from its own start: the plain claim before
+            # it took none, however long it waited (for a lock, say).
+            leased = time.monotonic()
+            rows = self._fair_order(await self._claim_fair(conn, params))
+        return rows, leased
+
+    async def _claim_limited(self, conn: psycopg.AsyncConnection, queues: list[str],
+                             limit: int) -> list[tuple]:
+        """Run the limited claim (`sql.CLAIM_LIMITED`) on ``conn``: its rows in claim
+        order. Lost races for a slot (or a concurrency key) are tried again, as in
+        `_claim_fair`."""
+        params = {**self._limited, "queues": queues, "limit": limit}
+        for tries in range(1, KEY_RACE_TRIES + 1):
+            try:
+                cur = await conn.execute(sql.CLAIM_LIMITED, params)
+                rows = await cur.fetchall()
+                break
+            except KEY_RACE_LOST:
+                # Another claim took one of these slots first; the whole statement rolled
+                # back, so every job it had picked is still ready.
+                if tries == KEY_RACE_TRIES:
+                    raise
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        return rows
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float

@@ -483,6 +483,106 @@ WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a r
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
+#: The claim of the kinds with a concurrency limit (`pgpool.limits`): up to ``limit`` ready
+#: jobs of the given queues and of ``limited_kinds``, each taking a free slot of its kind's
+#: limit (``limited_concurrency``), so that at most that many run at once in the fleet.
+#: Locking, the update and the rows as in `CLAIM_PLAIN` (its jobs' ``max_attempts`` from
+#: ``limited_max_attempts``). The plain and fair claims never see these kinds (the claimer
+#: leaves them out of their ``kinds``): a kind without a limit reads nothing of this.
+#:
+#: - ``lim``: a kind whose running jobs hold a slot above its limit (the limit was lowered
+#:   while they ran) takes nothing until they are done: until then, a free slot below the
+#:   limit is no proof of room.
+#: - ``free``: the kind's free slots, up to ``limit`` of them: numbers 1..N tried from a
+#:   random one on, wrapping round, each probed on the unique index
+#:   pgpool_jobs_limit_running, in the select list (a set-returning function there is read
+#:   lazily, and stopped by the LIMIT; in FROM it would list all N first). From a random
+#:   start, so that claims racing (two claim loops, other hosts) rarely try the same slots
+#:   when there are many; with few, they may, and the unique index makes the second one
+#:   fail whole: the claimer tries again (`pgpool.host.claimer`), and then sees the slot
+#:   taken. A slot whose job stopped running since this statement's snapshot looks taken:
+#:   the next claim has it.
+#: - ``candidates``: per (queue, kind), as many ready jobs as the kind has free slots, on
+#:   the ready index in its order (tenant, then claim order); a job whose concurrency key
+#:   is running is skipped, and at most one per key is taken, as in `CLAIM`.
+#: - ``picked``: the n-th job of a kind gets its n-th free slot; ``limit`` in all, in claim
+#:   order. The slot and the attempt that holds it are written on the row
+#:   (``limit_slot``, ``limit_attempt``): the row is in the unique index while it runs that
+#:   attempt, and leaves it however it stops running.
+CLAIM_LIMITED: Final = """
+WITH lim AS (
+    SELECT l.kind, l.concurrency, l.max_attempts,
+           floor(random() * l.concurrency)::int AS start
+    FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
+                %(limited_max_attempts)s::int[]) AS l(kind, concurrency, max_attempts)
+    WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
+                      WHERE r.kind = l.kind AND r.limit_slot > l.concurrency
+                        AND r.state = 'running' AND r.limit_attempt = r.attempts)
+), free AS MATERIALIZED (
+    SELECT l.kind, f.slot, row_number() OVER (PARTITION BY l.kind) AS rank
+    FROM lim AS l
+    CROSS JOIN LATERAL (
+        SELECT s.slot FROM (
+            SELECT (l.start + generate_series(0, l.concurrency - 1)) %% l.concurrency + 1
+                   AS slot) AS s
+        WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r
+                          WHERE r.kind = l.kind AND r.limit_slot = s.slot
+                            AND r.state = 'running' AND r.limit_attempt = r.attempts)
+        LIMIT %(limit)s) AS f
+), room AS (
+    SELECT kind, count(*)::int AS room FROM free GROUP BY kind
+), candidates AS (
+    SELECT c.id, c.kind, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
+               AS rank
+    FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
+                                       ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
+        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN room AS r
+        CROSS JOIN LATERAL (
+            SELECT p.id, p.kind, p.priority, p.run_at, p.concurrency_key
+            FROM pgpool_jobs AS p
+            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = r.kind
+              AND p.run_at <= now()
+              AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                              WHERE k.concurrency_key = p.concurrency_key
+                                AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+            ORDER BY p.tenant, p.priority DESC, p.run_at, p.id
+            LIMIT r.room
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS c
+    ) AS c
+    WHERE c.concurrency_key IS NULL OR c.key_rank = 1
+), picked AS MATERIALIZED (
+    SELECT c.id, f.slot
+    FROM candidates AS c JOIN free AS f ON f.kind = c.kind AND f.rank = c.rank
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+)
+UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, l.max_attempts),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false,
+    limit_slot = p.slot,
+    limit_attempt = j.attempts + 1
+FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id))
+     AS p(id, slot),  -- a key lookup per id in any plan: see CLAIM_PLAIN
+     lim AS l
+WHERE j.id = p.id AND l.kind = j.kind
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
+          j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
+"""
+
+#: After an ack flush that ended jobs of limited kinds (`pgpool.host.dispatcher`): wake the
+#: hosts of their ``queues``, whose claims may have been waiting on those slots.
+NOTIFY_FREED: Final = ("SELECT pg_notify(" + OUR_CHANNEL
+                       + ", q) FROM unnest(%(queues)s::text[]) AS q")
+
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
 #: the last of their leases ends: a burst host is not drained while any could still come
 #: back to it.

@@ -41,6 +41,9 @@ from pgpool.worker.followups import RunningJob
 RECORD_ENV = "CHAOS_RECORD"
 #: The job kind the soak enqueues (chaos_cluster.KIND).
 KIND = "chaos.record"
+#: A kind with a fleet-wide concurrency limit (tests/host/test_limits.py), and that limit.
+LIMITED = "chaos.limited"
+LIMITED_CONCURRENCY = 3
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -90,6 +93,12 @@ def record(payload: dict) -> None:
         time.sleep(float(payload["sleep"]))
     end = time.monotonic_ns()
     _append(f"{job.id} {job.claim} {pid} {start} {end}\n")
+
+
+@pgpool.handler(LIMITED, limit=pgpool.Limit(concurrency=LIMITED_CONCURRENCY))
+def limited(payload: dict) -> None:
+    """`record`, for a kind of which at most `LIMITED_CONCURRENCY` run at once in the fleet."""
+    record(payload)
 
 
 def _started(payload: dict) -> tuple[RunningJob, int]:
