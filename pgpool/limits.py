@@ -15,7 +15,16 @@ Where a limit goes::
                (acked, retried, handed back, reaped), so a dead or frozen host holds its
                slots until the reaper returns its expired jobs, and the worker fence
                (pgpool.worker.fence) ends its workers before that lease can expire: never
-               N+1 running, also while hosts crash, freeze or are fenced.
+               N+1 running, also while hosts crash, freeze or are fenced;
+             rate: a ring of R rows per kind (pgpool_limit_ticks), each the last time a
+               claim used it; a job is claimed only with a row last used ``per`` seconds
+               ago or more, which the claim sets to now(). Each row is used at most once
+               in any window of ``per`` seconds, so at most R jobs are claimed in one: an
+               exact sliding window, not a token bucket (whose burst lets 2R through in a
+               window that straddles a refill), and no counter every claim must wait on:
+               claims take rows FOR UPDATE SKIP LOCKED, racing claims take different ones.
+               Judged at the claim, on the server's clock (``now()``); a job starts a
+               moment later in its worker, so start times can bunch by that moment.
 
 A limit never touches a kind without one: its jobs are claimed by the same statements as
 before, which read nothing of limits.
@@ -26,29 +35,50 @@ This module is imported by workers (through `pgpool.registry`): no psycopg, no a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Final
 
 from .errors import HandlerError
 
 #: The largest concurrency limit: a slot number is a PostgreSQL integer.
 MAX_CONCURRENCY: Final = 2**31 - 1
+#: The largest rate: a rate is a ring of that many rows, each read by the claims.
+MAX_RATE: Final = 100_000
+#: The shortest and longest window of a rate, seconds: shorter than a claim's round trips
+#: means nothing, and a day is the longest quota a partner's API sets.
+MIN_PER: Final = 0.01
+MAX_PER: Final = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """At most ``concurrency`` jobs of the kind running at once in the whole fleet.
+    """At most ``concurrency`` jobs of the kind running at once in the whole fleet, and at
+    most ``rate`` of them started (claimed) in any window of ``per`` seconds (a number, or
+    a timedelta; kept in seconds). Give either or both.
 
     Every field is checked when it is built: a bad value raises `HandlerError`.
     """
 
     concurrency: int | None = None
+    rate: int | None = None
+    per: float | timedelta = 1.0
 
     def __post_init__(self) -> None:
-        concurrency = self.concurrency
-        if concurrency is None:
-            raise HandlerError("pgpool.Limit: give concurrency=N, the most jobs of the kind "
-                               "running at once")
-        if (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                or not 0 < concurrency <= MAX_CONCURRENCY):
-            raise HandlerError(f"pgpool.Limit: concurrency must be a positive integer, got "
-                               f"{concurrency!r}")
+        concurrency, rate, per = self.concurrency, self.rate, self.per
+        if concurrency is None and rate is None:
+            raise HandlerError("pgpool.Limit: give concurrency=N (the most jobs of the kind "
+                               "running at once), rate=R (the most started in per seconds), "
+                               "or both")
+        for name, value, most in (("concurrency", concurrency, MAX_CONCURRENCY),
+                                  ("rate", rate, MAX_RATE)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 < value <= most):
+                raise HandlerError(f"pgpool.Limit: {name} must be a positive integer (at "
+                                   f"most {most:,}), got {value!r}")
+        if isinstance(per, timedelta):
+            per = per.total_seconds()
+        if (not isinstance(per, int | float) or isinstance(per, bool)
+                or not MIN_PER <= per <= MAX_PER):
+            raise HandlerError(f"pgpool.Limit: per must be a number of seconds (or a "
+                               f"timedelta) from {MIN_PER} to {MAX_PER:,}, got {self.per!r}")
+        object.__setattr__(self, "per", float(per))

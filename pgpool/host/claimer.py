@@ -146,15 +146,27 @@ class Claimer:
         }
         #: What every limited claim (`sql.CLAIM_LIMITED`) sends, but its ``limit`` and
         #: queues: the kinds with a limit. Empty: this host has none, never runs it.
-        self._limited: dict[str, object] = {
-            "limited_kinds": limited,
-            "limited_concurrency": int_array(
-                handlers[k].limit.concurrency for k in limited),  # type: ignore[union-attr]
-            "limited_max_attempts": int_array(handlers[k].max_attempts or max_attempts
-                                              for k in limited),
-            "owner": owner,
-            "lease": lease.seconds,
-        } if limited else {}
+        self._limited: dict[str, object] = {}
+        #: The rate rings' rows to add before the first limited claim (`sql.ENSURE_TICKS`).
+        self._ticks: dict[str, object] | None = None
+        if limited:
+            limits = [lim for k in limited if (lim := handlers[k].limit) is not None]
+            self._limited = {
+                "limited_kinds": limited,
+                "limited_concurrency": nullable_int_array(
+                    lim.concurrency for lim in limits),
+                "limited_rate": nullable_int_array(
+                    lim.rate for lim in limits),
+                "limited_per": [float(lim.per) for lim in limits],
+                "limited_max_attempts": int_array(handlers[k].max_attempts or max_attempts
+                                                  for k in limited),
+                "owner": owner,
+                "lease": lease.seconds,
+            }
+            rated = [(k, lim.rate) for k, lim in zip(limited, limits, strict=True)
+                     if lim.rate is not None]
+            self._ticks = {"rate_kinds": [k for k, _ in rated],
+                           "rates": int_array(r for _, r in rated)} if rated else None
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
@@ -288,6 +300,9 @@ class Claimer:
         """Run the limited claim (`sql.CLAIM_LIMITED`) on ``conn``: its rows in claim
         order. Lost races for a slot (or a concurrency key) are tried again, as in
         `_claim_fair`."""
+        if self._ticks is not None:
+            await conn.execute(sql.ENSURE_TICKS, self._ticks)
+            self._ticks = None
         params = {**self._limited, "queues": queues, "limit": limit}
         for tries in range(1, KEY_RACE_TRIES + 1):
             try:

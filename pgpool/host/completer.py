@@ -304,8 +304,8 @@ class Completer:
         log_jobs: bool = False,
         limited: frozenset[str] = frozenset(),
     ) -> None:
-        """``limited``: the kinds with a limit (`pgpool.limits`), whose ends a flush
-        reports (`FlushResult.freed`)."""
+        """``limited``: the kinds with a concurrency limit (`pgpool.limits`), whose ends a
+        flush reports (`FlushResult.freed`)."""
         self._pool = pool
         self._limited = limited
         self._owner = owner

@@ -314,7 +314,8 @@ class Dispatcher:
             keep_done=cfg.keep_done, on_flushed=self._acks_flushed,
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
             log_errors=cfg.log_errors, log_jobs=cfg.log_jobs,
-            limited=frozenset(k for k, h in self.handlers.items() if h.limit is not None),
+            limited=frozenset(k for k, h in self.handlers.items()
+                              if h.limit is not None and h.limit.concurrency is not None),
         )
         if cfg.log_summary:
             self.summary = Summary(cfg.log_summary, self.completer.counts)

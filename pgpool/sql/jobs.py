@@ -483,16 +483,18 @@ WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a r
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
-#: The claim of the kinds with a concurrency limit (`pgpool.limits`): up to ``limit`` ready
-#: jobs of the given queues and of ``limited_kinds``, each taking a free slot of its kind's
-#: limit (``limited_concurrency``), so that at most that many run at once in the fleet.
-#: Locking, the update and the rows as in `CLAIM_PLAIN` (its jobs' ``max_attempts`` from
-#: ``limited_max_attempts``). The plain and fair claims never see these kinds (the claimer
-#: leaves them out of their ``kinds``): a kind without a limit reads nothing of this.
+#: The claim of the kinds with a limit (`pgpool.limits`): up to ``limit`` ready jobs of the
+#: given queues and of ``limited_kinds``, each taking a free slot of its kind's concurrency
+#: limit (``limited_concurrency``, NULL for none), so that at most that many run at once in
+#: the fleet, and a row of its kind's rate ring (``limited_rate`` rows used at most once
+#: per ``limited_per`` seconds, NULL for none). Locking, the update and the rows as in
+#: `CLAIM_PLAIN` (its jobs' ``max_attempts`` from ``limited_max_attempts``). The plain and
+#: fair claims never see these kinds (the claimer leaves them out of their ``kinds``): a
+#: kind without a limit reads nothing of this.
 #:
-#: - ``lim``: a kind whose running jobs hold a slot above its limit (the limit was lowered
-#:   while they ran) takes nothing until they are done: until then, a free slot below the
-#:   limit is no proof of room.
+#: - ``lim``: a kind whose running jobs hold a slot above its concurrency limit (the limit
+#:   was lowered while they ran) takes nothing until they are done: until then, a free slot
+#:   below the limit is no proof of room.
 #: - ``free``: the kind's free slots, up to ``limit`` of them: numbers 1..N tried from a
 #:   random one on, wrapping round, each probed on the unique index
 #:   pgpool_jobs_limit_running, in the select list (a set-returning function there is read
@@ -501,21 +503,28 @@ ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them 
 #:   when there are many; with few, they may, and the unique index makes the second one
 #:   fail whole: the claimer tries again (`pgpool.host.claimer`), and then sees the slot
 #:   taken. A slot whose job stopped running since this statement's snapshot looks taken:
-#:   the next claim has it.
-#: - ``candidates``: per (queue, kind), as many ready jobs as the kind has free slots, on
-#:   the ready index in its order (tenant, then claim order); a job whose concurrency key
-#:   is running is skipped, and at most one per key is taken, as in `CLAIM`.
-#: - ``picked``: the n-th job of a kind gets its n-th free slot; ``limit`` in all, in claim
-#:   order. The slot and the attempt that holds it are written on the row
+#:   the next claim has it. A kind without a concurrency limit: ``limit`` NULL slots.
+#: - ``ticks``: the rows of the kind's rate ring last used ``per`` seconds ago or more, up to
+#:   ``limit``, locked SKIP LOCKED: racing claims take different rows, and a row a claim
+#:   used since this statement's snapshot is checked again once locked (read committed), so
+#:   it is not taken twice in a window. A kind without a rate: ``limit`` NULL rows.
+#: - ``candidates``: per (queue, kind), as many ready jobs as the kind has room (free slots
+#:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
+#:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
+#: - ``picked``: the n-th job of a kind gets its n-th free slot and tick; ``limit`` in all,
+#:   in claim order. The slot and the attempt that holds it are written on the row
 #:   (``limit_slot``, ``limit_attempt``): the row is in the unique index while it runs that
-#:   attempt, and leaves it however it stops running.
+#:   attempt, and leaves it however it stops running. Each tick taken is set to now().
 CLAIM_LIMITED: Final = """
 WITH lim AS (
-    SELECT l.kind, l.concurrency, l.max_attempts,
+    SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
            floor(random() * l.concurrency)::int AS start
     FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
-                %(limited_max_attempts)s::int[]) AS l(kind, concurrency, max_attempts)
-    WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
+                %(limited_rate)s::int[], %(limited_per)s::float8[],
+                %(limited_max_attempts)s::int[])
+         AS l(kind, concurrency, rate, per, max_attempts)
+    WHERE l.concurrency IS NULL
+       OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
                       WHERE r.kind = l.kind AND r.limit_slot > l.concurrency
                         AND r.state = 'running' AND r.limit_attempt = r.attempts)
 ), free AS MATERIALIZED (
@@ -529,8 +538,25 @@ WITH lim AS (
                           WHERE r.kind = l.kind AND r.limit_slot = s.slot
                             AND r.state = 'running' AND r.limit_attempt = r.attempts)
         LIMIT %(limit)s) AS f
+    WHERE l.concurrency IS NOT NULL
+    UNION ALL
+    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE concurrency IS NULL
+), ticks AS MATERIALIZED (
+    SELECT t.kind, t.slot, row_number() OVER (PARTITION BY t.kind) AS rank
+    FROM lim AS l
+    CROSS JOIN LATERAL (
+        SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
+        WHERE t.kind = l.kind AND t.slot <= l.rate
+          AND t.used_at <= now() - make_interval(secs => l.per)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED) AS t
+    WHERE l.rate IS NOT NULL
+    UNION ALL
+    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE rate IS NULL
 ), room AS (
-    SELECT kind, count(*)::int AS room FROM free GROUP BY kind
+    SELECT f.kind, least(f.n, t.n) AS room
+    FROM (SELECT kind, count(*)::int AS n FROM free GROUP BY kind) AS f
+    JOIN (SELECT kind, count(*)::int AS n FROM ticks GROUP BY kind) AS t USING (kind)
 ), candidates AS (
     SELECT c.id, c.kind, c.priority, c.run_at,
            row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
@@ -554,10 +580,16 @@ WITH lim AS (
     ) AS c
     WHERE c.concurrency_key IS NULL OR c.key_rank = 1
 ), picked AS MATERIALIZED (
-    SELECT c.id, f.slot
-    FROM candidates AS c JOIN free AS f ON f.kind = c.kind AND f.rank = c.rank
+    SELECT c.id, c.kind, f.slot, t.slot AS tick
+    FROM candidates AS c
+    JOIN free AS f ON f.kind = c.kind AND f.rank = c.rank
+    JOIN ticks AS t ON t.kind = c.kind AND t.rank = c.rank
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
+), used AS (  -- rate: each tick taken, used now
+    UPDATE pgpool_limit_ticks AS t SET used_at = now()
+    FROM picked AS p
+    WHERE t.kind = p.kind AND t.slot = p.tick
 )
 UPDATE pgpool_jobs AS j
 SET state = 'running',
@@ -568,7 +600,7 @@ SET state = 'running',
     lease_until = now() + make_interval(secs => %(lease)s),
     started = false,
     limit_slot = p.slot,
-    limit_attempt = j.attempts + 1
+    limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END
 FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id))
      AS p(id, slot),  -- a key lookup per id in any plan: see CLAIM_PLAIN
      lim AS l
@@ -576,6 +608,15 @@ WHERE j.id = p.id AND l.kind = j.kind
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
           j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
+"""
+
+#: The rows of the rate rings the claimer's kinds need (`CLAIM_LIMITED`): ``rates``
+#: rows per kind of ``rate_kinds``, added unless there (never used: free at once).
+ENSURE_TICKS: Final = """
+INSERT INTO pgpool_limit_ticks (kind, slot)
+SELECT r.kind, generate_series(1, r.rate)
+FROM unnest(%(rate_kinds)s::text[], %(rates)s::int[]) AS r(kind, rate)
+ON CONFLICT DO NOTHING
 """
 
 #: After an ack flush that ended jobs of limited kinds (`pgpool.host.dispatcher`): wake the

@@ -1,7 +1,8 @@
 """The limited claim (`sql.CLAIM_LIMITED`, `pgpool.limits`) on a real server: a kind's
 concurrency limit holds across claimers racing on their own connections, a slot is free
 again however its job stops running, a lowered limit waits for the jobs above it, and a
-job that ran under a limit is claimed as any other once the limit is gone."""
+job that ran under a limit is claimed as any other once the limit is gone; a rate takes at
+most R in a window, racing or not, and R more once the window has passed."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from pgpool.host.lease import Lease
 from pgpool.registry import Handler
 
 
-def handlers(concurrency: int | None, *, also: str | None = None) -> dict[str, Handler]:
-    limit = None if concurrency is None else pgpool.Limit(concurrency=concurrency)
+def handlers(concurrency: int | None, *, also: str | None = None,
+             rate: int | None = None, per: float = 1.0) -> dict[str, Handler]:
+    limit = (None if concurrency is None and rate is None
+             else pgpool.Limit(concurrency=concurrency, rate=rate, per=per))
     found = {"lim": Handler("lim", print, None, None, limit=limit)}
     if also:
         found[also] = Handler(also, print, None, None)
@@ -45,8 +48,9 @@ def with_pools(dsn: str, count: int, work: Any) -> Any:
 
 
 def claimer(pool: AsyncConnectionPool, owner: str, concurrency: int | None,
-            also: str | None = None) -> Claimer:
-    return Claimer(pool, owner, queues=("default",), handlers=handlers(concurrency, also=also),
+            also: str | None = None, rate: int | None = None, per: float = 1.0) -> Claimer:
+    return Claimer(pool, owner, queues=("default",),
+                   handlers=handlers(concurrency, also=also, rate=rate, per=per),
                    lease=Lease(30), max_attempts=20, timeout=None)
 
 
@@ -168,3 +172,47 @@ def test_the_database_refuses_a_second_running_job_in_a_slot(db: psycopg.Connect
     else:
         raise AssertionError("a second job took a slot that a running job holds")
     assert running(db) == 1
+
+
+def test_a_rate_takes_at_most_r_in_a_window_however_claims_race(db: psycopg.Connection,
+                                                                 dsn: str) -> None:
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(30)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=7, per=3600)
+                    for n, pool in enumerate(pools)]
+        got = []
+        for _ in range(3):
+            batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
+            got.append(sum(len(b) for b in batches))
+        # The window passes (its ticks an hour old): seven more, and no more.
+        db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
+        db.commit()
+        batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
+        got.append(sum(len(b) for b in batches))
+        return got
+
+    got = with_pools(dsn, 2, work)
+    assert sum(got[:3]) == 7
+    assert got[3] == 7
+    assert running(db) == 14
+    assert db.execute("SELECT count(*) FROM pgpool_limit_ticks WHERE kind = 'lim'"
+                      ).fetchone()[0] == 7
+
+
+def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Connection,
+                                                                dsn: str) -> None:
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", 2, rate=3, per=3600)
+        got = [len(await c.claim(10))]  # two slots
+        db.execute("DELETE FROM pgpool_jobs WHERE state = 'running'")  # both done
+        db.commit()
+        got.append(len(await c.claim(10)))  # two slots free, one tick left
+        got.append(len(await c.claim(10)))  # the window is spent
+        return got
+
+    assert with_pools(dsn, 1, work) == [2, 1, 0]

@@ -44,6 +44,10 @@ KIND = "chaos.record"
 #: A kind with a fleet-wide concurrency limit (tests/host/test_limits.py), and that limit.
 LIMITED = "chaos.limited"
 LIMITED_CONCURRENCY = 3
+#: A kind with a fleet-wide rate limit (tests/host/test_limited_hosts.py), and that rate per
+#: second.
+RATED = "chaos.rated"
+RATED_PER_SECOND = 20
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -98,6 +102,12 @@ def record(payload: dict) -> None:
 @pgpool.handler(LIMITED, limit=pgpool.Limit(concurrency=LIMITED_CONCURRENCY))
 def limited(payload: dict) -> None:
     """`record`, for a kind of which at most `LIMITED_CONCURRENCY` run at once in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(RATED, limit=pgpool.Limit(rate=RATED_PER_SECOND, per=1))
+def rated(payload: dict) -> None:
+    """`record`, for a kind of which at most `RATED_PER_SECOND` start in any second."""
     record(payload)
 
 

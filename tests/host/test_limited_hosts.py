@@ -2,7 +2,9 @@
 workers run a kind limited to 3, and never more than 3 of its jobs run at once, judged from
 the jobs' own start and end times, across a SIGKILL of a host holding slots and a SIGSTOP
 of another past its lease (its jobs are reaped and run again elsewhere while it is frozen);
-every job finishes.
+every job finishes. And a kind limited to 20 starts a second: never more than 20 claimed in
+any second, on the server's clock (what the limit holds; a trigger notes each claim's
+``claimed_at``), the 100 jobs spread over 4 s at least, and every one done.
 
 Jobs are `tests/handlers/chaosjobs.py` ``chaos.limited`` jobs: each attempt durably records
 its start and end (monotonic ns); an attempt killed while it ran (its host's workers die
@@ -13,6 +15,7 @@ upper bound, so the count below can only overstate what ran at once.
 
 from __future__ import annotations
 
+import bisect
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -36,6 +39,9 @@ JOBS = 60
 #: the SIGKILLed host's slots wait out its lease and a reaper pass (about 3 s), and two
 #: cores run three hosts of four workers each: 120 s is many times that.
 DRAIN = 120
+RATED = "chaos.rated"
+RATE = 20  # chaosjobs.RATED_PER_SECOND
+RATED_JOBS = 100
 
 
 class Host:
@@ -155,3 +161,36 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
                for runs in attempts.values() for i, a in enumerate(runs))
     # The limit was reached (the check can see more than it), and never passed.
     assert most_at_once(attempts, watcher) == LIMIT
+
+
+@pytest.mark.own_schema  # a trigger on pgpool_jobs
+def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, records: Path,
+                                         hosts: list[Host]) -> None:
+    db.execute("""
+        CREATE TABLE claims_seen (id bigint, at timestamptz);
+        CREATE FUNCTION note_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO claims_seen VALUES (NEW.id, NEW.claimed_at);
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
+            WHEN (NEW.state = 'running' AND NEW.kind = 'chaos.rated')
+            EXECUTE FUNCTION note_claim();""")
+    pgpool.enqueue_many(db, RATED, [{"ms": 1} for _ in range(RATED_JOBS)])
+
+    def drained() -> bool:
+        return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                          (RATED,)).fetchone()[0] == 0
+
+    wait_until(drained, "every rated job done", timeout=DRAIN, interval=0.2)
+    claimed = [row[0] for row in db.execute(
+        "SELECT extract(epoch FROM at)::float8 FROM claims_seen ORDER BY at")]
+    assert len(claimed) == RATED_JOBS  # one claim each: nothing failed or was lost
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    # In any window [t, t + 1 s): at most RATE, the rate reached, and the claims spread
+    # over (RATED_JOBS / RATE - 1) seconds at least.
+    most = max(bisect.bisect_left(claimed, t + 1.0) - i for i, t in enumerate(claimed))
+    assert most == RATE
+    assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
+    ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
+    assert len(ended) == RATED_JOBS

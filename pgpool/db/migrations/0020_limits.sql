@@ -20,3 +20,19 @@ COMMENT ON COLUMN pgpool_jobs.limit_slot IS
 -- both commit. No column a heartbeat changes, so heartbeats stay HOT.
 CREATE UNIQUE INDEX pgpool_jobs_limit_running ON pgpool_jobs (kind, limit_slot)
     WHERE state = 'running' AND limit_attempt = attempts;
+
+-- A rate limit's ring (sql.jobs.CLAIM_LIMITED): R rows per limited kind, each the
+-- time one claim last used it. A claim takes a job only with a row last used at
+-- least `per` seconds ago, and sets it to now(): each row is used at most once in
+-- any window of `per` seconds, so at most R jobs are claimed in one (a sliding
+-- window, exact). Claims take rows FOR UPDATE SKIP LOCKED: racing claims take
+-- different rows and never wait. The hosts add the rows their kinds' rates need.
+CREATE TABLE pgpool_limit_ticks (
+    kind    text NOT NULL,
+    slot    integer NOT NULL,
+    used_at timestamptz NOT NULL DEFAULT '-infinity',
+    PRIMARY KEY (kind, slot)
+);
+COMMENT ON TABLE pgpool_limit_ticks IS
+    'the rings of pgpool.Limit(rate=R, per=s): per kind, R rows, each the last time a '
+    'claim took a job with it; a row is used at most once in any window of per seconds';
