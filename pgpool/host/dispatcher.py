@@ -25,7 +25,8 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS); jobs of
-         limited kinds ended: NOTIFY_FREED, their queues' hosts claim the free slots
+         limited kinds ended while their claims came back short: NOTIFY_FREED, their
+         queues' hosts claim the free slots
 
 `stager` makes scheduled jobs (delayed, or waiting out a retry backoff) ready when they fall
 due and notifies their queues: the listener wakes it on `sql.common.STAGE`, `_acks_flushed` after
@@ -482,7 +483,7 @@ class Dispatcher:
         self.completer.release(jobs)
 
     def _acks_flushed(self, result: FlushResult) -> None:
-        if result.freed:
+        if result.freed and self.claimer.limited_short:  # none wait while claims come back full
             self._tell_freed(result.freed)
         if result.released or result.interrupted:
             self.claimer.sweep_next()  # ready again, behind the claim's cursors

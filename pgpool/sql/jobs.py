@@ -505,9 +505,14 @@ ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them 
 #:   taken. A slot whose job stopped running since this statement's snapshot looks taken:
 #:   the next claim has it. A kind without a concurrency limit: ``limit`` NULL slots.
 #: - ``ticks``: the rows of the kind's rate ring last used ``per`` seconds ago or more, up to
-#:   ``limit``, locked SKIP LOCKED: racing claims take different rows, and a row a claim
-#:   used since this statement's snapshot is checked again once locked (read committed), so
-#:   it is not taken twice in a window. A kind without a rate: ``limit`` NULL rows.
+#:   ``limit``, read in slot order from a random one on, wrapping round (two scans chained
+#:   on the primary key, read only as far as they take): racing claims start apart, and a
+#:   claim walks past the rows used in the window only as far as it takes, a few when the
+#:   rate is far from reached, more as it nears it. Locked SKIP LOCKED: racing claims take
+#:   different rows, and a row a claim used since this statement's snapshot is checked
+#:   again once locked (read committed), so it is not taken twice in a window. A kind
+#:   without a rate: ``limit`` NULL rows. The random start is drawn once, in ``lim``
+#:   (materialized): drawn in each scan, the two could overlap and hand one row out twice.
 #: - ``candidates``: per (queue, kind), as many ready jobs as the kind has room (free slots
 #:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
 #:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
@@ -516,9 +521,10 @@ ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them 
 #:   (``limit_slot``, ``limit_attempt``): the row is in the unique index while it runs that
 #:   attempt, and leaves it however it stops running. Each tick taken is set to now().
 CLAIM_LIMITED: Final = """
-WITH lim AS (
+WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
-           floor(random() * l.concurrency)::int AS start
+           floor(random() * l.concurrency)::int AS start,
+           floor(random() * l.rate)::int + 1 AS tick_start  -- once: lim is materialized
     FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
                 %(limited_rate)s::int[], %(limited_per)s::float8[],
                 %(limited_max_attempts)s::int[])
@@ -545,18 +551,29 @@ WITH lim AS (
     SELECT t.kind, t.slot, row_number() OVER (PARTITION BY t.kind) AS rank
     FROM lim AS l
     CROSS JOIN LATERAL (
-        SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
-        WHERE t.kind = l.kind AND t.slot <= l.rate
-          AND t.used_at <= now() - make_interval(secs => l.per)
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED) AS t
+        SELECT * FROM (
+            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.slot >= l.tick_start AND t.slot <= l.rate
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) AS upper
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.slot < l.tick_start
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) AS lower
+        LIMIT %(limit)s) AS t
     WHERE l.rate IS NOT NULL
     UNION ALL
     SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE rate IS NULL
-), room AS (
-    SELECT f.kind, least(f.n, t.n) AS room
-    FROM (SELECT kind, count(*)::int AS n FROM free GROUP BY kind) AS f
-    JOIN (SELECT kind, count(*)::int AS n FROM ticks GROUP BY kind) AS t USING (kind)
+), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
+    SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
+), rooms AS (
+    SELECT kind, count(*)::int AS room FROM room GROUP BY kind
 ), candidates AS (
     SELECT c.id, c.kind, c.priority, c.run_at,
            row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
@@ -564,7 +581,7 @@ WITH lim AS (
     FROM (
         SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
                                        ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
-        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN room AS r
+        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN rooms AS r
         CROSS JOIN LATERAL (
             SELECT p.id, p.kind, p.priority, p.run_at, p.concurrency_key
             FROM pgpool_jobs AS p
@@ -580,10 +597,8 @@ WITH lim AS (
     ) AS c
     WHERE c.concurrency_key IS NULL OR c.key_rank = 1
 ), picked AS MATERIALIZED (
-    SELECT c.id, c.kind, f.slot, t.slot AS tick
-    FROM candidates AS c
-    JOIN free AS f ON f.kind = c.kind AND f.rank = c.rank
-    JOIN ticks AS t ON t.kind = c.kind AND t.rank = c.rank
+    SELECT c.id, c.kind, r.slot, r.tick
+    FROM candidates AS c JOIN room AS r USING (kind, rank)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 ), used AS (  -- rate: each tick taken, used now
@@ -618,6 +633,8 @@ SELECT r.kind, generate_series(1, r.rate)
 FROM unnest(%(rate_kinds)s::text[], %(rates)s::int[]) AS r(kind, rate)
 ON CONFLICT DO NOTHING
 """
+#: After `ENSURE_TICKS` added rows: the rings' statistics (see `pgpool.host.claimer`).
+ANALYZE_TICKS: Final = "ANALYZE pgpool_limit_ticks"
 
 #: After an ack flush that ended jobs of limited kinds (`pgpool.host.dispatcher`): wake the
 #: hosts of their ``queues``, whose claims may have been waiting on those slots.
@@ -630,6 +647,14 @@ NOTIFY_FREED: Final = ("SELECT pg_notify(" + OUR_CHANNEL
 RUNNING: Final = """
 SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
 WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: Ready jobs of the given queues and of ``limited_kinds``: after a limited claim that took
+#: none of them, they wait on their kind's limit (a burst host waits with them).
+LIMITED_WAITING: Final = """
+SELECT count(*) FROM pgpool_jobs
+WHERE state = 'ready' AND queue = ANY(%(queues)s::text[])
+  AND kind = ANY(%(limited_kinds)s::text[])
 """
 
 #: Extend the leases of every job this dispatcher holds, in one statement, and record which

@@ -33,6 +33,7 @@ CREATE TABLE pgpool_limit_ticks (
     used_at timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (kind, slot)
 );
+-- No index on used_at: using a row is a HOT update, and the ring does not bloat.
 COMMENT ON TABLE pgpool_limit_ticks IS
     'the rings of pgpool.Limit(rate=R, per=s): per kind, R rows, each the last time a '
     'claim took a job with it; a row is used at most once in any window of per seconds';
