@@ -1,10 +1,14 @@
 """Fleet-wide limits of a kind: at most N of its jobs running at once, at most R of them
-started in any window of ``per`` seconds, for the whole kind or per tenant or per
-concurrency key, whatever the number of hosts (docs/guides/limits.md).
+started in any window of ``per`` seconds, for the whole kind, whatever the number of hosts
+(docs/guides/limits.md).
 
 Where a limit goes::
 
     @pgpool.handler(kind, limit=Limit(concurrency=3))      the code's limit (`Limit`)
+    pgpool limits set KIND ... (pgpool.ops.set_limit)      an operator's `Override`, a row
+        -> pgpool_limits -> every host's control poll         of pgpool_limits, wins over it
+           (pgpool.host.parts.control, logged: the audit)     until `pgpool limits reset`
+        -> Claimer.set_limits(the limits in force)
         -> pgpool.host.claimer: the kind leaves the plain and fair claims (which stay as
            they are, for the kinds without a limit) for sql.jobs.CLAIM_LIMITED
         -> the claim takes a job only with a slot for it (sql.jobs.CLAIM_LIMITED):
@@ -34,7 +38,7 @@ This module is imported by workers (through `pgpool.registry`): no psycopg, no a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Final
 
@@ -82,3 +86,34 @@ class Limit:
             raise HandlerError(f"pgpool.Limit: per must be a number of seconds (or a "
                                f"timedelta) from {MIN_PER} to {MAX_PER:,}, got {self.per!r}")
         object.__setattr__(self, "per", float(per))
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's override of a kind's limit (``pgpool limits set``, a row of
+    ``pgpool_limits``): each field not None replaces the code's; ``set_by``, the database
+    role that set it."""
+
+    concurrency: int | None
+    rate: int | None
+    per: float | None
+    set_by: str
+
+    def describe(self) -> str:
+        """How `pgpool limits` and the hosts' logs say it: ``concurrency 3, rate 20/1s``."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}/{self.per or 1:g}s")
+        elif self.per is not None:
+            parts.append(f"per {self.per:g}s")
+        return ", ".join(parts)
+
+    def over(self, limit: Limit | None) -> Limit:
+        """The limit in force: ``limit`` (the code's, or None) with this override's fields."""
+        base = limit or Limit(concurrency=self.concurrency, rate=self.rate)
+        return replace(base,
+                       concurrency=self.concurrency or base.concurrency,
+                       rate=self.rate or base.rate,
+                       per=self.per or base.per)

@@ -39,6 +39,7 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
+from ..limits import Limit
 from ..registry import Handler
 from ..sql import jobs as sql
 from ..sql.common import int_array, nullable_int_array
@@ -131,15 +132,12 @@ class Claimer:
         self._on_claimed = on_claimed
         self._timeouts = {k: handlers[k].timeout or timeout for k in handlers}
         self._all_kinds = sorted(handlers)
-        limited = sorted(k for k, h in handlers.items() if h.limit is not None)
-        kinds = [k for k in self._all_kinds if k not in limited]
-        #: What every plain or fair claim sends, but its ``limit``: the kinds without a
-        #: limit.
+        self._max_attempts = {k: handlers[k].max_attempts or max_attempts for k in handlers}
+        self._owner = owner
+        #: What every plain or fair claim sends, but its ``limit`` (and its kinds, those
+        #: without a limit: `set_limits`).
         self._params: dict[str, object] = {
             "queues": list(queues),
-            "kinds": kinds,
-            "kind_max_attempts": int_array(handlers[k].max_attempts or max_attempts
-                                           for k in kinds),
             "owner": owner,
             "lease": lease.seconds,
             "tenant_cap": tenant_cap,
@@ -150,26 +148,12 @@ class Claimer:
         #: Whether the last limited claim took fewer jobs than it asked for: its kinds may
         #: wait on their limits, and the slots freed here are worth telling the fleet of.
         self.limited_short = False
-        #: The rate rings' rows to add before the first limited claim (`sql.ENSURE_TICKS`).
+        #: The rate rings' rows to add before the next limited claim (`sql.ENSURE_TICKS`).
         self._ticks: dict[str, object] | None = None
-        if limited:
-            limits = [lim for k in limited if (lim := handlers[k].limit) is not None]
-            self._limited = {
-                "limited_kinds": limited,
-                "limited_concurrency": nullable_int_array(
-                    lim.concurrency for lim in limits),
-                "limited_rate": nullable_int_array(
-                    lim.rate for lim in limits),
-                "limited_per": [float(lim.per) for lim in limits],
-                "limited_max_attempts": int_array(handlers[k].max_attempts or max_attempts
-                                                  for k in limited),
-                "owner": owner,
-                "lease": lease.seconds,
-            }
-            rated = [(k, lim.rate) for k, lim in zip(limited, limits, strict=True)
-                     if lim.rate is not None]
-            self._ticks = {"rate_kinds": [k for k, _ in rated],
-                           "rates": int_array(r for _, r in rated)} if rated else None
+        self._lease = lease
+        #: The kinds the plain and fair claims take: those without a limit.
+        self._kinds: list[str] = []
+        self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
@@ -187,15 +171,40 @@ class Claimer:
         self._swept_at = -math.inf
         self._sweep_rtt = 0.0
         self.sweeps = 0
-        self._lease = lease
         self._queues = list(queues)
         #: The queues claimed from: those not paused.
         self._serving = self._queues
-        self._kinds = kinds
         self.claims = 0
         self.claimed = 0
         #: The most recent round trips, seconds, for percentiles.
         self.rtts: deque[float] = deque(maxlen=RTT_SAMPLES)
+
+    def set_limits(self, limits: dict[str, Limit]) -> None:
+        """Claim the kinds of ``limits`` (the limits in force: the code's, or an operator's
+        override) with the limited claim, from the next claim on, and the others with the
+        plain or fair one."""
+        limited = sorted(k for k in limits if k in self._max_attempts)
+        kinds = [k for k in self._all_kinds if k not in limits]
+        self._kinds = kinds
+        self._params["kinds"] = kinds
+        self._params["kind_max_attempts"] = int_array(self._max_attempts[k] for k in kinds)
+        if not limited:
+            self._limited, self._ticks = {}, None
+            return
+        in_force = [limits[k] for k in limited]
+        self._limited = {
+            "limited_kinds": limited,
+            "limited_concurrency": nullable_int_array(lim.concurrency for lim in in_force),
+            "limited_rate": nullable_int_array(lim.rate for lim in in_force),
+            "limited_per": [float(lim.per) for lim in in_force],
+            "limited_max_attempts": int_array(self._max_attempts[k] for k in limited),
+            "owner": self._owner,
+            "lease": self._lease.seconds,
+        }
+        rated = [(k, lim.rate) for k, lim in zip(limited, in_force, strict=True)
+                 if lim.rate is not None]
+        self._ticks = {"rate_kinds": [k for k, _ in rated],
+                       "rates": int_array(r for _, r in rated)} if rated else None
 
     @property
     def rtt(self) -> float:

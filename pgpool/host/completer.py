@@ -307,7 +307,7 @@ class Completer:
         """``limited``: the kinds with a concurrency limit (`pgpool.limits`), whose ends a
         flush reports (`FlushResult.freed`)."""
         self._pool = pool
-        self._limited = limited
+        self.limited = limited
         self._owner = owner
         self.max_batch = max(1, max_batch)
         self.interval = interval
@@ -497,8 +497,8 @@ class Completer:
             refused = await self._fail_refused_outcomes(refused, result.later)
         if refused:
             result.parked = await self._park(refused, result.later)
-        if self._limited:  # per flush, and only on a host that runs limited kinds
-            result.freed = frozenset(a.job.queue for a in acks if a.job.kind in self._limited)
+        if self.limited:  # per flush, and only on a host that runs limited kinds
+            result.freed = frozenset(a.job.queue for a in acks if a.job.kind in self.limited)
         result.seconds = time.monotonic() - started
         result.stale = (len(acks) - len(refused) - len(result.later)
                         - (result.done + result.retried + result.released

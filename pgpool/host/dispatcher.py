@@ -75,6 +75,7 @@ from setproctitle import setproctitle
 from ..db import dsn as dsnlib
 from ..db import schema
 from ..db.outage import backoff
+from ..limits import Override
 from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
@@ -336,7 +337,8 @@ class Dispatcher:
         if self._stopping.is_set():
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
-                               on_cancelled=self.heartbeat.wake)
+                               on_cancelled=self.heartbeat.wake,
+                               on_limits=self._limits_overridden)
         self.retention = Retention(db, cfg.dead_retention)
         # Declared like a host row: refreshed every beat, stale after as many leases.
         self.periodic = (Periodic(db, self.owner, self.schedules,
@@ -506,6 +508,17 @@ class Dispatcher:
         task = asyncio.create_task(tell(), name="pgpool freed slots")
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
+
+    def _limits_overridden(self, overrides: dict[str, Override]) -> None:
+        """Apply operators' overrides of limits (`pgpool.limits`): the code's limit with an
+        override's fields, from the next claim on."""
+        limits = {kind: overrides[kind].over(h.limit) if kind in overrides else h.limit
+                  for kind, h in self.handlers.items()}
+        in_force = {kind: limit for kind, limit in limits.items() if limit is not None}
+        self.claimer.set_limits(in_force)
+        self.completer.limited = frozenset(kind for kind, limit in in_force.items()
+                                           if limit.concurrency is not None)
+        self.scheduler.work_ready()  # a higher limit may have room now
 
     def _paused(self, queues: frozenset[str]) -> None:
         self.claimer.pause(queues)

@@ -2,7 +2,9 @@
 workers run a kind limited to 3, and never more than 3 of its jobs run at once, judged from
 the jobs' own start and end times, across a SIGKILL of a host holding slots and a SIGSTOP
 of another past its lease (its jobs are reaped and run again elsewhere while it is frozen);
-every job finishes. And a kind limited to 20 starts a second: never more than 20 claimed in
+every job finishes. An operator's override (`pgpool.ops.set_limit`) limits a kind without a
+limit in its code on a running host, and its reset lifts it. And a kind limited to 20
+starts a second: never more than 20 claimed in
 any second, on the server's clock (what the limit holds; a trigger notes each claim's
 ``claimed_at``), the 100 jobs spread over 4 s at least, and every one done.
 
@@ -30,6 +32,7 @@ from places import HANDLERS, ROOT
 from waits import wait_until
 
 import pgpool
+import pgpool.ops
 
 LEASE = 2
 LIMIT = 3  # chaosjobs.LIMITED_CONCURRENCY
@@ -61,6 +64,9 @@ class Host:
     def pid(self) -> int:
         return self.proc.pid
 
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
 
 @pytest.fixture
 def records(tmp_path: Path) -> Path:
@@ -82,6 +88,16 @@ def hosts(dsn: str, records: Path, tmp_path: Path) -> Iterator[list[Host]]:
     started = [Host(dsn, records, tmp_path / f"host-{n}.log") for n in range(3)]
     yield started
     for host in started:
+        if host.proc.poll() is None:
+            host.proc.kill()
+            host.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def host(dsn: str, records: Path, tmp_path: Path) -> Iterator[Host]:
+    started = Host(dsn, records, tmp_path / "host.log")
+    yield started
+    for host in (started,):
         if host.proc.poll() is None:
             host.proc.kill()
             host.proc.wait(timeout=30)
@@ -194,3 +210,25 @@ def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, recor
     assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
     ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
     assert len(ended) == RATED_JOBS
+
+
+def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
+        dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
+        host: Host) -> None:
+    def batch(ids_before: set[int]) -> int:
+        pgpool.enqueue_many(db, "chaos.record", [{"ms": 1, "sleep": 0.2} for _ in range(8)])
+        wait_until(lambda: db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0,
+                   "the batch done", timeout=DRAIN, interval=0.1)
+        wait_until(lambda: len(read_attempts(records)) == len(ids_before) + 8,
+                   "every attempt recorded")
+        return most_at_once({job: runs for job, runs in read_attempts(records).items()
+                             if job not in ids_before}, watcher)
+
+    pgpool.ops.set_limit(db, "chaos.record", concurrency=1)
+    wait_until(lambda: "limit of kind chaos.record: concurrency 1, set by" in host.output(),
+               "the host applying the override")
+    assert batch(set()) == 1
+    pgpool.ops.reset_limit(db, "chaos.record")
+    wait_until(lambda: "limit of kind chaos.record: reset" in host.output(),
+               "the host applying the reset")
+    assert batch(set(read_attempts(records))) > 1  # four workers, eight jobs of 0.2 s

@@ -37,3 +37,19 @@ CREATE TABLE pgpool_limit_ticks (
 COMMENT ON TABLE pgpool_limit_ticks IS
     'the rings of pgpool.Limit(rate=R, per=s): per kind, R rows, each the last time a '
     'claim took a job with it; a row is used at most once in any window of per seconds';
+
+-- Operators' overrides of the code's limits (`pgpool limits set`, pgpool.ops.set_limit):
+-- a row wins over the handler's Limit for its kind until `pgpool limits reset`; a NULL
+-- field keeps the code's value. The hosts read it at every control poll.
+CREATE TABLE pgpool_limits (
+    kind        text PRIMARY KEY,
+    concurrency integer CHECK (concurrency > 0),
+    rate        integer CHECK (rate > 0),
+    per         float8 CHECK (per > 0),
+    set_at      timestamptz NOT NULL DEFAULT now(),
+    set_by      text NOT NULL DEFAULT session_user,
+    CHECK (concurrency IS NOT NULL OR rate IS NOT NULL)
+);
+COMMENT ON TABLE pgpool_limits IS
+    'operators'' overrides of pgpool.Limit, per kind (pgpool limits set/reset); a NULL '
+    'field keeps the code''s value';
