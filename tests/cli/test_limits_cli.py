@@ -3,6 +3,8 @@ with their use, refused with a one-line error when bad, reset."""
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 from commands import run_pgpool
@@ -47,3 +49,20 @@ def test_a_bad_override_is_refused_in_one_line(db: psycopg.Connection, dsn: str,
     assert done.stderr.startswith(f"pgpool: error: {error}"), done.stderr
     assert len(done.stderr.splitlines()) == 1
     assert db.execute("SELECT count(*) FROM pgpool_limits").fetchone()[0] == 0
+
+
+def test_status_shows_each_limit_and_its_use(db: psycopg.Connection, dsn: str) -> None:
+    assert "limits" not in run_pgpool(dsn, "status").stdout  # none in use: no section
+    pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(4)])
+    ops.set_limit(db, "sync", rate=10, per=60)
+    text = run_pgpool(dsn, "status").stdout
+    section = text[text.index("limits (`pgpool limits`):"):].splitlines()
+    assert section[1].split() == ["KIND", "OVERRIDE", "RUNNING", "RATE", "USED", "READY"]
+    assert section[2].split() == ["sync", "rate", "10/60s", "0", "0", "4"]
+    (limit,) = json.loads(run_pgpool(dsn, "status", "--json").stdout)["limits"]
+    set_at = limit["override"].pop("set_at")
+    assert set_at.startswith(str(db.execute("SELECT current_date").fetchone()[0]))
+    assert limit == {"kind": "sync", "override": {
+        "concurrency": None, "rate": 10, "per": 60.0,
+        "set_by": db.execute("SELECT session_user").fetchone()[0]},
+        "running": 0, "rate_used": 0, "ready": 4}
