@@ -34,6 +34,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import cast
 
 import psycopg
 from psycopg.adapt import Loader
@@ -151,8 +152,6 @@ class Claimer:
         #: The rate rings' rows to add before the next limited claim (`sql.ENSURE_TICKS`).
         self._ticks: dict[str, object] | None = None
         self._lease = lease
-        #: The kinds the plain and fair claims take: those without a limit.
-        self._kinds: list[str] = []
         self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
@@ -185,7 +184,6 @@ class Claimer:
         plain or fair one."""
         limited = sorted(k for k in limits if k in self._max_attempts)
         kinds = [k for k in self._all_kinds if k not in limits]
-        self._kinds = kinds
         self._params["kinds"] = kinds
         self._params["kind_max_attempts"] = int_array(self._max_attempts[k] for k in kinds)
         if not limited:
@@ -333,9 +331,9 @@ class Claimer:
                 # one-shot plan, whatever the session's plan_cache_mode): the generic
                 # plan of this claim, which cannot know the limits or the batch, read a
                 # rate's ring at a third of the speed; planning costs 1.5 ms a claim.
-                cur = psycopg.AsyncClientCursor(conn)
-                await cur.execute(sql.CLAIM_LIMITED, params)
-                rows = await cur.fetchall()
+                async with psycopg.AsyncClientCursor(conn) as cur:
+                    await cur.execute(sql.CLAIM_LIMITED, params)
+                    rows = await cur.fetchall()
                 break
             except KEY_RACE_LOST:
                 # Another claim took one of these slots first; the whole statement rolled
@@ -380,7 +378,9 @@ class Claimer:
             # Cleared before the statement: a job handed back while it runs may be behind
             # the rows it reads, and is owed the next sweep.
             self._sweep_owed = False
-        cursors = sql.SWEEP if sweep else self._cursor_params(queues)
+        # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
+        kinds = cast(list[str], params["kinds"])
+        cursors = sql.SWEEP if sweep else self._cursor_params(queues, kinds)
         rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
         if sweep:
             if self.sweeps:
@@ -395,12 +395,12 @@ class Claimer:
         row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
         return bool(row and row[0])
 
-    def _cursor_params(self, queues: list[str]) -> dict[str, str]:
+    def _cursor_params(self, queues: list[str], kinds: list[str]) -> dict[str, str]:
         """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
         outer, kinds inner, `_FROM_START` for a pair with none yet."""
         cursors = self._cursors
         keys = [cursors.get((queue, kind), _FROM_START)
-                for queue in queues for kind in self._kinds]
+                for queue in queues for kind in kinds]
         return {"after_priorities": nullable_int_array(k[0] for k in keys),
                 "after_run_at_us": nullable_int_array(k[1] for k in keys),
                 "after_ids": nullable_int_array(k[2] for k in keys)}
