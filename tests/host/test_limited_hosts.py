@@ -232,3 +232,18 @@ def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
     wait_until(lambda: "limit of kind chaos.record: reset" in host.output(),
                "the host applying the reset")
     assert batch(set(read_attempts(records))) > 1  # four workers, eight jobs of 0.2 s
+
+
+def test_a_burst_host_waits_for_jobs_held_back_by_a_rate(
+        dsn: str, db: psycopg.Connection, records: Path) -> None:
+    """A burst host is not drained while ready jobs wait on their kind's rate: it takes
+    the 45 jobs at 20 a second, in three windows, then exits."""
+    pgpool.enqueue_many(db, RATED, [{"ms": 1} for _ in range(45)])
+    env = pgpool_env(dsn, PYTHONPATH=f"{HANDLERS}:{ROOT}", **{RECORD_ENV: str(records)})
+    done = subprocess.run(
+        pgpool_cmd("run", "--handlers", "chaosjobs", "--procs", "2", "--burst"),
+        cwd=HANDLERS, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=DRAIN)
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+    assert len({a.job for runs in read_attempts(records).values() for a in runs if a.end}) == 45
