@@ -6,6 +6,8 @@ The public API::
     thumbnail.enqueue(conn, payload, ...) -> int | None         the Handler: its kind's jobs
     pgpool.Retry(attempts=None, base=1.0, cap=600.0, jitter=True, on=(), never=())
                                                                 a handler's retry schedule
+    pgpool.Limit(concurrency=N)                                 a kind's fleet-wide limit
+                                                                (@handler(kind, limit=...))
     pgpool.periodic(name, cron, *, kind, payload=None, ...)     a schedule: jobs at its ticks
     pgpool.enqueue(conn, kind, payload, ...) -> int | None      in the caller's transaction
     pgpool.enqueue_many(conn, kind, payloads, ...) -> int       bulk, through COPY
@@ -51,6 +53,7 @@ from .errors import (
 )
 from .groups import Group, group, group_async
 from .job import JobInfo
+from .limits import Limit
 from .outcomes import (
     GroupStatus,
     JobStatus,
@@ -108,6 +111,7 @@ __all__ = [
     "Interrupted",
     "JobInfo",
     "JobStatus",
+    "Limit",
     "Member",
     "PayloadDecodeError",
     "PayloadError",

@@ -21,7 +21,7 @@ from . import horizon as horizon_
 from . import schedules
 from .sql import observe as sql
 from .sql.fleet import COUNTED_LEASES, FLEET_BUDGET, STALE_AFTER_LEASES
-from .sql.ops import PAUSED
+from .sql.ops import LIMITS, PAUSED
 
 
 def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORIZON_WARN
@@ -66,7 +66,10 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
     says it). ``succeeded`` lists, per kind with successes kept in ``pgpool_done``
     (``keep=``, ``--keep-done``, members of groups), ``last_hour`` (how many finished in
     the last hour, counted up to `SUCCEEDED_CAP`; ``last_hour_more``: more than that) and
-    ``last_ago`` (seconds since the latest). ``horizon`` is `pgpool.horizon.collect`'s:
+    ``last_ago`` (seconds since the latest). ``limits`` lists the kinds with an operator's
+    override of their limit or with jobs holding a limit's slots or a rate's rows
+    (`pgpool.ops.limits`): ``override`` (None: the code's limit holds), ``running``,
+    ``rate_used`` and ``ready``. ``horizon`` is `pgpool.horizon.collect`'s:
     who holds back vacuum of pgpool's tables, their dead rows and vacuums, and the warning
     past ``horizon_warn`` seconds (None: never). ``conn`` must be in autocommit mode,
     outside a transaction.
@@ -83,6 +86,7 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
         groups = conn.execute(sql.STATUS_GROUPS, {"limit": GROUPS_SHOWN}).fetchall()
         succeeded = conn.execute(sql.STATUS_SUCCEEDED, {"cap": SUCCEEDED_CAP}).fetchall()
+        limits = conn.execute(LIMITS).fetchall()
         horizon = horizon_.collect(conn, horizon_warn)
     host_list = [
         {
@@ -119,6 +123,15 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
                 for _, gid, total, done, dead, age, callback in groups if gid is not None
             ],
         },
+        "limits": [
+            {"kind": kind,
+             "override": None if concurrency is None and rate is None else {
+                 "concurrency": concurrency, "rate": rate, "per": per, "set_by": set_by,
+                 "set_at": _iso(set_at)},
+             "running": running, "rate_used": rate_used, "ready": ready}
+            for kind, concurrency, rate, per, set_by, set_at, running, rate_used, ready
+            in limits
+        ],
         "succeeded": [
             {"kind": kind, "last_hour": min(count, SUCCEEDED_CAP),
              "last_hour_more": count > SUCCEEDED_CAP, "last_ago": _round(ago)}

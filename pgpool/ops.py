@@ -1,5 +1,5 @@
 """Operating the queue: inspect, repair and steer it (the ``pgpool jobs``, ``dead``,
-``cancel``, ``retry``, ``pause`` and ``resume`` commands, as Python functions).
+``cancel``, ``retry``, ``pause``, ``resume`` and ``limits`` commands, as Python functions).
 
 `show_job` finds a job live (``pgpool_jobs``) or kept as done (``pgpool_done``), with its
 group's progress when it is a group's callback; `list_jobs` lists live jobs, the members of
@@ -34,7 +34,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from .enqueue import outside_a_transaction, schema_required
-from .errors import ConfigError, PgpoolError
+from .errors import ConfigError, HandlerError, PgpoolError
+from .limits import Limit, Override
 from .names import check_name
 from .outcomes import GroupStatus, Progress, group_status_of, progress_of
 from .sql import ops as sql
@@ -187,6 +188,22 @@ class Listing(Generic[T]):
 
     rows: list[T]
     more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUse:
+    """A kind's limit as the database knows it (`limits`): the operator's ``override``
+    (None: the code's limit holds), when it was set, and the use: ``running`` jobs holding
+    a slot of its concurrency limit, ``rate_used`` rows of its rate's ring used in the last
+    period, and its ``ready`` jobs, which wait on the limit while its claims come back
+    short."""
+
+    kind: str
+    override: Override | None
+    set_at: datetime | None
+    running: int
+    rate_used: int
+    ready: int
 
 
 @dataclass(slots=True)
@@ -658,6 +675,38 @@ def _set_paused(queue: str, paused: bool, force: bool = False) -> Plan[bool]:
     return bool(rows)
 
 
+def _set_limit(kind: str, concurrency: int | None, rate: int | None,
+               per: float | None) -> Plan[Override]:
+    """Check the override as a `Limit` would be checked, store it, tell the hosts."""
+    check_name("kind", kind)
+    try:
+        Limit(concurrency=concurrency, rate=rate, per=1.0 if per is None else per)
+    except HandlerError as exc:
+        raise ConfigError(str(exc).replace("pgpool.Limit: ", f"limit of kind {kind}: ")
+                          ) from None
+    if per is not None and rate is None:
+        raise ConfigError(f"limit of kind {kind}: per needs a rate: give rate=R too")
+    rows = yield _Query(sql.SET_LIMIT, {"kind": kind, "concurrency": concurrency,
+                                        "rate": rate, "per": per})
+    yield _Query(sql.NOTIFY_CONTROL, {})
+    return Override(concurrency, rate, per, rows[0][1])
+
+
+def _reset_limit(kind: str) -> Plan[bool]:
+    check_name("kind", kind)
+    rows = yield _Query(sql.RESET_LIMIT, {"kind": kind})
+    if rows:
+        yield _Query(sql.NOTIFY_CONTROL, {})
+    return bool(rows)
+
+
+def _limits() -> Plan[list[LimitUse]]:
+    rows = yield _Query(sql.LIMITS, {})
+    return [LimitUse(kind, None if concurrency is None and rate is None
+                     else Override(concurrency, rate, per, set_by), set_at, running, used, ready)
+            for kind, concurrency, rate, per, set_by, set_at, running, used, ready in rows]
+
+
 def _queue_known(queue: str) -> Plan[bool]:
     check_name("queue", queue)
     rows = yield _Query(sql.QUEUE_KNOWN, {"queue": queue})
@@ -961,12 +1010,57 @@ async def queue_known_async(conn: psycopg.AsyncConnection, queue: str) -> bool:
     return await _run_async(conn, _queue_known(queue))
 
 
+def set_limit(conn: psycopg.Connection, kind: str, *, concurrency: int | None = None,
+              rate: int | None = None, per: float | None = None,
+              dry_run: bool = False) -> Override:
+    """Override the limit of ``kind`` on every host (`pgpool.Limit`; see
+    [Limits](../guides/limits.md#changing-a-limit-live)): ``concurrency`` and ``rate``
+    (jobs per ``per`` seconds, 1 if not given) replace the code's, a field not given keeps
+    the code's, until `reset_limit`.
+    Replaces an earlier override of the kind. Hosts apply it within a poll interval (at
+    once when they hear the notification), and each logs it with who set it. A bad value
+    raises `ConfigError`."""
+    return _run(conn, _set_limit(kind, concurrency, rate, per), dry_run=dry_run)
+
+
+async def set_limit_async(conn: psycopg.AsyncConnection, kind: str, *,
+                          concurrency: int | None = None, rate: int | None = None,
+                          per: float | None = None, dry_run: bool = False) -> Override:
+    """Async twin of `set_limit`."""
+    return await _run_async(conn, _set_limit(kind, concurrency, rate, per), dry_run=dry_run)
+
+
+def reset_limit(conn: psycopg.Connection, kind: str, *, dry_run: bool = False) -> bool:
+    """Drop the override of ``kind``: the code's limit (or none) holds again. False if it
+    had none."""
+    return _run(conn, _reset_limit(kind), dry_run=dry_run)
+
+
+async def reset_limit_async(conn: psycopg.AsyncConnection, kind: str, *,
+                            dry_run: bool = False) -> bool:
+    """Async twin of `reset_limit`."""
+    return await _run_async(conn, _reset_limit(kind), dry_run=dry_run)
+
+
+def limits(conn: psycopg.Connection) -> list[LimitUse]:
+    """The kinds with an override, or with jobs holding a limit's slots or a rate's rows:
+    each one's override and use. (The code's limits live in the hosts' handlers, not in
+    the database.)"""
+    return _run(conn, _limits())
+
+
+async def limits_async(conn: psycopg.AsyncConnection) -> list[LimitUse]:
+    """Async twin of `limits`."""
+    return await _run_async(conn, _limits())
+
+
 __all__ = [
-    "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "DoneJob", "JobFilter", "JobNotFound",
-    "Listing", "LiveJob", "Purged", "Replayed", "Retried", "cancel", "cancel_async",
-    "group_dead", "group_dead_async", "list_dead", "list_dead_async", "list_jobs",
-    "list_jobs_async", "pause", "pause_async", "paused", "paused_async", "purge_dead",
-    "purge_dead_async", "queue_known", "queue_known_async", "replay_dead",
-    "replay_dead_async", "resume", "resume_async", "retry", "retry_async", "show_dead",
-    "show_dead_async", "show_job", "show_job_async",
+    "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "DoneJob", "JobFilter",
+    "JobNotFound", "LimitUse", "Listing", "LiveJob", "Purged", "Replayed", "Retried",
+    "cancel", "cancel_async", "group_dead", "group_dead_async", "limits", "limits_async",
+    "list_dead", "list_dead_async", "list_jobs", "list_jobs_async", "pause", "pause_async",
+    "paused", "paused_async", "purge_dead", "purge_dead_async", "queue_known",
+    "queue_known_async", "replay_dead", "replay_dead_async", "reset_limit",
+    "reset_limit_async", "resume", "resume_async", "retry", "retry_async", "set_limit",
+    "set_limit_async", "show_dead", "show_dead_async", "show_job", "show_job_async",
 ]

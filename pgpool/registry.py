@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias, TypeVar, Unpa
 from .enqueue import TypedKind, insert, insert_async, insert_many, insert_many_async
 from .errors import ConfigError, HandlerError, PayloadError
 from .job import MANY, EnqueueOptions, JobOptions, ManyOptions
+from .limits import Limit
 from .names import check_name
 from .retry import Retry
 from .sql import fleet as fleet_sql
@@ -90,6 +91,7 @@ class Handler(TypedKind[P]):
         keep: float | None = None,
         soft_timeout: float | None = None,
         cpus: int = 1,
+        limit: Limit | None = None,
     ) -> None:
         self.kind = kind
         """The kind of job it runs."""
@@ -122,6 +124,8 @@ class Handler(TypedKind[P]):
         """What a worker calls with a job's payload as decoded from JSON: the function, with
         the payload decoded into its type first (typed handlers: `PayloadError` naming the
         field when it does not fit). An ``async def``'s coroutine comes back, to be run."""
+        self.limit = limit
+        """Its fleet-wide limit (`pgpool.Limit`), which hosts apply at claim; None: none."""
         self.keep = keep
         """Seconds a success of this kind is kept in ``pgpool_done`` with what the handler
         returned (`pgpool.outcomes`); None: not kept (unless the host keeps all)."""
@@ -321,6 +325,7 @@ def handler(
     keep: float | timedelta | None = None,
     soft_timeout: float | None = None,
     cpus: int = 1,
+    limit: Limit | None = None,
 ) -> Callable[[Callable[[P], Any]], Handler[P]]:
     """Register ``fn(payload)`` as the handler for jobs of ``kind``; return its `Handler`.
 
@@ -358,6 +363,9 @@ def handler(
     dropped and a warning naming the kind and the value's type, never the value, is logged
     once per kind and host; a member of a group keeps its value for its callback either way.
 
+    ``limit`` (a `pgpool.Limit`) bounds how many jobs of this kind run at once in the whole
+    fleet, whatever the number of hosts (see [Limits](../guides/limits.md)).
+
     ``fn`` must be a plain function (``def`` or ``async def``) defined at the top level of
     its module, since workers import it by module and name; a generator, a method, a class,
     a lambda, a nested function or a non-callable raises `HandlerError`.
@@ -385,6 +393,9 @@ def handler(
                                    "...) both set the attempts: give only one of them")
             max_attempts = retry.attempts
     _check_defaults(kind, queue, priority, tenant, unique_key, concurrency_key)
+    if limit is not None and not isinstance(limit, Limit):
+        raise HandlerError(f"handler {kind!r}: limit must be a pgpool.Limit(...), got a "
+                           f"{type(limit).__name__}")
     kept = keep_seconds(f"handler {kind!r}: keep", keep)
 
     def register(fn: Callable[[P], Any]) -> Handler[P]:
@@ -401,7 +412,7 @@ def handler(
                       unique_key=unique_key, concurrency_key=concurrency_key, codec=codec,
                       keep=kept,
                       soft_timeout=None if soft_timeout is None else float(soft_timeout),
-                      cpus=cpus)
+                      cpus=cpus, limit=limit)
         old = _registry.get(kind)
         if old is not None and old.qualname != new.qualname:
             raise HandlerError(

@@ -61,6 +61,21 @@ def _rate(text: str) -> float:
     return value
 
 
+def _rate_per(text: str) -> tuple[int, float]:
+    """``R/PERIOD`` of ``pgpool limits set --rate``: R jobs per PERIOD (a duration, 1s, 1m,
+    1h, or seconds)."""
+    count, _, period = text.partition("/")
+    try:
+        rate = int(count)
+        per = duration(period or "1s")
+    except (ValueError, argparse.ArgumentTypeError):
+        rate, per = 0, 0.0
+    if rate <= 0 or per <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate: give R/PERIOD, e.g. 100/1m "
+                                         "or 20/1s")
+    return rate, per
+
+
 def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> None:
     """Add the operator commands to the ``pgpool`` parser's subcommands ``sub``."""
     def command(name: str, help: str, func: Callable[[argparse.Namespace], int],
@@ -155,6 +170,26 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                     cmd_retry)
     retry.add_argument("ids", type=_job_id, nargs="+", metavar="ID", help="job ids")
     dry_run(retry)
+    limits = sub.add_parser("limits", parents=[common],
+                            help="the kinds' limits and their use; `limits set`, `limits reset`")
+    limits_sub = limits.add_subparsers(dest="limits_command", parser_class=type(limits),
+                                       help="without one: list the limits")
+    limits.add_argument("--dsn", help=dsn_help)
+    limits.add_argument("--json", action="store_true", help="one JSON object per line")
+    limits.set_defaults(func=cmd_limits)
+    limit_set = command("set", "override a kind's limit on every host (logged by each), "
+                        "until `limits reset`", cmd_limits_set, limits_sub, argparse.SUPPRESS)
+    limit_set.add_argument("kind", type=names.name_arg("kind"), help="the kind")
+    limit_set.add_argument("--concurrency", type=_positive, metavar="N",
+                           help="at most N of its jobs running at once, fleet-wide")
+    limit_set.add_argument("--rate", type=_rate_per, metavar="R/PERIOD",
+                           help="at most R of its jobs started in any PERIOD (100/1m, 20/1s)")
+    dry_run(limit_set)
+    limit_reset = command("reset", "drop a kind's override: the code's limit holds again",
+                          cmd_limits_reset, limits_sub, argparse.SUPPRESS)
+    limit_reset.add_argument("kind", type=names.name_arg("kind"), help="the kind")
+    dry_run(limit_reset)
+
     pause = command("pause", "stop claiming from a queue on every host (running jobs "
                     "finish) until `pgpool resume`", cmd_pause)
     pause.add_argument("queue", type=names.name_arg("queue"), help="the queue")
@@ -460,6 +495,58 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"pgpool: dry run: would resume queue {args.queue}; nothing changed")
     else:
         print(f"pgpool: resumed queue {args.queue}")
+    return 0
+
+
+def cmd_limits(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        found = ops.limits(conn)
+    if args.json:
+        _json_lines({"kind": u.kind,
+                     "override": None if u.override is None else {
+                         "concurrency": u.override.concurrency, "rate": u.override.rate,
+                         "per": u.override.per, "set_by": u.override.set_by,
+                         "set_at": u.set_at.isoformat() if u.set_at else None},
+                     "running": u.running, "rate_used": u.rate_used, "ready": u.ready}
+                    for u in found)
+        return 0
+    if not found:
+        print("pgpool: no limit is overridden or in use (the code's limits apply as their "
+              "kinds' jobs are claimed)")
+        return 0
+    rows = [("KIND", "OVERRIDE", "SET BY", "RUNNING", "RATE USED", "READY")]
+    rows += [(u.kind, "-" if u.override is None else u.override.describe(),
+              "-" if u.override is None else u.override.set_by,
+              str(u.running), str(u.rate_used), str(u.ready)) for u in found]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_limits_set(args: argparse.Namespace) -> int:
+    rate, per = args.rate if args.rate else (None, None)
+    with _connect(args) as conn:
+        set_ = ops.set_limit(conn, args.kind, concurrency=args.concurrency, rate=rate, per=per,
+                             dry_run=args.dry_run)
+    if args.dry_run:
+        print(f"pgpool: dry run: would set the limit of kind {args.kind} to "
+              f"{set_.describe()}; nothing changed")
+    else:
+        print(f"pgpool: limit of kind {args.kind} set to {set_.describe()} on every host "
+              f"until `pgpool limits reset {args.kind}`")
+    return 0
+
+
+def cmd_limits_reset(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        changed = ops.reset_limit(conn, args.kind, dry_run=args.dry_run)
+    if not changed:
+        print(f"pgpool: kind {args.kind} had no override")
+    elif args.dry_run:
+        print(f"pgpool: dry run: would reset the limit of kind {args.kind}; nothing changed")
+    else:
+        print(f"pgpool: limit of kind {args.kind} reset: the code's limit holds again")
     return 0
 
 

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import horizon as horizon_
+from ..limits import Override
 from ..observe import budget_text
 
 
@@ -83,6 +84,14 @@ def render(status: dict[str, Any]) -> str:
             [(g["id"], f"{g['finished']}/{g['total']}", g["done"], g["dead"],
               g["callback"] or "-", _ago(g["age"])) for g in groups["oldest"]],
         )
+    if status["limits"]:
+        out.append("")
+        out.append("limits (`pgpool limits`):")
+        out += _table(
+            ("KIND", "OVERRIDE", "RUNNING", "RATE USED", "READY"),
+            [(u["kind"], "-" if u["override"] is None else _override(u["override"]),
+              u["running"], u["rate_used"], u["ready"]) for u in status["limits"]],
+        )
     if status["succeeded"]:
         out.append("")
         out.append("successes kept, per kind:")
@@ -93,6 +102,10 @@ def render(status: dict[str, Any]) -> str:
              for s in status["succeeded"]],
         )
     return "\n".join(out)
+
+
+def _override(o: dict[str, Any]) -> str:
+    return Override(o["concurrency"], o["rate"], o["per"], o["set_by"]).describe()
 
 
 def _horizon(h: dict[str, Any]) -> list[str]:

@@ -1,11 +1,14 @@
 """Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
 
-Two claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
+Three claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
 concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
 queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
 waits, or something needs fairness) is followed by a look at whether something needs
 fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
-claim can be plain again.
+claim can be plain again. The kinds with a concurrency limit (`pgpool.Limit`) are left out
+of both and claimed by the third, `sql.CLAIM_LIMITED`, first, which takes a job only with
+a free slot of its kind's limit: a host without limited kinds never runs it, and the plain
+and fair claims are the same statements with or without limits elsewhere.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -31,11 +34,13 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import cast
 
 import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
+from ..limits import Limit
 from ..registry import Handler
 from ..sql import jobs as sql
 from ..sql.common import int_array, nullable_int_array
@@ -126,18 +131,28 @@ class Claimer:
         (docs/guides/fairness.md), None for no cap."""
         self._pool = pool
         self._on_claimed = on_claimed
-        kinds = sorted(handlers)
-        self._timeouts = {k: handlers[k].timeout or timeout for k in kinds}
-        #: What every claim sends, but its ``limit``.
+        self._timeouts = {k: handlers[k].timeout or timeout for k in handlers}
+        self._all_kinds = sorted(handlers)
+        self._max_attempts = {k: handlers[k].max_attempts or max_attempts for k in handlers}
+        self._owner = owner
+        #: What every plain or fair claim sends, but its ``limit`` (and its kinds, those
+        #: without a limit: `set_limits`).
         self._params: dict[str, object] = {
             "queues": list(queues),
-            "kinds": kinds,
-            "kind_max_attempts": int_array(handlers[k].max_attempts or max_attempts
-                                           for k in kinds),
             "owner": owner,
             "lease": lease.seconds,
             "tenant_cap": tenant_cap,
         }
+        #: What every limited claim (`sql.CLAIM_LIMITED`) sends, but its ``limit`` and
+        #: queues: the kinds with a limit. Empty: this host has none, never runs it.
+        self._limited: dict[str, object] = {}
+        #: Whether the last limited claim took fewer jobs than it asked for: its kinds may
+        #: wait on their limits, and the slots freed here are worth telling the fleet of.
+        self.limited_short = False
+        #: The rate rings' rows to add before the next limited claim (`sql.ENSURE_TICKS`).
+        self._ticks: dict[str, object] | None = None
+        self._lease = lease
+        self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
         #: with more tenants waiting than a batch holds, every one of them gets its turn.
         self._after = ""
@@ -155,15 +170,39 @@ class Claimer:
         self._swept_at = -math.inf
         self._sweep_rtt = 0.0
         self.sweeps = 0
-        self._lease = lease
         self._queues = list(queues)
         #: The queues claimed from: those not paused.
         self._serving = self._queues
-        self._kinds = kinds
         self.claims = 0
         self.claimed = 0
         #: The most recent round trips, seconds, for percentiles.
         self.rtts: deque[float] = deque(maxlen=RTT_SAMPLES)
+
+    def set_limits(self, limits: dict[str, Limit]) -> None:
+        """Claim the kinds of ``limits`` (the limits in force: the code's, or an operator's
+        override) with the limited claim, from the next claim on, and the others with the
+        plain or fair one."""
+        limited = sorted(k for k in limits if k in self._max_attempts)
+        kinds = [k for k in self._all_kinds if k not in limits]
+        self._params["kinds"] = kinds
+        self._params["kind_max_attempts"] = int_array(self._max_attempts[k] for k in kinds)
+        if not limited:
+            self._limited, self._ticks = {}, None
+            return
+        in_force = [limits[k] for k in limited]
+        self._limited = {
+            "limited_kinds": limited,
+            "limited_concurrency": nullable_int_array(lim.concurrency for lim in in_force),
+            "limited_rate": nullable_int_array(lim.rate for lim in in_force),
+            "limited_per": [float(lim.per) for lim in in_force],
+            "limited_max_attempts": int_array(self._max_attempts[k] for k in limited),
+            "owner": self._owner,
+            "lease": self._lease.seconds,
+        }
+        rated = [(k, lim.rate) for k, lim in zip(limited, in_force, strict=True)
+                 if lim.rate is not None]
+        self._ticks = {"rate_kinds": [k for k, _ in rated],
+                       "rates": int_array(r for _, r in rated)} if rated else None
 
     @property
     def rtt(self) -> float:
@@ -194,11 +233,17 @@ class Claimer:
         self._sweep_owed = True
 
     async def running(self) -> tuple[int, float]:
-        """(jobs of this host's queues and kinds running anywhere, seconds until the last of
-        their leases ends, 0 if none)."""
+        """(jobs of this host's queues and kinds running anywhere, or ready but held back
+        by their kind's limit, seconds until the last lease of those running ends, 0 if
+        none)."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues})
+            cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues,
+                                                   "kinds": self._all_kinds})
             count, left = await cur.fetchone()
+            if self._limited:  # a burst host is not drained while they wait their turn
+                cur = await conn.execute(sql.LIMITED_WAITING, {**self._limited,
+                                                               "queues": self._queues})
+                count += (await cur.fetchone())[0]
         return count, left.total_seconds() if left is not None else 0.0
 
     async def claim(self, limit: int) -> list[Job]:
@@ -207,10 +252,10 @@ class Claimer:
 
         Each job's deadline counts from the moment the claim was started (waiting for a
         connection included), not from its answer: a slow claim hands out the lease that is
-        left, and the pool hands back jobs with too little of it to start.
+        left, and the pool hands back jobs with too little of it to start. With limited
+        kinds, their claim goes first (bounded by their limits, it cannot crowd the others
+        out), and the plain or fair claim asks for the rest.
         """
-        # A dict per claim: a claim waiting for a connection must not send another's limit.
-        params = {**self._params, "limit": limit}
         queues = self._serving
         if not queues:
             return []  # every queue it serves is paused
@@ -221,13 +266,17 @@ class Claimer:
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows: list[tuple] = []
-            if self.plain:
-                rows, leased = await self._claim_plain(conn, params, queues, limit, started)
-            if not rows and (not self.plain or await self._needs_fair(conn, params)):
-                # The fair claim's jobs are leased from its own start: the plain claim
-                # before it took none, however long it waited (for a lock, say).
-                leased = time.monotonic()
-                rows = self._fair_order(await self._claim_fair(conn, params))
+            if self._limited:
+                rows = await self._claim_limited(conn, queues, limit)
+            # A dict per claim: a claim waiting for a connection must not send another's
+            # limit.
+            rest = limit - len(rows)
+            if rest > 0 and self._params["kinds"]:
+                more, more_leased = await self._claim_unlimited(
+                    conn, {**self._params, "limit": rest}, queues, rest, started)
+                if not rows:  # its jobs are leased from its own start: the first took none
+                    leased = more_leased
+                rows += more
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
         self.claims += 1
@@ -244,6 +293,56 @@ class Claimer:
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
         return jobs
+
+    async def _claim_unlimited(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                               queues: list[str], limit: int, started: float
+                               ) -> tuple[list[tuple], float]:
+        """The plain claim, or the fair one (see the module's docstring), of the kinds
+        without a limit: their rows, and when the statement that took them started."""
+        rows: list[tuple] = []
+        leased = started
+        if self.plain:
+            rows, leased = await self._claim_plain(conn, params, queues, limit, started)
+        if not rows and (not self.plain or await self._needs_fair(conn, params)):
+            # The fair claim's jobs are leased from its own start: the plain claim before
+            # it took none, however long it waited (for a lock, say).
+            leased = time.monotonic()
+            rows = self._fair_order(await self._claim_fair(conn, params))
+        return rows, leased
+
+    async def _claim_limited(self, conn: psycopg.AsyncConnection, queues: list[str],
+                             limit: int) -> list[tuple]:
+        """Run the limited claim (`sql.CLAIM_LIMITED`) on ``conn``: its rows in claim
+        order. Lost races for a slot (or a concurrency key) are tried again, as in
+        `_claim_fair`."""
+        if self._ticks is not None:
+            added = await conn.execute(sql.ENSURE_TICKS, self._ticks)
+            if added.rowcount:
+                # Planned without statistics, a ring read as a handful of rows: sorted
+                # whole (a sort of R rows per claim) instead of read in order as far as
+                # it takes. Autovacuum would analyze it within a minute; a role that does
+                # not own the table is told no, with a warning, and waits for that.
+                await conn.execute(sql.ANALYZE_TICKS)
+            self._ticks = None
+        params = {**self._limited, "queues": queues, "limit": limit}
+        for tries in range(1, KEY_RACE_TRIES + 1):
+            try:
+                # Planned for its values, each time (parameters bound client-side: a
+                # one-shot plan, whatever the session's plan_cache_mode): the generic
+                # plan of this claim, which cannot know the limits or the batch, read a
+                # rate's ring at a third of the speed; planning costs 1.5 ms a claim.
+                async with psycopg.AsyncClientCursor(conn) as cur:
+                    await cur.execute(sql.CLAIM_LIMITED, params)
+                    rows = await cur.fetchall()
+                break
+            except KEY_RACE_LOST:
+                # Another claim took one of these slots first; the whole statement rolled
+                # back, so every job it had picked is still ready.
+                if tries == KEY_RACE_TRIES:
+                    raise
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        self.limited_short = len(rows) < limit
+        return rows
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float
@@ -279,7 +378,9 @@ class Claimer:
             # Cleared before the statement: a job handed back while it runs may be behind
             # the rows it reads, and is owed the next sweep.
             self._sweep_owed = False
-        cursors = sql.SWEEP if sweep else self._cursor_params(queues)
+        # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
+        kinds = cast(list[str], params["kinds"])
+        cursors = sql.SWEEP if sweep else self._cursor_params(queues, kinds)
         rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
         if sweep:
             if self.sweeps:
@@ -294,12 +395,12 @@ class Claimer:
         row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
         return bool(row and row[0])
 
-    def _cursor_params(self, queues: list[str]) -> dict[str, str]:
+    def _cursor_params(self, queues: list[str], kinds: list[str]) -> dict[str, str]:
         """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
         outer, kinds inner, `_FROM_START` for a pair with none yet."""
         cursors = self._cursors
         keys = [cursors.get((queue, kind), _FROM_START)
-                for queue in queues for kind in self._kinds]
+                for queue in queues for kind in kinds]
         return {"after_priorities": nullable_int_array(k[0] for k in keys),
                 "after_run_at_us": nullable_int_array(k[1] for k in keys),
                 "after_ids": nullable_int_array(k[2] for k in keys)}

@@ -258,6 +258,9 @@ class FlushResult:
     timeouts: int = 0
     size: int = 0
     seconds: float = 0.0
+    #: The queues of the jobs of limited kinds this flush ended: their slots are free
+    #: (`pgpool.limits`), which the hosts waiting on them are told of.
+    freed: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -301,8 +304,12 @@ class Completer:
         on_flushed: Callable[[FlushResult], None] | None = None,
         log_errors: str = DEFAULT_LOG_ERRORS,
         log_jobs: bool = False,
+        limited: frozenset[str] = frozenset(),
     ) -> None:
+        """``limited``: the kinds with a concurrency limit (`pgpool.limits`), whose ends a
+        flush reports (`FlushResult.freed`)."""
         self._pool = pool
+        self.limited = limited
         self._owner = owner
         self.max_batch = max(1, max_batch)
         self.interval = interval
@@ -516,6 +523,8 @@ class Completer:
             refused = await self._fail_refused_outcomes(refused, result.later)
         if refused:
             result.parked = await self._park(refused, result.later)
+        if self.limited:  # per flush, and only on a host that runs limited kinds
+            result.freed = frozenset(a.job.queue for a in acks if a.job.kind in self.limited)
         result.seconds = time.monotonic() - started
         result.stale = (len(acks) - len(refused) - len(result.later)
                         - (result.done + result.retried + result.released

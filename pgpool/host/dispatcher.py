@@ -26,7 +26,9 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
      stored at once, guarded like an ack; progress written after each heartbeat
      │                                       │
   completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
-     └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS)
+     └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS); jobs of
+         limited kinds ended while their claims came back short: NOTIFY_FREED, their
+         queues' hosts claim the free slots
 
 `stager` makes scheduled jobs (delayed, or waiting out a retry backoff) ready when they fall
 due and notifies their queues: the listener wakes it on `sql.common.STAGE`, `_acks_flushed` after
@@ -75,9 +77,11 @@ from setproctitle import setproctitle
 from ..db import dsn as dsnlib
 from ..db import schema
 from ..db.outage import backoff
+from ..limits import Override
 from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
+from ..sql import jobs as sql_jobs
 from ..sql.fleet import STALE_AFTER_LEASES
 from ..worker import ipc
 from .attempt import AttemptEnd, Job
@@ -186,6 +190,8 @@ class Dispatcher:
         #: The supervised tasks, by name (`_start_parts`).
         self._parts: dict[str, asyncio.Task[None]] = {}
         self._killing: asyncio.Task[None] | None = None  # a dead watchdog's kill_all
+        #: The notifications of freed slots in flight (kept: a task must be referenced).
+        self._telling: set[asyncio.Task[None]] = set()
         #: With ``metrics_port``: the instruments and their HTTP server.
         self.metrics: DispatcherMetrics | None = None
         self.metrics_server: MetricsServer | None = None
@@ -352,6 +358,8 @@ class Dispatcher:
             keep_done=cfg.keep_done, on_flushed=self._acks_flushed,
             high_water=ack_high_water(cfg.procs, largest_batch(cfg.batch)),
             log_errors=cfg.log_errors, log_jobs=cfg.log_jobs,
+            limited=frozenset(k for k, h in self.handlers.items()
+                              if h.limit is not None and h.limit.concurrency is not None),
         )
         if cfg.log_summary:
             self.summary = Summary(cfg.log_summary, self.completer.counts)
@@ -373,7 +381,8 @@ class Dispatcher:
         if self._stopping.is_set():
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
-                               on_cancelled=self.heartbeat.wake)
+                               on_cancelled=self.heartbeat.wake,
+                               on_limits=self._limits_overridden)
         self.retention = Retention(db, cfg.dead_retention)
         # Declared like a host row: refreshed every beat, stale after as many leases.
         self.periodic = (Periodic(db, self.owner, self.schedules,
@@ -542,6 +551,8 @@ class Dispatcher:
         self.completer.release(jobs)
 
     def _acks_flushed(self, result: FlushResult) -> None:
+        if result.freed and self.claimer.limited_short:  # none wait while claims come back full
+            self._tell_freed(result.freed)
         if result.released or result.interrupted:
             self.claimer.sweep_next()  # ready again, behind the claim's cursors
         self.scheduler.acks_flushed()
@@ -549,6 +560,31 @@ class Dispatcher:
             self.stager.wake()  # their delay may end before the stager's next pass
         if self.metrics is not None:
             self.metrics.acks_flushed(result)
+
+    def _tell_freed(self, queues: frozenset[str]) -> None:
+        """Wake the hosts of ``queues``, this one too: jobs of limited kinds ended there, and
+        their slots are free. Best effort: a host not told claims at its next poll."""
+        async def tell() -> None:
+            try:
+                async with self.db.connection(timeout=self.lease.at_risk_after) as conn:
+                    await conn.execute(sql_jobs.NOTIFY_FREED, {"queues": sorted(queues)})
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                log.debug("could not tell the hosts of freed slots: %s", exc)
+
+        task = asyncio.create_task(tell(), name="pgpool freed slots")
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    def _limits_overridden(self, overrides: dict[str, Override]) -> None:
+        """Apply operators' overrides of limits (`pgpool.limits`): the code's limit with an
+        override's fields, from the next claim on."""
+        limits = {kind: overrides[kind].over(h.limit) if kind in overrides else h.limit
+                  for kind, h in self.handlers.items()}
+        in_force = {kind: limit for kind, limit in limits.items() if limit is not None}
+        self.claimer.set_limits(in_force)
+        self.completer.limited = frozenset(kind for kind, limit in in_force.items()
+                                           if limit.concurrency is not None)
+        self.scheduler.work_ready()  # a higher limit may have room now
 
     def _paused(self, queues: frozenset[str]) -> None:
         self.claimer.pause(queues)

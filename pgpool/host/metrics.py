@@ -10,15 +10,14 @@ Two kinds of figures, from two places:
   count anyway, and prometheus-client turns them into its text format (`_HostCollector`).
 - The queue's (`QueueCollector`), read from the database at scrape time: jobs by queue and
   state, the age of the oldest ready job, dead letters, the fleet's claims per second,
-  autovacuum debt on ``pgpool_jobs``, the dead rows and vacuums of each of pgpool's tables,
-  and the age and kind of what holds back their vacuum (`pgpool.horizon`; figures and
-  bounded labels only: never a query, a name or an address). Those describe the database,
-  not a host, so exactly one dispatcher serves them at a time: the one whose scrape
-  connection holds a session-level advisory lock (one per schema). If it dies, its
-  connection closes, the lock is released, and the next host scraped takes over. Every
-  host exports
-  ``pgpool_queue_metrics_reporter`` (1 on the one that serves them), so
-  ``sum(pgpool_queue_jobs)`` over a fleet scrape counts each job once.
+  autovacuum debt on ``pgpool_jobs``, the use of the kinds' limits, the dead rows and
+  vacuums of each of pgpool's tables, and the age and kind of what holds back their vacuum
+  (`pgpool.horizon`; figures and bounded labels only: never a query, a name or an address).
+  Those describe the database, not a host, so exactly one dispatcher serves them at a time:
+  the one whose scrape connection holds a session-level advisory lock (one per schema). If
+  it dies, its connection closes, the lock is released, and the next host scraped takes
+  over. Every host exports ``pgpool_queue_metrics_reporter`` (1 on the one that serves
+  them), so ``sum(pgpool_queue_jobs)`` over a fleet scrape counts each job once.
 
 The HTTP server runs on a thread of its own. What it reads of the dispatcher's state is
 taken on the event loop (`on_loop`), never read across threads while the loop changes it;
@@ -53,6 +52,7 @@ from .. import horizon
 from ..errors import ConfigError
 from ..sql import observe as sql
 from ..sql.fleet import STALE_AFTER_LEASES
+from ..sql.ops import LIMITS
 
 if TYPE_CHECKING:
     import psycopg
@@ -359,11 +359,12 @@ class QueueCollector(Collector):
             for reason, count in sorted({**DEAD_REASONS, **dead_counts}.items()):
                 dead.add_metric([queue, reason], count)
             paused.add_metric([queue], 1 if is_paused else 0)
+        limits = self._limits(conn)
         hosts, claims_per_sec, budget = conn.execute(
             sql.METRICS_FLEET, {"stale_leases": STALE_AFTER_LEASES}).fetchone()
         dead_tuples, live_tuples, vacuum_ago = conn.execute(sql.METRICS_VACUUM).fetchone()
         return [
-            jobs, lag, dead, paused, *self._horizon(conn),
+            jobs, lag, dead, paused, *limits, *self._horizon(conn),
             GaugeMetricFamily("pgpool_fleet_hosts", "Live dispatchers", value=hosts),
             GaugeMetricFamily("pgpool_fleet_claims_per_second",
                               "Jobs claimed per second by all live hosts",
@@ -381,6 +382,22 @@ class QueueCollector(Collector):
                               "Seconds since autovacuum last finished on pgpool_jobs "
                               "(NaN: never)", value=vacuum_ago),
         ]
+
+    @staticmethod
+    def _limits(conn: psycopg.Connection) -> list[Metric]:
+        """The use of the kinds' limits (`pgpool.limits`), as `pgpool limits` lists it."""
+        in_use = GaugeMetricFamily(
+            "pgpool_limit_in_use", "Use of a kind's fleet-wide limit: running jobs holding a "
+            "slot of its concurrency limit, and rows of its rate's ring used in the last "
+            "period", labels=["kind", "limit"])
+        waiting = GaugeMetricFamily(
+            "pgpool_limit_waiting", "Ready jobs of a kind with a limit in use or overridden "
+            "(they wait on it while its claims come back short)", labels=["kind"])
+        for kind, *_, running, rate_used, ready in conn.execute(LIMITS).fetchall():
+            in_use.add_metric([kind, "concurrency"], running)
+            in_use.add_metric([kind, "rate"], rate_used)
+            waiting.add_metric([kind], ready)
+        return [in_use, waiting]
 
     @staticmethod
     def _horizon(conn: psycopg.Connection) -> list[Metric]:

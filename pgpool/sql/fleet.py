@@ -113,10 +113,15 @@ FLEET_SHOW: Final = "SELECT max_claims_per_sec, updated_at FROM pgpool_fleet"
 #: one: now() is the transaction's start; a sequence would miss it the same way, nextval
 #: order is not commit order.) The set is read on the running index (``locked_by IS
 #: NULL``), and holds only cancels whose lease has not run out yet.
+#: Third, operators' overrides of limits (`pgpool.limits`), each [kind, concurrency, rate,
+#: per, set_by], in kind order.
 CONTROL_POLL: Final = """
 SELECT ARRAY(SELECT queue FROM pgpool_paused ORDER BY queue),
        (SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM pgpool_jobs
-        WHERE state = 'running' AND locked_by IS NULL)
+        WHERE state = 'running' AND locked_by IS NULL),
+       (SELECT coalesce(json_agg(json_build_array(kind, concurrency, rate, per, set_by)
+                                 ORDER BY kind), '[]')
+        FROM pgpool_limits)
 """
 
 # --- periodic jobs (pgpool.host.parts.periodic) -------------------------------------------

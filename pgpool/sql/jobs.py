@@ -483,12 +483,178 @@ WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a r
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
+#: The claim of the kinds with a limit (`pgpool.limits`): up to ``limit`` ready jobs of the
+#: given queues and of ``limited_kinds``, each taking a free slot of its kind's concurrency
+#: limit (``limited_concurrency``, NULL for none), so that at most that many run at once in
+#: the fleet, and a row of its kind's rate ring (``limited_rate`` rows used at most once
+#: per ``limited_per`` seconds, NULL for none). Locking, the update and the rows as in
+#: `CLAIM_PLAIN` (its jobs' ``max_attempts`` from ``limited_max_attempts``). The plain and
+#: fair claims never see these kinds (the claimer leaves them out of their ``kinds``): a
+#: kind without a limit reads nothing of this.
+#:
+#: - ``lim``: a kind whose running jobs hold a slot above its concurrency limit (the limit
+#:   was lowered while they ran) takes nothing until they are done: until then, a free slot
+#:   below the limit is no proof of room.
+#: - ``free``: the kind's free slots, up to ``limit`` of them: numbers 1..N tried from a
+#:   random one on, wrapping round, each probed on the unique index
+#:   pgpool_jobs_limit_running, in the select list (a set-returning function there is read
+#:   lazily, and stopped by the LIMIT; in FROM it would list all N first). From a random
+#:   start, so that claims racing (two claim loops, other hosts) rarely try the same slots
+#:   when there are many; with few, they may, and the unique index makes the second one
+#:   fail whole: the claimer tries again (`pgpool.host.claimer`), and then sees the slot
+#:   taken. A slot whose job stopped running since this statement's snapshot looks taken:
+#:   the next claim has it. A kind without a concurrency limit: ``limit`` NULL slots.
+#: - ``ticks``: the rows of the kind's rate ring last used ``per`` seconds ago or more, up to
+#:   ``limit``, read in slot order from a random one on, wrapping round (two scans chained
+#:   on the primary key, read only as far as they take): racing claims start apart, and a
+#:   claim walks past the rows used in the window only as far as it takes, a few when the
+#:   rate is far from reached, more as it nears it. Locked SKIP LOCKED: racing claims take
+#:   different rows, and a row a claim used since this statement's snapshot is checked
+#:   again once locked (read committed), so it is not taken twice in a window. A kind
+#:   without a rate: ``limit`` NULL rows. The random start is drawn once, in ``lim``
+#:   (materialized): drawn in each scan, the two could overlap and hand one row out twice.
+#: - ``candidates``: per (queue, kind), as many ready jobs as the kind has room (free slots
+#:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
+#:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
+#: - ``picked``: the n-th job of a kind gets its n-th free slot and tick; ``limit`` in all,
+#:   in claim order. The slot and the attempt that holds it are written on the row
+#:   (``limit_slot``, ``limit_attempt``): the row is in the unique index while it runs that
+#:   attempt, and leaves it however it stops running. Each tick taken is set to now().
+CLAIM_LIMITED: Final = """
+WITH lim AS MATERIALIZED (
+    SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
+           floor(random() * l.concurrency)::int AS start,
+           floor(random() * l.rate)::int + 1 AS tick_start  -- once: lim is materialized
+    FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
+                %(limited_rate)s::int[], %(limited_per)s::float8[],
+                %(limited_max_attempts)s::int[])
+         AS l(kind, concurrency, rate, per, max_attempts)
+    WHERE l.concurrency IS NULL
+       OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
+                      WHERE r.kind = l.kind AND r.limit_slot > l.concurrency
+                        AND r.state = 'running' AND r.limit_attempt = r.attempts)
+), free AS MATERIALIZED (
+    SELECT l.kind, f.slot, row_number() OVER (PARTITION BY l.kind) AS rank
+    FROM lim AS l
+    CROSS JOIN LATERAL (
+        SELECT s.slot FROM (
+            SELECT (l.start + generate_series(0, l.concurrency - 1)) %% l.concurrency + 1
+                   AS slot) AS s
+        WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r
+                          WHERE r.kind = l.kind AND r.limit_slot = s.slot
+                            AND r.state = 'running' AND r.limit_attempt = r.attempts)
+        LIMIT %(limit)s) AS f
+    WHERE l.concurrency IS NOT NULL
+    UNION ALL
+    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE concurrency IS NULL
+), ticks AS MATERIALIZED (
+    SELECT t.kind, t.slot, row_number() OVER (PARTITION BY t.kind) AS rank
+    FROM lim AS l
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.slot >= l.tick_start AND t.slot <= l.rate
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) AS upper
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.slot < l.tick_start
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) AS lower
+        LIMIT %(limit)s) AS t
+    WHERE l.rate IS NOT NULL
+    UNION ALL
+    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE rate IS NULL
+), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
+    SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
+), rooms AS (
+    SELECT kind, count(*)::int AS room FROM room GROUP BY kind
+), candidates AS (
+    SELECT c.id, c.kind, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
+               AS rank
+    FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
+                                       ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
+        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN rooms AS r
+        CROSS JOIN LATERAL (
+            SELECT p.id, p.kind, p.priority, p.run_at, p.concurrency_key
+            FROM pgpool_jobs AS p
+            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = r.kind
+              AND p.run_at <= now()
+              AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                              WHERE k.concurrency_key = p.concurrency_key
+                                AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+            ORDER BY p.tenant, p.priority DESC, p.run_at, p.id
+            LIMIT r.room
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS c
+    ) AS c
+    WHERE c.concurrency_key IS NULL OR c.key_rank = 1
+), picked AS MATERIALIZED (
+    SELECT c.id, c.kind, r.slot, r.tick
+    FROM candidates AS c JOIN room AS r USING (kind, rank)
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+), used AS (  -- rate: each tick taken, used now
+    UPDATE pgpool_limit_ticks AS t SET used_at = now()
+    FROM picked AS p
+    WHERE t.kind = p.kind AND t.slot = p.tick
+)
+UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, l.max_attempts),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false,
+    limit_slot = p.slot,
+    limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END
+FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id))
+     AS p(id, slot),  -- a key lookup per id in any plan: see CLAIM_PLAIN
+     lim AS l
+WHERE j.id = p.id AND l.kind = j.kind
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
+          j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
+"""
+
+#: The rows of the rate rings the claimer's kinds need (`CLAIM_LIMITED`): ``rates``
+#: rows per kind of ``rate_kinds``, added unless there (never used: free at once).
+ENSURE_TICKS: Final = """
+INSERT INTO pgpool_limit_ticks (kind, slot)
+SELECT r.kind, generate_series(1, r.rate)
+FROM unnest(%(rate_kinds)s::text[], %(rates)s::int[]) AS r(kind, rate)
+ON CONFLICT DO NOTHING
+"""
+#: After `ENSURE_TICKS` added rows: the rings' statistics (see `pgpool.host.claimer`).
+ANALYZE_TICKS: Final = "ANALYZE pgpool_limit_ticks"
+
+#: After an ack flush that ended jobs of limited kinds (`pgpool.host.dispatcher`): wake the
+#: hosts of their ``queues``, whose claims may have been waiting on those slots.
+NOTIFY_FREED: Final = ("SELECT pg_notify(" + OUR_CHANNEL
+                       + ", q) FROM unnest(%(queues)s::text[]) AS q")
+
 #: Jobs of the given queues and kinds that any host (this one too) is running now, and when
 #: the last of their leases ends: a burst host is not drained while any could still come
 #: back to it.
 RUNNING: Final = """
 SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
 WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: Ready jobs of the given queues and of ``limited_kinds``: after a limited claim that took
+#: none of them, they wait on their kind's limit (a burst host waits with them).
+LIMITED_WAITING: Final = """
+SELECT count(*) FROM pgpool_jobs
+WHERE state = 'ready' AND queue = ANY(%(queues)s::text[])
+  AND kind = ANY(%(limited_kinds)s::text[])
 """
 
 #: Extend the leases of every job this dispatcher holds, in one statement, and record which

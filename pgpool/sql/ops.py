@@ -345,3 +345,41 @@ SELECT queue, pg_notify({OUR_CHANNEL}, queue) FROM gone
 
 #: The paused queues and since when.
 PAUSED: Final = "SELECT queue, paused_at FROM pgpool_paused ORDER BY queue"
+
+
+# --- limits (pgpool.ops.set_limit, reset_limit, limits) -----------------------------------
+
+#: Set an operator's override of a kind's limit (`pgpool.limits.Override`), replacing any
+#: earlier one; returns its row. The hosts hear at once (`NOTIFY_CONTROL`).
+SET_LIMIT: Final = """
+INSERT INTO pgpool_limits AS l (kind, concurrency, rate, per)
+VALUES (%(kind)s, %(concurrency)s, %(rate)s, %(per)s)
+ON CONFLICT (kind) DO UPDATE
+SET concurrency = excluded.concurrency, rate = excluded.rate, per = excluded.per,
+    set_at = now(), set_by = session_user
+RETURNING kind, set_by
+"""
+
+#: Drop a kind's override: the code's limit holds again. Returns a row only if there was one.
+RESET_LIMIT: Final = "DELETE FROM pgpool_limits WHERE kind = %(kind)s RETURNING kind"
+
+#: The kinds with an override or with jobs holding slots of a concurrency limit or rows of a
+#: rate's ring: each one's override (NULLs without one), when and by whom it was set, its
+#: running jobs that hold a slot, its rate ring's rows used in the last ``per`` seconds
+#: (the override's per, else a second), and its ready jobs (those wait on the limit when
+#: its claims come back short).
+LIMITS: Final = """
+SELECT k.kind, l.concurrency, l.rate, l.per, l.set_by, l.set_at,
+       (SELECT count(*) FROM pgpool_jobs AS j
+        WHERE j.kind = k.kind AND j.state = 'running' AND j.limit_attempt = j.attempts),
+       (SELECT count(*) FROM pgpool_limit_ticks AS t
+        WHERE t.kind = k.kind
+          AND t.used_at > now() - make_interval(secs => coalesce(l.per, 1))),
+       (SELECT count(*) FROM pgpool_jobs AS j WHERE j.kind = k.kind AND j.state = 'ready')
+FROM (SELECT kind FROM pgpool_limits
+      UNION SELECT kind FROM pgpool_limit_ticks
+      UNION SELECT kind FROM pgpool_jobs
+            WHERE state = 'running' AND limit_attempt = attempts) AS k
+LEFT JOIN pgpool_limits AS l USING (kind)
+ORDER BY k.kind
+"""

@@ -379,7 +379,7 @@ def test_status_of_an_empty_queue(db, dsn):
     assert horizon["warn_after"] == 300 and horizon["dead_rows_per_min"] is None
     assert report == {
         "hosts": [], "queues": [], "unhandled": [], "schedules": [],
-        "groups": {"in_progress": 0, "oldest": []}, "succeeded": [],
+        "groups": {"in_progress": 0, "oldest": []}, "limits": [], "succeeded": [],
         "fleet": {"live_hosts": 0, "counted_hosts": 0, "claims_per_sec": 0.0,
                   "fleet_budget": None, "max_claims_per_sec": None, "budgets": [],
                   "claims_share": 0, "warnings": []}}

@@ -45,6 +45,13 @@ KIND = "chaos.record"
 #: Their start line carries kind and payload, and each step's start is recorded in the
 #: per-process file ``<dispatcher pid>-<worker pid>.steps`` as ``<job id> <claim> <step>``.
 STEPS = "chaos.steps"
+#: A kind with a fleet-wide concurrency limit (tests/host/test_limits.py), and that limit.
+LIMITED = "chaos.limited"
+LIMITED_CONCURRENCY = 3
+#: A kind with a fleet-wide rate limit (tests/host/test_limited_hosts.py), and that rate per
+#: second.
+RATED = "chaos.rated"
+RATED_PER_SECOND = 20
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -113,6 +120,18 @@ def steps(payload: dict) -> None:
         spin(float(payload.get("ms", 5)))
         job.checkpoint({"next": step + 1})
     _append(f"{job.id} {job.claim} {pid} {start} {time.monotonic_ns()}\n")
+
+
+@pgpool.handler(LIMITED, limit=pgpool.Limit(concurrency=LIMITED_CONCURRENCY))
+def limited(payload: dict) -> None:
+    """`record`, for a kind of which at most `LIMITED_CONCURRENCY` run at once in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(RATED, limit=pgpool.Limit(rate=RATED_PER_SECOND, per=1))
+def rated(payload: dict) -> None:
+    """`record`, for a kind of which at most `RATED_PER_SECOND` start in any second."""
+    record(payload)
 
 
 def _started(payload: dict) -> tuple[RunningJob, int]:

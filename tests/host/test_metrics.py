@@ -132,3 +132,20 @@ def test_a_metrics_port_in_use_is_refused_before_anything_starts(dsn):
 def test_pgpool_health_needs_a_port(dsn):
     # run_pgpool's environment has no PGPOOL_METRICS_PORT either.
     assert_user_error(run_pgpool(dsn, "health"), "--port", "PGPOOL_METRICS_PORT")
+
+
+def test_the_use_of_limits_is_exported(db, dsn):
+    """A kind with an operator's override: its slots held and ready jobs, as the database
+    shows them (a claim by hand, as a host whose claims are limited would leave it)."""
+    pgpool.enqueue_many(db, "capped", [{}] * 5)
+    ops.set_limit(db, "capped", concurrency=2)
+    db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'h', "
+               "lease_until = now() + interval '1 hour', limit_slot = slot, "
+               "limit_attempt = 1 FROM (SELECT id AS i, row_number() OVER (ORDER BY id) "
+               "AS slot FROM pgpool_jobs LIMIT 2) AS s WHERE id = s.i")
+    host, port = with_metrics(dsn, "--procs", "1")
+    m = scrape(port)
+    assert value(m, "pgpool_limit_in_use", kind="capped", limit="concurrency") == 2
+    assert value(m, "pgpool_limit_in_use", kind="capped", limit="rate") == 0
+    assert value(m, "pgpool_limit_waiting", kind="capped") == 3
+    assert host.stop() == 0, host.stderr

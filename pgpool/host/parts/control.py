@@ -12,7 +12,10 @@ when one is lost. It reads two things:
   no owner any more, so the beat finds its lease lost and the pool kills its worker, or has
   the worker skip it if it still waits in the worker's pipe: the path a lost lease takes).
   A set rather than the latest time, so that a cancel committed after a later-dated one is
-  noticed too (`sql.CONTROL_POLL`).
+  noticed too (`sql.CONTROL_POLL`);
+- operators' overrides of limits (``pgpool limits set``, `pgpool.limits`): ``on_limits`` gets
+  them, by kind, at the first poll and whenever they change, and each change is logged (the
+  audit trail: who set what).
 
 The dispatcher claims nothing before the first poll has succeeded (`loaded`), so a pause
 holds across restarts; until then the part polls like at any other time, so a database
@@ -28,6 +31,7 @@ from typing import Final
 
 from psycopg_pool import AsyncConnectionPool
 
+from ...limits import Override
 from ...logs import event
 from ...sql import fleet as sql
 from .loop import Loop, LoopPart
@@ -46,9 +50,12 @@ class Control(LoopPart):
 
     def __init__(self, pool: AsyncConnectionPool, interval: float, *,
                  on_paused: Callable[[frozenset[str]], None],
-                 on_cancelled: Callable[[], None]) -> None:
+                 on_cancelled: Callable[[], None],
+                 on_limits: Callable[[dict[str, Override]], None] | None = None) -> None:
         self._pool = pool
         self._on_paused = on_paused
+        self._on_limits = on_limits
+        self.limits: dict[str, Override] = {}
         self._on_cancelled = on_cancelled
         self._loop = Loop(log, "control poll", interval=interval,
                           retry=lambda _failures: self._pause())
@@ -71,7 +78,14 @@ class Control(LoopPart):
         """Read the paused queues and the cancelled attempts; act on changes."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CONTROL_POLL)
-            paused, cancelled = await cur.fetchone()
+            paused, cancelled, overrides = await cur.fetchone()
+        limits = {kind: Override(concurrency, rate, per, by)
+                  for kind, concurrency, rate, per, by in overrides}
+        if limits != self.limits or not self._polled:
+            self._log_limits(limits)
+            self.limits = limits
+            if self._on_limits is not None:
+                self._on_limits(limits)
         paused = frozenset(paused)
         if paused != self.paused:
             event(log, logging.INFO, "queues_paused", "paused queues: %s",
@@ -83,3 +97,18 @@ class Control(LoopPart):
         self._cancelled = cancelled
         self._polled = True
         self.loaded.set()
+
+    def _log_limits(self, limits: dict[str, Override]) -> None:
+        """Log each override set, changed or reset since the last poll."""
+        for kind in sorted(limits.keys() | self.limits.keys()):
+            new, old = limits.get(kind), self.limits.get(kind)
+            if new == old:
+                continue
+            if new is None:
+                event(log, logging.INFO, "limit_reset", "limit of kind %s: reset to the "
+                      "code's", kind, kind=kind)
+            else:
+                event(log, logging.INFO, "limit_set", "limit of kind %s: %s, set by %s",
+                      kind, new.describe(), new.set_by, kind=kind,
+                      concurrency=new.concurrency, rate=new.rate, per=new.per,
+                      set_by=new.set_by)

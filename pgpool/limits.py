@@ -1,0 +1,119 @@
+"""Fleet-wide limits of a kind: at most N of its jobs running at once, at most R of them
+started in any window of ``per`` seconds, for the whole kind, whatever the number of hosts
+(docs/guides/limits.md).
+
+Where a limit goes::
+
+    @pgpool.handler(kind, limit=Limit(concurrency=3))      the code's limit (`Limit`)
+    pgpool limits set KIND ... (pgpool.ops.set_limit)      an operator's `Override`, a row
+        -> pgpool_limits -> every host's control poll         of pgpool_limits, wins over it
+           (pgpool.host.parts.control, logged: the audit)     until `pgpool limits reset`
+        -> Claimer.set_limits(the limits in force)
+        -> pgpool.host.claimer: the kind leaves the plain and fair claims (which stay as
+           they are, for the kinds without a limit) for sql.jobs.CLAIM_LIMITED
+        -> the claim takes a job only with a slot for it (sql.jobs.CLAIM_LIMITED):
+             concurrency: a slot number 1..N written on the running row, which the unique
+               index pgpool_jobs_limit_running makes the database's to hold: two claims
+               racing for one slot cannot both commit (the loser retries, as for a
+               concurrency key); the slot is free again when the row stops running
+               (acked, retried, handed back, reaped), so a dead or frozen host holds its
+               slots until the reaper returns its expired jobs, and the worker fence
+               (pgpool.worker.fence) ends its workers before that lease can expire: never
+               N+1 running, also while hosts crash, freeze or are fenced;
+             rate: a ring of R rows per kind (pgpool_limit_ticks), each the last time a
+               claim used it; a job is claimed only with a row last used ``per`` seconds
+               ago or more, which the claim sets to now(). Each row is used at most once
+               in any window of ``per`` seconds, so at most R jobs are claimed in one: an
+               exact sliding window, not a token bucket (whose burst lets 2R through in a
+               window that straddles a refill), and no counter every claim must wait on:
+               claims take rows FOR UPDATE SKIP LOCKED, racing claims take different ones.
+               Judged at the claim, on the server's clock (``now()``); a job starts a
+               moment later in its worker, so start times can bunch by that moment.
+
+A limit never touches a kind without one: its jobs are claimed by the same statements as
+before, which read nothing of limits.
+
+This module is imported by workers (through `pgpool.registry`): no psycopg, no asyncio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Final
+
+from .errors import HandlerError
+
+#: The largest concurrency limit: a slot number is a PostgreSQL integer.
+MAX_CONCURRENCY: Final = 2**31 - 1
+#: The largest rate: a rate is a ring of that many rows, each read by the claims.
+MAX_RATE: Final = 100_000
+#: The shortest and longest window of a rate, seconds: shorter than a claim's round trips
+#: means nothing, and a day is the longest quota a partner's API sets.
+MIN_PER: Final = 0.01
+MAX_PER: Final = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """At most ``concurrency`` jobs of the kind running at once in the whole fleet, and at
+    most ``rate`` of them started (claimed) in any window of ``per`` seconds (a number, or
+    a timedelta; kept in seconds). Give either or both.
+
+    Every field is checked when it is built: a bad value raises `HandlerError`.
+    """
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | timedelta = 1.0
+
+    def __post_init__(self) -> None:
+        concurrency, rate, per = self.concurrency, self.rate, self.per
+        if concurrency is None and rate is None:
+            raise HandlerError("pgpool.Limit: give concurrency=N (the most jobs of the kind "
+                               "running at once), rate=R (the most started in per seconds), "
+                               "or both")
+        for name, value, most in (("concurrency", concurrency, MAX_CONCURRENCY),
+                                  ("rate", rate, MAX_RATE)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 < value <= most):
+                raise HandlerError(f"pgpool.Limit: {name} must be a positive integer (at "
+                                   f"most {most:,}), got {value!r}")
+        if isinstance(per, timedelta):
+            per = per.total_seconds()
+        if (not isinstance(per, int | float) or isinstance(per, bool)
+                or not MIN_PER <= per <= MAX_PER):
+            raise HandlerError(f"pgpool.Limit: per must be a number of seconds (or a "
+                               f"timedelta) from {MIN_PER} to {MAX_PER:,}, got {self.per!r}")
+        object.__setattr__(self, "per", float(per))
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's override of a kind's limit (``pgpool limits set``, a row of
+    ``pgpool_limits``): each field not None replaces the code's; ``set_by``, the database
+    role that set it."""
+
+    concurrency: int | None
+    rate: int | None
+    per: float | None
+    set_by: str
+
+    def describe(self) -> str:
+        """How `pgpool limits` and the hosts' logs say it: ``concurrency 3, rate 20/1s``."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}/{self.per or 1:g}s")
+        elif self.per is not None:
+            parts.append(f"per {self.per:g}s")
+        return ", ".join(parts)
+
+    def over(self, limit: Limit | None) -> Limit:
+        """The limit in force: ``limit`` (the code's, or None) with this override's fields."""
+        base = limit or Limit(concurrency=self.concurrency, rate=self.rate)
+        return replace(base,
+                       concurrency=self.concurrency or base.concurrency,
+                       rate=self.rate or base.rate,
+                       per=self.per or base.per)

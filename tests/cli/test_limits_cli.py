@@ -1,0 +1,68 @@
+"""Operators' overrides of limits (`pgpool.ops.set_limit`, `pgpool limits`): stored, listed
+with their use, refused with a one-line error when bad, reset."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from commands import run_pgpool
+
+import pgpool
+from pgpool import ops
+
+
+def test_an_override_is_stored_listed_and_reset(db: psycopg.Connection, dsn: str) -> None:
+    pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(3)])
+    done = run_pgpool(dsn, "limits", "set", "sync", "--concurrency", "2", "--rate", "50/1m")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pgpool: limit of kind sync set to concurrency 2, rate "
+                                  "50/60s on every host")
+    row = db.execute("SELECT concurrency, rate, per, set_by = session_user FROM pgpool_limits "
+                     "WHERE kind = 'sync'").fetchone()
+    assert row == (2, 50, 60.0, True)
+    (use,) = ops.limits(db)
+    assert (use.kind, use.override.describe(), use.running, use.ready) == (
+        "sync", "concurrency 2, rate 50/60s", 0, 3)
+    listed = run_pgpool(dsn, "limits")
+    assert listed.stdout.splitlines()[1].split()[:4] == ["sync", "concurrency", "2,", "rate"]
+    # A set replaces the kind's override whole: --rate alone leaves the code's concurrency.
+    assert ops.set_limit(db, "sync", rate=5).describe() == "rate 5/1s"
+    assert db.execute("SELECT concurrency, rate, per FROM pgpool_limits").fetchone() == (
+        None, 5, None)
+    assert run_pgpool(dsn, "limits", "reset", "sync").stdout == (
+        "pgpool: limit of kind sync reset: the code's limit holds again\n")
+    assert ops.reset_limit(db, "sync") is False
+    assert ops.limits(db) == []
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (("--concurrency", "0"), "argument --concurrency: '0' is not a positive integer"),
+    (("--rate", "5/x"), "argument --rate: '5/x' is not a rate: give R/PERIOD"),
+    ((), "limit of kind sync: give concurrency=N"),
+])
+def test_a_bad_override_is_refused_in_one_line(db: psycopg.Connection, dsn: str,
+                                               args: tuple[str, ...], error: str) -> None:
+    done = run_pgpool(dsn, "limits", "set", "sync", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"pgpool: error: {error}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    assert db.execute("SELECT count(*) FROM pgpool_limits").fetchone()[0] == 0
+
+
+def test_status_shows_each_limit_and_its_use(db: psycopg.Connection, dsn: str) -> None:
+    assert "limits" not in run_pgpool(dsn, "status").stdout  # none in use: no section
+    pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(4)])
+    ops.set_limit(db, "sync", rate=10, per=60)
+    text = run_pgpool(dsn, "status").stdout
+    section = text[text.index("limits (`pgpool limits`):"):].splitlines()
+    assert section[1].split() == ["KIND", "OVERRIDE", "RUNNING", "RATE", "USED", "READY"]
+    assert section[2].split() == ["sync", "rate", "10/60s", "0", "0", "4"]
+    (limit,) = json.loads(run_pgpool(dsn, "status", "--json").stdout)["limits"]
+    set_at = limit["override"].pop("set_at")
+    assert set_at.startswith(str(db.execute("SELECT current_date").fetchone()[0]))
+    assert limit == {"kind": "sync", "override": {
+        "concurrency": None, "rate": 10, "per": 60.0,
+        "set_by": db.execute("SELECT session_user").fetchone()[0]},
+        "running": 0, "rate_used": 0, "ready": 4}

@@ -1,0 +1,249 @@
+"""A kind's fleet-wide concurrency limit (`pgpool.Limit`) on real hosts: three hosts of four
+workers run a kind limited to 3, and never more than 3 of its jobs run at once, judged from
+the jobs' own start and end times, across a SIGKILL of a host holding slots and a SIGSTOP
+of another past its lease (its jobs are reaped and run again elsewhere while it is frozen);
+every job finishes. An operator's override (`pgpool.ops.set_limit`) limits a kind without a
+limit in its code on a running host, and its reset lifts it. And a kind limited to 20
+starts a second: never more than 20 claimed in
+any second, on the server's clock (what the limit holds; a trigger notes each claim's
+``claimed_at``), the 100 jobs spread over 4 s at least, and every one done.
+
+Jobs are `tests/handlers/chaosjobs.py` ``chaos.limited`` jobs: each attempt durably records
+its start and end (monotonic ns); an attempt killed while it ran (its host's workers die
+with it; the frozen host's worker is ended by its fence) has no end record, and is taken to
+have run until its worker was seen gone by a pidfd watcher (`chaos_cluster.Watcher`): an
+upper bound, so the count below can only overstate what ran at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from chaos_checks import Attempt, read_attempts
+from chaos_cluster import RECORD_ENV, Watcher, now_ns
+from commands import pgpool_cmd, pgpool_env
+from places import HANDLERS, ROOT
+from waits import wait_until
+
+import pgpool
+import pgpool.ops
+
+LEASE = 2
+LIMIT = 3  # chaosjobs.LIMITED_CONCURRENCY
+KIND = "chaos.limited"
+JOBS = 60
+#: How long the 60 jobs (0.3 s each, 3 at a time: 6 s of work) may take after the faults:
+#: the SIGKILLed host's slots wait out its lease and a reaper pass (about 3 s), and two
+#: cores run three hosts of four workers each: 120 s is many times that.
+DRAIN = 120
+RATED = "chaos.rated"
+RATE = 20  # chaosjobs.RATED_PER_SECOND
+RATED_JOBS = 100
+
+
+class Host:
+    """One real dispatcher of four workers, its output in a file."""
+
+    def __init__(self, dsn: str, records: Path, log: Path) -> None:
+        env = pgpool_env(dsn, PYTHONPATH=f"{HANDLERS}:{ROOT}", **{RECORD_ENV: str(records)})
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                pgpool_cmd("run", "--handlers", "chaosjobs", "--lease", str(LEASE),
+                           "--procs", "4"),
+                cwd=HANDLERS, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    path = tmp_path / "records"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def watcher(records: Path) -> Iterator[Watcher]:
+    w = Watcher(records)
+    w.start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def hosts(dsn: str, records: Path, tmp_path: Path) -> Iterator[list[Host]]:
+    started = [Host(dsn, records, tmp_path / f"host-{n}.log") for n in range(3)]
+    yield started
+    for host in started:
+        if host.proc.poll() is None:
+            host.proc.kill()
+            host.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def host(dsn: str, records: Path, tmp_path: Path) -> Iterator[Host]:
+    started = Host(dsn, records, tmp_path / "host.log")
+    yield started
+    for host in (started,):
+        if host.proc.poll() is None:
+            host.proc.kill()
+            host.proc.wait(timeout=30)
+
+
+def in_progress(records: Path, host: Host) -> bool:
+    """Whether an attempt run by ``host``'s workers recorded its start and not its end."""
+    return any(a.ppid == host.pid and a.end is None
+               for runs in read_attempts(records).values() for a in runs)
+
+
+def most_at_once(attempts: dict[int, list[Attempt]], watcher: Watcher) -> int:
+    """The most attempts that ran at any one moment; one without an end record ran until
+    its worker was seen gone."""
+    edges = []
+    for runs in attempts.values():
+        for a in runs:
+            end = a.end if a.end is not None else watcher.died(a.pid)
+            assert end is not None, f"the worker of an unfinished attempt {a} still runs"
+            edges += [(a.start, 1), (end, -1)]
+    at_once = most = 0
+    for _, step in sorted(edges):  # an end before a start at the same instant
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
+        dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
+        hosts: list[Host]) -> None:
+    pgpool.enqueue_many(db, KIND, [{"ms": 1, "sleep": 0.3} for _ in range(JOBS)])
+    db.commit()
+    ids = {row[0] for row in db.execute("SELECT id FROM pgpool_jobs WHERE kind = %s",
+                                        (KIND,))}
+    db.commit()
+    killed, frozen, rest = hosts
+
+    wait_until(lambda: in_progress(records, killed), "a job running on the first host")
+    killed.proc.kill()
+    killed.proc.wait(timeout=30)
+
+    wait_until(lambda: in_progress(records, frozen), "a job running on the second host",
+               timeout=60)
+    frozen.proc.send_signal(signal.SIGSTOP)
+    stopped_at = now_ns()
+    owner = f"%:{frozen.pid}:%"
+
+    def its_jobs_returned() -> bool:
+        row = db.execute("SELECT count(*) FROM pgpool_jobs WHERE locked_by LIKE %s",
+                         (owner,)).fetchone()
+        db.commit()
+        return row[0] == 0 and now_ns() - stopped_at > LEASE * 1e9
+
+    wait_until(its_jobs_returned, "the frozen host's jobs reaped", timeout=60)
+    frozen.proc.send_signal(signal.SIGCONT)
+
+    def drained() -> bool:
+        left = db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                          (KIND,)).fetchone()[0]
+        db.commit()
+        return left == 0
+
+    wait_until(drained, "every limited job done", timeout=DRAIN, interval=0.2)
+    for host in (frozen, rest):
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.proc.wait(timeout=60) == 0
+    assert watcher.settle() == [], "workers still running after their dispatcher exited"
+
+    attempts = read_attempts(records)
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert {job for job, runs in attempts.items() if any(a.end for a in runs)} == ids
+    # Both faults hit a host holding slots: the killed host left an attempt without an
+    # end, and a job the frozen host held was run again by another host.
+    assert any(a.ppid == killed.pid and a.end is None
+               for runs in attempts.values() for a in runs)
+    assert any(a.ppid == frozen.pid and any(b.ppid != frozen.pid for b in runs[i + 1:])
+               for runs in attempts.values() for i, a in enumerate(runs))
+    # The limit was reached (the check can see more than it), and never passed.
+    assert most_at_once(attempts, watcher) == LIMIT
+
+
+@pytest.mark.own_schema  # a trigger on pgpool_jobs
+def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, records: Path,
+                                         hosts: list[Host]) -> None:
+    db.execute("""
+        CREATE TABLE claims_seen (id bigint, at timestamptz);
+        CREATE FUNCTION note_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO claims_seen VALUES (NEW.id, NEW.claimed_at);
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
+            WHEN (NEW.state = 'running' AND NEW.kind = 'chaos.rated')
+            EXECUTE FUNCTION note_claim();""")
+    pgpool.enqueue_many(db, RATED, [{"ms": 1} for _ in range(RATED_JOBS)])
+
+    def drained() -> bool:
+        return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                          (RATED,)).fetchone()[0] == 0
+
+    wait_until(drained, "every rated job done", timeout=DRAIN, interval=0.2)
+    claimed = [row[0] for row in db.execute(
+        "SELECT extract(epoch FROM at)::float8 FROM claims_seen ORDER BY at")]
+    assert len(claimed) == RATED_JOBS  # one claim each: nothing failed or was lost
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    # In any window [t, t + 1 s): at most RATE, the rate reached, and the claims spread
+    # over (RATED_JOBS / RATE - 1) seconds at least.
+    most = max(bisect.bisect_left(claimed, t + 1.0) - i for i, t in enumerate(claimed))
+    assert most == RATE
+    assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
+    ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
+    assert len(ended) == RATED_JOBS
+
+
+def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
+        dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
+        host: Host) -> None:
+    def batch(ids_before: set[int]) -> int:
+        pgpool.enqueue_many(db, "chaos.record", [{"ms": 1, "sleep": 0.2} for _ in range(8)])
+        wait_until(lambda: db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0,
+                   "the batch done", timeout=DRAIN, interval=0.1)
+        wait_until(lambda: len(read_attempts(records)) == len(ids_before) + 8,
+                   "every attempt recorded")
+        return most_at_once({job: runs for job, runs in read_attempts(records).items()
+                             if job not in ids_before}, watcher)
+
+    pgpool.ops.set_limit(db, "chaos.record", concurrency=1)
+    wait_until(lambda: "limit of kind chaos.record: concurrency 1, set by" in host.output(),
+               "the host applying the override")
+    assert batch(set()) == 1
+    pgpool.ops.reset_limit(db, "chaos.record")
+    wait_until(lambda: "limit of kind chaos.record: reset" in host.output(),
+               "the host applying the reset")
+    assert batch(set(read_attempts(records))) > 1  # four workers, eight jobs of 0.2 s
+
+
+def test_a_burst_host_waits_for_jobs_held_back_by_a_rate(
+        dsn: str, db: psycopg.Connection, records: Path) -> None:
+    """A burst host is not drained while ready jobs wait on their kind's rate: it takes
+    the 45 jobs at 20 a second, in three windows, then exits."""
+    pgpool.enqueue_many(db, RATED, [{"ms": 1} for _ in range(45)])
+    env = pgpool_env(dsn, PYTHONPATH=f"{HANDLERS}:{ROOT}", **{RECORD_ENV: str(records)})
+    done = subprocess.run(
+        pgpool_cmd("run", "--handlers", "chaosjobs", "--procs", "2", "--burst"),
+        cwd=HANDLERS, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=DRAIN)
+    assert done.returncode == 0, done.stderr
+    assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
+    assert len({a.job for runs in read_attempts(records).values() for a in runs if a.end}) == 45
