@@ -83,14 +83,25 @@ def run_cli(args: Sequence[str], env: dict[str, str], timeout: float = 120
     check. A real subprocess runs the rest: `OWN_PROCESS`, a command with no DSN (which
     falls back to the embedded server), and one whose ``--dsn`` holds a password (the
     process title is rewritten, and a warning printed)."""
-    command = next((a for a in args if not a.startswith("-")), None)
     has_dsn = env.get("PGPOOL_DSN") or any(a.startswith("--d") for a in args)
     in_process = (has_dsn and masked_args(args) == list(args)
-                  and (command not in OWN_PROCESS or _refused_by_the_parser(args)))
+                  and (_subcommand(args) not in OWN_PROCESS or _refused_by_the_parser(args)))
     if in_process:
         return cli_in_process(args, env)
     return subprocess.run(pgpool_cmd(*args), cwd=HANDLERS, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def _subcommand(args: Sequence[str]) -> str | None:
+    """The subcommand ``args`` name, as the command line parser reads them (options and
+    their values may come first); None if the parser refuses them."""
+    from pgpool.cli import command as cli
+
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        try:
+            return cli.build_parser().parse_args(list(args)).command
+        except SystemExit:
+            return None
 
 
 def _refused_by_the_parser(args: Sequence[str]) -> bool:
