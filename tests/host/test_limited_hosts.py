@@ -125,6 +125,7 @@ def most_at_once(attempts: dict[int, list[Attempt]], watcher: Watcher) -> int:
     return most
 
 
+@pytest.mark.soak  # three hosts, one killed and one frozen past its lease: `make soak-test`
 def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
         hosts: list[Host]) -> None:
@@ -179,6 +180,7 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
     assert most_at_once(attempts, watcher) == LIMIT
 
 
+@pytest.mark.soak  # three hosts drained at a rate, 5 s or more: `make soak-test`
 @pytest.mark.own_schema  # a trigger on pgpool_jobs
 def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, records: Path,
                                          hosts: list[Host]) -> None:
