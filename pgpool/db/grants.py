@@ -20,7 +20,8 @@
   schedules and handlers' follow-ups (INSERT on the producer's columns of
   ``pgpool_jobs``; SELECT, INSERT and UPDATE on ``pgpool_schedules``, whose rows it
   declares and advances), writes dead letters (INSERT on ``pgpool_dead``, and SELECT for
-  its ``RETURNING``), keeps its ``pgpool_hosts`` row, and reads the budget. It cannot set
+  its ``RETURNING``), keeps its ``pgpool_hosts`` row, takes part in the election of the
+  fleet's maintenance leader (``pgpool_leader``), and reads the budget. It cannot set
   the budget. It records finished jobs (INSERT on ``pgpool_done``), counts the members of
   groups (UPDATE on ``pgpool_groups``) and makes their callbacks ready (through
   ``pgpool_release_callbacks``, which runs with the caller's privileges: executable by
@@ -47,7 +48,8 @@ from ..sql import install as sql
 
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
-                 "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version")
+                 "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version",
+                 "pgpool_leader")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
@@ -73,6 +75,8 @@ WORKER: Final = (
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
+    # UPDATE: the election of the fleet's maintenance leader (INSERT: its row, if deleted).
+    ("SELECT, INSERT, UPDATE", ("pgpool_leader",)),
     # DELETE: dead-letter retention (`pgpool.host.parts.retention`) runs on the hosts, and so
     # does the retention of finished jobs and groups.
     ("SELECT, INSERT, DELETE", ("pgpool_dead", "pgpool_done")),

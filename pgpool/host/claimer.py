@@ -155,6 +155,11 @@ class Claimer:
         self._swept_at = -math.inf
         self._sweep_rtt = 0.0
         self.sweeps = 0
+        #: The last plain claim was a sweep.
+        self._swept = False
+        #: The last claim found no job this host could run waiting at all (a sweep took
+        #: nothing, and no job waits for the fair claim): an idle queue.
+        self.found_none = False
         self._lease = lease
         self._queues = list(queues)
         #: The queues claimed from: those not paused.
@@ -221,6 +226,7 @@ class Claimer:
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows: list[tuple] = []
+            self.found_none = False
             if self.plain:
                 rows, leased = await self._claim_plain(conn, params, queues, limit, started)
             if not rows and (not self.plain or await self._needs_fair(conn, params)):
@@ -228,6 +234,10 @@ class Claimer:
                 # before it took none, however long it waited (for a lock, say).
                 leased = time.monotonic()
                 rows = self._fair_order(await self._claim_fair(conn, params))
+            elif not rows:
+                # A sweep took nothing and nothing waits for the fair claim: no job this
+                # host could run is ready at all.
+                self.found_none = self._swept
         rtt = time.monotonic() - started
         self.rtts.append(rtt)
         self.claims += 1
@@ -281,6 +291,7 @@ class Claimer:
             self._sweep_owed = False
         cursors = sql.SWEEP if sweep else self._cursor_params(queues)
         rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
+        self._swept = sweep
         if sweep:
             if self.sweeps:
                 self._sweep_rtt = time.monotonic() - now

@@ -1,9 +1,11 @@
 """Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
 
-One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
-hears `pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``):
-notifications make a change act within a round trip or two, the poll within a poll interval
-when one is lost. It reads two things:
+One small query (`sql.CONTROL_POLL`) at once when the listener hears
+`pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``), and as a
+backstop every poll interval, or every idle poll interval while the host holds no job and
+its listener is connected (a notification is lost only while it is not): notifications
+make a change act within a round trip or two, the poll within its interval when one is
+lost. It reads two things:
 
 - the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
   leaves those queues out of its claims; running jobs finish);
@@ -46,8 +48,15 @@ class Control(LoopPart):
 
     def __init__(self, pool: AsyncConnectionPool, interval: float, *,
                  on_paused: Callable[[frozenset[str]], None],
-                 on_cancelled: Callable[[], None]) -> None:
+                 on_cancelled: Callable[[], None],
+                 idle_interval: float | None = None,
+                 quiet: Callable[[], bool] = bool) -> None:
+        """``idle_interval``: between polls while ``quiet()`` (the host runs nothing a
+        cancel could stop, and its listener relays the control notifications)."""
         self._pool = pool
+        self._idle_interval = interval if idle_interval is None else max(interval,
+                                                                          idle_interval)
+        self._quiet = quiet
         self._on_paused = on_paused
         self._on_cancelled = on_cancelled
         self._loop = Loop(log, "control poll", interval=interval,
@@ -64,7 +73,7 @@ class Control(LoopPart):
 
     def _pause(self) -> float:
         """Seconds to the next poll: the interval, shorter until the first poll worked."""
-        interval = self._loop.interval
+        interval = self._idle_interval if self._quiet() else self._loop.interval
         return interval if self.loaded.is_set() else min(interval, FIRST_POLL_RETRY)
 
     async def poll(self) -> None:

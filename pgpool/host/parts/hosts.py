@@ -6,9 +6,10 @@ counters, its claims per second since the previous beat, and its budget share an
 and deletes its row on a clean exit. A dispatcher that died, or that has been cut off from
 the database, stops beating: the others stop leaving it a budget share after
 `budget.COUNTED_BEATS` of its beat intervals, and once its row is `STALE_AFTER_LEASES` of its
-own leases old, any host prunes it. Nothing about a job depends on the row: the jobs such a
-host held come back through their leases and the reaper, about one lease after its last
-heartbeat and so well before the row is pruned.
+own leases old, the fleet's maintenance leader prunes it (`Pruner`), as does a host when it
+starts. Nothing about a job depends on the row: the jobs such a host held come back through
+their leases and the reaper, about one lease after its last heartbeat and so well before
+the row is pruned.
 
 Each beat is one transaction under `sql.BUDGET_LOCK`: it reads the fleet's budget and the
 other counted hosts' demands and shares, works out this host's share (`budget.share`), and
@@ -35,7 +36,7 @@ from ...sql.fleet import COUNTED_LEASES, STALE_AFTER_LEASES
 from .. import budget as budgets
 from ..budget import DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
 from ..lease import Lease
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.hosts")
 
@@ -55,7 +56,8 @@ class HostRegistry(LoopPart):
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
     once deregistered the registry never writes the row again, so a beat in flight cannot
-    resurrect it. Once registered, it beats and prunes every beat interval (`step`).
+    resurrect it. Once registered, it beats every beat interval (`step`); the fleet's leader
+    prunes (`Pruner`).
     """
 
     name = "host registry"
@@ -115,7 +117,6 @@ class HostRegistry(LoopPart):
 
     async def step(self) -> None:
         await self.beat()
-        await self.prune()
 
     async def beat(self) -> None:
         """Upsert this host's row (``last_seen = now()``, the current counters, the jobs
@@ -196,13 +197,7 @@ class HostRegistry(LoopPart):
 
     async def prune(self) -> list[str]:
         """Delete every stale host's row (safe from many hosts at once); return their owners."""
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.HOST_PRUNE, {"stale_leases": STALE_AFTER_LEASES})
-            pruned = [row[0] for row in await cur.fetchall()]
-        if pruned:
-            log.warning("pruned %d stale hosts from pgpool_hosts: %s",
-                        len(pruned), ", ".join(pruned))
-        return pruned
+        return await prune(self._pool)
 
     async def deregister(self) -> None:
         """On a clean exit: delete this host's row and stop beating.
@@ -217,3 +212,28 @@ class HostRegistry(LoopPart):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("could not remove this host from pgpool_hosts (%s); it will be "
                         "pruned once stale", type(exc).__name__)
+
+
+async def prune(pool: Connections) -> list[str]:
+    """Delete every stale host's row (safe from many hosts at once); return their owners."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(sql.HOST_PRUNE, {"stale_leases": STALE_AFTER_LEASES})
+        pruned = [row[0] for row in await cur.fetchall()]
+    if pruned:
+        log.warning("pruned %d stale hosts from pgpool_hosts: %s",
+                    len(pruned), ", ".join(pruned))
+    return pruned
+
+
+class Pruner(LoopPart):
+    """Every ``interval`` seconds, `prune`: the fleet's work, run by its maintenance leader
+    (`pgpool.host.parts.leader`); every host prunes once when it registers."""
+
+    name = "host pruner"
+
+    def __init__(self, pool: Connections, interval: float) -> None:
+        self._pool = pool
+        self._loop = Loop(log, "pruning stale hosts", interval=interval)
+
+    async def step(self) -> None:
+        await prune(self._pool)
