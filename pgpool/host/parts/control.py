@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -57,6 +59,8 @@ class Control(LoopPart):
         self._idle_interval = interval if idle_interval is None else max(interval,
                                                                           idle_interval)
         self._quiet = quiet
+        self._notified = False
+        self._polled_at = -math.inf
         self._on_paused = on_paused
         self._on_cancelled = on_cancelled
         self._loop = Loop(log, "control poll", interval=interval,
@@ -67,13 +71,25 @@ class Control(LoopPart):
         #: Set once a poll has read the paused queues.
         self.loaded = asyncio.Event()
 
+    def wake(self) -> None:
+        self._notified = True
+        self._loop.wake()
+
     async def step(self) -> float:
-        await self.poll()
+        # Every interval the part looks whether to poll: always when notified or busy,
+        # only every idle interval when quiet, so a host that starts running jobs goes
+        # back to the short poll at once.
+        now = time.monotonic()
+        if (self._notified or not self.loaded.is_set() or not self._quiet()
+                or now - self._polled_at >= self._idle_interval):
+            self._notified = False
+            await self.poll()
+            self._polled_at = now
         return self._pause()
 
     def _pause(self) -> float:
-        """Seconds to the next poll: the interval, shorter until the first poll worked."""
-        interval = self._idle_interval if self._quiet() else self._loop.interval
+        """Seconds to the next look: the interval, shorter until the first poll worked."""
+        interval = self._loop.interval
         return interval if self.loaded.is_set() else min(interval, FIRST_POLL_RETRY)
 
     async def poll(self) -> None:
