@@ -59,7 +59,7 @@ import psycopg
 import pgpool
 from pgpool.bench.cpu import cpu_between, tree_cpu
 from pgpool.bench.figures import quantile
-from pgpool.bench.pickup import _pickup_floor
+from pgpool.bench.pickup import pickup_floor
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import scratch_schema
 from pgpool.host.budget import DEFAULT_MAX_CLAIMS_PER_SEC
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(scratch.dsn, autocommit=True) as conn:
                 pgpool.migrate(conn)
                 progress.step("the pickup floor, on the quiet server")
-                floor = _pickup_floor(scratch.dsn, conn, args.pickups)
+                floor = pickup_floor(scratch.dsn, conn, args.pickups)
                 conn.execute("DELETE FROM pgpool_jobs")
             report["floor_p50_ms"] = quantile(floor, 0.5)
             idle: dict[str, list[dict[str, Any]]] = {}

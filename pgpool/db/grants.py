@@ -49,7 +49,7 @@ from ..sql import install as sql
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
                  "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version",
-                 "pgpool_leader")
+                 "pgpool_leader", "pgpool_hosts_wanted")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "

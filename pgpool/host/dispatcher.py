@@ -310,6 +310,7 @@ class Dispatcher:
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(self.handlers),
             lease=self.lease, max_claims_per_sec=cfg.max_claims_per_sec,
             counters=self._host_counters,
+            job_seconds=lambda: self.pool.job_seconds or None,
         )
         self.completer = Completer(
             db, self.owner, interval=0.05, retry=cfg.retry,

@@ -27,18 +27,18 @@ HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
                                claims_per_sec, max_claims_per_sec, claims_share,
-                               claims_demand, claim_p99_ms, batch)
+                               claims_demand, claim_p99_ms, batch, job_seconds)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
         %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
-        %(claim_p99_ms)s, %(batch)s)
+        %(claim_p99_ms)s, %(batch)s, %(job_seconds)s)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
     jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
     max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
     claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms,
-    batch = excluded.batch
+    batch = excluded.batch, job_seconds = coalesce(excluded.job_seconds, h.job_seconds)
 RETURNING h.started_at
 """
 

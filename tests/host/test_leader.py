@@ -2,7 +2,7 @@
 host leads; when it is killed another takes over within about one lease and its reaper
 returns the dead leader's jobs; when it is frozen (SIGSTOP) past its lease another takes
 over, and the frozen one, resumed, steps down and leads nothing; a clean exit hands over at
-once. tests/db/test_leader.py proves the fence itself on the database.
+once. tests/db/test_leader_fence.py proves the fence itself on the database.
 
 Every wait has a deadline; each bound says why it holds on a loaded two-core machine.
 """

@@ -51,7 +51,8 @@ class HostRegistry(LoopPart):
 
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
     started, its recent claim p99 in ms (None before a claim) and its current claim batch;
-    each beat records them,
+    ``job_seconds()`` how long a job takes in a worker (None before the first); each beat
+    records them,
     and the jobs claimed per second since the previous beat. ``max_claims_per_sec`` is this
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
@@ -74,6 +75,7 @@ class HostRegistry(LoopPart):
         max_claims_per_sec: float | None,
         counters: Callable[[], tuple[int, int, int, float | None, int]],
         clock: Callable[[], float] = time.monotonic,
+        job_seconds: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._pool = pool
         self.owner = owner
@@ -89,6 +91,7 @@ class HostRegistry(LoopPart):
         }
         self._given = max_claims_per_sec
         self._counters = counters
+        self._job_seconds = job_seconds
         self._clock = clock
         #: The fleet budget in force (the fleet's, else this host's), as of the last beat.
         self.fleet_budget = max_claims_per_sec or DEFAULT_MAX_CLAIMS_PER_SEC
@@ -157,7 +160,8 @@ class HostRegistry(LoopPart):
                     "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate,
                     "max_claims_per_sec": total, "claims_share": share,
                     "claims_demand": demand,  # unbounded: float8 Infinity
-                    "claim_p99_ms": claim_p99_ms, "batch": batch})
+                    "claim_p99_ms": claim_p99_ms, "batch": batch,
+                    "job_seconds": self._job_seconds()})
                 (self._started_at,) = await cur.fetchone()
             # Applied once committed: the others see this share from now on. It lapses to
             # the floor unless the next beats renew it (see pgpool.host.budget).
