@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with fleet(args, scratch.dsn, None, record, Path(tmp) / "now", progress) as hosts:
                 progress.step(f"idle: {args.hosts} hosts, {args.idle:g} s measured")
                 idle["now"] = [measure_idle(args, admin, postmaster, hosts)]
-                report["pickup"] = pickups(args, scratch.dsn, record, hosts, progress)
+                report["pickup"] = pickups(args, scratch.dsn, admin, record, hosts, progress)
                 report["drain"] = drain(args, scratch.dsn, admin, postmaster, record, hosts,
                                         progress)
             if args.compare is not None:  # before and after: the machine drifts
@@ -343,11 +343,17 @@ class Record:
             self.starts[int(job)] = int(started)
 
 
-def pickups(args: argparse.Namespace, dsn: str, path: Path,
+def pickups(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, path: Path,
             hosts: list[subprocess.Popen[bytes]], progress: Progress) -> dict[str, Any]:
+    """Each job wakes every idle host, whose claims race for it: the transactions and
+    claims each pickup costs the database are counted too."""
     progress.step(f"pickup: {args.pickups} jobs, one at a time, into the idle fleet")
     record = Record(path)
     latencies = []
+    statements = has_statements(admin)
+    if statements:
+        admin.execute("SELECT pg_stat_statements_reset()")
+    xacts = transactions(admin)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(args.pickups):
             time.sleep(random.uniform(*PICKUP_GAP))
@@ -362,9 +368,19 @@ def pickups(args: argparse.Namespace, dsn: str, path: Path,
                     raise FleetError(f"pickup job {job} did not start within {STALL:g}s")
                 time.sleep(0.001)
             latencies.append((record.starts[job] - committed) / 1e6)
+    time.sleep(1.5)  # the last job's ack, and the statistics of the sessions, flushed
+    out: dict[str, Any] = {
+        "transactions_per_job": round((transactions(admin) - xacts) / args.pickups, 1)}
+    if statements:
+        claims = admin.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE "
+            "'%SET state = ''running''%' AND dbid = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database())").fetchone()[0]
+        out["claims_per_job"] = round(claims / args.pickups, 1)
     latencies.sort()
     return {"p50_ms": round(quantile(latencies, 0.5), 2),
-            "p99_ms": round(quantile(latencies, 0.99), 2), "max_ms": round(latencies[-1], 2)}
+            "p99_ms": round(quantile(latencies, 0.99), 2), "max_ms": round(latencies[-1], 2),
+            **out}
 
 
 def drain(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, postmaster: int,
@@ -431,7 +447,10 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     pickup = report["pickup"]
     print(f"pickup into the idle fleet: p50 {pickup['p50_ms']:.2f} ms, p99 "
           f"{pickup['p99_ms']:.2f} ms, max {pickup['max_ms']:.2f} ms (bare floor p50 "
-          f"{report['floor_p50_ms']:.2f} ms)")
+          f"{report['floor_p50_ms']:.2f} ms); per job picked up: "
+          f"{pickup['transactions_per_job']} transactions"
+          + (f", {pickup['claims_per_job']} claim statements" if "claims_per_job" in pickup
+             else ""))
     d = report["drain"]
     print(f"drain: {d['jobs']} jobs in {d['seconds']:.1f} s, {d['jobs_per_sec']} jobs/s = "
           f"claims/s (budget {d['claim_budget_per_sec']:.0f}); server {d['tps']} "
