@@ -75,6 +75,8 @@ BUDGET_CORES = 0.5
 #: Idle gap before each pickup job, seconds: every host is idle again by then.
 PICKUP_GAP = (0.2, 0.4)
 STALL = 120.0  # seconds without progress that end a stage
+#: Hosts started at once.
+WAVE = 10
 
 
 class FleetError(Exception):
@@ -217,15 +219,19 @@ def fleet(args: argparse.Namespace, dsn: str, tree: Path | None, record: Path, l
     hosts: list[subprocess.Popen[bytes]] = []
     progress.step(f"starting {args.hosts} hosts ({'this code' if tree is None else tree})")
     try:
-        for i in range(args.hosts):
-            with open(logs / f"host{i}.log", "wb") as log:
-                hosts.append(subprocess.Popen(
-                    [sys.executable, "-m", "pgpool", "run", "--handlers", "fleetjobs",
-                     "--procs", "1", "--lease", f"{args.lease:g}", "--log-level", "WARNING"],
-                    cwd=BENCH, env=env, stdout=subprocess.DEVNULL, stderr=log))
         with psycopg.connect(dsn, autocommit=True) as conn:
-            wait_for(lambda: registered(conn) >= args.hosts, hosts, logs,
-                     f"{args.hosts} hosts to register")
+            # In waves of `WAVE`, each registered before the next starts: a hundred hosts
+            # starting at once on two cores would not start their workers in time.
+            for i in range(args.hosts):
+                with open(logs / f"host{i}.log", "wb") as log:
+                    hosts.append(subprocess.Popen(
+                        [sys.executable, "-m", "pgpool", "run", "--handlers", "fleetjobs",
+                         "--procs", "1", "--lease", f"{args.lease:g}", "--log-level",
+                         "WARNING"], cwd=BENCH, env=env, stdout=subprocess.DEVNULL,
+                        stderr=log))
+                if len(hosts) % WAVE == 0 or len(hosts) == args.hosts:
+                    wait_for(lambda: registered(conn) >= len(hosts), hosts, logs,
+                             f"{len(hosts)} hosts to register", timeout=3 * STALL)
         yield hosts
     finally:
         for host in hosts:
@@ -248,15 +254,16 @@ def registered(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM pgpool_hosts").fetchone()[0]
 
 
-def wait_for(done: Any, hosts: list[subprocess.Popen[bytes]], logs: Path, what: str) -> None:
-    deadline = time.monotonic() + STALL
+def wait_for(done: Any, hosts: list[subprocess.Popen[bytes]], logs: Path, what: str,
+             timeout: float = STALL) -> None:
+    deadline = time.monotonic() + timeout
     while not done():
         for i, host in enumerate(hosts):
             if host.poll() is not None:
                 raise FleetError(f"host {i} exited {host.returncode} while waiting for {what}: "
                                  f"{last_line(logs / f'host{i}.log')}")
         if time.monotonic() > deadline:
-            raise FleetError(f"timed out after {STALL:g}s waiting for {what}")
+            raise FleetError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.2)
 
 
@@ -374,7 +381,8 @@ def pickups(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, path:
     if statements:
         claims = admin.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE "
-            "'%SET state = ''running''%' AND dbid = (SELECT oid FROM pg_database "
+            "'UPDATE pgpool_jobs AS j SET state = %attempts = j.attempts + %' "
+            "AND dbid = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())").fetchone()[0]
         out["claims_per_job"] = round(claims / args.pickups, 1)
     latencies.sort()
@@ -419,12 +427,18 @@ def drain(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, postmas
     enqueued = set(ids)
     lost = len(enqueued - set(record.runs)) + left + dead
     duplicated = sum(1 for job in enqueued if record.runs[job] > 1)
+    # What the hosts logged that runs a job again (at-least-once): leases lost or given up
+    # (a host starved of CPU past its lease), and the reaper returning expired jobs.
+    logs = "".join(p.read_text(errors="replace") for p in path.parent.glob("now/host*.log"))
+    explained = {what: logs.count(text) for what, text in (
+        ("leases_lost_lines", "lost the lease of"), ("abandoned_lines", "no heartbeat for"),
+        ("reaper_returns_lines", "expired jobs returned to the queue"))}
     rate = len(ids) / seconds
     budget = DEFAULT_MAX_CLAIMS_PER_SEC
     return {"jobs": len(ids), "seconds": round(seconds, 2), "jobs_per_sec": round(rate),
             "claims_per_sec": round(rate), "claim_budget_per_sec": budget,
             "tps": round(tps), "cores": round(cores, 3), "lost": lost,
-            "duplicated": duplicated, "left": left, "dead": dead}
+            "duplicated": duplicated, "left": left, "dead": dead, **explained}
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -455,7 +469,9 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"drain: {d['jobs']} jobs in {d['seconds']:.1f} s, {d['jobs_per_sec']} jobs/s = "
           f"claims/s (budget {d['claim_budget_per_sec']:.0f}); server {d['tps']} "
           f"transactions/s, {d['cores']:.2f} cores; lost {d['lost']}, duplicated "
-          f"{d['duplicated']}")
+          f"{d['duplicated']} (host log lines: {d['leases_lost_lines']} leases lost, "
+          f"{d['abandoned_lines']} leases given up, {d['reaper_returns_lines']} reaper "
+          "returns)")
     print(f"command: {report['command']}")
 
 

@@ -104,6 +104,8 @@ log = logging.getLogger("pgpool.dispatcher")
 
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
+#: How long a stop waits for the notifications that wake the other hosts (`_notify`).
+FINAL_NOTIFY_TIMEOUT: Final = 2.0
 #: Pooled connections: the completer, heartbeat, reaper, stager, registry, control poll,
 #: retention (of dead letters and kept outcomes) and the leader election; one more with
 #: periodic schedules. The vacuum keeper's look at the statistics, and the pruning of stale
@@ -256,6 +258,8 @@ class Dispatcher:
                 await self._killing
             if not self.pool.closing:
                 await self.pool.kill_all()
+            if self._notices:  # the hand-backs' wake-ups: the other hosts run those jobs
+                await asyncio.wait(self._notices, timeout=FINAL_NOTIFY_TIMEOUT)
             await self.claims_db.close()
             await self.db.close()
 

@@ -23,7 +23,8 @@ from waits import wait_until
 import pgpool
 
 LEASE = 2.0
-HOST = (*RUN, "--procs", "1", "--batch", "1", "--lease", str(LEASE))
+#: An idle poll far past every bound here: the hosts learn of work from notifications.
+HOST = (*RUN, "--procs", "1", "--batch", "1", "--lease", str(LEASE), "--idle-poll", "120")
 #: Room for a loaded machine: a host's statements and its event loop may lag by this much.
 SLACK = 3.0
 
@@ -68,11 +69,13 @@ def test_a_killed_leader_is_replaced_within_a_lease_and_its_jobs_come_back(
     # ... and within one lease of the kill (plus the followers' jitter and a loaded
     # machine's lag).
     assert (acquired - killed_at).total_seconds() <= LEASE * 1.05 + SLACK
-    # The new leader's reaper returns the dead leader's job, which runs again elsewhere
-    # (its lease expired about one lease after the kill; the reaper passes every second).
+    # The new leader's reaper returns the dead leader's job (its lease expired about one
+    # lease after the kill; the reaper passes every second) and wakes the idle hosts, one
+    # of which runs it again: well before their idle poll.
     restarted = wait_until(
         lambda: [r for r in read_records(record_dir) if r[0] == job and r[3] == "start"
-                 and r[1] == 2], "the dead leader's job to start again", timeout=2 * LEASE + 30)
+                 and r[1] == 2], "the dead leader's job to start again",
+        timeout=2 * LEASE + 1 + 3 * SLACK)
     assert restarted
     # Exactly one host led at any time: each host's log shows its terms, and only the new
     # holder's took over.
@@ -125,3 +128,25 @@ def test_a_leader_that_stops_cleanly_hands_over_at_once(db, dsn, record_dir):
     assert time.monotonic() - stopped_at < 20
     assert leader(db)[:2] == (owner(second), token + 1)
     assert second.stop() == 0
+
+
+def test_jobs_a_stopping_host_hands_back_wake_the_idle_hosts(db, dsn, record_dir):
+    """Scaled in (SIGTERM), a host hands its unstarted jobs back and notifies their queue:
+    an idle host runs them at once, not at its idle poll."""
+    ids = [pgpool.enqueue(db, "record", {"sleep": 1}) for _ in range(6)]
+    busy = start_pgpool(dsn, *RUN, "--procs", "1", "--batch", "6", "--idle-poll", "120",
+                        record_dir=record_dir)
+    wait_until(lambda: read_records(record_dir), "the first job to start")
+    assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'ready'"
+                      ).fetchone()[0] == 0  # all six claimed by the busy host
+    (idle,) = start_hosts(dsn, 1, record_dir)  # finds nothing: waits for a notification
+    stopped_at = time.monotonic()
+    assert busy.stop() == 0
+    done = {r[0] for r in read_records(record_dir) if r[3] == "end"}
+    wait_until(lambda: {r[0] for r in read_records(record_dir) if r[3] == "end"} >= set(ids),
+               "the handed-back jobs to run on the idle host", timeout=60)
+    # Five jobs of 1 s each on one worker, started on the notification: far within the
+    # idle host's 120 s idle poll.
+    assert time.monotonic() - stopped_at < 5 + 10 * SLACK
+    assert len(done) < len(ids)
+    assert idle.stop() == 0
