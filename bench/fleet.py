@@ -381,7 +381,7 @@ def pickups(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, path:
     if statements:
         claims = admin.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE "
-            "'UPDATE pgpool_jobs AS j SET state = %attempts = j.attempts + %' "
+            "'%UPDATE pgpool_jobs AS j SET state = %attempts = j.attempts + %' "
             "AND dbid = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())").fetchone()[0]
         out["claims_per_job"] = round(claims / args.pickups, 1)
