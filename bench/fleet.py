@@ -380,8 +380,9 @@ def pickups(args: argparse.Namespace, dsn: str, admin: psycopg.Connection, path:
         "transactions_per_job": round((transactions(admin) - xacts) / args.pickups, 1)}
     if statements:
         claims = admin.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE "
-            "'%UPDATE pgpool_jobs AS j SET state = %attempts = j.attempts + %' "
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query ~ "
+            "'UPDATE\\s+pgpool_jobs\\s+AS\\s+j\\s+SET\\s+state\\s*=.*"
+            "attempts\\s*=\\s*j\\.attempts' "
             "AND dbid = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())").fetchone()[0]
         out["claims_per_job"] = round(claims / args.pickups, 1)
