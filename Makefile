@@ -126,12 +126,18 @@ container-test: image
 chaos: $(STAMP)
 	$(BIN)/python tests/support/chaos.py --jobs 20000 --seconds 300
 
-## make deploy-check: deploy/ against the Kubernetes (1.37) and Compose schemas, offline
-build/validate/.installed:
+## make deploy-check: deploy/ against the Kubernetes (1.37), KEDA (2.16) and Compose schemas,
+## offline once installed (KEDA's are its CRDs' models in cloudcoil-models-keda)
+# (.installed-2: the stamp of an install with the KEDA models, so an older one is redone)
+build/validate/.installed-2:
 	$(PYTHON) -m venv build/validate
-	build/validate/bin/pip install --quiet kubernetes-validate==1.37.0 check-jsonschema==0.39.0
+	build/validate/bin/pip install --quiet kubernetes-validate==1.37.0 check-jsonschema==0.39.0 \
+		cloudcoil-models-keda==2.16.1.0
 	touch $@
 
-deploy-check: build/validate/.installed
-	build/validate/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+KEDA_MANIFESTS := deploy/kubernetes/keda.yaml
+deploy-check: build/validate/.installed-2
+	build/validate/bin/kubernetes-validate --strict --quiet \
+		$(filter-out $(KEDA_MANIFESTS),$(wildcard deploy/kubernetes/*.yaml))
+	build/validate/bin/python deploy/check_keda.py $(KEDA_MANIFESTS)
 	build/validate/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml

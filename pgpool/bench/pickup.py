@@ -99,14 +99,14 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
             os.close(reader)
             os.close(keep_open)
     latencies.sort()
-    floor = _pickup_floor(dsn, conn, samples)
+    floor = pickup_floor(dsn, conn, samples)
     return {"samples": len(latencies), "procs": 1,
             "p50_ms": quantile(latencies, 0.50), "p99_ms": quantile(latencies, 0.99),
             "max_ms": latencies[-1], "floor_p50_ms": quantile(floor, 0.50),
             "floor_p99_ms": quantile(floor, 0.99)}
 
 
-def _pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
+def pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
     """The latency no framework can beat, in ms: from the enqueue's commit to the durable
     commit of a hand-written claim of 1 job (`queries.LEASE_CLAIM`, the lease cycle
     ceiling's), sent once a LISTENing connection got the notification (then the job is

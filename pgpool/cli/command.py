@@ -143,6 +143,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("timeout", "PGPOOL_TIMEOUT", positive_seconds, None),
     ("grace", "PGPOOL_GRACE", seconds, RunConfig.grace),
     ("poll", "PGPOOL_POLL", poll_seconds, RunConfig.poll),
+    ("idle_poll", "PGPOOL_IDLE_POLL", poll_seconds, RunConfig.idle_poll),
     ("max_tasks_per_child", "PGPOOL_MAX_TASKS_PER_CHILD", positive_int, None),
     ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
     ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate, None),
@@ -245,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on SIGTERM, how long running jobs may take to finish (default 30)")
     _add_run_option(run, "--poll", type=poll_seconds,
                     help="backstop poll interval when no notification arrives (default 1)")
+    _add_run_option(run, "--idle-poll", type=poll_seconds, metavar="SECONDS",
+                    help="backstop poll interval of an idle host (nothing ready) while its "
+                         "listener is connected; at least --poll (default 30)")
     _add_run_option(run, "--max-tasks-per-child", type=positive_int, metavar="N",
                     help="replace each worker after N jobs (bounds slow leaks)")
     _add_run_option(run, "--max-memory", type=memory_mib, metavar="MIB",
@@ -552,6 +556,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             grace=args.grace,
             burst=args.burst,
             poll=args.poll,
+            idle_poll=args.idle_poll,
             max_tasks_per_child=args.max_tasks_per_child,
             max_claims_per_sec=args.max_claims_per_sec,
             tenant_cap=args.tenant_cap,

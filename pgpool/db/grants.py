@@ -20,8 +20,9 @@
   schedules and handlers' follow-ups (INSERT on the producer's columns of
   ``pgpool_jobs``; SELECT, INSERT and UPDATE on ``pgpool_schedules``, whose rows it
   declares and advances), writes dead letters (INSERT on ``pgpool_dead``, and SELECT for
-  its ``RETURNING``), keeps its ``pgpool_hosts`` row, and reads the budget. It adds and
-  uses the rows of rate limits (``pgpool_limit_ticks``), and reads operators' overrides of
+  its ``RETURNING``), keeps its ``pgpool_hosts`` row, takes part in the election of the
+  fleet's maintenance leader (``pgpool_leader``), and reads the budget. It adds and uses
+  the rows of rate limits (``pgpool_limit_ticks``), and reads operators' overrides of
   limits (``pgpool_limits``), which only the owner sets (``pgpool limits set``). It cannot set
   the budget. It records finished jobs (INSERT on ``pgpool_done``), counts the members of
   groups (UPDATE on ``pgpool_groups``) and makes their callbacks ready (through
@@ -50,7 +51,8 @@ from ..sql import install as sql
 #: Every pgpool table, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
                  "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version",
-                 "pgpool_limit_ticks", "pgpool_limits")
+                 "pgpool_limit_ticks", "pgpool_limits", "pgpool_leader",
+                 "pgpool_hosts_wanted")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
@@ -78,6 +80,8 @@ WORKER: Final = (
     # The rings of rate limits: the hosts add their kinds' rows, and claims use them.
     ("SELECT, INSERT, UPDATE", ("pgpool_limit_ticks",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
+    # UPDATE: the election of the fleet's maintenance leader (INSERT: its row, if deleted).
+    ("SELECT, INSERT, UPDATE", ("pgpool_leader",)),
     # DELETE: dead-letter retention (`pgpool.host.parts.retention`) runs on the hosts, and so
     # does the retention of finished jobs and groups.
     ("SELECT, INSERT, DELETE", ("pgpool_dead", "pgpool_done")),

@@ -170,6 +170,11 @@ class Claimer:
         self._swept_at = -math.inf
         self._sweep_rtt = 0.0
         self.sweeps = 0
+        #: The last plain claim was a sweep.
+        self._swept = False
+        #: The last claim found no job this host could run waiting at all (a sweep took
+        #: nothing, and no job waits for the fair claim): an idle queue.
+        self.found_none = False
         self._queues = list(queues)
         #: The queues claimed from: those not paused.
         self._serving = self._queues
@@ -266,6 +271,7 @@ class Claimer:
         leased = started
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows: list[tuple] = []
+            self.found_none = False
             if self._limited:
                 rows = await self._claim_limited(conn, queues, limit)
             # A dict per claim: a claim waiting for a connection must not send another's
@@ -308,6 +314,11 @@ class Claimer:
             # it took none, however long it waited (for a lock, say).
             leased = time.monotonic()
             rows = self._fair_order(await self._claim_fair(conn, params))
+        elif not rows and not self._limited:
+            # A sweep took nothing and nothing waits for the fair claim: no job this host
+            # could run is ready at all. (A host with limited kinds never says so: a job a
+            # rate holds back is ready again in a second, not at the idle poll.)
+            self.found_none = self._swept
         return rows, leased
 
     async def _claim_limited(self, conn: psycopg.AsyncConnection, queues: list[str],
@@ -382,6 +393,7 @@ class Claimer:
         kinds = cast(list[str], params["kinds"])
         cursors = sql.SWEEP if sweep else self._cursor_params(queues, kinds)
         rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
+        self._swept = sweep
         if sweep:
             if self.sweeps:
                 self._sweep_rtt = time.monotonic() - now

@@ -52,6 +52,9 @@ class RunConfig:
     grace: float = 30.0
     burst: bool = False
     poll: float = 1.0
+    #: The backstop poll of an idle host (nothing ready, its listener connected): every way
+    #: a job becomes ready notifies the hosts, so this only bounds a lost notification.
+    idle_poll: float = 30.0
     #: Replace a worker after this many jobs (None: never).
     max_tasks_per_child: int | None = None
     #: Cap each worker's private writable memory at this many bytes (None: no cap).

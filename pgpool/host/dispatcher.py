@@ -82,6 +82,7 @@ from ..logs import event
 from ..registry import Handler
 from ..schedules import Schedule
 from ..sql import jobs as sql_jobs
+from ..sql.common import STAGE
 from ..sql.fleet import STALE_AFTER_LEASES
 from ..worker import ipc
 from .attempt import AttemptEnd, Job
@@ -93,7 +94,8 @@ from .long import Answer, LongJobs
 from .parts import vacuum
 from .parts.control import Control
 from .parts.heartbeat import Heartbeat
-from .parts.hosts import HostRegistry
+from .parts.hosts import HostRegistry, Pruner
+from .parts.leader import Fenced, Leadership, elect
 from .parts.listener import Listener
 from .parts.loop import Part
 from .parts.periodic import Periodic
@@ -113,13 +115,16 @@ log = logging.getLogger("pgpool.dispatcher")
 
 #: How long a graceful stop waits for its last acks before giving up on the database.
 FINAL_ACK_TIMEOUT: Final = 15.0
-#: Pooled connections: the completer, heartbeat, reaper, stager, registry, control poll and
-#: retention (of dead letters and kept outcomes); one more with periodic schedules. The
-#: vacuum keeper's look at the statistics takes one in turn with the others; each of its
-#: vacuums opens a connection of its own. The claims have a pool of their own, one
-#: connection per claim loop, whose prepared claims keep one plan
-#: (`pgpool.host.claimer.configure_connection`).
-CONNECTIONS: Final = 7
+#: How long a stop waits for the notifications that wake the other hosts (`_notify`).
+FINAL_NOTIFY_TIMEOUT: Final = 2.0
+#: Pooled connections: the completer, heartbeat, reaper, stager, registry, control poll,
+#: retention (of dead letters and kept outcomes) and the leader election; one more with
+#: periodic schedules. The vacuum keeper's look at the statistics, and the pruning of stale
+#: hosts, take one in turn with the others; each vacuum opens a connection of its own.
+#: The reaper, stager, retention, vacuum keeper and pruner run only on the fleet's leader.
+#: The claims have a pool of their own, one connection per claim loop, whose prepared
+#: claims keep one plan (`pgpool.host.claimer.configure_connection`).
+CONNECTIONS: Final = 8
 #: The part that enforces lease expiry and hard timeouts (`Dispatcher._watch`).
 WATCHDOG: Final = "watchdog"
 
@@ -200,6 +205,9 @@ class Dispatcher:
         self._run_times: RunTimes | None = None
         #: Long jobs' checkpoints and progress, once the database is open.
         self.long: LongJobs | None = None
+        self.listener: Listener | None = None
+        #: Notifications being sent (`_notify`).
+        self._notices: set[asyncio.Task[None]] = set()
 
     def run_sync(self) -> int:
         """`run` on a fresh event loop (uvloop where it is built) and return its status."""
@@ -265,6 +273,7 @@ class Dispatcher:
             self._summary()
             # Not after a hard stop (that row goes stale), nor when the database did not
             # take the last acks: the stop then ends within grace + FINAL_ACK_TIMEOUT.
+            await self.leadership.resign()
             if self.completer.backlog == 0:
                 await self.hosts.deregister()
             return 1 if self.fatal else 0
@@ -278,6 +287,8 @@ class Dispatcher:
                 await self.pool.kill_all()
             if self.long is not None:
                 await self.long.close()
+            if self._notices:  # the hand-backs' wake-ups: the other hosts run those jobs
+                await asyncio.wait(self._notices, timeout=FINAL_NOTIFY_TIMEOUT)
             await self.claims_db.close()
             await self.db.close()
 
@@ -350,6 +361,7 @@ class Dispatcher:
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(runnable),
             lease=self.lease, max_claims_per_sec=cfg.max_claims_per_sec,
             counters=self._host_counters,
+            job_seconds=lambda: self.pool.job_seconds or None,
         )
         self.completer = Completer(
             db, self.owner, interval=0.05, retry=cfg.retry,
@@ -369,32 +381,42 @@ class Dispatcher:
                                    on_lost=self.pool.drop_lost, on_extended=self.pool.extend,
                                    acking=self.completer.pending_jobs,
                                    progress=long.write_progress)
-        self.reaper = Reaper(db, interval=self.lease.reaper_interval)
-        self.stager = Stager(db, interval=cfg.poll)
-        self.vacuum = await vacuum.keeper(db, cfg.dsn)
+        # The fleet's maintenance runs on one host, elected (`pgpool.host.parts.leader`).
+        self.leadership = Leadership(db, self.owner, self.lease)
+        fenced = Fenced(db, self.leadership)
+        self.reaper = Reaper(fenced, interval=self.lease.reaper_interval)
+        self.stager = Stager(fenced, interval=cfg.poll)
+        self.vacuum = await vacuum.keeper(db, cfg.dsn, elected=fenced)
         self.scheduler = ClaimScheduler(
             procs=cfg.procs, batch=cfg.batch, claimer=self.claimer, workers=self.pool,
             acks=self.completer, lease=self.heartbeat,
             budget=self.hosts.budget,
-            reaper=self.reaper, burst=cfg.burst, poll=cfg.poll,
+            # A burst host's own pass when it finds nothing: not fenced, as SKIP LOCKED
+            # keeps it off the rows the leader's pass handles.
+            reaper=Reaper(db, interval=self.lease.reaper_interval), burst=cfg.burst,
+            poll=cfg.poll, idle_poll=cfg.idle_poll, listening=self._listening,
         )
         if self._stopping.is_set():
             self.scheduler.stop()
         self.control = Control(db, cfg.poll, on_paused=self._paused,
                                on_cancelled=self.heartbeat.wake,
-                               on_limits=self._limits_overridden)
-        self.retention = Retention(db, cfg.dead_retention)
+                               on_limits=self._limits_overridden,
+                               idle_interval=cfg.idle_poll, quiet=self._quiet)
+        self.retention = Retention(fenced, cfg.dead_retention)
         # Declared like a host row: refreshed every beat, stale after as many leases.
         self.periodic = (Periodic(db, self.owner, self.schedules,
                                   refresh=self.lease.beat_interval,
                                   declared_for=STALE_AFTER_LEASES * self.lease.seconds)
                          if self.schedules else None)
+        elected = elect([self.reaper, self.stager, self.retention,
+                         Pruner(fenced, self.lease.beat_interval),
+                         *([self.vacuum] if self.vacuum is not None else [])],
+                        self.leadership)
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
-                                 self.control.wake, self.stager.wake)
-        optional = (self.vacuum, self.periodic)
-        self.side = [self.heartbeat, self.reaper, self.stager, self.listener, self.hosts,
-                     self.control, self.retention,
-                     *(part for part in optional if part is not None)]
+                                 self.control.wake, elected[1].wake, self.leadership.wake)
+        self.side = [self.heartbeat, self.listener, self.hosts, self.control,
+                     self.leadership, *elected,
+                     *([self.periodic] if self.periodic is not None else [])]
         await self._register()
 
     def _start_parts(self) -> list[asyncio.Task[None]]:
@@ -553,11 +575,19 @@ class Dispatcher:
     def _acks_flushed(self, result: FlushResult) -> None:
         if result.freed and self.claimer.limited_short:  # none wait while claims come back full
             self._tell_freed(result.freed)
+        wake: list[str] = []
         if result.released or result.interrupted:
             self.claimer.sweep_next()  # ready again, behind the claim's cursors
+            wake.extend(self.config.queues)  # and for the other hosts, which may be idle
         self.scheduler.acks_flushed()
         if result.retried or result.snoozed:
-            self.stager.wake()  # their delay may end before the stager's next pass
+            # Their delay may end before the stager's next pass: the leader's stager.
+            if self.leadership.term is not None:
+                self.stager.wake()
+            else:
+                wake.append(STAGE)
+        if wake:
+            self._notify(wake)
         if self.metrics is not None:
             self.metrics.acks_flushed(result)
 
@@ -589,6 +619,29 @@ class Dispatcher:
     def _paused(self, queues: frozenset[str]) -> None:
         self.claimer.pause(queues)
         self.scheduler.work_ready()  # a resumed queue may have work waiting
+
+    def _notify(self, payloads: list[str]) -> None:
+        """Send these notifications (`sql.NOTIFY_MANY`) beside the data path; one that
+        fails is logged, and the hosts' backstop polls find the jobs."""
+        async def send() -> None:
+            try:
+                async with self.db.connection() as conn:
+                    await conn.execute(sql_jobs.NOTIFY_MANY, {"payloads": payloads})
+            except (psycopg.Error, OSError) as exc:
+                log.warning("could not wake the other hosts (%s); they find the jobs at "
+                            "their next poll", type(exc).__name__)
+
+        task = asyncio.create_task(send())
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    def _listening(self) -> bool:
+        """Whether the listener is connected: no notification is lost meanwhile."""
+        return self.listener is not None and self.listener.listening
+
+    def _quiet(self) -> bool:
+        """Idle: the listener is connected and this host holds no job."""
+        return self._listening() and self.pool.held == 0 and self.completer.backlog == 0
 
     def _held(self) -> list[Job]:
         return [*self.pool.held_jobs(), *self.completer.pending_jobs()]

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+from collections.abc import Callable
 from typing import Final, Literal, Protocol
 
 import psycopg
@@ -94,6 +95,8 @@ class Step(enum.Enum):
 class ClaimSource(Protocol):
     @property
     def rtt(self) -> float: ...
+    @property
+    def found_none(self) -> bool: ...
     async def claim(self, limit: int) -> list[Job]: ...
     def sweep_next(self) -> None: ...
     async def running(self) -> tuple[int, float]: ...
@@ -139,6 +142,8 @@ class ClaimScheduler:
         reaper: Reaping,
         burst: bool = False,
         poll: float = 1.0,
+        idle_poll: float | None = None,
+        listening: Callable[[], bool] = bool,
     ) -> None:
         self.procs = procs
         self.sizer = BatchSizer(procs) if batch == "auto" else None
@@ -152,6 +157,8 @@ class ClaimScheduler:
         self.reaper = reaper
         self.burst = burst
         self.poll = poll
+        self.idle_poll = poll if idle_poll is None else max(poll, idle_poll)
+        self._listening = listening
         self._wakes = [asyncio.Event() for _ in range(CLAIM_LOOPS)]
         #: One run of claim failures for both loops: an outage is logged once, not per loop.
         self._failures = Failures(log, "claim")
@@ -260,7 +267,7 @@ class ClaimScheduler:
             if not self.lease.at_risk:  # at risk, no claim was tried: it has not worked again
                 failures.succeeded()
             if isinstance(step, Wait):
-                await self._wait(wake, step, self.poll)
+                await self._wait(wake, step, self._backstop(step))
             elif step is Step.AGAIN:
                 self.work_ready()  # the other loop may claim the next batch
             elif step is Step.DRAINED:
@@ -270,6 +277,19 @@ class ClaimScheduler:
                 return
             elif step is Step.THROTTLED:
                 await asyncio.sleep(min(self.poll, self.budget.wait_for(self.want())))
+
+    def _backstop(self, reason: Wait) -> float:
+        """How long an idle loop waits at most before it claims again. Every way a job
+        becomes ready for this host notifies its listener (an enqueue, the stager, the
+        reaper, a hand-back, an operator's retry), so while the listener is connected and
+        the last claim found no job waiting at all, the poll is only a backstop for a
+        notification lost some other way: ``idle_poll``, so that an idle fleet costs the
+        database next to nothing. Otherwise (the listener is reconnecting, jobs wait that
+        a limit holds back, the lease is at risk) the poll interval."""
+        if (reason is Wait.WORK and self.claimer.found_none and self._listening()
+                and not self.lease.at_risk):
+            return self.idle_poll
+        return self.poll
 
     async def claim_step(self) -> Step | Wait:
         """Claim if there is room, and say what the loop does next."""

@@ -67,6 +67,11 @@ STAGE: Final = "!stage"
 #: queue name starts with "!".
 CONTROL: Final = "!control"
 
+#: The payload of the notification a maintenance leader sends when it resigns (a clean
+#: exit): every host's election part (`pgpool.host.parts.leader`) tries for the lease now
+#: rather than at its expiry. No queue name starts with "!".
+LEADER: Final = "!leader"
+
 
 #: The CTEs that count the members of groups that finished in a statement, and make a
 #: group's callback ready when its last member did: a data-modifying statement's ``WITH``

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from .common import LEADER, OUR_CHANNEL
+
 #: A host row is stale, and pruned, after this many of that host's own leases without a
 #: beat (``stale_leases`` in these statements): it beats every third of a lease, so that
 #: is nine missed beats.
@@ -25,18 +27,18 @@ HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
                                claims_per_sec, max_claims_per_sec, claims_share,
-                               claims_demand, claim_p99_ms, batch)
+                               claims_demand, claim_p99_ms, batch, job_seconds)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
         %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
-        %(claim_p99_ms)s, %(batch)s)
+        %(claim_p99_ms)s, %(batch)s, %(job_seconds)s)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
     jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,
     max_claims_per_sec = excluded.max_claims_per_sec, claims_share = excluded.claims_share,
     claims_demand = excluded.claims_demand, claim_p99_ms = excluded.claim_p99_ms,
-    batch = excluded.batch
+    batch = excluded.batch, job_seconds = coalesce(excluded.job_seconds, h.job_seconds)
 RETURNING h.started_at
 """
 
@@ -176,4 +178,66 @@ RETURNING name
 WIDEST_LIVE_HOST: Final = """
 SELECT max(procs) FROM pgpool_hosts
 WHERE last_seen >= now() - make_interval(secs => %(stale_leases)s * lease)
+"""
+
+# --- the maintenance leader (pgpool.host.parts.leader) ------------------------------------
+
+#: Take or renew the lease of ``role`` for ``owner``, ``lease`` seconds from now: when this
+#: host holds it, or when it expired. The row is skipped while another transaction holds
+#: it (a leader's fenced work, `LEADER_FENCE`, or another host's attempt), so nobody waits
+#: here. The token grows when the lease changes hands or lapsed. One row: ``won`` (this
+#: host's token, NULL when it did not take it), and the lease as it stood before this
+#: statement: its holder, token and seconds left (negative: expired). No row: the role's
+#: row is missing (`LEADER_SEED`).
+LEADER_ACQUIRE: Final = """
+WITH cur AS (
+    SELECT role FROM pgpool_leader
+    WHERE role = %(role)s AND (holder = %(owner)s OR expires_at < now())
+    FOR NO KEY UPDATE SKIP LOCKED
+), won AS (
+    UPDATE pgpool_leader AS l
+    SET token = CASE WHEN l.holder IS DISTINCT FROM %(owner)s OR l.expires_at < now()
+                     THEN l.token + 1 ELSE l.token END,
+        acquired_at = CASE WHEN l.holder IS DISTINCT FROM %(owner)s OR l.expires_at < now()
+                           THEN now() ELSE l.acquired_at END,
+        holder = %(owner)s,
+        expires_at = now() + make_interval(secs => %(lease)s)
+    FROM cur WHERE l.role = cur.role
+    RETURNING l.token
+)
+SELECT (SELECT token FROM won), l.holder, l.token,
+       extract(epoch FROM l.expires_at - now())::float8
+FROM pgpool_leader AS l WHERE l.role = %(role)s
+"""
+
+#: Put back the row of ``role`` if it is missing (deleted by hand): nobody leads it.
+LEADER_SEED: Final = """
+INSERT INTO pgpool_leader (role) VALUES (%(role)s) ON CONFLICT (role) DO NOTHING
+"""
+
+#: The fence of a leader's work, first in each of its transactions: the row of ``role``,
+#: locked FOR SHARE, if ``owner`` holds it with ``token`` and the lease has not expired;
+#: no row otherwise (deposed: the transaction does nothing). A successor's `LEADER_ACQUIRE`
+#: skips the row while this lock is held, so a takeover falls between two fenced
+#: transactions, never during one; a transaction that starts after it sees the new holder
+#: (READ COMMITTED re-reads a row locked after a concurrent update). The transaction also
+#: ends itself after ``idle`` (``idle_in_transaction_session_timeout``, as text): a leader
+#: frozen inside one (SIGSTOP, a stalled VM) must not keep the row locked, and the
+#: successor out, for longer than that.
+LEADER_FENCE: Final = """
+SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, true)
+FROM pgpool_leader
+WHERE role = %(role)s AND holder = %(owner)s AND token = %(token)s AND expires_at > now()
+FOR SHARE
+"""
+
+#: A clean exit: give up the lease of ``role`` held with ``token``, and say so on the
+#: installation's channel (`LEADER`), so another host takes over now.
+LEADER_RESIGN: Final = f"""
+WITH gone AS (
+    UPDATE pgpool_leader SET holder = NULL, expires_at = '-infinity'
+    WHERE role = %(role)s AND holder = %(owner)s AND token = %(token)s
+    RETURNING role
+)
+SELECT count(pg_notify({OUR_CHANNEL}, '{LEADER}')) FROM gone
 """

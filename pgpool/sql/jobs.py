@@ -162,6 +162,10 @@ COPY_JOBS_AT_META: Final = (
 NOTIFY: Final = "SELECT pg_notify(" + OUR_CHANNEL + ", %(queue)s)"
 #: After a COPY of scheduled rows: wake the installation's stagers.
 NOTIFY_STAGE: Final = "SELECT pg_notify(" + OUR_CHANNEL + ", '" + STAGE + "')"
+#: Wake the hosts of each of ``payloads`` (queues, or `STAGE`): a host handed jobs back,
+#: or scheduled retries that the leader's stager must know of.
+NOTIFY_MANY: Final = ("SELECT count(pg_notify(" + OUR_CHANNEL + ", p)) "
+                      "FROM unnest(%(payloads)s::text[]) AS p")
 
 # --- dispatcher: claim, heartbeat, ack, reap ----------------------------------------------
 
@@ -932,14 +936,17 @@ FROM parked
 #: Return jobs whose lease expired (their dispatcher died or lost the database) to ready,
 #: or bury them when that attempt was their last. An attempt that never started in a worker
 #: (no heartbeat recorded it) does not count, up to ``max_interruptions`` per job; any other
-#: expired attempt counts. A cancelled attempt (running, no owner: `ops.CANCEL`) is over once its
-#: lease has expired: it is buried as cancelled, with the cancel's trace, whatever attempts
-#: it has left. SKIP LOCKED lets every host run this concurrently without two of
-#: them handling one row. ``ids`` is NULL, or the only jobs to consider (`pgpool.host.parts.reaper`
-#: isolating a job it cannot return). A running row with no lease was written by hand (no
-#: claim writes one): it is as expired as any, and an attempt that never started, so it
-#: holds its keys for one pass at most. A buried member of a group counts as finished in
-#: its group (`COUNT_MEMBERS`). Returns (revived, dead, queues told, waiters told).
+#: expired attempt counts. A cancelled attempt (running, no owner: `ops.CANCEL`) is over
+#: once its lease has expired: it is buried as cancelled, with the cancel's trace, whatever
+#: attempts it has left. SKIP LOCKED lets hosts run this concurrently without two of them
+#: handling one row (the fleet's leader runs it, `pgpool.host.parts.leader`, and a burst
+#: host when it finds nothing). ``ids`` is NULL, or the only jobs to consider
+#: (`pgpool.host.parts.reaper` isolating a job it cannot return). A running row with no
+#: lease was written by hand (no claim writes one): it is as expired as any, and an
+#: attempt that never started, so it holds its keys for one pass at most. A buried member
+#: of a group counts as finished in its group (`COUNT_MEMBERS`). The queues of the revived
+#: jobs are notified: an idle host polls only rarely (`pgpool.host.scheduler`). Returns
+#: (revived, dead, callbacks' queues told, waiters told, revived queues told).
 REAP: Final = """
 WITH expired AS (
     SELECT id FROM pgpool_jobs
@@ -963,7 +970,7 @@ WITH expired AS (
                      || coalesce(j.locked_by, '?')
     FROM judged AS g
     WHERE j.id = g.id AND NOT g.cancelled AND (g.uncounted OR g.attempts_left)
-    RETURNING j.id
+    RETURNING j.id, j.queue
 ), buried AS (
     DELETE FROM pgpool_jobs AS j
     USING judged AS g
@@ -985,7 +992,9 @@ WITH expired AS (
 )""" + COUNT_MEMBERS.format(
     finished="SELECT group_id, true AS dead FROM buried WHERE group_id IS NOT NULL") + """
 SELECT (SELECT count(*) FROM revived), (SELECT count(*) FROM dead), """ + NOTIFY_CALLED + """,
-       """ + notify_finished("EXISTS (SELECT FROM dead)") + """
+       """ + notify_finished("EXISTS (SELECT FROM dead)") + """,
+       (SELECT count(pg_notify(""" + OUR_CHANNEL + """, q))
+        FROM (SELECT DISTINCT queue FROM revived) AS n(q))
 """
 
 #: The jobs `REAP` would take next, without locking them: the batch the reaper bisects

@@ -20,7 +20,8 @@ NOT_IN_THE_TABLE = {"help", "dsn", "handlers", "log_level", "log_format", "func"
 GOOD = {
     "PGPOOL_PROCS": ("3", 3), "PGPOOL_BATCH": ("7", 7), "PGPOOL_QUEUES": ("a, b", ["a", "b"]),
     "PGPOOL_LEASE": ("12", 12.0), "PGPOOL_TIMEOUT": ("2.5", 2.5), "PGPOOL_GRACE": ("0", 0.0),
-    "PGPOOL_POLL": ("0.5", 0.5), "PGPOOL_MAX_TASKS_PER_CHILD": ("9", 9),
+    "PGPOOL_POLL": ("0.5", 0.5), "PGPOOL_IDLE_POLL": ("20", 20.0),
+    "PGPOOL_MAX_TASKS_PER_CHILD": ("9", 9),
     "PGPOOL_MAX_MEMORY": ("256", 256), "PGPOOL_MAX_CLAIMS_PER_SEC": ("50", 50.0),
     "PGPOOL_BURST": ("true", True), "PGPOOL_METRICS_PORT": ("9187", 9187),
     "PGPOOL_METRICS_HOST": ("127.0.0.1", "127.0.0.1"),
@@ -33,6 +34,7 @@ GOOD = {
 BAD = {
     "PGPOOL_PROCS": "0", "PGPOOL_BATCH": "many", "PGPOOL_QUEUES": "a,bad name!",
     "PGPOOL_LEASE": "0.5", "PGPOOL_TIMEOUT": "0", "PGPOOL_GRACE": "-1", "PGPOOL_POLL": "nan",
+    "PGPOOL_IDLE_POLL": "0",
     "PGPOOL_MAX_TASKS_PER_CHILD": "0", "PGPOOL_MAX_MEMORY": "10",
     "PGPOOL_MAX_CLAIMS_PER_SEC": "-5", "PGPOOL_BURST": "maybe", "PGPOOL_METRICS_PORT": "nine",
     "PGPOOL_DEAD_RETENTION": "soon", "PGPOOL_KINDS": "a,bad kind!", "PGPOOL_TENANT_CAP": "0",

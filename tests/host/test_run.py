@@ -458,7 +458,8 @@ def claims_sent(port: int) -> float:
 
 
 def test_polling_is_the_backstop_for_a_lost_notification(db, dsn, record_dir):
-    with serving(dsn, record_dir, "--procs", "1", "--poll", "0.2"):
+    # An idle host (its listener connected, nothing ready) polls every --idle-poll.
+    with serving(dsn, record_dir, "--procs", "1", "--poll", "0.2", "--idle-poll", "0.5"):
         # A plain INSERT sends no notification, like one lost while disconnected.
         db.execute("INSERT INTO pgpool_jobs (kind, payload) VALUES ('record', '{}')")
         wait_until(lambda: ended(record_dir), "the polled job to run", 20)

@@ -39,6 +39,8 @@ class FakeClaimer:
         self.rtt = 0.002
         #: Jobs of this host's kinds that other hosts are running.
         self.elsewhere = 0
+        #: The last claim found nothing ready at all.
+        self.found_none = False
 
     async def claim(self, limit: int) -> list[Job]:
         self.limits.append(limit)
@@ -52,6 +54,7 @@ class FakeClaimer:
             self.sweep_owed = False
             self.ready[:0], self.behind = self.behind, []
         taken, self.ready = self.ready[:limit], self.ready[limit:]
+        self.found_none = not taken and not self.behind
         return taken
 
     def sweep_next(self) -> None:
@@ -107,8 +110,10 @@ class Host:
 
     def __init__(self, *, procs: int = 2, batch: int | str = 10, ready: int = 0,
                  burst: bool = False, budget: ClaimBudget | None = None,
-                 revive: int = 0) -> None:
+                 revive: int = 0, poll: float = HOUR, idle_poll: float | None = None,
+                 listening: bool = False) -> None:
         self.claimer = FakeClaimer(ready)
+        self.listening = listening
         self.workers = FakeWorkers()
         self.acks = FakeAcks()
         self.lease = FakeLease()
@@ -117,7 +122,7 @@ class Host:
             procs=procs, batch=batch, claimer=self.claimer,  # type: ignore[arg-type]
             workers=self.workers, acks=self.acks, lease=self.lease,
             budget=budget or ClaimBudget(1e9), reaper=self.reaper,
-            burst=burst, poll=HOUR,
+            burst=burst, poll=poll, idle_poll=idle_poll, listening=lambda: self.listening,
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -256,6 +261,29 @@ def test_a_notification_wakes_one_loop_waiting_for_work() -> None:
         await host.settle()
         assert len(host.claimer.limits) == claims + 1  # one claim takes it, not two
         assert host.workers.held == 1
+        await host.stop()
+
+    run(test)
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_an_idle_host_polls_at_the_idle_interval_only_while_its_listener_is_up(
+        listening: bool) -> None:
+    """Nothing ready and the listener connected: notifications cover every new job, so the
+    loops wait for one (the idle poll is an hour here) instead of polling every 10 ms."""
+    async def test() -> None:
+        host = Host(poll=0.01, idle_poll=HOUR, listening=listening)
+        host.start()
+        if listening:
+            await host.settle()
+            await asyncio.sleep(0.3)  # thirty poll intervals
+            assert len(host.claimer.limits) == CLAIM_LOOPS  # one claim each, then waiting
+            host.claimer.ready = [job(1)]
+            host.scheduler.work_ready()  # a notification still wakes a loop at once
+            await host.settle(lambda: host.workers.jobs != [])
+        else:
+            while len(host.claimer.limits) < 10 * CLAIM_LOOPS:  # polling: run's bound ends it
+                await asyncio.sleep(0.01)
         await host.stop()
 
     run(test)

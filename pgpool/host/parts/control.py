@@ -1,9 +1,11 @@
 """Operator steering, as a host sees it: paused queues and cancelled jobs (`pgpool.ops`).
 
-One small query (`sql.CONTROL_POLL`) every poll interval, and at once when the listener
-hears `pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``):
-notifications make a change act within a round trip or two, the poll within a poll interval
-when one is lost. It reads two things:
+One small query (`sql.CONTROL_POLL`) at once when the listener hears
+`pgpool.sql.common.CONTROL` (sent by ``pgpool pause``, ``resume`` and ``cancel``), and as a
+backstop every poll interval, or every idle poll interval while the host holds no job and
+its listener is connected (a notification is lost only while it is not): notifications
+make a change act within a round trip or two, the poll within its interval when one is
+lost. It reads two things:
 
 - the paused queues: ``on_paused`` gets the new set whenever it changes (the claimer then
   leaves those queues out of its claims; running jobs finish);
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -51,8 +55,17 @@ class Control(LoopPart):
     def __init__(self, pool: AsyncConnectionPool, interval: float, *,
                  on_paused: Callable[[frozenset[str]], None],
                  on_cancelled: Callable[[], None],
-                 on_limits: Callable[[dict[str, Override]], None] | None = None) -> None:
+                 on_limits: Callable[[dict[str, Override]], None] | None = None,
+                 idle_interval: float | None = None,
+                 quiet: Callable[[], bool] = bool) -> None:
+        """``idle_interval``: between polls while ``quiet()`` (the host runs nothing a
+        cancel could stop, and its listener relays the control notifications)."""
         self._pool = pool
+        self._idle_interval = interval if idle_interval is None else max(interval,
+                                                                          idle_interval)
+        self._quiet = quiet
+        self._notified = False
+        self._polled_at = -math.inf
         self._on_paused = on_paused
         self._on_limits = on_limits
         self.limits: dict[str, Override] = {}
@@ -65,12 +78,24 @@ class Control(LoopPart):
         #: Set once a poll has read the paused queues.
         self.loaded = asyncio.Event()
 
+    def wake(self) -> None:
+        self._notified = True
+        self._loop.wake()
+
     async def step(self) -> float:
-        await self.poll()
+        # Every interval the part looks whether to poll: always when notified or busy,
+        # only every idle interval when quiet, so a host that starts running jobs goes
+        # back to the short poll at once.
+        now = time.monotonic()
+        if (self._notified or not self.loaded.is_set() or not self._quiet()
+                or now - self._polled_at >= self._idle_interval):
+            self._notified = False
+            await self.poll()
+            self._polled_at = now
         return self._pause()
 
     def _pause(self) -> float:
-        """Seconds to the next poll: the interval, shorter until the first poll worked."""
+        """Seconds to the next look: the interval, shorter until the first poll worked."""
         interval = self._loop.interval
         return interval if self.loaded.is_set() else min(interval, FIRST_POLL_RETRY)
 

@@ -6,9 +6,10 @@ counters, its claims per second since the previous beat, and its budget share an
 and deletes its row on a clean exit. A dispatcher that died, or that has been cut off from
 the database, stops beating: the others stop leaving it a budget share after
 `budget.COUNTED_BEATS` of its beat intervals, and once its row is `STALE_AFTER_LEASES` of its
-own leases old, any host prunes it. Nothing about a job depends on the row: the jobs such a
-host held come back through their leases and the reaper, about one lease after its last
-heartbeat and so well before the row is pruned.
+own leases old, the fleet's maintenance leader prunes it (`Pruner`), as does a host when it
+starts. Nothing about a job depends on the row: the jobs such a host held come back through
+their leases and the reaper, about one lease after its last heartbeat and so well before
+the row is pruned.
 
 Each beat is one transaction under `sql.BUDGET_LOCK`: it reads the fleet's budget and the
 other counted hosts' demands and shares, works out this host's share (`budget.share`), and
@@ -35,7 +36,7 @@ from ...sql.fleet import COUNTED_LEASES, STALE_AFTER_LEASES
 from .. import budget as budgets
 from ..budget import DEFAULT_MAX_CLAIMS_PER_SEC, GRANT_BEATS, ClaimBudget, Peer
 from ..lease import Lease
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.hosts")
 
@@ -50,12 +51,14 @@ class HostRegistry(LoopPart):
 
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
     started, its recent claim p99 in ms (None before a claim) and its current claim batch;
-    each beat records them,
+    ``job_seconds()`` how long a job takes in a worker (None before the first); each beat
+    records them,
     and the jobs claimed per second since the previous beat. ``max_claims_per_sec`` is this
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
     once deregistered the registry never writes the row again, so a beat in flight cannot
-    resurrect it. Once registered, it beats and prunes every beat interval (`step`).
+    resurrect it. Once registered, it beats every beat interval (`step`); the fleet's leader
+    prunes (`Pruner`).
     """
 
     name = "host registry"
@@ -72,6 +75,7 @@ class HostRegistry(LoopPart):
         max_claims_per_sec: float | None,
         counters: Callable[[], tuple[int, int, int, float | None, int]],
         clock: Callable[[], float] = time.monotonic,
+        job_seconds: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._pool = pool
         self.owner = owner
@@ -87,6 +91,7 @@ class HostRegistry(LoopPart):
         }
         self._given = max_claims_per_sec
         self._counters = counters
+        self._job_seconds = job_seconds
         self._clock = clock
         #: The fleet budget in force (the fleet's, else this host's), as of the last beat.
         self.fleet_budget = max_claims_per_sec or DEFAULT_MAX_CLAIMS_PER_SEC
@@ -115,7 +120,6 @@ class HostRegistry(LoopPart):
 
     async def step(self) -> None:
         await self.beat()
-        await self.prune()
 
     async def beat(self) -> None:
         """Upsert this host's row (``last_seen = now()``, the current counters, the jobs
@@ -156,7 +160,8 @@ class HostRegistry(LoopPart):
                     "jobs_failed": failed, "jobs_claimed": claimed, "claims_per_sec": rate,
                     "max_claims_per_sec": total, "claims_share": share,
                     "claims_demand": demand,  # unbounded: float8 Infinity
-                    "claim_p99_ms": claim_p99_ms, "batch": batch})
+                    "claim_p99_ms": claim_p99_ms, "batch": batch,
+                    "job_seconds": self._job_seconds()})
                 (self._started_at,) = await cur.fetchone()
             # Applied once committed: the others see this share from now on. It lapses to
             # the floor unless the next beats renew it (see pgpool.host.budget).
@@ -196,13 +201,7 @@ class HostRegistry(LoopPart):
 
     async def prune(self) -> list[str]:
         """Delete every stale host's row (safe from many hosts at once); return their owners."""
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.HOST_PRUNE, {"stale_leases": STALE_AFTER_LEASES})
-            pruned = [row[0] for row in await cur.fetchall()]
-        if pruned:
-            log.warning("pruned %d stale hosts from pgpool_hosts: %s",
-                        len(pruned), ", ".join(pruned))
-        return pruned
+        return await prune(self._pool)
 
     async def deregister(self) -> None:
         """On a clean exit: delete this host's row and stop beating.
@@ -217,3 +216,28 @@ class HostRegistry(LoopPart):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("could not remove this host from pgpool_hosts (%s); it will be "
                         "pruned once stale", type(exc).__name__)
+
+
+async def prune(pool: Connections) -> list[str]:
+    """Delete every stale host's row (safe from many hosts at once); return their owners."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(sql.HOST_PRUNE, {"stale_leases": STALE_AFTER_LEASES})
+        pruned = [row[0] for row in await cur.fetchall()]
+    if pruned:
+        log.warning("pruned %d stale hosts from pgpool_hosts: %s",
+                    len(pruned), ", ".join(pruned))
+    return pruned
+
+
+class Pruner(LoopPart):
+    """Every ``interval`` seconds, `prune`: the fleet's work, run by its maintenance leader
+    (`pgpool.host.parts.leader`); every host prunes once when it registers."""
+
+    name = "host pruner"
+
+    def __init__(self, pool: Connections, interval: float) -> None:
+        self._pool = pool
+        self._loop = Loop(log, "pruning stale hosts", interval=interval)
+
+    async def step(self) -> None:
+        await prune(self._pool)

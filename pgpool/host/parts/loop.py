@@ -16,7 +16,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, Protocol
+from contextlib import AbstractAsyncContextManager
+from typing import Any, NoReturn, Protocol
 
 import psycopg
 
@@ -24,6 +25,15 @@ from ...db.outage import Failures
 
 #: The failures a step rides out: the database's, and the network's.
 EXPECTED: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
+
+
+class Connections(Protocol):
+    """Where a part gets its connections: the dispatcher's pool, or an elected part's
+    fenced transactions (`pgpool.host.parts.leader.Fenced`)."""
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A connection, for the ``async with`` block."""
+        ...
 
 
 class Part(Protocol):

@@ -21,15 +21,13 @@ import asyncio
 import logging
 from typing import Final
 
-from psycopg_pool import AsyncConnectionPool
-
 from ...errors import first_line
 from ...logs import event
 from ...retry import FREE_INTERRUPTIONS
 from ...sql import jobs as sql
 from ...sql.common import int_array
 from ..isolate import describe, isolate, park, report_parked, transient, whole_or_bisected
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.reaper")
 
@@ -44,7 +42,7 @@ class Reaper(LoopPart):
 
     name = "reaper"
 
-    def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
+    def __init__(self, pool: Connections, interval: float) -> None:
         self._pool = pool
         self._loop = Loop(log, "reaper pass", interval=interval)
         # One pass at a time per process: a caller that reaps on demand (``--burst``) then
@@ -83,7 +81,7 @@ class Reaper(LoopPart):
                   "max_interruptions": FREE_INTERRUPTIONS}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.REAP, params)
-            r, d, _, _ = await cur.fetchone()
+            r, d, _, _, _ = await cur.fetchone()
         return r, d
 
     async def _isolate(self) -> tuple[int, int, int]:

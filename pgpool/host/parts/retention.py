@@ -22,13 +22,11 @@ import asyncio
 import logging
 from typing import Final
 
-from psycopg_pool import AsyncConnectionPool
-
 from ...logs import event
 from ...ops import DeadFilter
 from ...sql import ops as sql
 from ...sql import outcomes
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.retention")
 
@@ -49,7 +47,7 @@ class Retention(LoopPart):
 
     name = "retention"
 
-    def __init__(self, pool: AsyncConnectionPool, retention: float | None) -> None:
+    def __init__(self, pool: Connections, retention: float | None) -> None:
         self._pool = pool
         self.retention = retention
         #: What a pass deletes, in order: (what, statement, its parameters).

@@ -27,13 +27,11 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from psycopg_pool import AsyncConnectionPool
-
 from ...errors import first_line
 from ...sql import jobs as sql
 from ...sql.common import int_array
 from ..isolate import describe, isolate, park, report_parked, transient, whole_or_bisected
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.stager")
 
@@ -51,7 +49,7 @@ class Stager(LoopPart):
 
     name = "stager"
 
-    def __init__(self, pool: AsyncConnectionPool, interval: float) -> None:
+    def __init__(self, pool: Connections, interval: float) -> None:
         self._pool = pool
         # A wake-up arriving during a pass is for a job that pass may not have seen, so it
         # makes the next pass run at once.

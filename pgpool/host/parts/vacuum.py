@@ -35,15 +35,13 @@ import math
 import time
 from typing import Final
 
-from psycopg_pool import AsyncConnectionPool
-
 from ... import horizon
 from ...db import dsn as dsnlib
 from ...horizon import MIN_DEAD, SCALE
 from ...logs import event
 from ...sql import jobs as sql
 from ...sql import observe
-from .loop import Loop, LoopPart
+from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.vacuum")
 
@@ -53,13 +51,15 @@ INTERVAL: Final = 1.0
 HELD_LOG_EVERY: Final = 60.0
 
 
-async def keeper(pool: AsyncConnectionPool, dsn: str) -> VacuumKeeper | None:
-    """A keeper for the installation ``pool`` and ``dsn`` reach, or None (logged) when this
-    role may not vacuum pgpool_jobs."""
+async def keeper(pool: Connections, dsn: str, *,
+                 elected: Connections | None = None) -> VacuumKeeper | None:
+    """A keeper for the installation ``pool`` and ``dsn`` reach, working through
+    ``elected`` (the leader's fenced connections; None: ``pool``), or None (logged) when
+    this role may not vacuum pgpool_jobs."""
     async with pool.connection() as conn:
         (allowed,) = await (await conn.execute(sql.CAN_VACUUM)).fetchone()
     if allowed:
-        return VacuumKeeper(pool, dsn)
+        return VacuumKeeper(elected or pool, dsn)
     event(log, logging.WARNING, "vacuum_keeper_off",
           "this role may not vacuum pgpool_jobs, so autovacuum alone removes its dead rows, "
           "once per autovacuum_naptime: claims slow down as they pile up. Run pgpool as the "
@@ -71,7 +71,7 @@ async def keeper(pool: AsyncConnectionPool, dsn: str) -> VacuumKeeper | None:
 class VacuumKeeper(LoopPart):
     name = "vacuum keeper"
 
-    def __init__(self, pool: AsyncConnectionPool, dsn: str, *, interval: float = INTERVAL,
+    def __init__(self, pool: Connections, dsn: str, *, interval: float = INTERVAL,
                  min_dead: int = MIN_DEAD, scale: float = SCALE) -> None:
         """Reads the dead-row estimate on ``pool`` every ``interval`` seconds, and vacuums
         on a new connection to ``dsn`` at ``min_dead`` dead rows and ``scale`` of the live
