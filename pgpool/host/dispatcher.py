@@ -270,10 +270,11 @@ class Dispatcher:
                 return await self._die()
             if not await self._until_hard_stop(self._drain()):
                 return await self._die()
-            self._summary()
+            # Another host takes the fleet's maintenance over now, not at the lease's end.
+            await self.leadership.resign()
+            self._summary()  # the host's last line
             # Not after a hard stop (that row goes stale), nor when the database did not
             # take the last acks: the stop then ends within grace + FINAL_ACK_TIMEOUT.
-            await self.leadership.resign()
             if self.completer.backlog == 0:
                 await self.hosts.deregister()
             return 1 if self.fatal else 0

@@ -83,9 +83,11 @@ def home(scratch: Path) -> Path:
 
 
 def tables(dsn: str) -> int:
+    """pgpool's tables and views in the connection's schema."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = "
-                            "current_schema() AND tablename LIKE 'pgpool%%'").fetchone()[0]
+        return conn.execute("SELECT count(*) FROM information_schema.tables WHERE "
+                            "table_schema = current_schema() AND table_name LIKE 'pgpool%%'"
+                            ).fetchone()[0]
 
 
 def schema_version(dsn: str) -> int | None:
