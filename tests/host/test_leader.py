@@ -15,12 +15,16 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
+import pytest
 from commands import RUN
 from processes import Pgpool, start_pgpool
 from records import read_records
 from waits import wait_until
 
 import pgpool
+
+#: Hosts killed, frozen and stopped while others wait out their leases: the soak tier.
+pytestmark = pytest.mark.soak
 
 LEASE = 2.0
 #: An idle poll far past every bound here: the hosts learn of work from notifications.
