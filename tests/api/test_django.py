@@ -186,6 +186,7 @@ def test_task_options_become_the_jobs(dsn: str, db: psycopg.Connection) -> None:
                     "kwargs": {"extra": [1, 2]}})
 
 
+@pytest.mark.soak  # a Django project and a real host, over 10 s: `make soak-test`
 def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
                                                                        db: psycopg.Connection
                                                                        ) -> None:
@@ -258,6 +259,7 @@ def test_tasks_run_on_a_pgpool_host_and_their_results_read_from_pgpool(dsn: str,
     assert kept == (7 * 86400,)  # the default OPTIONS["KEEP"]
 
 
+@pytest.mark.soak  # a Django project and a real host, over 10 s: `make soak-test`
 def test_a_task_opts_into_pgpools_retry_policy_and_the_others_keep_one_attempt(
         dsn: str, db: psycopg.Connection) -> None:
     out = django_run(dsn, migrate=True, code="""

@@ -151,6 +151,7 @@ COUNTS = ("done", "failed", "retried", "dead", "dead_lettered", "discarded", "ca
           "snoozed", "released", "interrupted", "lost", "parked")
 
 
+@pytest.mark.soak  # a host run through several summary intervals: `make soak-test`
 def test_the_summary_counts_what_ended_since_the_line_before(db, dsn) -> None:
     host = start_pgpool(dsn, *RUN, PGPOOL_LOG_SUMMARY="1s")
     host.event("started")
@@ -193,6 +194,7 @@ def test_the_summary_counts_what_ended_since_the_line_before(db, dsn) -> None:
     assert {k: finished[k] for k in COUNTS} == expected
 
 
+@pytest.mark.soak  # a host run past the summary interval: `make soak-test`
 def test_the_summary_can_be_turned_off(db, dsn) -> None:
     for every, some in (("0.2s", True), ("off", False)):
         # The quick job's line comes while the slow one runs, long before the host exits.

@@ -4,6 +4,8 @@ would), and the user-error contract (`assert_user_error`)."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import io
 import json
 import logging
@@ -92,14 +94,20 @@ def run_cli(args: Sequence[str], env: dict[str, str], timeout: float = 120
                           text=True, timeout=timeout)
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The command line parser, built once: parsing leaves it as it was."""
+    from pgpool.cli import command as cli
+
+    return cli.build_parser()
+
+
 def _subcommand(args: Sequence[str]) -> str | None:
     """The subcommand ``args`` name, as the command line parser reads them (options and
     their values may come first); None if the parser refuses them."""
-    from pgpool.cli import command as cli
-
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         try:
-            return cli.build_parser().parse_args(list(args)).command
+            return _parser().parse_args(list(args)).command
         except SystemExit:
             return None
 
@@ -107,11 +115,9 @@ def _subcommand(args: Sequence[str]) -> str | None:
 def _refused_by_the_parser(args: Sequence[str]) -> bool:
     """Whether the command line parser ends the command (a bad option, ``--help``): then
     even `OWN_PROCESS` starts nothing, and `cli_in_process` shows what a process would."""
-    from pgpool.cli import command as cli
-
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         try:
-            cli.build_parser().parse_args(list(args))
+            _parser().parse_args(list(args))
         except SystemExit:
             return True
     return False
