@@ -238,11 +238,12 @@ class Claimer:
         self._sweep_owed = True
 
     async def running(self) -> tuple[int, float]:
-        """(jobs of this host's queues and kinds running anywhere, or ready but held back
-        by their kind's limit, seconds until the last lease of those running ends, 0 if
-        none)."""
+        """(jobs of this host's queues and kinds running anywhere, ready in the queues it
+        serves, or ready but held back by their kind's limit; seconds until the last lease
+        of those running ends, 0 if none)."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.RUNNING, {**self._params, "queues": self._queues,
+                                                   "serving": self._serving,
                                                    "kinds": self._all_kinds})
             count, left = await cur.fetchone()
             if self._limited:  # a burst host is not drained while they wait their turn

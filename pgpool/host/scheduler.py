@@ -343,9 +343,10 @@ class ClaimScheduler:
         if running == 0:
             return Step.DRAINED
         if not self._waiting_for_others:  # said once, not at every poll
-            log.info("burst: nothing to claim, but %d jobs are running on other hosts or "
-                     "waiting on their kind's limit (the last lease ends in %.1fs); waiting "
-                     "for them to finish, be reaped or be claimed",
+            log.info("burst: nothing to claim, but %d jobs are running on other hosts, "
+                     "were made ready meanwhile or wait on their kind's limit (the last "
+                     "lease ends in %.1fs); waiting for them to finish, be reaped or be "
+                     "claimed",
                      running, max(0.0, lease_left))
             self._waiting_for_others = True
         return Wait.WORK

@@ -645,12 +645,17 @@ ANALYZE_TICKS: Final = "ANALYZE pgpool_limit_ticks"
 NOTIFY_FREED: Final = ("SELECT pg_notify(" + OUR_CHANNEL
                        + ", q) FROM unnest(%(queues)s::text[]) AS q")
 
-#: Jobs of the given queues and kinds that any host (this one too) is running now, and when
-#: the last of their leases ends: a burst host is not drained while any could still come
-#: back to it.
+#: Jobs of the given queues and kinds that any host (this one too) is running now, or that
+#: are ready and due in the queues it serves (``serving``), and when the last lease of those
+#: running ends: a burst host is not drained while any could still come back to it. The
+#: ready ones count too because another reaper (the elected one, another host's) may
+#: return an expired job between this host's last claim, which skipped it while that
+#: reaper held its row, and this look, which would no longer see it running.
 RUNNING: Final = """
-SELECT count(*), max(lease_until) - now() FROM pgpool_jobs
-WHERE state = 'running' AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+SELECT count(*), max(lease_until) FILTER (WHERE state = 'running') - now() FROM pgpool_jobs
+WHERE kind = ANY(%(kinds)s::text[])
+  AND (state = 'running' AND queue = ANY(%(queues)s::text[])
+       OR state = 'ready' AND run_at <= now() AND queue = ANY(%(serving)s::text[]))
 """
 
 #: Ready jobs of the given queues and of ``limited_kinds``: after a limited claim that took
