@@ -10,13 +10,14 @@ processes, killed and stopped.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
+from dbtools import with_pools
 from psycopg_pool import AsyncConnectionPool
 
 from pgpool.host.claimer import configure_connection
@@ -27,27 +28,12 @@ from pgpool.host.parts.loop import Loop, LoopPart
 LEASE = Lease(1.5)
 
 
+#: How a host sets up its connections (its timeouts).
+HOST_CONNECTION = functools.partial(configure_connection, lease=LEASE)
+
 def leader_row(db: psycopg.Connection) -> tuple[Any, ...]:
     return db.execute("SELECT holder, token FROM pgpool_leader WHERE role = 'maintenance'"
                       ).fetchone()
-
-
-def with_pools(dsn: str, hosts: int,
-               work: Callable[[list[AsyncConnectionPool]], Awaitable[Any]]) -> Any:
-    """Run ``work`` with ``hosts`` pools set up as a dispatcher's (its timeouts)."""
-    async def main() -> Any:
-        pools = [AsyncConnectionPool(dsn, min_size=2, max_size=2, kwargs={"autocommit": True},
-                                     configure=lambda c: configure_connection(c, LEASE),
-                                     open=False) for _ in range(hosts)]
-        for pool in pools:
-            await pool.open(wait=True)
-        try:
-            return await work(pools)
-        finally:
-            for pool in pools:
-                await pool.close()
-
-    return asyncio.run(main())
 
 
 def test_one_host_leads_and_renews_and_the_others_wait_for_its_lease(db, dsn):
@@ -63,7 +49,7 @@ def test_one_host_leads_and_renews_and_the_others_wait_for_its_lease(db, dsn):
         assert a.term == 1 and renewed == LEASE.beat_interval  # same term, renewed
         return [leader_row(db), await b.step() > LEASE.seconds * 0.9, b.term]
 
-    row, waits_again, b_term = with_pools(dsn, 2, work)
+    row, waits_again, b_term = with_pools(dsn, 2, HOST_CONNECTION, work)
     assert row == ("a", 1)
     assert waits_again and b_term is None
 
@@ -89,7 +75,7 @@ def test_an_expired_lease_goes_to_the_next_host_with_a_new_token_and_fences_the_
         await a.step()
         assert a.term is None and not a.leading.is_set()
 
-    with_pools(dsn, 2, work)
+    with_pools(dsn, 2, HOST_CONNECTION, work)
 
 
 def test_no_takeover_during_a_fenced_transaction_and_a_frozen_one_is_ended(db, dsn):
@@ -119,7 +105,7 @@ def test_no_takeover_during_a_fenced_transaction_and_a_frozen_one_is_ended(db, d
                 await raw.execute("SELECT 1")
         return took
 
-    took = with_pools(dsn, 2, work)
+    took = with_pools(dsn, 2, HOST_CONNECTION, work)
     assert leader_row(db) == ("b", 2)
     assert took >= 4  # not before the frozen transaction was ended
 
@@ -138,7 +124,7 @@ def test_a_clean_exit_resigns_and_notifies_so_another_host_takes_over_at_once(db
         await b.step()  # at once, not at the lease's end
         assert b.term == 2
 
-    with_pools(dsn, 2, work)
+    with_pools(dsn, 2, HOST_CONNECTION, work)
     assert [n.payload for n in ears.notifies(timeout=5, stop_after=1)] == ["!leader"]
     assert leader_row(db) == ("b", 2)
 
@@ -181,4 +167,4 @@ def test_an_elected_part_runs_only_during_a_term_and_stops_when_it_is_fenced_off
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
 
-    with_pools(dsn, 2, work)
+    with_pools(dsn, 2, HOST_CONNECTION, work)

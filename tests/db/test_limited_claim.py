@@ -7,9 +7,10 @@ most R in a window, racing or not, and R more once the window has passed."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import functools
 
 import psycopg
+from dbtools import with_pools
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -17,6 +18,8 @@ from pgpool.host.claimer import Claimer, configure_connection
 from pgpool.host.lease import Lease
 from pgpool.registry import Handler
 
+#: How a host sets up its claim connections.
+CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), claims=True)
 
 def handlers(concurrency: int | None, *, also: str | None = None,
              rate: int | None = None, per: float = 1.0) -> dict[str, Handler]:
@@ -26,25 +29,6 @@ def handlers(concurrency: int | None, *, also: str | None = None,
     if also:
         found[also] = Handler(also, print, None, None)
     return found
-
-
-def with_pools(dsn: str, count: int, work: Any) -> Any:
-    """Run ``work(pools)`` with ``count`` pools set up as dispatchers' claim pools."""
-    async def main() -> Any:
-        pools = [AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False,
-                                     kwargs={"autocommit": True},
-                                     configure=lambda conn: configure_connection(
-                                         conn, Lease(30), claims=True))
-                 for _ in range(count)]
-        for pool in pools:
-            await pool.open(wait=True)
-        try:
-            return await work(pools)
-        finally:
-            for pool in pools:
-                await pool.close()
-
-    return asyncio.run(main())
 
 
 def claimer(pool: AsyncConnectionPool, owner: str, concurrency: int | None,
@@ -72,7 +56,7 @@ def test_racing_claimers_never_take_more_than_the_limit(db: psycopg.Connection,
             got.append(sum(len(b) for b in batches))
         return got
 
-    got = with_pools(dsn, 2, work)
+    got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert sum(got) == 3
     assert running(db) == 3
     slots = db.execute("SELECT array_agg(limit_slot ORDER BY limit_slot) FROM pgpool_jobs "
@@ -99,7 +83,7 @@ def test_a_slot_is_free_again_however_its_job_stops_running(db: psycopg.Connecti
         got.append(len(await c.claim(10)))
         return got
 
-    assert with_pools(dsn, 1, work) == [2, 2, 0]
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [2, 2, 0]
     assert running(db) == 2
 
 
@@ -119,7 +103,7 @@ def test_a_lowered_limit_waits_for_the_jobs_above_it(db: psycopg.Connection,
         got.append(len(await lowered.claim(10)) + left)
         return got
 
-    assert with_pools(dsn, 1, work) == [5, 0, 3]
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [5, 0, 3]
     assert running(db) == 3
 
 
@@ -137,7 +121,7 @@ def test_jobs_once_limited_are_claimed_as_any_other_without_the_limit(
         got.append(len(await claimer(pools[0], "host-b:1:aa", None).claim(10)))
         return got
 
-    assert with_pools(dsn, 1, work) == [3, 6]
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [3, 6]
     assert running(db) == 6
 
 
@@ -151,7 +135,7 @@ def test_a_host_claims_its_limited_and_unlimited_kinds_together(db: psycopg.Conn
         jobs = await claimer(pools[0], "host-a:1:aa", 2, also="free").claim(20)
         return sorted((job.kind, job.max_attempts) for job in jobs)
 
-    assert with_pools(dsn, 1, work) == [("free", 20)] * 5 + [("lim", 20)] * 2
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [("free", 20)] * 5 + [("lim", 20)] * 2
     assert running(db, "lim") == 2
 
 
@@ -161,7 +145,8 @@ def test_the_database_refuses_a_second_running_job_in_a_slot(db: psycopg.Connect
     predates the other's commit): the unique index, not the claim's reading."""
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2)])
     db.commit()
-    with_pools(dsn, 1, lambda pools: claimer(pools[0], "host-a:1:aa", 1).claim(10))
+    with_pools(dsn, 1, CLAIM_CONNECTION,
+               lambda pools: claimer(pools[0], "host-a:1:aa", 1).claim(10))
     taken = db.execute("SELECT limit_slot FROM pgpool_jobs WHERE state = 'running'").fetchone()
     try:
         db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = attempts + 1, "
@@ -193,7 +178,7 @@ def test_a_rate_takes_at_most_r_in_a_window_however_claims_race(db: psycopg.Conn
         got.append(sum(len(b) for b in batches))
         return got
 
-    got = with_pools(dsn, 2, work)
+    got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert sum(got[:3]) == 7
     assert got[3] == 7
     assert running(db) == 14
@@ -215,4 +200,4 @@ def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Conne
         got.append(len(await c.claim(10)))  # the window is spent
         return got
 
-    assert with_pools(dsn, 1, work) == [2, 1, 0]
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [2, 1, 0]

@@ -3,7 +3,9 @@ plans, old schemas, the listening sessions."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -116,3 +118,26 @@ def stored_payloads(db: psycopg.Connection) -> list[object]:
 
 def has_table(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]
+
+
+def with_pools(dsn: str, count: int, configure: Callable[[Any], Awaitable[None]],
+               work: Callable[[list[Any]], Awaitable[Any]]) -> Any:
+    """Run ``work(pools)`` with ``count`` autocommit connection pools on ``dsn``, each
+    connection set up by ``configure`` (as a dispatcher's: `pgpool.host.claimer
+    .configure_connection`); the pools are closed afterwards."""
+    from psycopg_pool import AsyncConnectionPool
+
+    async def main() -> Any:
+        pools = [AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False,
+                                     kwargs={"autocommit": True}, configure=configure)
+                 for _ in range(count)]
+        for pool in pools:
+            await pool.open(wait=True)
+        try:
+            return await work(pools)
+        finally:
+            for pool in pools:
+                await pool.close()
+
+    return asyncio.run(main())
+
