@@ -648,7 +648,10 @@ class WorkerPool:
         """Handle what one read of the result pipe brings: True if it read something,
         False if nothing was waiting, None at EOF."""
         try:
-            data = os.read(w.results, 1 << 18)
+            # A pipe holds 64 KiB. A larger read buffer is over malloc's mmap threshold: an
+            # mmap, mremap and munmap per read, 28 us against 2 us (one read per job of a
+            # long job).
+            data = os.read(w.results, 1 << 16)
         except BlockingIOError:
             return False
         if not data:
