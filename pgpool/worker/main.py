@@ -162,6 +162,17 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     dispatcher's log level and format, for this process's ``logging`` (handler modules'
     included); None leaves logging as Python starts it.
     """
+    try:
+        _serve(index, modules, tasks, results, parent_pid, max_tasks, max_memory, log)
+    except BrokenPipeError:
+        # The dispatcher is gone (killed) and nobody reads the results: the jobs' leases
+        # run out and a reaper returns them. Not a failure to print a traceback for.
+        return
+
+
+def _serve(index: int, modules: list[str], tasks: Connection, results: Connection,
+           parent_pid: int, max_tasks: int | None, max_memory: int | None,
+           log: tuple[str, str] | None) -> None:
     # Lead a process group of its own before any handler code runs: the dispatcher kills
     # the whole group, so whatever a handler starts dies with the attempt.
     os.setpgid(0, 0)
