@@ -48,6 +48,9 @@ STEPS = "chaos.steps"
 #: A kind with a fleet-wide concurrency limit (tests/host/test_limits.py), and that limit.
 LIMITED = "chaos.limited"
 LIMITED_CONCURRENCY = 3
+#: A kind of which one job at a time runs in the fleet (the chaos soak: fewer than its
+#: workers, so the limit binds), and that limit.
+ONE_AT_A_TIME = "chaos.one_at_a_time"
 #: A kind with a fleet-wide rate limit (tests/host/test_limited_hosts.py), and that rate per
 #: second.
 RATED = "chaos.rated"
@@ -125,6 +128,12 @@ def steps(payload: dict) -> None:
 @pgpool.handler(LIMITED, limit=pgpool.Limit(concurrency=LIMITED_CONCURRENCY))
 def limited(payload: dict) -> None:
     """`record`, for a kind of which at most `LIMITED_CONCURRENCY` run at once in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(ONE_AT_A_TIME, limit=pgpool.Limit(concurrency=1))
+def one_at_a_time(payload: dict) -> None:
+    """`record`, for a kind of which one job at a time runs in the fleet."""
     record(payload)
 
 

@@ -395,7 +395,8 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",
-         "--members", "1000", "--parents", "100", "--steps", "20", "--seconds", "60",
+         "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "60",
+         "--rated", "60", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -435,6 +436,12 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     # run again by a claim after the first: a re-run.
     assert figures["long jobs"] == 20
     assert figures["steps run twice"] <= figures["re-runs"]
+    # The limited kinds: never over their limits through the faults (the soak's own check),
+    # and each reached (so the check saw them held, not idle).
+    assert figures["limited jobs"] == 60
+    assert figures["most running at once"] == 1
+    assert figures["rated claims"] >= 60
+    assert 1 < figures["most claimed in a window"] <= 20
 
 
 # --- groups and follow-ups under kills ----------------------------------------------------

@@ -17,7 +17,6 @@ upper bound, so the count below can only overstate what ran at once.
 
 from __future__ import annotations
 
-import bisect
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from chaos_checks import Attempt, read_attempts
+from chaos_checks import most_at_once, most_in_window, read_attempts
 from chaos_cluster import RECORD_ENV, Watcher, now_ns
 from commands import pgpool_cmd, pgpool_env
 from places import HANDLERS, ROOT
@@ -109,22 +108,6 @@ def in_progress(records: Path, host: Host) -> bool:
                for runs in read_attempts(records).values() for a in runs)
 
 
-def most_at_once(attempts: dict[int, list[Attempt]], watcher: Watcher) -> int:
-    """The most attempts that ran at any one moment; one without an end record ran until
-    its worker was seen gone."""
-    edges = []
-    for runs in attempts.values():
-        for a in runs:
-            end = a.end if a.end is not None else watcher.died(a.pid)
-            assert end is not None, f"the worker of an unfinished attempt {a} still runs"
-            edges += [(a.start, 1), (end, -1)]
-    at_once = most = 0
-    for _, step in sorted(edges):  # an end before a start at the same instant
-        at_once += step
-        most = max(most, at_once)
-    return most
-
-
 @pytest.mark.soak  # three hosts, one killed and one frozen past its lease: `make soak-test`
 def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
@@ -196,7 +179,7 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
     assert any(a.ppid == frozen.pid and any(b.attempt > a.attempt for b in runs[i + 1:])
                for runs in attempts.values() for i, a in enumerate(runs))
     # The limit was reached (the check can see more than it), and never passed.
-    assert most_at_once(attempts, watcher) == LIMIT
+    assert most_at_once(attempts, watcher.died) == LIMIT
 
 
 @pytest.mark.soak  # three hosts drained at a rate, 5 s or more: `make soak-test`
@@ -226,8 +209,7 @@ def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, recor
     assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
     # In any window [t, t + 1 s): at most RATE, the rate reached, and the claims spread
     # over (RATED_JOBS / RATE - 1) seconds at least.
-    most = max(bisect.bisect_left(claimed, t + 1.0) - i for i, t in enumerate(claimed))
-    assert most == RATE
+    assert most_in_window(claimed, 1.0) == RATE
     assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
     ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
     assert len(ended) == RATED_JOBS
@@ -243,7 +225,7 @@ def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
         wait_until(lambda: len(read_attempts(records)) == len(ids_before) + 8,
                    "every attempt recorded")
         return most_at_once({job: runs for job, runs in read_attempts(records).items()
-                             if job not in ids_before}, watcher)
+                             if job not in ids_before}, watcher.died)
 
     pgpool.ops.set_limit(db, "chaos.record", concurrency=1)
     wait_until(lambda: "limit of kind chaos.record: concurrency 1, set by" in host.output(),

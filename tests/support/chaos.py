@@ -1,7 +1,8 @@
 """Chaos soak: two dispatchers drain N jobs while processes and PostgreSQL are killed.
 
     python tests/support/chaos.py [--jobs 20000] [--groups 5] [--members 10000]
-                                  [--parents 1000] [--steps 50] [--seconds 300] [--seed N]
+                                  [--parents 1000] [--steps 50] [--limited 200] [--rated 200]
+                                  [--seconds 300] [--seed N]
                                   [--keep] [--summary FILE]
 
 What it does, in order, all with real processes and a real server (``chaos_cluster``):
@@ -22,7 +23,10 @@ What it does, in order, all with real processes and a real server (``chaos_clust
    successes (``keep=``), so ``pgpool_done`` and ``pgpool_groups`` hold every outcome at
    the end. And ``--steps`` long jobs (`chaosjobs.steps`: 20 steps of 2-5 ms, a checkpoint
    after each): a claim after a fault resumes from the last stored checkpoint
-   (`chaos_checks.judge_steps`).
+   (`chaos_checks.judge_steps`). And jobs of two limited kinds: ``--limited`` of
+   `chaosjobs.one_at_a_time` (one running at a time in the fleet) and ``--rated`` of
+   `chaosjobs.rated` (at most 20 claimed in any second; a trigger notes the server's time of
+   each claim), judged by `chaos_checks.judge_limits`: never over either limit.
 2. Starts two ``pgpool run --handlers chaosjobs --lease 2 --procs 1 --batch 50``
    dispatchers.
 3. Until the queue is empty, at random intervals (``--interval``), injects one fault:
@@ -52,12 +56,12 @@ What it does, in order, all with real processes and a real server (``chaos_clust
 It prints the figures (and with ``--summary`` writes them to FILE as one JSON object) and
 exits 0 only if: nothing lost, nothing overlapping, everything drained, no unexplained
 re-runs, re-runs within the bound, the same attempt never started twice, every rule of the
-group workload held, no dispatcher died on its own, and every dispatcher exited 0 on the
-final SIGTERM. A dispatcher that could not connect at start-up because PostgreSQL was
-restarting at that moment (exit 2, "cannot connect"), or lost its connection before it
-started serving (backends terminated: exit 2, "lost the database", with no start line of
-its own) is not a failure: pgpool documents that start-up needs the database; it is
-restarted like a supervisor would, and counted.
+group workload held, neither limit exceeded, no dispatcher died on its own, and every
+dispatcher exited 0 on the final SIGTERM. A dispatcher that could not connect at start-up
+because PostgreSQL was restarting at that moment (exit 2, "cannot connect"), or lost its
+connection before it started serving (backends terminated: exit 2, "lost the database",
+with no start line of its own) is not a failure: pgpool documents that start-up needs the
+database; it is restarted like a supervisor would, and counted.
 """
 
 from __future__ import annotations
@@ -87,18 +91,24 @@ from chaos_checks import (
     CALLBACK,
     DISPATCHER_KILL,
     FAULT_KINDS,
+    LIMITED,
+    LIMITED_CONCURRENCY,
     MEMBER,
     PARENT,
     POSTGRES_RESTART,
+    RATED,
+    RATED_PER_SECOND,
     STEPS,
     WORKER_KILL,
     Fault,
+    Limits,
     Resumes,
     Verdict,
     Workflows,
     death_bound,
     failed_on_purpose,
     judge,
+    judge_limits,
     judge_steps,
     judge_workflows,
     read_attempts,
@@ -175,6 +185,8 @@ class Soak:
         self.planned: dict[str, int] = {}
         #: Members cancelled while they ran.
         self.cancelled: list[int] = []
+        #: The jobs of the kind limited in concurrency.
+        self.limited: set[int] = set()
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -189,9 +201,11 @@ class Soak:
             pgpool.enqueue_many(conn, STEPS, ({"steps": STEPS_PER_JOB,
                                                "ms": self.rng.randint(2, 5)}
                                               for _ in range(self.args.steps)))
+            self.enqueue_limited(conn)
             self.ids = [r[0] for r in conn.execute("SELECT id FROM pgpool_jobs")]
         expected = (self.args.jobs + sum(self.planned.values()) + len(self.planned)
-                    + self.args.parents + self.args.steps)
+                    + self.args.parents + self.args.steps + self.args.limited
+                    + self.args.rated)
         if len(self.ids) != expected:
             raise RuntimeError(f"enqueued {len(self.ids)} jobs, not {expected}")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PGPOOL_", "PG"))}
@@ -229,6 +243,27 @@ class Soak:
                 payload["flaky"] = True
             parents.append(payload)
         pgpool.enqueue_many(conn, PARENT, parents)
+
+    def enqueue_limited(self, conn: psycopg.Connection) -> None:
+        """``--limited`` and ``--rated`` jobs of the limited kinds, and the trigger that notes
+        the server's time of every claim of a rated job (a re-claim too), which is what its
+        rate limit holds: the claims' ``claimed_at``, in ``chaos_rated_claims``."""
+        conn.execute(f"""
+            CREATE TABLE chaos_rated_claims (id bigint, at timestamptz);
+            CREATE FUNCTION chaos_note_claim() RETURNS trigger LANGUAGE plpgsql
+            SET search_path = pg_catalog, public AS $$
+            BEGIN
+                INSERT INTO chaos_rated_claims VALUES (NEW.id, NEW.claimed_at);
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER chaos_note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
+                WHEN (NEW.state = 'running' AND NEW.kind = '{RATED}')
+                EXECUTE FUNCTION chaos_note_claim()""")
+        pgpool.enqueue_many(conn, LIMITED, ({"ms": self.rng.randint(1, 5)}
+                                            for _ in range(self.args.limited)))
+        pgpool.enqueue_many(conn, RATED, ({"ms": 1} for _ in range(self.args.rated)))
+        self.limited = {r for (r,) in conn.execute("SELECT id FROM pgpool_jobs WHERE kind = %s",
+                                                   (LIMITED,))}
 
     def start_dispatcher(self, slot: int) -> None:
         cmd = tied_python("-m", "pgpool", "run", "--handlers", "chaosjobs",
@@ -463,6 +498,11 @@ class Soak:
         resumes = judge_steps(read_steps(self.record_dir), identities,
                               completed={job for job, runs in attempts.items()
                                          if any(a.end is not None for a in runs)})
+        limits = judge_limits(
+            attempts, died, limited=self.limited, concurrency=LIMITED_CONCURRENCY,
+            claims=(at for (at,) in self._rows(
+                "SELECT extract(epoch FROM at)::float8 FROM chaos_rated_claims")),
+            rate=RATED_PER_SECOND, per=1.0)
         # Follow-ups are jobs of the run too: their ids are known from what they left.
         ids = set(self.ids) | set(identities) | set(finished) | set(left)
         verdict = judge(
@@ -471,13 +511,14 @@ class Soak:
             left=int(self.db.query("SELECT count(*) FROM pgpool_jobs")),
             failed=failed_on_purpose(attempts, identities))
         figures = {**verdict.figures(), **workflows.figures(), **resumes.figures(),
+                   **limits.figures(),
                    "dispatcher starts": self.starts,
                    "postgres restarts": self.pg.restarts if self.pg else 0}
-        self._print(verdict, workflows, resumes, figures, drained, elapsed)
+        self._print(verdict, workflows, resumes, limits, figures, drained, elapsed)
         if self.args.summary is not None:
             self.args.summary.write_text(json.dumps(figures, indent=1) + "\n")
         failures = (verdict.failures() + workflows.failures() + resumes.failures()
-                    + self.problems)
+                    + limits.failures() + self.problems)
         if not drained:
             failures.append(f"not drained within {self.args.seconds:g}s")
         for failure in failures:
@@ -488,7 +529,7 @@ class Soak:
                 print(f"postgres log ends:\n{self.pg.log_tail()}")
         return not failures
 
-    def _print(self, verdict: Verdict, workflows: Workflows, resumes: Resumes,
+    def _print(self, verdict: Verdict, workflows: Workflows, resumes: Resumes, limits: Limits,
                figures: dict[str, int], drained: bool, elapsed: float) -> None:
         def breakdown(counts: Counter[str], kinds: tuple[str, ...] = FAULT_KINDS) -> str:
             return ", ".join(f"{k} {counts[k]}" for k in kinds)
@@ -513,6 +554,12 @@ class Soak:
             "long jobs": "checkpointing after each step",
             "resumed": "claims that started past step 0, from a checkpoint",
             "steps run twice": "a step cut off before its checkpoint was stored, run again",
+            "limited jobs": f"of {LIMITED}, at most {limits.concurrency} running at once",
+            "most running at once": f"of {LIMITED}, from the attempts' own records "
+                                    f"(limit {limits.concurrency})",
+            "rated claims": f"of {RATED}, at most {limits.rate} a second",
+            "most claimed in a window": f"of {RATED}, in any second on the server's clock "
+                                        f"(limit {limits.rate})",
             "dispatcher starts": f"refused at start-up while the server was away: "
                                  f"{self.refused}; exited by themselves: {self.crashes}",
         }
@@ -557,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="parents that enqueue follow-ups and groups (default 1000)")
     parser.add_argument("--steps", type=int, default=50,
                         help="long jobs that checkpoint after each step (default 50)")
+    parser.add_argument("--limited", type=int, default=200,
+                        help=f"jobs of a kind limited to {LIMITED_CONCURRENCY} running at once "
+                             "(default 200)")
+    parser.add_argument("--rated", type=int, default=200,
+                        help=f"jobs of a kind limited to {RATED_PER_SECOND} claimed a second "
+                             "(default 200)")
     parser.add_argument("--seconds", type=float, default=300,
                         help="time limit of the drain; faults stop after 3/4 of it (default 300)")
     parser.add_argument("--interval", type=_interval, default=(0.5, 2.0), metavar="MIN,MAX",

@@ -687,3 +687,73 @@ def judge_steps(steps: dict[int, dict[int, list[int]]], identities: dict[int, Id
             verdict.broken.append((job, 0, f"completed after step {highest} of "
                                            f"{payload['steps']}"))
     return verdict
+
+
+# --- limited kinds --------------------------------------------------------------------------
+
+#: The kinds with fleet-wide limits the soak runs (`chaosjobs.one_at_a_time`,
+#: `chaosjobs.rated`), and their limits.
+LIMITED, LIMITED_CONCURRENCY = "chaos.one_at_a_time", 1
+RATED, RATED_PER_SECOND = "chaos.rated", 20
+
+def most_at_once(attempts: dict[int, list[Attempt]], died: DeathBound) -> int:
+    """The most of ``attempts`` that ran at any one moment. One without an end record ran
+    until ``died(pid)`` of its worker, or, with no bound known, to the end of the run: the
+    count can only overstate what ran at once."""
+    edges = []
+    for runs in attempts.values():
+        for a in runs:
+            end = a.end if a.end is not None else died(a.pid)
+            edges += [(a.start, 1), (end if end is not None else 1 << 63, -1)]
+    at_once = most = 0
+    for _, step in sorted(edges):  # at one instant, an end before a start
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+def most_in_window(times: Iterable[float], per: float) -> int:
+    """The most of ``times`` (seconds) in any window ``[t, t + per)``."""
+    ordered = sorted(times)
+    return max((bisect.bisect_left(ordered, t + per) - i for i, t in enumerate(ordered)),
+               default=0)
+
+
+@dataclass
+class Limits:
+    """The limited kinds' rules applied to one run (`judge_limits`)."""
+
+    jobs: int
+    at_once: int
+    concurrency: int
+    claims: int
+    in_a_window: int
+    rate: int
+
+    def figures(self) -> dict[str, int]:
+        return {"limited jobs": self.jobs, "most running at once": self.at_once,
+                "rated claims": self.claims, "most claimed in a window": self.in_a_window}
+
+    def failures(self) -> list[str]:
+        over = []
+        if self.at_once > self.concurrency:
+            over.append(f"over the concurrency limit: {self.at_once} ran at once, limit "
+                        f"{self.concurrency}")
+        if self.in_a_window > self.rate:
+            over.append(f"over the rate limit: {self.in_a_window} claimed in one window, "
+                        f"limit {self.rate}")
+        return over
+
+
+def judge_limits(attempts: dict[int, list[Attempt]], died: DeathBound, *,
+                 limited: Collection[int], concurrency: int, claims: Iterable[float],
+                 rate: int, per: float) -> Limits:
+    """Apply the limits' rules: the attempts of the ``limited`` jobs (a kind limited to
+    ``concurrency``) never ran more than ``concurrency`` at once (`most_at_once`), and the
+    ``claims`` of a kind limited to ``rate`` per ``per`` seconds (the server's claim times,
+    which is what the limit holds) were never more than ``rate`` in a window of ``per``."""
+    ran = {job: runs for job, runs in attempts.items() if job in limited}
+    claimed = list(claims)
+    return Limits(jobs=len(limited), at_once=most_at_once(ran, died),
+                  concurrency=concurrency, claims=len(claimed),
+                  in_a_window=most_in_window(claimed, per), rate=rate)

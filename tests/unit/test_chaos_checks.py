@@ -31,8 +31,11 @@ from chaos_checks import (
     failed_on_purpose,
     find_overlaps,
     judge,
+    judge_limits,
     judge_steps,
     judge_workflows,
+    most_at_once,
+    most_in_window,
     read_attempts,
     read_identities,
     read_steps,
@@ -454,3 +457,43 @@ def test_a_claim_that_does_not_resume_where_it_stopped_is_reported(claims, why):
     verdict = judge_steps({7: claims}, LONG, completed={7})
     assert [b[2] for b in verdict.broken] == [why]
     assert verdict.failures() == [f"bad resumes: 1, e.g. {verdict.broken}"]
+
+
+# --- limited kinds ----------------------------------------------------------------------------
+
+def test_most_at_once_counts_the_attempts_running_at_each_moment():
+    ran = runs(attempt(1, 1, W1, 0, 2), attempt(2, 1, W2, 1, 3), attempt(3, 1, W3, 2, 4),
+               attempt(4, 1, W3, 4, 5))
+    # 2 ends as 3 starts, and 3 ends as 4 starts: an end before a start at one instant.
+    assert most_at_once(ran, never_seen) == 2
+    ran = runs(attempt(1, 1, W1, 0, 2), attempt(2, 1, W2, 1, 3), attempt(3, 1, W3, 1.5, 4))
+    assert most_at_once(ran, never_seen) == 3
+
+
+def test_a_killed_attempt_runs_until_its_worker_was_seen_dead_or_to_the_end():
+    killed_then_next = runs(attempt(1, 1, W1, 0, None), attempt(2, 1, W2, 5, 6))
+    assert most_at_once(killed_then_next, seen_at(w101=4)) == 1
+    assert most_at_once(killed_then_next, seen_at(w101=5.5)) == 2
+    assert most_at_once(killed_then_next, never_seen) == 2  # no bound: it may still run
+
+
+def test_most_in_window_counts_any_window_not_only_whole_seconds():
+    assert most_in_window([], 1.0) == 0
+    assert most_in_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0) == 3
+    # 0.6 to 1.5 straddles a second's boundary: 4 in [0.6, 1.6).
+    assert most_in_window([0.1, 0.6, 0.9, 1.2, 1.5, 2.7], 1.0) == 4
+
+
+def test_judge_limits_flags_each_limit_exceeded_and_passes_within_them():
+    ran = runs(attempt(1, 1, W1, 0, 2), attempt(2, 1, W2, 1, 3), attempt(3, 1, W3, 1.5, 4),
+               attempt(9, 1, W3, 0, 9))  # job 9 is of another kind
+    within = judge_limits(ran, never_seen, limited={1, 2, 3}, concurrency=3,
+                          claims=[0.0, 0.5, 1.0], rate=2, per=1.0)
+    assert within.failures() == []
+    assert within.figures() == {"limited jobs": 3, "most running at once": 3,
+                                "rated claims": 3, "most claimed in a window": 2}
+    over = judge_limits(ran, never_seen, limited={1, 2, 3}, concurrency=2,
+                        claims=[0.0, 0.5, 0.9], rate=2, per=1.0)
+    assert over.failures() == [
+        "over the concurrency limit: 3 ran at once, limit 2",
+        "over the rate limit: 3 claimed in one window, limit 2"]
