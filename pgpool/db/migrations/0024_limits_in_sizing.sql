@@ -20,8 +20,8 @@ COMMENT ON COLUMN pgpool_hosts.limits IS
 -- lets start: `allowance`, the jobs more hosts could start within the fleet's target lag
 -- (the free slots, at most the rate over the target lag; NULL: no bound); `room`, whether
 -- it lets one start now (a free slot and an unused row), and `room_since`, since when the
--- rate has had an unused row ('-infinity' for a concurrency limit alone, whose freed
--- slots the hosts are told of at once).
+-- rate has had an unused row (NULL: no rate, or a row of its ring never used; nor is it
+-- kept for a concurrency limit, whose freed slots the hosts are told of at once).
 CREATE VIEW pgpool_limits_in_force AS
 WITH code AS (
     SELECT DISTINCT ON (c.kind) c.kind, c.lim
@@ -43,8 +43,8 @@ SELECT l.kind, l.concurrency, l.rate, l.per, l.overridden, s.running, t.rate_use
              ceil(l.rate * f.target_lag_seconds / l.per)::bigint) AS allowance,
        coalesce(s.running < l.concurrency, true) AND coalesce(t.rate_used < l.rate, true)
            AS room,
-       CASE WHEN l.rate IS NULL OR t.ring < l.rate THEN '-infinity'::timestamptz
-            ELSE t.oldest + make_interval(secs => l.per) END AS room_since
+       CASE WHEN t.ring >= l.rate AND isfinite(t.oldest)
+            THEN t.oldest + make_interval(secs => l.per) END AS room_since
 FROM limits AS l
 CROSS JOIN pgpool_fleet AS f
 CROSS JOIN LATERAL (
@@ -87,6 +87,7 @@ WITH kinds AS (
                 ELSE k.ready - least(k.ready, greatest(0, l.allowance - (
                          sum(k.ready) OVER (PARTITION BY k.kind ORDER BY k.queue) - k.ready)))
            END AS waiting,
+           -- greatest() skips a NULL room_since: the rate had room all along.
            CASE WHEN l.kind IS NULL THEN k.oldest
                 WHEN l.room THEN greatest(k.oldest, l.room_since)
            END AS lags_since
