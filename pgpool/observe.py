@@ -69,7 +69,10 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
     ``last_ago`` (seconds since the latest). ``limits`` lists the kinds with an operator's
     override of their limit or with jobs holding a limit's slots or a rate's rows
     (`pgpool.ops.limits`): ``override`` (None: the code's limit holds), ``running``,
-    ``rate_used`` and ``ready``. ``horizon`` is `pgpool.horizon.collect`'s:
+    ``rate_used``, ``ready``, ``in_force`` (the limit the hosts apply; None: none known)
+    and ``waiting`` (the ready jobs waiting on it, which are not lag). Each queue's
+    ``lag`` leaves out its jobs waiting on a limit, and ``waiting_on_limits`` counts
+    them. ``horizon`` is `pgpool.horizon.collect`'s:
     who holds back vacuum of pgpool's tables, their dead rows and vacuums, and the warning
     past ``horizon_warn`` seconds (None: never). ``conn`` must be in autocommit mode,
     outside a transaction.
@@ -128,9 +131,12 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
              "override": None if concurrency is None and rate is None else {
                  "concurrency": concurrency, "rate": rate, "per": per, "set_by": set_by,
                  "set_at": _iso(set_at)},
-             "running": running, "rate_used": rate_used, "ready": ready}
-            for kind, concurrency, rate, per, set_by, set_at, running, rate_used, ready
-            in limits
+             "running": running, "rate_used": rate_used, "ready": ready,
+             "in_force": None if in_concurrency is None and in_rate is None else {
+                 "concurrency": in_concurrency, "rate": in_rate, "per": in_per},
+             "waiting": waiting}
+            for (kind, concurrency, rate, per, set_by, set_at, running, rate_used, ready,
+                 in_concurrency, in_rate, in_per, waiting) in limits
         ],
         "succeeded": [
             {"kind": kind, "last_hour": min(count, SUCCEEDED_CAP),
@@ -174,16 +180,16 @@ def _queues(rows: list[tuple[Any, ...]], paused: dict[str, datetime]) -> list[di
     """Per-queue counts, each with whether it is paused (and since when); a paused queue
     with no jobs and no host is listed too."""
     listed = {row[0] for row in rows}
-    rows = rows + [(q, 0, 0, 0, 0, 0, 0, None, 0, None, None)
+    rows = rows + [(q, 0, 0, 0, 0, 0, 0, None, 0, None, None, 0)
                    for q in paused if q not in listed]
     return [
         {"queue": q, "ready": ready, "scheduled": scheduled, "running": running,
          "dead": dead, "parked": parked, "parked_done": done, "paused": q in paused,
          "paused_at": paused[q].isoformat() if q in paused else None,
          "lag": _round(lag), "dead_24h": dead_24h, "claims_per_sec": _round(rate),
-         "claim_p99_ms": _round(p99)}
+         "claim_p99_ms": _round(p99), "waiting_on_limits": on_limits}
         for (q, ready, scheduled, running, dead, parked, done, lag, dead_24h, rate,
-             p99) in rows
+             p99, on_limits) in rows
     ]
 
 

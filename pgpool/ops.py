@@ -195,8 +195,12 @@ class LimitUse:
     """A kind's limit as the database knows it (`limits`): the operator's ``override``
     (None: the code's limit holds), when it was set, and the use: ``running`` jobs holding
     a slot of its concurrency limit, ``rate_used`` rows of its rate's ring used in the last
-    period, and its ``ready`` jobs, which wait on the limit while its claims come back
-    short."""
+    period, and its ``ready`` jobs (due now). The limit in force, as the hosts apply it
+    (the override over the code's limit the hosts publish): ``concurrency``, ``rate`` and
+    ``per`` (all None: no registered host declares one and there is no override); of the
+    ready jobs, ``waiting`` wait on it: more than it lets start within the fleet's target
+    lag, so more hosts would not start them sooner (`pgpool_hosts_wanted` does not count
+    them)."""
 
     kind: str
     override: Override | None
@@ -204,6 +208,16 @@ class LimitUse:
     running: int
     rate_used: int
     ready: int
+    concurrency: int | None
+    rate: int | None
+    per: float | None
+    waiting: int
+
+    def in_force(self) -> str:
+        """The limit in force as `Override.describe` says it (``-``: none known)."""
+        if self.concurrency is None and self.rate is None:
+            return "-"
+        return Override(self.concurrency, self.rate, self.per, "").describe()
 
 
 @dataclass(slots=True)
@@ -703,8 +717,8 @@ def _reset_limit(kind: str) -> Plan[bool]:
 def _limits() -> Plan[list[LimitUse]]:
     rows = yield _Query(sql.LIMITS, {})
     return [LimitUse(kind, None if concurrency is None and rate is None
-                     else Override(concurrency, rate, per, set_by), set_at, running, used, ready)
-            for kind, concurrency, rate, per, set_by, set_at, running, used, ready in rows]
+                     else Override(concurrency, rate, per, set_by), set_at, *use)
+            for kind, concurrency, rate, per, set_by, set_at, *use in rows]
 
 
 def _queue_known(queue: str) -> Plan[bool]:

@@ -507,17 +507,21 @@ def cmd_limits(args: argparse.Namespace) -> int:
                          "concurrency": u.override.concurrency, "rate": u.override.rate,
                          "per": u.override.per, "set_by": u.override.set_by,
                          "set_at": u.set_at.isoformat() if u.set_at else None},
-                     "running": u.running, "rate_used": u.rate_used, "ready": u.ready}
+                     "running": u.running, "rate_used": u.rate_used, "ready": u.ready,
+                     "in_force": None if u.in_force() == "-" else {
+                         "concurrency": u.concurrency, "rate": u.rate, "per": u.per},
+                     "waiting": u.waiting}
                     for u in found)
         return 0
     if not found:
         print("pgpool: no limit is overridden or in use (the code's limits apply as their "
               "kinds' jobs are claimed)")
         return 0
-    rows = [("KIND", "OVERRIDE", "SET BY", "RUNNING", "RATE USED", "READY")]
-    rows += [(u.kind, "-" if u.override is None else u.override.describe(),
+    rows = [("KIND", "LIMIT", "OVERRIDE", "SET BY", "RUNNING", "RATE USED", "READY",
+             "WAITING")]
+    rows += [(u.kind, u.in_force(), "-" if u.override is None else u.override.describe(),
               "-" if u.override is None else u.override.set_by,
-              str(u.running), str(u.rate_used), str(u.ready)) for u in found]
+              str(u.running), str(u.rate_used), str(u.ready), str(u.waiting)) for u in found]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

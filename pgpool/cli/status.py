@@ -39,6 +39,9 @@ def render(status: dict[str, Any]) -> str:
           "-" if q["claim_p99_ms"] is None else f"{q['claim_p99_ms']:.1f}ms")
          for q in status["queues"]],
     )
+    out += [f"note: {q['waiting_on_limits']} of {q['queue']}'s ready jobs wait on their "
+            "kinds' limits: LAG leaves them out (`pgpool limits`)"
+            for q in status["queues"] if q["waiting_on_limits"]]
     parked = sum(q["parked"] + q["parked_done"] for q in status["queues"])
     if parked:
         out.append(f"warning: the database refused to ack or reap {parked} jobs: PARKED "
@@ -88,9 +91,11 @@ def render(status: dict[str, Any]) -> str:
         out.append("")
         out.append("limits (`pgpool limits`):")
         out += _table(
-            ("KIND", "OVERRIDE", "RUNNING", "RATE USED", "READY"),
-            [(u["kind"], "-" if u["override"] is None else _override(u["override"]),
-              u["running"], u["rate_used"], u["ready"]) for u in status["limits"]],
+            ("KIND", "LIMIT", "OVERRIDE", "RUNNING", "RATE USED", "READY", "WAITING"),
+            [(u["kind"], "-" if u["in_force"] is None else _override(u["in_force"]),
+              "-" if u["override"] is None else _override(u["override"]),
+              u["running"], u["rate_used"], u["ready"], u["waiting"])
+             for u in status["limits"]],
         )
     if status["succeeded"]:
         out.append("")
@@ -105,7 +110,7 @@ def render(status: dict[str, Any]) -> str:
 
 
 def _override(o: dict[str, Any]) -> str:
-    return Override(o["concurrency"], o["rate"], o["per"], o["set_by"]).describe()
+    return Override(o["concurrency"], o["rate"], o["per"], o.get("set_by", "")).describe()
 
 
 def _horizon(h: dict[str, Any]) -> list[str]:

@@ -23,7 +23,9 @@
   its ``RETURNING``), keeps its ``pgpool_hosts`` row, takes part in the election of the
   fleet's maintenance leader (``pgpool_leader``), and reads the budget. It adds and uses
   the rows of rate limits (``pgpool_limit_ticks``), and reads operators' overrides of
-  limits (``pgpool_limits``), which only the owner sets (``pgpool limits set``). It cannot set
+  limits (``pgpool_limits``), which only the owner sets (``pgpool limits set``), and the views
+  of the queues' work and the limits in force (``pgpool_queue_work``,
+  ``pgpool_limits_in_force``) that the host serving the queue's metrics reads. It cannot set
   the budget. It records finished jobs (INSERT on ``pgpool_done``), counts the members of
   groups (UPDATE on ``pgpool_groups``) and makes their callbacks ready (through
   ``pgpool_release_callbacks``, which runs with the caller's privileges: executable by
@@ -48,11 +50,11 @@ from psycopg import sql as pgsql
 
 from ..sql import install as sql
 
-#: Every pgpool table, in the order the statements name them.
+#: Every pgpool table and view, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
                  "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version",
                  "pgpool_limit_ticks", "pgpool_limits", "pgpool_leader",
-                 "pgpool_hosts_wanted")
+                 "pgpool_hosts_wanted", "pgpool_limits_in_force", "pgpool_queue_work")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
 PRODUCER_COLUMNS: Final = ("queue, kind, payload, priority, run_at, state, max_attempts, "
@@ -73,7 +75,9 @@ APP: Final = (
     (f"INSERT ({PRODUCER_COLUMNS})", ("pgpool_jobs",)),
 )
 WORKER: Final = (
-    ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version", "pgpool_limits")),
+    # The views: the host that serves the queue's metrics reads them (pgpool.host.metrics).
+    ("SELECT", ("pgpool_fleet", "pgpool_paused", "pgpool_schema_version", "pgpool_limits",
+                "pgpool_limits_in_force", "pgpool_queue_work")),
     # INSERT: the ticks of periodic schedules (`pgpool.schedules`), as a producer writes.
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),

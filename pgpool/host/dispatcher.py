@@ -363,6 +363,7 @@ class Dispatcher:
             lease=self.lease, max_claims_per_sec=cfg.max_claims_per_sec,
             counters=self._host_counters,
             job_seconds=lambda: self.pool.job_seconds or None,
+            limits={k: h.limit for k, h in runnable.items() if h.limit is not None},
         )
         self.completer = Completer(
             db, self.owner, interval=0.05, retry=cfg.retry,

@@ -345,17 +345,22 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily("pgpool_queue_paused", "1 if the queue is paused",
                                    labels=["queue"])
         lag = GaugeMetricFamily("pgpool_queue_oldest_ready_age_seconds",
-                                "Age of the oldest job due now, by queue (the queue lag)",
-                                labels=["queue"])
+                                "Age of the oldest job due now that more hosts could start "
+                                "(not one waiting on its kind's limit), by queue (the queue "
+                                "lag)", labels=["queue"])
+        waiting = GaugeMetricFamily("pgpool_queue_waiting_on_limits", "Jobs due now that "
+                                    "wait on their kind's limit (not lag: more hosts could "
+                                    "not start them), by queue", labels=["queue"])
         dead = GaugeMetricFamily("pgpool_queue_dead_jobs", "Dead-lettered jobs, by queue "
                                  "and reason (failed, cancelled, discarded)",
                                  labels=["queue", "reason"])
         for (queue, ready, scheduled, running, parked, done, oldest, dead_counts,
-             is_paused) in conn.execute(sql.METRICS_QUEUES).fetchall():
+             is_paused, on_limits) in conn.execute(sql.METRICS_QUEUES).fetchall():
             for state, count in (("ready", ready), ("scheduled", scheduled),
                                  ("running", running), ("parked", parked), ("done", done)):
                 jobs.add_metric([queue, state], count)
             lag.add_metric([queue], oldest or 0.0)
+            waiting.add_metric([queue], on_limits)
             for reason, count in sorted({**DEAD_REASONS, **dead_counts}.items()):
                 dead.add_metric([queue, reason], count)
             paused.add_metric([queue], 1 if is_paused else 0)
@@ -364,7 +369,7 @@ class QueueCollector(Collector):
             sql.METRICS_FLEET, {"stale_leases": STALE_AFTER_LEASES}).fetchone()
         dead_tuples, live_tuples, vacuum_ago = conn.execute(sql.METRICS_VACUUM).fetchone()
         return [
-            jobs, lag, dead, paused, *limits, *self._horizon(conn),
+            jobs, lag, waiting, dead, paused, *limits, *self._horizon(conn),
             GaugeMetricFamily("pgpool_fleet_hosts", "Live dispatchers", value=hosts),
             GaugeMetricFamily("pgpool_fleet_claims_per_second",
                               "Jobs claimed per second by all live hosts",
@@ -391,12 +396,14 @@ class QueueCollector(Collector):
             "slot of its concurrency limit, and rows of its rate's ring used in the last "
             "period", labels=["kind", "limit"])
         waiting = GaugeMetricFamily(
-            "pgpool_limit_waiting", "Ready jobs of a kind with a limit in use or overridden "
-            "(they wait on it while its claims come back short)", labels=["kind"])
-        for kind, *_, running, rate_used, ready in conn.execute(LIMITS).fetchall():
+            "pgpool_limit_waiting", "Jobs due now of a kind that wait on its fleet-wide "
+            "limit: more than it lets start within the fleet's target lag (not lag)",
+            labels=["kind"])
+        for row in conn.execute(LIMITS).fetchall():
+            kind, (running, rate_used), waiting_jobs = row[0], row[6:8], row[-1]
             in_use.add_metric([kind, "concurrency"], running)
             in_use.add_metric([kind, "rate"], rate_used)
-            waiting.add_metric([kind], ready)
+            waiting.add_metric([kind], waiting_jobs)
         return [in_use, waiting]
 
     @staticmethod

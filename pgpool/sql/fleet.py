@@ -22,17 +22,19 @@ COUNTED_LEASES: Final = 2 / 3
 #: Register a dispatcher, or record that it is alive. An upsert, so a host whose row was
 #: pruned while it was cut off from the database reappears at its next beat; ``started_at``
 #: is the first registration's time, kept across both. Runs in the budget transaction
-#: (`BUDGET_LOCK`), with the share and demand that beat worked out.
+#: (`BUDGET_LOCK`), with the share and demand that beat worked out. ``limits``, the code's
+#: limits (`pgpool_limits_in_force` reads them), is written with the row only: a host's
+#: code does not change while it runs.
 HOST_UPSERT: Final = """
 INSERT INTO pgpool_hosts AS h (owner, hostname, pid, procs, queues, kinds, lease,
                                started_at, last_seen, jobs_done, jobs_failed, jobs_claimed,
                                claims_per_sec, max_claims_per_sec, claims_share,
-                               claims_demand, claim_p99_ms, batch, job_seconds)
+                               claims_demand, claim_p99_ms, batch, job_seconds, limits)
 VALUES (%(owner)s, %(hostname)s, %(pid)s, %(procs)s, %(queues)s::text[], %(kinds)s::text[],
         %(lease)s, coalesce(%(started_at)s::timestamptz, now()), now(),
         %(jobs_done)s, %(jobs_failed)s, %(jobs_claimed)s,
         %(claims_per_sec)s, %(max_claims_per_sec)s, %(claims_share)s, %(claims_demand)s,
-        %(claim_p99_ms)s, %(batch)s, %(job_seconds)s)
+        %(claim_p99_ms)s, %(batch)s, %(job_seconds)s, %(limits)s::jsonb)
 ON CONFLICT (owner) DO UPDATE
 SET last_seen = now(), jobs_done = excluded.jobs_done, jobs_failed = excluded.jobs_failed,
     jobs_claimed = excluded.jobs_claimed, claims_per_sec = excluded.claims_per_sec,

@@ -23,29 +23,23 @@ FROM pgpool_hosts
 ORDER BY hostname, started_at, owner
 """
 
-#: Per queue: jobs by state, and the age of the oldest job due now (the lag, seconds;
-#: NULL when none is). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`. Due is by
-#: ``run_at``, not by state: a scheduled job the stager has not made ready yet is due, and
-#: lags.
+#: Per queue: jobs by state, the age of the oldest job due now that more hosts could start
+#: (the lag, seconds; NULL when none is) and the jobs due now that wait on their kind's
+#: limit instead (the view ``pgpool_queue_work``, migration 24, which pgpool_hosts_wanted
+#: reads too). Shared by `STATUS_QUEUES` and `METRICS_QUEUES`. Due is by ``run_at``, not by
+#: state: a scheduled job the stager has not made ready yet is due, and lags.
 _JOBS_PER_QUEUE: Final = """
-    SELECT queue,
-           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at <= now()) AS ready,
-           count(*) FILTER (WHERE state IN ('ready', 'scheduled') AND run_at > now())
-               AS scheduled,
-           count(*) FILTER (WHERE state = 'running')                   AS running,
-           count(*) FILTER (WHERE state = 'parked')                    AS parked,
-           count(*) FILTER (WHERE state = 'done')                      AS done,
-           extract(epoch FROM now() - min(run_at) FILTER (
-               WHERE state IN ('ready', 'scheduled') AND run_at <= now()))::float8 AS lag
-    FROM pgpool_jobs
-    GROUP BY queue
+    SELECT queue, ready, scheduled, running, parked, done, lag_seconds AS lag,
+           waiting_on_limits
+    FROM pgpool_queue_work
 """
 
 #: Per queue: due now, due later, claimed, dead-lettered, parked (see `jobs.PARK`) and
-#: parked done (succeeded, their delete refused); the age of the oldest job due now (the
-#: lag, seconds; NULL when none is); dead letters added in the last 24 hours; and, from the
-#: live hosts serving it, their claims per second together and the worst of their claim
-#: p99s (ms). Lists every queue that has jobs, dead letters or a registered host serving it.
+#: parked done (succeeded, their delete refused); the lag (seconds; NULL when none is, see
+#: `_JOBS_PER_QUEUE`); dead letters added in the last 24 hours; from the live hosts serving
+#: it, their claims per second together and the worst of their claim p99s (ms); and the
+#: jobs due now waiting on their kind's limit. Lists every queue that has jobs, dead
+#: letters or a registered host serving it.
 STATUS_QUEUES: Final = """
 WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
     SELECT queue, count(*) AS dead,
@@ -63,7 +57,7 @@ WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
        coalesce(dead, 0), coalesce(parked, 0), coalesce(done, 0), lag,
-       coalesce(dead_24h, 0), claims_per_sec, claim_p99_ms
+       coalesce(dead_24h, 0), claims_per_sec, claim_p99_ms, coalesce(waiting_on_limits, 0)
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN served USING (queue)
 ORDER BY queue
 """
@@ -159,9 +153,9 @@ SELECT pg_try_advisory_lock(hashtextextended('pgpool.queue-metrics:'
                                              || 'pgpool_jobs'::regclass::oid, 0))
 """
 
-#: Per queue: due now, due later, claimed, parked, parked done, the age of the oldest job
-#: due now (seconds; NULL when none is), dead-lettered by reason (``pgpool_dead.reason``,
-#: as a JSON object), and whether it is paused.
+#: Per queue: due now, due later, claimed, parked, parked done, the lag (seconds; NULL when
+#: none is, see `_JOBS_PER_QUEUE`), dead-lettered by reason (``pgpool_dead.reason``, as a
+#: JSON object), whether it is paused, and the jobs due now waiting on their kind's limit.
 METRICS_QUEUES: Final = """
 WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
     SELECT queue, jsonb_object_agg(reason, n) AS dead
@@ -172,7 +166,7 @@ WITH jobs AS (""" + _JOBS_PER_QUEUE + """), dead AS (
 )
 SELECT queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0),
        coalesce(parked, 0), coalesce(done, 0), lag, coalesce(dead, '{}'),
-       coalesce(paused, false)
+       coalesce(paused, false), coalesce(waiting_on_limits, 0)
 FROM jobs FULL JOIN dead USING (queue) FULL JOIN paused USING (queue)
 ORDER BY queue
 """

@@ -363,23 +363,32 @@ RETURNING kind, set_by
 #: Drop a kind's override: the code's limit holds again. Returns a row only if there was one.
 RESET_LIMIT: Final = "DELETE FROM pgpool_limits WHERE kind = %(kind)s RETURNING kind"
 
-#: The kinds with an override or with jobs holding slots of a concurrency limit or rows of a
-#: rate's ring: each one's override (NULLs without one), when and by whom it was set, its
-#: running jobs that hold a slot, its rate ring's rows used in the last ``per`` seconds
-#: (the override's per, else a second), and its ready jobs (those wait on the limit when
-#: its claims come back short).
+#: The kinds with a limit in force (an override, or a registered host's code:
+#: ``pgpool_limits_in_force``, migration 24) or with jobs holding slots of a concurrency
+#: limit or rows of a rate's ring: each one's override (NULLs without one), when and by
+#: whom it was set, its running jobs that hold a slot, its rate ring's rows used in the
+#: last ``per`` seconds (the limit in force's per, else a second), its jobs due now, the
+#: limit in force (NULLs: none known), and of its jobs due now those waiting on it: past
+#: what it lets start within the fleet's target lag (``allowance``; as pgpool_queue_work
+#: counts them, over the kind's queues).
 LIMITS: Final = """
-SELECT k.kind, l.concurrency, l.rate, l.per, l.set_by, l.set_at,
+SELECT k.kind, o.concurrency, o.rate, o.per, o.set_by, o.set_at,
        (SELECT count(*) FROM pgpool_jobs AS j
         WHERE j.kind = k.kind AND j.state = 'running' AND j.limit_attempt = j.attempts),
        (SELECT count(*) FROM pgpool_limit_ticks AS t
         WHERE t.kind = k.kind
-          AND t.used_at > now() - make_interval(secs => coalesce(l.per, 1))),
-       (SELECT count(*) FROM pgpool_jobs AS j WHERE j.kind = k.kind AND j.state = 'ready')
-FROM (SELECT kind FROM pgpool_limits
+          AND t.used_at > now() - make_interval(secs => coalesce(f.per, 1))),
+       d.ready, f.concurrency, f.rate, CASE WHEN f.rate IS NOT NULL THEN f.per END,
+       d.ready - least(d.ready, f.allowance)
+FROM (SELECT kind FROM pgpool_limits_in_force
       UNION SELECT kind FROM pgpool_limit_ticks
       UNION SELECT kind FROM pgpool_jobs
             WHERE state = 'running' AND limit_attempt = attempts) AS k
-LEFT JOIN pgpool_limits AS l USING (kind)
+LEFT JOIN pgpool_limits AS o USING (kind)
+LEFT JOIN pgpool_limits_in_force AS f USING (kind)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS ready FROM pgpool_jobs AS j
+    WHERE j.kind = k.kind AND j.state IN ('ready', 'scheduled') AND j.run_at <= now()
+) AS d
 ORDER BY k.kind
 """

@@ -3,8 +3,8 @@
 
 Reads come from the shared snapshot loop (`pgpool.web.snapshots.Hub`: ``/api/snapshot``,
 ``/api/events``) or from the operator functions of `pgpool.ops` (jobs, dead letters). Every
-action goes through those same functions: cancel, retry, pause and resume in one
-transaction; a purge or replay in bounded batches, each its own transaction, as the
+action goes through those same functions: cancel, retry, pause, resume and a limit's set
+and reset in one transaction; a purge or replay in bounded batches, each its own transaction, as the
 commands do (a replay at a rate trickles them in the background), with at most
 `BULK_ACTIONS` and `RATE_REPLAYS` of them at once. Each is logged as a ``web_action`` event
 naming the user and what it affected (ids, queues, counts; never a payload).
@@ -445,6 +445,33 @@ async def _set_paused(request: web.Request, paused: bool) -> web.Response:
     return _json({"queue": queue, "paused": paused, "changed": changed})
 
 
+async def set_limit(request: web.Request) -> web.Response:
+    """Override a kind's limit on every host, as ``pgpool limits set`` does (`ops.set_limit`:
+    it checks the values, and each host logs the change with the database role)."""
+    body = _fields(await _body(request), "kind", "concurrency", "rate", "per")
+    kind, concurrency, rate = _kind(body), body.get("concurrency"), body.get("rate")
+    try:
+        per = _seconds(body.get("per"))
+    except ConfigError as exc:
+        raise ConfigError(f"per: {exc}") from None
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        override = await ops.set_limit_async(conn, kind, concurrency=concurrency, rate=rate,
+                                             per=per)
+    _logged(request, "limit_set", kind=kind, concurrency=concurrency, rate=rate, per=per)
+    return _json({"kind": kind, "override": {
+        "concurrency": override.concurrency, "rate": override.rate, "per": override.per,
+        "set_by": override.set_by}, "described": override.describe()})
+
+
+async def reset_limit(request: web.Request) -> web.Response:
+    """Drop a kind's override, as ``pgpool limits reset`` does (`ops.reset_limit`)."""
+    kind = _kind(_fields(await _body(request), "kind"))
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        changed = await ops.reset_limit_async(conn, kind)
+    _logged(request, "limit_reset", kind=kind, changed=changed)
+    return _json({"kind": kind, "changed": changed})
+
+
 async def replay(request: web.Request) -> web.Response:
     body = await _body(request)
     where, limit, dry_run = _batch_op(body)
@@ -651,6 +678,23 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _kind(body: dict[str, Any]) -> Any:
+    """The kind a limit action names (`ops` checks the name)."""
+    if "kind" not in body:
+        raise ConfigError("say which kind: give \"kind\"")
+    return body["kind"]
+
+
+def _fields(body: dict[str, Any], *allowed: str) -> dict[str, Any]:
+    """``body``, refused when it has a field the action does not take (a typo would
+    otherwise be dropped without a word)."""
+    unknown = sorted(body.keys() - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown field {unknown[0]!r}: this action takes "
+                          f"{', '.join(allowed)}")
+    return body
+
+
 # --- the application ----------------------------------------------------------------------
 
 def make_app(config: WebConfig) -> web.Application:
@@ -689,6 +733,8 @@ def make_app(config: WebConfig) -> web.Application:
     app.router.add_post("/api/queues/{queue}/resume", resume)
     app.router.add_post("/api/dead/replay", replay)
     app.router.add_post("/api/dead/purge", purge)
+    app.router.add_post("/api/limits/set", set_limit)
+    app.router.add_post("/api/limits/reset", reset_limit)
     app.cleanup_ctx.append(_running)
     app.on_shutdown.append(_end_streams)
     app.on_response_prepare.append(_secure_headers)

@@ -53,16 +53,21 @@ def test_a_bad_override_is_refused_in_one_line(db: psycopg.Connection, dsn: str,
 
 def test_status_shows_each_limit_and_its_use(db: psycopg.Connection, dsn: str) -> None:
     assert "limits" not in run_pgpool(dsn, "status").stdout  # none in use: no section
-    pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(4)])
+    pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(12)])
     ops.set_limit(db, "sync", rate=10, per=60)
     text = run_pgpool(dsn, "status").stdout
     section = text[text.index("limits (`pgpool limits`):"):].splitlines()
-    assert section[1].split() == ["KIND", "OVERRIDE", "RUNNING", "RATE", "USED", "READY"]
-    assert section[2].split() == ["sync", "rate", "10/60s", "0", "0", "4"]
+    assert section[1].split() == ["KIND", "LIMIT", "OVERRIDE", "RUNNING", "RATE", "USED",
+                                  "READY", "WAITING"]
+    # 10 a minute starts 10 of the 12 within the fleet's target lag (60 s): 2 wait on it.
+    assert section[2].split() == ["sync", "rate", "10/60s", "rate", "10/60s", "0", "0", "12",
+                                  "2"]
+    assert "note: 2 of default's ready jobs wait on their kinds' limits" in text
     (limit,) = json.loads(run_pgpool(dsn, "status", "--json").stdout)["limits"]
     set_at = limit["override"].pop("set_at")
     assert set_at.startswith(str(db.execute("SELECT current_date").fetchone()[0]))
     assert limit == {"kind": "sync", "override": {
         "concurrency": None, "rate": 10, "per": 60.0,
         "set_by": db.execute("SELECT session_user").fetchone()[0]},
-        "running": 0, "rate_used": 0, "ready": 4}
+        "running": 0, "rate_used": 0, "ready": 12,
+        "in_force": {"concurrency": None, "rate": 10, "per": 60.0}, "waiting": 2}

@@ -307,13 +307,13 @@ def test_status_counts_per_queue_and_names_kinds_no_live_host_handles(db, dsn):
     assert report["queues"] == [
         {"queue": "default", "ready": 5, "scheduled": 2, "running": 1, "dead": 4,
          "parked": 0, "parked_done": 1, **not_paused, "dead_24h": 3, "claims_per_sec": 123.45,
-         "claim_p99_ms": 4.5},
+         "claim_p99_ms": 4.5, "waiting_on_limits": 0},
         {"queue": "q2", "ready": 1, "scheduled": 0, "running": 0, "dead": 0, "parked": 1,
          "parked_done": 0, **not_paused, "dead_24h": 0, "claims_per_sec": None,
-         "claim_p99_ms": None},
+         "claim_p99_ms": None, "waiting_on_limits": 0},
         {"queue": "q3", "ready": 0, "scheduled": 0, "running": 0, "dead": 1, "parked": 0,
          "parked_done": 0, **not_paused, "dead_24h": 1, "claims_per_sec": None,
-         "claim_p99_ms": None},
+         "claim_p99_ms": None, "waiting_on_limits": 0},
     ]
     assert [(u["queue"], u["kind"], u["ready"]) for u in report["unhandled"]] == [
         ("default", "orphan", 2), ("q2", "record", 1)]

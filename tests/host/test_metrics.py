@@ -135,17 +135,23 @@ def test_pgpool_health_needs_a_port(dsn):
 
 
 def test_the_use_of_limits_is_exported(db, dsn):
-    """A kind with an operator's override: its slots held and ready jobs, as the database
-    shows them (a claim by hand, as a host whose claims are limited would leave it)."""
+    """A kind with an operator's override: its slots held and the ready jobs waiting on it,
+    as the database shows them (a claim by hand, as a host whose claims are limited would
+    leave it), apart from the queue's lag."""
     pgpool.enqueue_many(db, "capped", [{}] * 5)
     ops.set_limit(db, "capped", concurrency=2)
     db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'h', "
                "lease_until = now() + interval '1 hour', limit_slot = slot, "
                "limit_attempt = 1 FROM (SELECT id AS i, row_number() OVER (ORDER BY id) "
                "AS slot FROM pgpool_jobs LIMIT 2) AS s WHERE id = s.i")
+    db.execute("UPDATE pgpool_jobs SET run_at = now() - interval '5 minutes' "
+               "WHERE state = 'ready'")
     host, port = with_metrics(dsn, "--procs", "1")
     m = scrape(port)
     assert value(m, "pgpool_limit_in_use", kind="capped", limit="concurrency") == 2
     assert value(m, "pgpool_limit_in_use", kind="capped", limit="rate") == 0
+    # Both slots held: the 3 ready jobs wait on the limit, and are not the queue's lag.
     assert value(m, "pgpool_limit_waiting", kind="capped") == 3
+    assert value(m, "pgpool_queue_waiting_on_limits", queue="default") == 3
+    assert value(m, "pgpool_queue_oldest_ready_age_seconds", queue="default") == 0
     assert host.stop() == 0, host.stderr

@@ -36,6 +36,8 @@ ACTIONS = [
     ("/api/queues/alpha/resume", {}),
     ("/api/dead/replay", {"all": True}),
     ("/api/dead/purge", {"all": True}),
+    ("/api/limits/set", {"kind": "noop", "concurrency": 2}),
+    ("/api/limits/reset", {"kind": "noop"}),
 ]
 USER, PASSWORD = "alice", "correct horse"
 #: The `web` fixture: starts a ``pgpool web``; (process, base URL).
@@ -172,6 +174,7 @@ def test_read_only_refuses_every_action(db: psycopg.Connection, web: Web) -> Non
     assert queue_counts(db, "alpha") == {"ready": 3, "scheduled": 0, "running": 0, "dead": 0}
     assert queue_counts(db, "beta")["dead"] == 4
     assert one(db, "SELECT count(*) FROM pgpool_paused")[0] == 0
+    assert one(db, "SELECT count(*) FROM pgpool_limits")[0] == 0
     assert get(base + "/api/session")["read_write"] is False
 
 
@@ -420,3 +423,59 @@ def test_a_replay_or_purge_of_group_members_says_what_the_cli_says(db: psycopg.C
     cli = run_pgpool(dsn, "dead", "purge", "--id", str(refused), "--older-than", "0s")
     assert cli.stderr == f"pgpool: {answer['notes'][0]}\n"
     assert one(db, "SELECT count(*) FROM pgpool_dead WHERE id = %s", refused) == (1,)
+
+
+def test_a_limit_is_set_and_reset_as_the_cli_does_and_logged(db: psycopg.Connection,
+                                                             web: Web) -> None:
+    pgpool.enqueue_many(db, "sync", [{"secret": MARKER}] * 3)
+    proc, base = web("--read-write")
+    set_, reset = base + "/api/limits/set", base + "/api/limits/reset"
+    wanted = {"kind": "sync", "concurrency": 2, "rate": 50, "per": "1m"}
+    # As every action: the session's CSRF token, from the page's own origin.
+    assert http(set_, wanted)[0] == 403
+    assert http(set_, wanted, {**token(base), "Origin": "http://evil.example"})[0] == 403
+    assert one(db, "SELECT count(*) FROM pgpool_limits")[0] == 0
+    headers = {**token(base), "Origin": base}
+    status, _, answer = http(set_, wanted, headers)
+    assert (status, answer["described"]) == (200, "concurrency 2, rate 50/60s")
+    assert one(db, "SELECT concurrency, rate, per FROM pgpool_limits WHERE kind = 'sync'") == (
+        2, 50, 60.0)
+    # The page shows it from the snapshot: in force, overridden, and the jobs waiting.
+    shown = wait_until(lambda: [u for u in get(base + "/api/snapshot")["limits"]
+                                if u["override"]], "the limit in a snapshot", TIMEOUT)
+    assert (shown[0]["kind"], shown[0]["in_force"], shown[0]["ready"]) == (
+        "sync", {"concurrency": 2, "rate": 50, "per": 60.0}, 3)
+    assert http(reset, {"kind": "sync"}, headers)[2] == {"kind": "sync", "changed": True}
+    assert http(reset, {"kind": "sync"}, headers)[2] == {"kind": "sync", "changed": False}
+    assert one(db, "SELECT count(*) FROM pgpool_limits")[0] == 0
+    logged = wait_until(lambda: [(e["action"], e["kind"]) for e in proc.events("web_action")
+                                 if e["action"].startswith("limit")],
+                        "the limit actions in the log", TIMEOUT)
+    assert logged[:3] == [("limit_set", "sync"), ("limit_reset", "sync"),
+                          ("limit_reset", "sync")]
+    assert MARKER not in proc.stderr
+
+
+def test_a_bad_limit_is_refused_in_one_line_naming_what_is_wrong(db: psycopg.Connection,
+                                                                 web: Web) -> None:
+    _, base = web("--read-write")
+    headers = token(base)
+    for body, error in [
+        ({"kind": "sync", "concurrency": 0}, "concurrency must be a positive integer"),
+        ({"kind": "sync", "concurrency": True}, "concurrency must be a positive integer"),
+        ({"kind": "sync", "rate": "many"}, "rate must be a positive integer"),
+        ({"kind": "sync", "rate": 5, "per": "soon"}, "per: 'soon' is not a duration"),
+        ({"kind": "sync", "rate": 5, "per": [1]}, "per must be a number of seconds"),
+        ({"kind": "sync", "concurrency": 1, "per": 60}, "per needs a rate"),
+        ({"kind": "sync"}, "give concurrency=N"),
+        ({"kind": "no such kind!", "concurrency": 1}, "invalid kind 'no such kind!'"),
+        ({"concurrency": 1}, 'say which kind: give "kind"'),
+        ({"kind": "sync", "concurrency": 1, "tenant": "a"}, "unknown field 'tenant'"),
+        ([1], "the request body must be a JSON object"),
+    ]:
+        status, _, answer = http(base + "/api/limits/set", body, headers)
+        assert status == 400 and error in answer["error"], (body, status, answer)
+        assert "\n" not in answer["error"]
+    status, _, answer = http(base + "/api/limits/reset", {"kind": 7}, headers)
+    assert status == 400 and "invalid kind 7" in answer["error"]
+    assert one(db, "SELECT count(*) FROM pgpool_limits")[0] == 0

@@ -23,13 +23,15 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from ...limits import Limit
 from ...logs import event
 from ...sql import fleet as sql
 from ...sql.fleet import COUNTED_LEASES, STALE_AFTER_LEASES
@@ -52,8 +54,9 @@ class HostRegistry(LoopPart):
     ``counters()`` returns (jobs done, attempts failed, jobs claimed) since the dispatcher
     started, its recent claim p99 in ms (None before a claim) and its current claim batch;
     ``job_seconds()`` how long a job takes in a worker (None before the first); each beat
-    records them,
-    and the jobs claimed per second since the previous beat. ``max_claims_per_sec`` is this
+    records them, and the jobs claimed per second since the previous beat. ``limits`` are
+    the code's limits of its kinds, written with the row for the fleet's sizing to see
+    (`published`). ``max_claims_per_sec`` is this
     host's ``--max-claims-per-sec``: the fleet budget it shares when ``pgpool_fleet`` sets
     none (None: `DEFAULT_MAX_CLAIMS_PER_SEC`). `beat` and `deregister` are serialised, and
     once deregistered the registry never writes the row again, so a beat in flight cannot
@@ -76,6 +79,7 @@ class HostRegistry(LoopPart):
         counters: Callable[[], tuple[int, int, int, float | None, int]],
         clock: Callable[[], float] = time.monotonic,
         job_seconds: Callable[[], float | None] = lambda: None,
+        limits: Mapping[str, Limit] | None = None,
     ) -> None:
         self._pool = pool
         self.owner = owner
@@ -88,6 +92,7 @@ class HostRegistry(LoopPart):
             "queues": list(queues),
             "kinds": sorted(kinds),
             "lease": lease.seconds,
+            "limits": Jsonb(published(limits or {})),
         }
         self._given = max_claims_per_sec
         self._counters = counters
@@ -216,6 +221,16 @@ class HostRegistry(LoopPart):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("could not remove this host from pgpool_hosts (%s); it will be "
                         "pruned once stale", type(exc).__name__)
+
+
+def published(limits: Mapping[str, Limit]) -> dict[str, dict[str, float]]:
+    """The code's limits as a host's row holds them (``pgpool_hosts.limits``): by kind, the
+    fields set, ``per`` with a rate only."""
+    return {kind: {name: value for name, value in (("concurrency", lim.concurrency),
+                                                   ("rate", lim.rate),
+                                                   ("per", lim.per if lim.rate else None))
+                   if value is not None}
+            for kind, lim in sorted(limits.items())}
 
 
 async def prune(pool: Connections) -> list[str]:

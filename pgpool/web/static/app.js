@@ -18,6 +18,7 @@ const state = {
   snapshots: 0,           // how many arrived (tests wait on it)
   lastAt: 0,              // Date.now() of the last one
   cards: {},              // queue -> its card element
+  limitRows: {},          // kind -> its row in the limits table
   deadTotal: null,        // dead letters in the last snapshot: a change reloads the groups
   jobsCursors: [null],    // the "after" cursor of each page seen; the last is the current page
   jobsNext: null,         // the server's next_after: null on the last page
@@ -178,6 +179,7 @@ function render(snap) {
   renderFleet(snap.fleet || {}, snap.hosts || []);
   renderWarnings(snap);
   renderQueues(snap);
+  renderLimits(snap.limits || []);
   renderHosts(snap.hosts || [], snap.fleet || {});
   renderVacuum(snap.vacuum);
   renderHorizon(snap.horizon);
@@ -268,7 +270,8 @@ function queueCard(name) {
     el("div", {class: "stats"},
       stat("ready", "", "ready"), stat("scheduled", "", "scheduled"),
       stat("running", "", "running"), stat("claims/s", "", "claims"),
-      stat("claim p99", "", "p99"), stat("DLQ", "", "dead"), stat("DLQ 24h", "", "dead24h")));
+      stat("claim p99", "", "p99"), stat("DLQ", "", "dead"), stat("DLQ 24h", "", "dead24h"),
+      stat("on limits", "", "on-limits")));
   return card;
 }
 
@@ -294,6 +297,7 @@ function updateQueueCard(card, q, series, now) {
   set("p99", q.claim_p99_ms === null ? "—" : `${num(q.claim_p99_ms)}ms`);
   set("dead", q.dead);
   set("dead24h", `+${q.dead_24h}`);
+  set("on-limits", q.waiting_on_limits);
   $('[data-testid="dead"]', card).parentNode.classList.toggle("hot", q.dead > 0);
   $('[data-testid="dead24h"]', card).parentNode.classList.toggle("hot", q.dead_24h > 0);
   $(".chartbox", card).replaceWith(lagChart(series, now));
@@ -338,6 +342,83 @@ async function setPaused(queue, paused) {
     flash(`${verb}d queue ${queue}`, "ok");
   } catch (err) {
     flash(`${verb} ${queue}: ${err.message}`, "bad");
+  }
+}
+
+// --- limits ------------------------------------------------------------------------------
+
+// A limit as `pgpool limits` says it: "concurrency 2, rate 50/60s"; "—" for none.
+function limitText(l) {
+  if (!l) return "—";
+  const parts = [];
+  if (l.concurrency !== null) parts.push(`concurrency ${l.concurrency}`);
+  if (l.rate !== null) parts.push(`rate ${l.rate}/${l.per || 1}s`);
+  return parts.join(", ") || "—";
+}
+
+function renderLimits(limits) {
+  const rows = {};
+  for (const l of limits) {
+    // Rows live as long as their kind, like the queue cards: a reset button stays put.
+    const row = state.limitRows[l.kind] || limitRow(l.kind);
+    const set = (testid, text) => { $(`[data-testid="${testid}"]`, row).textContent = text; };
+    set("limit-in-force", limitText(l.in_force));
+    set("limit-override", limitText(l.override));
+    set("limit-set-by", l.override ? l.override.set_by : "—");
+    set("limit-running", l.running);
+    set("limit-rate-used", l.rate_used);
+    set("limit-ready", l.ready);
+    set("limit-waiting", l.waiting);
+    $('[data-testid="limit-waiting"]', row).classList.toggle("hot", l.waiting > 0);
+    $('[data-testid="limit-reset"]', row).hidden = !l.override;
+    rows[l.kind] = row;
+  }
+  state.limitRows = rows;
+  const body = $("#limits tbody");
+  if (!limits.length) {
+    body.replaceChildren(el("tr", {}, el("td", {colspan: 9, class: "empty",
+      text: "No limit in force: none in the hosts' code, none set below."})));
+    return;
+  }
+  body.replaceChildren(...limits.map((l) => rows[l.kind]));
+}
+
+function limitRow(kind) {
+  const cell = (testid, cls = "n") => el("td", {class: cls, "data-testid": testid});
+  return el("tr", {"data-testid": "limit", "data-kind": kind},
+    el("td", {class: "mono", text: kind}),
+    cell("limit-in-force", ""), cell("limit-override", ""), cell("limit-set-by", ""),
+    cell("limit-running"), cell("limit-rate-used"), cell("limit-ready"), cell("limit-waiting"),
+    el("td", {}, actionButton("reset limit", "limit-reset", () => resetLimit(kind))));
+}
+
+// A field of the limit form: empty is null (the code's value), digits a number; anything
+// else goes as typed, for the server to say what is wrong with it.
+function limitField(id) {
+  const text = $(id).value.trim();
+  if (!text) return null;
+  return /^[0-9]+$/.test(text) ? Number(text) : text;
+}
+
+async function setLimit() {
+  const kind = $("#l-kind").value.trim();
+  try {
+    const done = await post("/api/limits/set", {
+      kind, concurrency: limitField("#l-concurrency"), rate: limitField("#l-rate"),
+      per: limitField("#l-per")});
+    flash(`limit of kind ${kind} set to ${done.described} on every host`, "ok");
+  } catch (err) {
+    flash(`set limit: ${err.message}`, "bad");
+  }
+}
+
+async function resetLimit(kind) {
+  try {
+    const done = await post("/api/limits/reset", {kind});
+    flash(done.changed ? `limit of kind ${kind} reset: the code's limit holds again`
+                       : `kind ${kind} had no override`, "ok");
+  } catch (err) {
+    flash(`reset limit ${kind}: ${err.message}`, "bad");
   }
 }
 
@@ -799,6 +880,7 @@ async function start() {
     b.addEventListener("click", () => showTab(b.dataset.tab));
   }
   $("#job-filters").addEventListener("submit", (ev) => { ev.preventDefault(); loadJobs(); });
+  $("#limit-form").append(actionButton("set limit", "limit-set", setLimit));
   const findJob = () => {
     const id = $("#find-job").value.trim();
     if (/^[0-9]+$/.test(id)) showJob(Number(id));

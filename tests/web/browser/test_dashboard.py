@@ -363,6 +363,50 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
     expect(card(page, "pq").get_by_test_id("ready")).to_have_text("0")
 
 
+def test_a_limit_set_and_reset_on_the_page_reaches_every_host(db, dsn, web, open_page):
+    # A host (of another queue: it applies every kind's override, and logs it), and three
+    # jobs no host serves, which stay ready.
+    host = start_pgpool(dsn, *RUN, "--queue", "lh", "--procs", "1", *LEASE)
+    host.event("started")
+    for _ in range(3):
+        pgpool.enqueue(db, "record", {}, queue="lq")
+    page = load(open_page(), web("--read-write")[1])
+    expect(page.get_by_test_id("limit")).to_have_count(0)
+
+    # A bad value is refused, and the page says what is wrong.
+    page.get_by_test_id("l-kind").fill("record")
+    page.get_by_test_id("l-concurrency").fill("none")
+    page.get_by_test_id("limit-set").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("concurrency must be a positive integer")
+    assert one(db, "SELECT count(*) FROM pgpool_limits") == (0,)
+
+    # One at a time: 1 of the 3 ready jobs could start, 2 wait on the limit (not lag).
+    page.get_by_test_id("l-concurrency").fill("1")
+    page.get_by_test_id("limit-set").click()
+    expect(page.get_by_test_id("flash")).to_contain_text(
+        "limit of kind record set to concurrency 1")
+    row = page.locator('[data-testid="limit"][data-kind="record"]')
+    expect(row.get_by_test_id("limit-in-force")).to_have_text("concurrency 1")
+    expect(row.get_by_test_id("limit-override")).to_have_text("concurrency 1")
+    expect(row.get_by_test_id("limit-ready")).to_have_text("3")
+    expect(row.get_by_test_id("limit-waiting")).to_have_text("2")
+    expect(card(page, "lq").get_by_test_id("on-limits")).to_have_text("2")
+    assert one(db, "SELECT concurrency, rate FROM pgpool_limits WHERE kind = 'record'") == (
+        1, None)
+    set_ = host.event("limit_set")  # the audit trail: each host logs who set what
+    assert (set_["kind"], set_["concurrency"]) == ("record", 1)
+    assert set_["set_by"] == one(db, "SELECT session_user")[0]
+    screenshot(page, "limits")
+
+    row.get_by_test_id("limit-reset").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("limit of kind record reset")
+    expect(page.get_by_test_id("limit")).to_have_count(0)  # no limit in force is left
+    expect(card(page, "lq").get_by_test_id("on-limits")).to_have_text("0")
+    assert one(db, "SELECT count(*) FROM pgpool_limits") == (0,)
+    assert host.event("limit_reset")["kind"] == "record"
+    assert host.stop() == 0, host.stderr
+
+
 def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
     job = pgpool.enqueue(db, "record", {}, queue="ro")
     ops.cancel(db, [pgpool.enqueue(db, "record", {}, queue="ro", delay=600)])
@@ -374,10 +418,10 @@ def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
     expect(page.get_by_test_id("cancel-job")).to_be_visible()
     page.get_by_test_id("tab-dead").click()
     expect(page.get_by_test_id("dead-group")).to_have_count(1)
-    # Every action control: pause, resume, cancel, replay, purge; all disabled.
+    # Every action control: pause, resume, cancel, replay, purge, set limit; all disabled.
     actions = page.locator("[data-action]")
     verbs = {a.get_attribute("data-action") for a in actions.all()}
-    assert verbs == {"pause", "resume", "cancel", "replay", "purge"}
+    assert verbs == {"pause", "resume", "cancel", "replay", "purge", "set limit"}
     for action in actions.all():
         expect(action).to_be_disabled()
     screenshot(page, "read-only")
@@ -398,9 +442,12 @@ def test_read_only_mode_refuses_every_action(db, dsn, web, open_page):
                      await post("/api/queues/ro/pause", {}),
                      await post("/api/queues/ro/resume", {}),
                      await post("/api/dead/replay", {kind: "record", dry_run: false}),
-                     await post("/api/dead/purge", {kind: "record", dry_run: false})];
+                     await post("/api/dead/purge", {kind: "record", dry_run: false}),
+                     await post("/api/limits/set", {kind: "record", concurrency: 1}),
+                     await post("/api/limits/reset", {kind: "record"})];
            }""", job)
-    assert statuses == [403] * 5
+    assert statuses == [403] * 7
+    assert one(db, "SELECT count(*) FROM pgpool_limits") == (0,)
     assert one(db, "SELECT state FROM pgpool_jobs WHERE id = %s", job) == ("ready",)
     assert one(db, "SELECT count(*) FROM pgpool_paused") == (0,)
     assert dead_count(db, "ro") == 1
