@@ -19,6 +19,7 @@ import psycopg
 
 from . import horizon as horizon_
 from . import schedules
+from .ops import TOP_SCOPES, limit_uses
 from .sql import observe as sql
 from .sql.fleet import COUNTED_LEASES, FLEET_BUDGET, STALE_AFTER_LEASES
 from .sql.ops import LIMITS, PAUSED
@@ -68,8 +69,9 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
     the last hour, counted up to `SUCCEEDED_CAP`; ``last_hour_more``: more than that) and
     ``last_ago`` (seconds since the latest). ``limits`` lists the kinds with an operator's
     override of their limit or with jobs holding a limit's slots or a rate's rows
-    (`pgpool.ops.limits`): ``override`` (None: the code's limit holds), ``running``,
-    ``rate_used`` and ``ready``. ``horizon`` is `pgpool.horizon.collect`'s:
+    (`pgpool.ops.limits`, `pgpool.ops.LimitUse.as_json`): ``override`` (None: the code's
+    limit holds), ``running``, ``rate_used``, ``ready``, and for limits by tenant or by
+    key, ``scopes`` in use and the ``top`` busiest. ``horizon`` is `pgpool.horizon.collect`'s:
     who holds back vacuum of pgpool's tables, their dead rows and vacuums, and the warning
     past ``horizon_warn`` seconds (None: never). ``conn`` must be in autocommit mode,
     outside a transaction.
@@ -86,7 +88,7 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
         groups = conn.execute(sql.STATUS_GROUPS, {"limit": GROUPS_SHOWN}).fetchall()
         succeeded = conn.execute(sql.STATUS_SUCCEEDED, {"cap": SUCCEEDED_CAP}).fetchall()
-        limits = conn.execute(LIMITS).fetchall()
+        limits = conn.execute(LIMITS, {"top": TOP_SCOPES}).fetchall()
         horizon = horizon_.collect(conn, horizon_warn)
     host_list = [
         {
@@ -123,15 +125,7 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
                 for _, gid, total, done, dead, age, callback in groups if gid is not None
             ],
         },
-        "limits": [
-            {"kind": kind,
-             "override": None if concurrency is None and rate is None else {
-                 "concurrency": concurrency, "rate": rate, "per": per, "set_by": set_by,
-                 "set_at": _iso(set_at)},
-             "running": running, "rate_used": rate_used, "ready": ready}
-            for kind, concurrency, rate, per, set_by, set_at, running, rate_used, ready
-            in limits
-        ],
+        "limits": [use.as_json() for use in limit_uses(limits)],
         "succeeded": [
             {"kind": kind, "last_hour": min(count, SUCCEEDED_CAP),
              "last_hour_more": count > SUCCEEDED_CAP, "last_ago": _round(ago)}
