@@ -365,7 +365,7 @@ class Claimer:
             got = await self._run_limited(conn, sql.CLAIM_SCOPED, {
                 **self._scoped, "queues": queues, "limit": limit - len(rows),
                 "after": self._scope_after})
-            self._scope_after = got[0][14]
+            self._scope_after = got[0][14] or ""  # none walked (each kind waits): from ''
             rows += [row[:14] for row in got if row[0] is not None]
             if not got[0][15] or len(rows) >= limit:
                 break

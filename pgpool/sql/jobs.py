@@ -547,8 +547,9 @@ _FREE_TICKS: Final = """
     UNION ALL
     SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l WHERE l.rate IS NULL"""
 
-#: The update of the jobs a limited claim picked (``picked``: id, slot, and ``scope``, NULL
-#: for a kind-wide limit), as `CLAIM_PLAIN`'s (their ``max_attempts`` from ``lim``): the
+#: The update of the jobs a limited claim picked (``picked``: id, slot; ``scopes``, their
+#: scopes in id order, an empty array for a kind-wide limit: unnest pads it with NULLs),
+#: as `CLAIM_PLAIN`'s (their ``max_attempts`` from ``lim``): the
 #: slot, its scope and the attempt that holds it are written on the row, which is in the
 #: unique index of its scope while it runs that attempt and leaves it however it stops
 #: running. ``ids`` unnested, a key lookup per id in any plan: see `CLAIM_PLAIN`.
@@ -564,7 +565,7 @@ SET state = 'running',
     limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END,
     limit_scope = CASE WHEN p.slot IS NOT NULL THEN p.scope END
 FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id),
-            ARRAY(SELECT {scope} FROM picked ORDER BY id)) AS p(id, slot, scope),
+            {scopes}) AS p(id, slot, scope),
      lim AS l
 WHERE j.id = p.id AND l.kind = j.kind
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
@@ -658,7 +659,7 @@ WITH lim AS MATERIALIZED (
     FROM picked AS p
     WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
 )
-""" + _CLAIM_PICKED.format(scope="NULL::text") + "\n"
+""" + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
 
 #: The scope of a job ``p`` under a limit ``l`` by tenant or by concurrency key: the
 #: pgpool_jobs.limit_scope its slot is in, and its ring's pgpool_limit_ticks.scope.
@@ -830,7 +831,7 @@ WITH RECURSIVE lim AS MATERIALIZED (
     FROM picked AS p
     WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
 ), claimed AS (
-""" + _CLAIM_PICKED.format(scope="scope") + """
+""" + _CLAIM_PICKED.format(scopes="ARRAY(SELECT scope FROM picked ORDER BY id)") + """
 )
 SELECT c.*, x.after, x.rings
 FROM (SELECT coalesce((SELECT tenant FROM wants ORDER BY n DESC LIMIT 1),

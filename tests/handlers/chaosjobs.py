@@ -52,6 +52,10 @@ LIMITED_CONCURRENCY = 3
 #: second.
 RATED = "chaos.rated"
 RATED_PER_SECOND = 20
+#: A kind with a concurrency limit per tenant (tests/host/test_limited_hosts.py), and that
+#: limit.
+PER_TENANT = "chaos.per_tenant"
+PER_TENANT_CONCURRENCY = 2
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -125,6 +129,14 @@ def steps(payload: dict) -> None:
 @pgpool.handler(LIMITED, limit=pgpool.Limit(concurrency=LIMITED_CONCURRENCY))
 def limited(payload: dict) -> None:
     """`record`, for a kind of which at most `LIMITED_CONCURRENCY` run at once in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(PER_TENANT, limit=pgpool.Limit(concurrency=PER_TENANT_CONCURRENCY,
+                                               by="tenant"))
+def per_tenant(payload: dict) -> None:
+    """`record`, for a kind of which at most `PER_TENANT_CONCURRENCY` of one tenant run at
+    once in the fleet."""
     record(payload)
 
 

@@ -6,7 +6,9 @@ every job finishes. An operator's override (`pgpool.ops.set_limit`) limits a kin
 limit in its code on a running host, and its reset lifts it. And a kind limited to 20
 starts a second: never more than 20 claimed in
 any second, on the server's clock (what the limit holds; a trigger notes each claim's
-``claimed_at``), the 100 jobs spread over 4 s at least, and every one done.
+``claimed_at``), the 100 jobs spread over 4 s at least, and every one done. A kind limited
+to 2 per tenant never runs 3 of one tenant's jobs at once, across a SIGKILL of a host
+holding slots, while the three tenants run side by side.
 
 Jobs are `tests/handlers/chaosjobs.py` ``chaos.limited`` jobs: each attempt durably records
 its start and end (monotonic ns); an attempt killed while it ran (its host's workers die
@@ -44,6 +46,8 @@ JOBS = 60
 DRAIN = 120
 RATED = "chaos.rated"
 RATE = 20  # chaosjobs.RATED_PER_SECOND
+PER_TENANT = "chaos.per_tenant"
+PER_TENANT_LIMIT = 2  # chaosjobs.PER_TENANT_CONCURRENCY
 RATED_JOBS = 100
 
 
@@ -197,6 +201,45 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
                for runs in attempts.values() for i, a in enumerate(runs))
     # The limit was reached (the check can see more than it), and never passed.
     assert most_at_once(attempts, watcher) == LIMIT
+
+
+@pytest.mark.soak  # three hosts, one killed: `make soak-test`
+def test_never_more_than_the_limit_of_one_tenant_run_across_a_killed_host(
+        dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
+        hosts: list[Host]) -> None:
+    tenants = ("acme", "globex", "initech")
+    for tenant in tenants:
+        pgpool.enqueue_many(db, PER_TENANT, [{"ms": 1, "sleep": 0.3} for _ in range(12)],
+                            tenant=tenant)
+    of_tenant = {tenant: {row[0] for row in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE tenant = %s", (tenant,))} for tenant in tenants}
+    killed, *rest = hosts
+
+    wait_until(lambda: in_progress(records, killed), "a job running on the first host")
+    killed.proc.kill()
+    killed.proc.wait(timeout=30)
+
+    def drained() -> bool:
+        return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                          (PER_TENANT,)).fetchone()[0] == 0
+
+    wait_until(drained, "every job done", timeout=DRAIN, interval=0.2)
+    for host in rest:
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.proc.wait(timeout=60) == 0
+    assert watcher.settle() == [], "workers still running after their dispatcher exited"
+
+    attempts = read_attempts(records)
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert {job for job, runs in attempts.items() if any(a.end for a in runs)} == set().union(
+        *of_tenant.values())
+    assert any(a.ppid == killed.pid and a.end is None
+               for runs in attempts.values() for a in runs)
+    # Each tenant's limit was reached (the check can see more than it), and never passed;
+    # all three at once, more than one tenant's limit: the tenants ran side by side.
+    assert [most_at_once({job: attempts[job] for job in ids}, watcher)
+            for ids in of_tenant.values()] == [PER_TENANT_LIMIT] * 3
+    assert most_at_once(attempts, watcher) > PER_TENANT_LIMIT
 
 
 @pytest.mark.soak  # three hosts drained at a rate, 5 s or more: `make soak-test`
