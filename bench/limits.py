@@ -16,8 +16,9 @@ kind has, none reached:
   with ``--tenants``);
 - ``concurrency``: ``Limit(concurrency=1_000_000)``: the limited claim, a slot per job;
 - ``rate``: ``Limit(rate=100_000, per=1)``: the limited claim, a ring row per job;
-- ``tenant_concurrency``, ``tenant_rate``: the same ``by="tenant"``: the scoped claim, a
-  slot or ring row of the job's tenant per job.
+- ``tenant_concurrency``, ``tenant_rate``: the same ``by="tenant"`` (the rate 1,000 a
+  second per tenant: a ring of R rows per tenant, and 40,000 jobs over 50 tenants come to
+  a fraction of that): the scoped claim, a slot or ring row of the job's tenant per job.
 
 They take turns, in a new order each round. Per drain: jobs/s over the host's whole run
 (start-up included, the same for all), and the CPU its processes used per job.
@@ -71,7 +72,7 @@ from pgpool.bench.jobs import KIND, STAMPS_ENV
 #: bench/limitjobs.py's notation.
 VARIANTS: Final = {"unlimited": None, "concurrency": "concurrency:1000000",
                    "rate": "rate:100000/1", "tenant_concurrency": "concurrency:1000000@tenant",
-                   "tenant_rate": "rate:100000/1@tenant"}
+                   "tenant_rate": "rate:1000/1@tenant"}
 
 #: The per-tenant check's claims, noted by a trigger on the scratch schema's pgpool_jobs.
 NOTE_CLAIMS: Final = """

@@ -490,6 +490,10 @@ ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them 
 #: Tenants the scoped claim (`CLAIM_SCOPED`) walks in each (queue, kind) pair at most: a
 #: bound on what one claim reads, about four index descents each.
 SCOPE_WALK: Final = 100
+#: Rows of new rings one scoped claim writes at most (past one ring): a rate of R per
+#: tenant is R rows per tenant, and a hundred new tenants at R = 100,000 would be ten
+#: million rows in one claim. The tenants left get theirs from the next claims.
+RING_ROWS: Final = 10_000
 
 #: A running job holds a slot of its kind's concurrency limit: written with the predicate
 #: of the unique indexes pgpool_jobs_limit_running and _scoped_running, whose entries are
@@ -695,8 +699,9 @@ _SCOPE_OF: Final = ("CASE {l}.by WHEN 'tenant' THEN 'tenant:' || {p}.tenant "
 #:   ticks (`_FREE_TICKS`, its ring), as many as it has candidates, locked as in
 #:   `CLAIM_LIMITED`: the unique index holds the concurrency per scope, the ring the rate.
 #: - ``rings``: a ring of ``rate`` rows for each scope walked or met that lacks its last
-#:   row (new, or its rate raised), in key order (two claims adding the same rings wait on
-#:   each other rather than deadlock, mostly; a deadlock is a lost race, tried again).
+#:   row (new, or its rate raised), `RING_ROWS` rows at most past the first ring, in key
+#:   order (two claims adding the same rings wait on each other rather than deadlock,
+#:   mostly; a deadlock is a lost race, tried again).
 #: - ``picked``: the n-th job of a scope gets its n-th free slot and tick; ``limit`` in
 #:   all, the first of every scope first (`_CLAIM_PICKED`).
 CLAIM_SCOPED: Final = """
@@ -808,16 +813,19 @@ WITH RECURSIVE lim AS MATERIALIZED (
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per scope
     SELECT kind, scope, rank, f.slot, t.slot AS tick
     FROM free AS f JOIN ticks AS t USING (kind, scope, rank)
-), rings AS (  -- a ring for each scope walked or met without its last row
+), rings AS (  -- a ring for each scope walked or met without its last row, a bounded few
     INSERT INTO pgpool_limit_ticks (kind, scope, slot)
-    SELECT s.kind, s.scope, generate_series(1, l.rate)
-    FROM (SELECT kind, 'tenant:' || tenant AS scope FROM guess
-          UNION SELECT kind, scope FROM ranked) AS s
-    JOIN lim AS l USING (kind)
-    WHERE l.rate IS NOT NULL
-      AND NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t
-                      WHERE t.kind = s.kind AND t.scope = s.scope AND t.slot = l.rate)
-      AND (l.by = 'tenant') = (s.scope LIKE 'tenant:%%')
+    SELECT m.kind, m.scope, generate_series(1, m.rate)
+    FROM (SELECT s.kind, s.scope, l.rate,
+                 sum(l.rate) OVER (ORDER BY s.kind, s.scope) - l.rate AS before
+          FROM (SELECT kind, 'tenant:' || tenant AS scope FROM guess
+                UNION SELECT kind, scope FROM ranked) AS s
+          JOIN lim AS l USING (kind)
+          WHERE l.rate IS NOT NULL
+            AND NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t
+                            WHERE t.kind = s.kind AND t.scope = s.scope AND t.slot = l.rate)
+            AND (l.by = 'tenant') = (s.scope LIKE 'tenant:%%')) AS m
+    WHERE m.before < """ + str(RING_ROWS) + """
     ORDER BY 1, 2, 3
     ON CONFLICT DO NOTHING
     RETURNING 1
