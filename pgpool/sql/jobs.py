@@ -683,12 +683,12 @@ _SCOPE_OF: Final = ("CASE {l}.by WHEN 'tenant' THEN 'tenant:' || {p}.tenant "
 #:   ``by`` (the limit changed while they ran: two range probes, the scopes of each way
 #:   begin with their own prefix), takes nothing until they are done.
 #: - ``walk``: a loose index scan of the tenants with ready jobs in each pair, from the
-#:   cursor on, wrapping round, `SCOPE_WALK` at most: its cost follows the tenants waiting,
-#:   never a tenant's backlog (as `CLAIM`'s walk).
-#: - ``guess``: by tenant, each walked tenant's room, read without locking: its concurrency
-#:   limit less its held slots, its ring's free rows (at most ``limit``). A tenant at its
-#:   limit gets no jobs looked at, so it holds nobody else up; a guess too high costs only
-#:   jobs locked and let go. By key, the batch: keys are met job by job.
+#:   cursor on, wrapping round, until the rooms it guessed fill the batch, `SCOPE_WALK` at
+#:   most: its cost follows the tenants it needs, never a tenant's backlog (as `CLAIM`'s
+#:   walk). By tenant, each one's room is read without locking: its concurrency limit less
+#:   its held slots, its ring's free rows (at most ``limit``). A tenant at its limit gets
+#:   no jobs looked at, so it holds nobody else up; a guess too high costs only jobs locked
+#:   and let go. By key, the batch: keys are met job by job.
 #: - ``wants``: the tenants with room, in walk order, each with as many jobs as it has room
 #:   for, up to what the batch has left: a claim locks about ``limit`` rows of each sort.
 #: - ``candidates``: those jobs, on the ready index in claim order; a job whose concurrency
@@ -727,13 +727,16 @@ WITH RECURSIVE lim AS MATERIALIZED (
       AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- slots held by the other way
                       WHERE r.kind = l.kind AND r.limit_scope >= o.other
                         AND r.limit_scope < o.past AND """ + _HOLDS_SLOT.format(r="r") + """)
-), walk AS (  -- the tenants with ready jobs, from the cursor on, wrapping round
+), walk AS (  -- the tenants with ready jobs, from the cursor on, wrapping round, each
+              -- with its room guessed, until the batch is full
     SELECT q.queue, l.kind, %(after)s::text COLLATE "C" AS tenant,
-           NULL::text COLLATE "C" AS first, 0 AS n  -- n = 0: the cursor, not a tenant
+           NULL::text COLLATE "C" AS first, 0 AS n,  -- n = 0: the cursor, not a tenant
+           0::bigint AS room, 0::bigint AS got
     FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN lim AS l
     UNION ALL
-    SELECT w.queue, w.kind, x.tenant, coalesce(w.first, x.tenant), w.n + 1
-    FROM walk AS w
+    SELECT w.queue, w.kind, x.tenant, coalesce(w.first, x.tenant), w.n + 1, g.room,
+           w.got + greatest(g.room, 0)
+    FROM walk AS w JOIN lim AS l ON l.kind = w.kind
     CROSS JOIN LATERAL (SELECT coalesce(
         (SELECT tenant FROM pgpool_jobs
          WHERE state = 'ready' AND queue = w.queue AND kind = w.kind AND tenant > w.tenant
@@ -741,27 +744,25 @@ WITH RECURSIVE lim AS MATERIALIZED (
         (SELECT tenant FROM pgpool_jobs  -- past the last one: round to the first
          WHERE state = 'ready' AND queue = w.queue AND kind = w.kind
          ORDER BY tenant, priority DESC, run_at, id LIMIT 1)) AS tenant) AS x
+    CROSS JOIN LATERAL (  -- by tenant: its room, unlocked; by key: the batch
+        SELECT CASE WHEN l.by <> 'tenant' THEN %(limit)s ELSE least(%(limit)s,
+            l.concurrency - (SELECT count(*) FROM (
+                SELECT FROM pgpool_jobs AS r
+                WHERE r.kind = l.kind AND r.limit_scope = 'tenant:' || x.tenant
+                  AND """ + _HOLDS_SLOT.format(r="r") + """ LIMIT l.concurrency) AS h),
+            CASE WHEN l.rate IS NOT NULL THEN (SELECT count(*) FROM (
+                SELECT FROM pgpool_limit_ticks AS t
+                WHERE t.kind = l.kind AND t.scope = 'tenant:' || x.tenant
+                  AND t.slot <= l.rate AND t.used_at <= now() - make_interval(secs => l.per)
+                LIMIT %(limit)s) AS f) END) END AS room
+        OFFSET 0) AS g  -- not inlined: its subqueries run once per tenant, not per use
     WHERE x.tenant IS NOT NULL AND x.tenant IS DISTINCT FROM w.first AND w.n < %(walk)s
-), guess AS (  -- by tenant: each walked tenant's room, unlocked; by key: the batch
-    SELECT w.queue, w.kind, w.tenant, w.n,
-           CASE WHEN l.by <> 'tenant' THEN %(limit)s ELSE least(%(limit)s,
-               l.concurrency - (SELECT count(*) FROM (
-                   SELECT FROM pgpool_jobs AS r
-                   WHERE r.kind = l.kind AND r.limit_scope = 'tenant:' || w.tenant
-                     AND """ + _HOLDS_SLOT.format(r="r") + """ LIMIT l.concurrency) AS h),
-               CASE WHEN l.rate IS NOT NULL THEN (SELECT count(*) FROM (
-                   SELECT FROM pgpool_limit_ticks AS t
-                   WHERE t.kind = l.kind AND t.scope = 'tenant:' || w.tenant
-                     AND t.slot <= l.rate
-                     AND t.used_at <= now() - make_interval(secs => l.per)
-                   LIMIT %(limit)s) AS f) END) END AS room
-    FROM walk AS w JOIN lim AS l USING (kind)
-    WHERE w.n > 0 AND w.tenant IS NOT NULL
+      AND w.got < %(limit)s
 ), wants AS (  -- in walk order, the tenants with room: as many jobs as the batch has left
     SELECT queue, kind, tenant, n, least(room, %(limit)s - before) AS want
     FROM (SELECT *, coalesce(sum(room) OVER (ORDER BY n, queue, kind ROWS BETWEEN
                                              UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-          FROM guess WHERE room > 0) AS g
+          FROM walk WHERE n > 0 AND room > 0) AS g
     WHERE before < %(limit)s
 ), candidates AS (
     SELECT c.*, """ + _SCOPE_OF.format(l="l", p="c") + """ AS scope,
@@ -818,7 +819,7 @@ WITH RECURSIVE lim AS MATERIALIZED (
     SELECT m.kind, m.scope, generate_series(1, m.rate)
     FROM (SELECT s.kind, s.scope, l.rate,
                  sum(l.rate) OVER (ORDER BY s.kind, s.scope) - l.rate AS before
-          FROM (SELECT kind, 'tenant:' || tenant AS scope FROM guess
+          FROM (SELECT kind, 'tenant:' || tenant AS scope FROM walk WHERE n > 0
                 UNION SELECT kind, scope FROM ranked) AS s
           JOIN lim AS l USING (kind)
           WHERE l.rate IS NOT NULL

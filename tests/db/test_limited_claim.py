@@ -23,6 +23,7 @@ from pgpool.host.lease import Lease
 from pgpool.host.parts.retention import Retention
 from pgpool.limits import Override
 from pgpool.registry import Handler
+from pgpool.sql.jobs import SCOPE_WALK
 
 #: How a host sets up its claim connections.
 CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), claims=True)
@@ -285,6 +286,22 @@ def test_a_rate_by_tenant_holds_per_tenant_and_others_go_on(db: psycopg.Connecti
     assert running_per(db) == {"aaa": 6, "bbb": 5, "ccc": 5, "ddd": 2}
     assert db.execute("SELECT scope, count(*) FROM pgpool_limit_ticks GROUP BY 1 ORDER BY 1"
                       ).fetchall() == [(f"tenant:{t}", 3) for t in ("aaa", "bbb", "ccc", "ddd")]
+
+
+def test_tenants_past_one_claims_walk_get_theirs_from_the_next(db: psycopg.Connection,
+                                                                dsn: str) -> None:
+    """A claim walks `sql.SCOPE_WALK` tenants at most; the next goes on from where it
+    stopped, past the tenants at their limit, so those further on are not left waiting."""
+    tenants = SCOPE_WALK + 20
+    enqueue_tenants(db, {f"t{n:03}": 2 for n in range(tenants)})
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", 1, by="tenant")
+        return [len(await c.claim(1000)) for _ in range(3)]
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [SCOPE_WALK, 20, 0]
+    assert set(running_per(db).values()) == {1}
+    assert len(running_per(db)) == tenants
 
 
 def test_a_limit_by_concurrency_key_holds_per_key(db: psycopg.Connection, dsn: str) -> None:
