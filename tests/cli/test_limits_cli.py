@@ -11,6 +11,7 @@ from commands import run_pgpool
 
 import pgpool
 from pgpool import ops
+from pgpool.errors import ConfigError
 
 
 def test_an_override_is_stored_listed_and_reset(db: psycopg.Connection, dsn: str) -> None:
@@ -79,6 +80,10 @@ def test_a_limit_by_tenant_is_set_and_its_busiest_tenants_listed(db: psycopg.Con
     done = run_pgpool(dsn, "limits", "set", "sync", "--by", "tenant")
     assert done.stdout.startswith("pgpool: limit of kind sync set to per tenant on every "
                                   "host"), done.stderr
+    with pytest.raises(ConfigError) as refused:
+        ops.set_limit(db, "sync", rate=5, by="colour")
+    assert str(refused.value) == ("limit of kind sync: by must be one of kind, tenant, "
+                                  "concurrency_key, got 'colour'")
     for tenant, running in (("acme", 3), ("globex", 1), ("initech", 2), ("umbrella", 1)):
         pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(running + 1)], tenant=tenant)
         db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'h', "
