@@ -46,6 +46,12 @@ def claimer(pool: AsyncConnectionPool, owner: str, concurrency: int | None,
                    lease=Lease(30), max_attempts=20, timeout=None)
 
 
+async def race(claimers: list[Claimer], batch: int) -> int:
+    """Two claims of ``batch`` at once on each claimer: how many jobs they took."""
+    batches = await asyncio.gather(*(c.claim(batch) for c in claimers for _ in "ab"))
+    return sum(len(b) for b in batches)
+
+
 def running_per(db: psycopg.Connection, column: str = "tenant") -> dict[str, int]:
     """The running jobs of kind lim per tenant (or per concurrency key, '' for none)."""
     return dict(db.execute(f"SELECT coalesce({column}, ''), count(*) FROM pgpool_jobs "
@@ -191,16 +197,11 @@ def test_a_rate_takes_at_most_r_in_a_window_however_claims_race(db: psycopg.Conn
     async def work(pools: list[AsyncConnectionPool]) -> list[int]:
         claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=7, per=3600)
                     for n, pool in enumerate(pools)]
-        got = []
-        for _ in range(3):
-            batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
-            got.append(sum(len(b) for b in batches))
+        got = [await race(claimers, 5) for _ in range(3)]
         # The window passes (its ticks an hour old): seven more, and no more.
         db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
         db.commit()
-        batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
-        got.append(sum(len(b) for b in batches))
-        return got
+        return [*got, await race(claimers, 5)]
 
     got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert sum(got[:3]) == 7
@@ -237,7 +238,7 @@ def test_a_limit_by_tenant_holds_per_tenant_however_claims_race(db: psycopg.Conn
         claimers = [claimer(pool, f"host-{n}:1:aa", 2, by="tenant")
                     for n, pool in enumerate(pools)]
         for _ in range(5):
-            await asyncio.gather(*(c.claim(10) for c in claimers for _ in "ab"))
+            await race(claimers, 10)
 
     with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert running_per(db) == {"acme": 2, "globex": 2, "": 2, "initech": 1}
@@ -271,14 +272,9 @@ def test_a_rate_by_tenant_holds_per_tenant_and_others_go_on(db: psycopg.Connecti
     async def work(pools: list[AsyncConnectionPool]) -> list[int]:
         claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=3, per=3600, by="tenant")
                     for n, pool in enumerate(pools)]
-        got = []
-        for _ in range(4):
-            batches = await asyncio.gather(*(c.claim(4) for c in claimers for _ in "ab"))
-            got.append(sum(len(b) for b in batches))
+        got = [await race(claimers, 4) for _ in range(4)]
         db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
-        batches = await asyncio.gather(*(c.claim(10) for c in claimers for _ in "ab"))
-        got.append(sum(len(b) for b in batches))
-        return got
+        return [*got, await race(claimers, 10)]
 
     got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert sum(got[:4]) == 3 + 3 + 3 + 2
