@@ -35,12 +35,14 @@ value on its own (a job's tenant, or its key; the jobs without one share a scope
 
     sql.jobs.CLAIM_SCOPED, instead of CLAIM_LIMITED:
       walk: the tenants with ready jobs, from the claimer's cursor on (a loose index scan,
-            `SCOPE_WALK` at most), each one's room guessed without locking
+            `SCOPE_WALK` at most), each one's room guessed without locking, until the
+            batch is full
       -> the jobs of the tenants with room, as many as the batch has left
       -> per scope: its free slots (pgpool_jobs.limit_scope, limit_slot: the unique index
          pgpool_jobs_limit_scoped_running holds one running job per (kind, scope, slot))
          and its ring's free rows (pgpool_limit_ticks, scope), locked as for a kind
-      -> a scope without a ring gets one (R rows), which the claimer's next claim uses;
+      -> a scope without a ring gets one (R rows), which the claimer's next claim (at
+         once) uses;
          the maintenance leader deletes the rings unused for a day (`MAX_PER`)
 
 A limit never touches a kind without one: its jobs are claimed by the same statements as
@@ -58,9 +60,13 @@ from typing import Final, Literal
 from .errors import HandlerError
 
 #: What a limit may be counted per (`Limit.by`): a job's tenant, or its concurrency key.
-BY: Final = ("tenant", "concurrency_key")
-#: What an operator's override may set it to (`Override.by`): those, or the kind as a whole.
-OVERRIDE_BY: Final = ("kind", *BY)
+By = Literal["tenant", "concurrency_key"]
+BY: Final[tuple[By, ...]] = ("tenant", "concurrency_key")
+#: What an operator's override may set it to (`Override.by`), and the `Limit.by` each
+#: makes: those, or the kind as a whole.
+_OVERRIDDEN_BY: Final[dict[str, By | None]] = {"kind": None, "tenant": "tenant",
+                                                "concurrency_key": "concurrency_key"}
+OVERRIDE_BY: Final = tuple(_OVERRIDDEN_BY)
 
 #: The largest concurrency limit: a slot number is a PostgreSQL integer.
 MAX_CONCURRENCY: Final = 2**31 - 1
@@ -86,7 +92,7 @@ class Limit:
     concurrency: int | None = None
     rate: int | None = None
     per: float | timedelta = 1.0
-    by: Literal["tenant", "concurrency_key"] | None = None
+    by: By | None = None
 
     def __post_init__(self) -> None:
         concurrency, rate, per = self.concurrency, self.rate, self.per
@@ -146,7 +152,7 @@ class Override:
         if limit is None and self.concurrency is None and self.rate is None:
             return None
         base = limit or Limit(concurrency=self.concurrency, rate=self.rate)
-        by = base.by if self.by is None else None if self.by == "kind" else self.by
+        by = base.by if self.by is None else _OVERRIDDEN_BY[self.by]
         return replace(base,
                        concurrency=self.concurrency or base.concurrency,
                        rate=self.rate or base.rate,
