@@ -56,7 +56,7 @@ class Retention(LoopPart):
         self._prunes: list[tuple[str, str, dict[str, object]]] = [
             ("finished jobs", outcomes.PRUNE_DONE, {"limit": BATCH}),
             ("groups", outcomes.PRUNE_GROUPS, {"limit": BATCH}),
-            ("rows of rate rings unused for a day", jobs.PRUNE_TICKS,
+            ("rows of rate rings, a day unused", jobs.PRUNE_TICKS,
              {"limit": BATCH, "idle": MAX_PER}),
         ]
         if retention is not None:
