@@ -707,7 +707,8 @@ _SCOPE_OF: Final = ("CASE {l}.by WHEN 'tenant' THEN 'tenant:' || {p}.tenant "
 CLAIM_SCOPED: Final = """
 WITH RECURSIVE lim AS MATERIALIZED (
     SELECT l.kind, l.by, l.concurrency, l.rate, l.per, l.max_attempts,
-           l.by = 'concurrency_key' AND l.concurrency <= (  -- the keyless scope is full
+           l.by = 'concurrency_key' AND l.concurrency IS NOT NULL  -- the keyless scope
+           AND l.concurrency <= (                                   -- is full
                SELECT count(*) FROM (
                    SELECT FROM pgpool_jobs AS r
                    WHERE r.kind = l.kind AND r.limit_scope = 'key:'

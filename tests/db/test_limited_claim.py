@@ -326,6 +326,20 @@ def test_a_limit_by_concurrency_key_holds_per_key(db: psycopg.Connection, dsn: s
                       ).fetchone()[0] == 6 + 3 + 6 - 6
 
 
+def test_a_rate_by_concurrency_key_alone_takes_the_keyless_jobs_too(db: psycopg.Connection,
+                                                                   dsn: str) -> None:
+    """No concurrency limit: the keyless jobs are one scope, at the rate like any key."""
+    pgpool.enqueue(db, "lim", {"i": 0}, concurrency_key="k1")
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(5)])
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=3, per=3600, by="concurrency_key")
+        return [len(await c.claim(10)) for _ in range(2)]
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [4, 0]
+    assert running_per(db, "concurrency_key") == {"k1": 1, "": 3}
+
+
 def test_a_lowered_limit_by_tenant_waits_for_the_slots_above_it(db: psycopg.Connection,
                                                                  dsn: str) -> None:
     enqueue_tenants(db, {"acme": 10, "globex": 10})
