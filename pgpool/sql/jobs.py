@@ -864,9 +864,10 @@ ANALYZE_TICKS: Final = "ANALYZE pgpool_limit_ticks"
 #: Delete the rings of scopes (`CLAIM_SCOPED`) whose rows were all last used ``idle``
 #: seconds ago or more (`pgpool.host.parts.retention`, with the longest window there is:
 #: such a ring is as good as a new one, which the next claim that needs it makes), whole
-#: rings, in key order, until ``limit`` rows (or one ring). A row used meanwhile is checked
-#: again once locked and kept (its ring's last row, if it is another, makes the claims
-#: add the rest back; else the ring is short for a day at most, which only slows its scope).
+#: rings, in key order, until ``limit`` rows (or one ring). Whole or not at all: a ring's
+#: rows are locked SKIP LOCKED and read again, and a ring is deleted only if every one of
+#: them was locked and still idle (a claim that holds one, or used one since, keeps it:
+#: a ring with holes would slow its scope, and the claims check only its last row).
 #: Kind-wide rings (scope '') are kept: only a host's start makes them. How many rows went.
 PRUNE_TICKS: Final = """
 WITH idle AS (
@@ -875,13 +876,21 @@ WITH idle AS (
     GROUP BY kind, scope
     HAVING max(used_at) <= now() - make_interval(secs => %(idle)s)
 ), batch AS (
-    SELECT kind, scope
-    FROM (SELECT kind, scope, sum(n) OVER (ORDER BY kind, scope) - n AS before FROM idle) AS i
+    SELECT kind, scope, n
+    FROM (SELECT kind, scope, n, sum(n) OVER (ORDER BY kind, scope) - n AS before
+          FROM idle) AS i
     WHERE before < %(limit)s
+), locked AS (
+    SELECT t.kind, t.scope, t.used_at FROM pgpool_limit_ticks AS t
+    JOIN batch AS b USING (kind, scope)
+    FOR UPDATE OF t SKIP LOCKED
+), whole AS (
+    SELECT l.kind, l.scope FROM locked AS l JOIN batch AS b USING (kind, scope)
+    GROUP BY l.kind, l.scope, b.n
+    HAVING count(*) = b.n AND max(l.used_at) <= now() - make_interval(secs => %(idle)s)
 ), gone AS (
-    DELETE FROM pgpool_limit_ticks AS t USING batch AS b
-    WHERE t.kind = b.kind AND t.scope = b.scope
-      AND t.used_at <= now() - make_interval(secs => %(idle)s)
+    DELETE FROM pgpool_limit_ticks AS t USING whole AS w
+    WHERE t.kind = w.kind AND t.scope = w.scope
     RETURNING 1
 )
 SELECT count(*) FROM gone

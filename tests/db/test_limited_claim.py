@@ -409,7 +409,8 @@ def test_a_host_claims_kind_wide_and_scoped_limits_together(db: psycopg.Connecti
 def test_retention_deletes_the_rings_unused_for_a_day(db: psycopg.Connection,
                                                       dsn: str) -> None:
     """A scope's ring unused for a day is deleted (no window is longer: it is as good as
-    new), one used since is kept, and so is every kind-wide ring."""
+    new), one used since is kept, and so is one a claim holds a row of (whole: a ring with
+    holes would slow its tenant), and every kind-wide ring."""
     db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
                "SELECT 'lim', s, n, now() - interval '25 hours' "
                "FROM unnest(ARRAY['', 'tenant:old', 'tenant:used']) AS s, "
@@ -417,12 +418,20 @@ def test_retention_deletes_the_rings_unused_for_a_day(db: psycopg.Connection,
     db.execute("UPDATE pgpool_limit_ticks SET used_at = now() - interval '23 hours' "
                "WHERE scope = 'tenant:used' AND slot = 2")
 
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+               "SELECT 'lim', 'tenant:held', n, now() - interval '25 hours' "
+               "FROM generate_series(1, 3) AS n")
+
     async def prune(pools: list[AsyncConnectionPool]) -> int | None:
         return await Retention(pools[0], None).prune()
 
-    assert with_pools(dsn, 1, CLAIM_CONNECTION, prune) == 3
+    # A claim holds a row of an idle ring (it is taking it): the ring is kept whole.
+    with psycopg.connect(dsn) as claim:
+        claim.execute("SELECT FROM pgpool_limit_ticks WHERE scope = 'tenant:held' AND slot = 2 "
+                      "FOR UPDATE")
+        assert with_pools(dsn, 1, CLAIM_CONNECTION, prune) == 3
     assert db.execute("SELECT scope, count(*) FROM pgpool_limit_ticks GROUP BY 1 ORDER BY 1"
-                      ).fetchall() == [("", 3), ("tenant:used", 3)]
+                      ).fetchall() == [("", 3), ("tenant:held", 3), ("tenant:used", 3)]
 
 
 @pytest.mark.parametrize("by", ["colour", "Tenant", ""])
