@@ -193,11 +193,16 @@ def drains_in_turns(s: Session, names: list[str], args: argparse.Namespace,
 
 
 def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, procs: int,
-                batch: int, handlers: Iterable[str] = (), **env: str) -> dict[str, float]:
-    """``jobs_`` fresh no-op bench jobs, COPY-loaded into the just-vacuumed table, drained
-    by `start_pgpool_run` (with ``handlers`` and ``env``): jobs/s over the host's whole run
-    and its processes' CPU µs per job (this process's children's rusage)."""
-    pgpool.enqueue_many(conn, jobs.KIND, ({"do": "noop"} for _ in range(jobs_)))
+                batch: int, handlers: Iterable[str] = (), tenants: int = 0,
+                **env: str) -> dict[str, float]:
+    """``jobs_`` fresh no-op bench jobs (spread evenly over ``tenants`` tenants, if any),
+    COPY-loaded into the just-vacuumed table, drained by `start_pgpool_run` (with
+    ``handlers`` and ``env``): jobs/s over the host's whole run and its processes' CPU µs
+    per job (this process's children's rusage)."""
+    for n in range(max(1, tenants)):
+        pgpool.enqueue_many(conn, jobs.KIND, ({"do": "noop"} for _ in range(n, jobs_,
+                                                                            max(1, tenants))),
+                            tenant=f"t{n:03}" if tenants else None)
     conn.execute("VACUUM ANALYZE pgpool_jobs")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log_path, "w+b") as log:

@@ -1,6 +1,6 @@
 """Fleet-wide limits of a kind: at most N of its jobs running at once, at most R of them
-started in any window of ``per`` seconds, for the whole kind, whatever the number of hosts
-(docs/guides/limits.md).
+started in any window of ``per`` seconds, for the whole kind or per tenant or per
+concurrency key (``by=``), whatever the number of hosts (docs/guides/limits.md).
 
 Where a limit goes::
 
@@ -30,6 +30,21 @@ Where a limit goes::
                Judged at the claim, on the server's clock (``now()``); a job starts a
                moment later in its worker, so start times can bunch by that moment.
 
+Per tenant or per key (``by="tenant"``, ``by="concurrency_key"``): the same, for each scope
+value on its own (a job's tenant, or its key; the jobs without one share a scope)::
+
+    sql.jobs.CLAIM_SCOPED, instead of CLAIM_LIMITED:
+      walk: the tenants with ready jobs, from the claimer's cursor on (a loose index scan,
+            `SCOPE_WALK` at most), each one's room guessed without locking, until the
+            batch is full
+      -> the jobs of the tenants with room, as many as the batch has left
+      -> per scope: its free slots (pgpool_jobs.limit_scope, limit_slot: the unique index
+         pgpool_jobs_limit_scoped_running holds one running job per (kind, scope, slot))
+         and its ring's free rows (pgpool_limit_ticks, scope), locked as for a kind
+      -> a scope without a ring gets one (R rows), which the claimer's next claim (at
+         once) uses;
+         the maintenance leader deletes the rings unused for a day (`MAX_PER`)
+
 A limit never touches a kind without one: its jobs are claimed by the same statements as
 before, which read nothing of limits.
 
@@ -40,9 +55,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Final
+from typing import Final, Literal
 
 from .errors import HandlerError
+
+#: What a limit may be counted per (`Limit.by`): a job's tenant, or its concurrency key.
+By = Literal["tenant", "concurrency_key"]
+BY: Final[tuple[By, ...]] = ("tenant", "concurrency_key")
+#: What an operator's override may set it to (`Override.by`), and the `Limit.by` each
+#: makes: those, or the kind as a whole.
+_OVERRIDDEN_BY: Final[dict[str, By | None]] = {"kind": None, "tenant": "tenant",
+                                                "concurrency_key": "concurrency_key"}
+OVERRIDE_BY: Final = tuple(_OVERRIDDEN_BY)
 
 #: The largest concurrency limit: a slot number is a PostgreSQL integer.
 MAX_CONCURRENCY: Final = 2**31 - 1
@@ -58,7 +82,9 @@ MAX_PER: Final = 86_400.0
 class Limit:
     """At most ``concurrency`` jobs of the kind running at once in the whole fleet, and at
     most ``rate`` of them started (claimed) in any window of ``per`` seconds (a number, or
-    a timedelta; kept in seconds). Give either or both.
+    a timedelta; kept in seconds). Give either or both. With ``by`` ("tenant" or
+    "concurrency_key"), each holds for every tenant (or key) on its own; the jobs without
+    one share theirs.
 
     Every field is checked when it is built: a bad value raises `HandlerError`.
     """
@@ -66,9 +92,13 @@ class Limit:
     concurrency: int | None = None
     rate: int | None = None
     per: float | timedelta = 1.0
+    by: By | None = None
 
     def __post_init__(self) -> None:
         concurrency, rate, per = self.concurrency, self.rate, self.per
+        if self.by is not None and self.by not in BY:
+            raise HandlerError(f"pgpool.Limit: by must be \"tenant\" or \"concurrency_key\" "
+                               f"(or None, for the kind as a whole), got {self.by!r}")
         if concurrency is None and rate is None:
             raise HandlerError("pgpool.Limit: give concurrency=N (the most jobs of the kind "
                                "running at once), rate=R (the most started in per seconds), "
@@ -92,15 +122,17 @@ class Limit:
 class Override:
     """An operator's override of a kind's limit (``pgpool limits set``, a row of
     ``pgpool_limits``): each field not None replaces the code's; ``set_by``, the database
-    role that set it."""
+    role that set it. ``by``: one of `OVERRIDE_BY` ("kind": the kind as a whole)."""
 
     concurrency: int | None
     rate: int | None
     per: float | None
     set_by: str
+    by: str | None = None
 
     def describe(self) -> str:
-        """How `pgpool limits` and the hosts' logs say it: ``concurrency 3, rate 20/1s``."""
+        """How `pgpool limits` and the hosts' logs say it: ``concurrency 3, rate 20/1s``,
+        ``rate 100/60s per tenant``."""
         parts = []
         if self.concurrency is not None:
             parts.append(f"concurrency {self.concurrency}")
@@ -108,12 +140,21 @@ class Override:
             parts.append(f"rate {self.rate}/{self.per or 1:g}s")
         elif self.per is not None:
             parts.append(f"per {self.per:g}s")
-        return ", ".join(parts)
+        said = ", ".join(parts)
+        if self.by is None:
+            return said
+        scope = "for the kind as a whole" if self.by == "kind" else f"per {self.by}"
+        return f"{said} {scope}" if said else scope
 
-    def over(self, limit: Limit | None) -> Limit:
-        """The limit in force: ``limit`` (the code's, or None) with this override's fields."""
+    def over(self, limit: Limit | None) -> Limit | None:
+        """The limit in force: ``limit`` (the code's, or None) with this override's fields;
+        None for an override of ``by`` alone on a kind without a limit (nothing to count)."""
+        if limit is None and self.concurrency is None and self.rate is None:
+            return None
         base = limit or Limit(concurrency=self.concurrency, rate=self.rate)
+        by = base.by if self.by is None else _OVERRIDDEN_BY[self.by]
         return replace(base,
                        concurrency=self.concurrency or base.concurrency,
                        rate=self.rate or base.rate,
-                       per=self.per or base.per)
+                       per=self.per or base.per,
+                       by=by)

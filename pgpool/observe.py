@@ -19,6 +19,7 @@ import psycopg
 
 from . import horizon as horizon_
 from . import schedules
+from .ops import TOP_SCOPES, limit_uses
 from .sql import observe as sql
 from .sql.fleet import COUNTED_LEASES, FLEET_BUDGET, STALE_AFTER_LEASES
 from .sql.ops import LIMITS, PAUSED
@@ -68,11 +69,12 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
     the last hour, counted up to `SUCCEEDED_CAP`; ``last_hour_more``: more than that) and
     ``last_ago`` (seconds since the latest). ``limits`` lists the kinds with an operator's
     override of their limit or with jobs holding a limit's slots or a rate's rows
-    (`pgpool.ops.limits`): ``override`` (None: the code's limit holds), ``running``,
-    ``rate_used``, ``ready``, ``in_force`` (the limit the hosts apply; None: none known)
-    and ``waiting`` (the ready jobs waiting on it, which are not lag). Each queue's
-    ``lag`` leaves out its jobs waiting on a limit, and ``waiting_on_limits`` counts
-    them. ``horizon`` is `pgpool.horizon.collect`'s:
+    (`pgpool.ops.limits`, `pgpool.ops.LimitUse.as_json`): ``override`` (None: the code's
+    limit holds), ``running``, ``rate_used``, ``ready``, ``in_force`` (the limit the hosts
+    apply; None: none known), ``waiting`` (the ready jobs waiting on it, which are not
+    lag), and for limits by tenant or by key, ``scopes`` in use and the ``top`` busiest.
+    Each queue's ``lag`` leaves out its jobs waiting on a limit, and ``waiting_on_limits``
+    counts them. ``horizon`` is `pgpool.horizon.collect`'s:
     who holds back vacuum of pgpool's tables, their dead rows and vacuums, and the warning
     past ``horizon_warn`` seconds (None: never). ``conn`` must be in autocommit mode,
     outside a transaction.
@@ -89,7 +91,7 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
         schedule_rows = conn.execute(sql.STATUS_SCHEDULES).fetchall()
         groups = conn.execute(sql.STATUS_GROUPS, {"limit": GROUPS_SHOWN}).fetchall()
         succeeded = conn.execute(sql.STATUS_SUCCEEDED, {"cap": SUCCEEDED_CAP}).fetchall()
-        limits = conn.execute(LIMITS).fetchall()
+        limits = conn.execute(LIMITS, {"top": TOP_SCOPES}).fetchall()
         horizon = horizon_.collect(conn, horizon_warn)
     host_list = [
         {
@@ -126,18 +128,7 @@ def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORI
                 for _, gid, total, done, dead, age, callback in groups if gid is not None
             ],
         },
-        "limits": [
-            {"kind": kind,
-             "override": None if concurrency is None and rate is None else {
-                 "concurrency": concurrency, "rate": rate, "per": per, "set_by": set_by,
-                 "set_at": _iso(set_at)},
-             "running": running, "rate_used": rate_used, "ready": ready,
-             "in_force": None if in_concurrency is None and in_rate is None else {
-                 "concurrency": in_concurrency, "rate": in_rate, "per": in_per},
-             "waiting": waiting}
-            for (kind, concurrency, rate, per, set_by, set_at, running, rate_used, ready,
-                 in_concurrency, in_rate, in_per, waiting) in limits
-        ],
+        "limits": [use.as_json() for use in limit_uses(limits)],
         "succeeded": [
             {"kind": kind, "last_hour": min(count, SUCCEEDED_CAP),
              "last_hour_more": count > SUCCEEDED_CAP, "last_ago": _round(ago)}

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from .enqueue import outside_a_transaction, schema_required
 from .errors import ConfigError, HandlerError, PgpoolError
-from .limits import Limit, Override
+from .limits import OVERRIDE_BY, Limit, Override
 from .names import check_name
 from .outcomes import GroupStatus, Progress, group_status_of, progress_of
 from .sql import ops as sql
@@ -57,6 +57,8 @@ DeadReason = Literal["failed", "cancelled", "discarded"]
 DEAD_REASONS: Final[tuple[DeadReason, ...]] = ("failed", "cancelled", "discarded")
 #: Rows a listing returns when the caller gives no limit.
 DEFAULT_LIMIT: Final = 100
+#: The busiest scopes of a limit by tenant or by key that `limits` names, per kind.
+TOP_SCOPES: Final = 3
 #: Dead jobs per replay or purge batch (a replay with ``rate`` uses smaller ones).
 BATCH: Final = 1000
 #: A trickled replay sends about this many batches a second.
@@ -191,16 +193,27 @@ class Listing(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
+class ScopeUse:
+    """The use of one scope of a limit by tenant or by key (``tenant:T``, ``key:K``): its
+    ``running`` jobs holding a slot, and the rows of its ring used in the last period."""
+
+    scope: str
+    running: int
+    rate_used: int
+
+
+@dataclass(frozen=True, slots=True)
 class LimitUse:
     """A kind's limit as the database knows it (`limits`): the operator's ``override``
     (None: the code's limit holds), when it was set, and the use: ``running`` jobs holding
-    a slot of its concurrency limit, ``rate_used`` rows of its rate's ring used in the last
-    period, and its ``ready`` jobs (due now). The limit in force, as the hosts apply it
+    a slot of its concurrency limit, ``rate_used`` rows of its rate's rings used in the
+    last period, and its ``ready`` jobs (due now). The limit in force, as the hosts apply it
     (the override over the code's limit the hosts publish): ``concurrency``, ``rate`` and
     ``per`` (all None: no registered host declares one and there is no override); of the
     ready jobs, ``waiting`` wait on it: more than it lets start within the fleet's target
     lag, so more hosts would not start them sooner (`pgpool_hosts_wanted` does not count
-    them)."""
+    them). A limit by tenant or by key: ``scopes`` in use (holding slots or with rows used
+    in that period), and the `TOP_SCOPES` busiest, busiest first (``top``)."""
 
     kind: str
     override: Override | None
@@ -212,12 +225,39 @@ class LimitUse:
     rate: int | None
     per: float | None
     waiting: int
+    scopes: int = 0
+    top: tuple[ScopeUse, ...] = ()
 
     def in_force(self) -> str:
         """The limit in force as `Override.describe` says it (``-``: none known)."""
         if self.concurrency is None and self.rate is None:
             return "-"
         return Override(self.concurrency, self.rate, self.per, "").describe()
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``pgpool limits --json`` and ``pgpool status --json`` say of it."""
+        o = self.override
+        return {"kind": self.kind,
+                "override": None if o is None else {
+                    "concurrency": o.concurrency, "rate": o.rate, "per": o.per, "by": o.by,
+                    "set_by": o.set_by,
+                    "set_at": self.set_at.isoformat() if self.set_at else None},
+                "in_force": None if self.concurrency is None and self.rate is None else {
+                    "concurrency": self.concurrency, "rate": self.rate, "per": self.per},
+                "running": self.running, "rate_used": self.rate_used, "ready": self.ready,
+                "waiting": self.waiting, "scopes": self.scopes,
+                "top": [{"scope": t.scope, "running": t.running, "rate_used": t.rate_used}
+                        for t in self.top]}
+
+
+def limit_uses(rows: Iterable[Sequence[Any]]) -> list[LimitUse]:
+    """The rows of `sql.LIMITS` (run with ``top`` = `TOP_SCOPES`), as `LimitUse`."""
+    return [LimitUse(kind, None if set_by is None
+                     else Override(concurrency, rate, per, set_by, by), set_at, running, used,
+                     ready, in_concurrency, in_rate, in_per, waiting, scopes,
+                     tuple(ScopeUse(*scope) for scope in top))
+            for (kind, concurrency, rate, per, set_by, set_at, running, used, ready,
+                 in_concurrency, in_rate, in_per, waiting, by, scopes, top) in rows]
 
 
 @dataclass(slots=True)
@@ -690,20 +730,27 @@ def _set_paused(queue: str, paused: bool, force: bool = False) -> Plan[bool]:
 
 
 def _set_limit(kind: str, concurrency: int | None, rate: int | None,
-               per: float | None) -> Plan[Override]:
+               per: float | None, by: str | None) -> Plan[Override]:
     """Check the override as a `Limit` would be checked, store it, tell the hosts."""
     check_name("kind", kind)
-    try:
-        Limit(concurrency=concurrency, rate=rate, per=1.0 if per is None else per)
-    except HandlerError as exc:
-        raise ConfigError(str(exc).replace("pgpool.Limit: ", f"limit of kind {kind}: ")
-                          ) from None
+    if by is not None and by not in OVERRIDE_BY:
+        raise ConfigError(f"limit of kind {kind}: by must be one of "
+                          f"{', '.join(OVERRIDE_BY)}, got {by!r}")
+    if concurrency is None and rate is None and by is None:
+        raise ConfigError(f"limit of kind {kind}: give concurrency=N, rate=R (per seconds), "
+                          "by (what it is counted per), or several")
+    if concurrency is not None or rate is not None:  # by alone changes no number
+        try:
+            Limit(concurrency=concurrency, rate=rate, per=1.0 if per is None else per)
+        except HandlerError as exc:
+            raise ConfigError(str(exc).replace("pgpool.Limit: ", f"limit of kind {kind}: ")
+                              ) from None
     if per is not None and rate is None:
         raise ConfigError(f"limit of kind {kind}: per needs a rate: give rate=R too")
     rows = yield _Query(sql.SET_LIMIT, {"kind": kind, "concurrency": concurrency,
-                                        "rate": rate, "per": per})
+                                        "rate": rate, "per": per, "by": by})
     yield _Query(sql.NOTIFY_CONTROL, {})
-    return Override(concurrency, rate, per, rows[0][1])
+    return Override(concurrency, rate, per, rows[0][1], by)
 
 
 def _reset_limit(kind: str) -> Plan[bool]:
@@ -715,10 +762,7 @@ def _reset_limit(kind: str) -> Plan[bool]:
 
 
 def _limits() -> Plan[list[LimitUse]]:
-    rows = yield _Query(sql.LIMITS, {})
-    return [LimitUse(kind, None if concurrency is None and rate is None
-                     else Override(concurrency, rate, per, set_by), set_at, *use)
-            for kind, concurrency, rate, per, set_by, set_at, *use in rows]
+    return limit_uses((yield _Query(sql.LIMITS, {"top": TOP_SCOPES})))
 
 
 def _queue_known(queue: str) -> Plan[bool]:
@@ -1025,23 +1069,26 @@ async def queue_known_async(conn: psycopg.AsyncConnection, queue: str) -> bool:
 
 
 def set_limit(conn: psycopg.Connection, kind: str, *, concurrency: int | None = None,
-              rate: int | None = None, per: float | None = None,
+              rate: int | None = None, per: float | None = None, by: str | None = None,
               dry_run: bool = False) -> Override:
     """Override the limit of ``kind`` on every host (`pgpool.Limit`; see
     [Limits](../guides/limits.md#changing-a-limit-live)): ``concurrency`` and ``rate``
-    (jobs per ``per`` seconds, 1 if not given) replace the code's, a field not given keeps
-    the code's, until `reset_limit`.
+    (jobs per ``per`` seconds, 1 if not given) replace the code's, and so does ``by``
+    ("tenant", "concurrency_key", or "kind" for the kind as a whole; it may be given
+    alone); a field not given keeps the code's, until `reset_limit`.
     Replaces an earlier override of the kind. Hosts apply it within a poll interval (at
     once when they hear the notification), and each logs it with who set it. A bad value
     raises `ConfigError`."""
-    return _run(conn, _set_limit(kind, concurrency, rate, per), dry_run=dry_run)
+    return _run(conn, _set_limit(kind, concurrency, rate, per, by), dry_run=dry_run)
 
 
 async def set_limit_async(conn: psycopg.AsyncConnection, kind: str, *,
                           concurrency: int | None = None, rate: int | None = None,
-                          per: float | None = None, dry_run: bool = False) -> Override:
+                          per: float | None = None, by: str | None = None,
+                          dry_run: bool = False) -> Override:
     """Async twin of `set_limit`."""
-    return await _run_async(conn, _set_limit(kind, concurrency, rate, per), dry_run=dry_run)
+    return await _run_async(conn, _set_limit(kind, concurrency, rate, per, by),
+                            dry_run=dry_run)
 
 
 def reset_limit(conn: psycopg.Connection, kind: str, *, dry_run: bool = False) -> bool:
@@ -1071,6 +1118,7 @@ async def limits_async(conn: psycopg.AsyncConnection) -> list[LimitUse]:
 __all__ = [
     "Cancelled", "DeadFilter", "DeadGroup", "DeadJob", "DoneJob", "JobFilter",
     "JobNotFound", "LimitUse", "Listing", "LiveJob", "Purged", "Replayed", "Retried",
+    "ScopeUse",
     "cancel", "cancel_async", "group_dead", "group_dead_async", "limits", "limits_async",
     "list_dead", "list_dead_async", "list_jobs", "list_jobs_async", "pause", "pause_async",
     "paused", "paused_async", "purge_dead", "purge_dead_async", "queue_known",

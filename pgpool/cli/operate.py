@@ -20,6 +20,8 @@ from ..db import schema
 from ..errors import ConfigError
 from ..horizon import span
 from ..host.config import parse_duration
+from ..limits import OVERRIDE_BY
+from .status import busiest_scopes
 
 if TYPE_CHECKING:
     import psycopg
@@ -184,6 +186,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, dsn_help: str) -> No
                            help="at most N of its jobs running at once, fleet-wide")
     limit_set.add_argument("--rate", type=_rate_per, metavar="R/PERIOD",
                            help="at most R of its jobs started in any PERIOD (100/1m, 20/1s)")
+    limit_set.add_argument("--by", choices=OVERRIDE_BY,
+                           help="what the limit is counted per: each tenant, each "
+                           "concurrency key, or the kind as a whole")
     dry_run(limit_set)
     limit_reset = command("reset", "drop a kind's override: the code's limit holds again",
                           cmd_limits_reset, limits_sub, argparse.SUPPRESS)
@@ -502,29 +507,23 @@ def cmd_limits(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         found = ops.limits(conn)
     if args.json:
-        _json_lines({"kind": u.kind,
-                     "override": None if u.override is None else {
-                         "concurrency": u.override.concurrency, "rate": u.override.rate,
-                         "per": u.override.per, "set_by": u.override.set_by,
-                         "set_at": u.set_at.isoformat() if u.set_at else None},
-                     "running": u.running, "rate_used": u.rate_used, "ready": u.ready,
-                     "in_force": None if u.in_force() == "-" else {
-                         "concurrency": u.concurrency, "rate": u.rate, "per": u.per},
-                     "waiting": u.waiting}
-                    for u in found)
+        _json_lines(u.as_json() for u in found)
         return 0
     if not found:
         print("pgpool: no limit is overridden or in use (the code's limits apply as their "
               "kinds' jobs are claimed)")
         return 0
     rows = [("KIND", "LIMIT", "OVERRIDE", "SET BY", "RUNNING", "RATE USED", "READY",
-             "WAITING")]
+             "WAITING", "SCOPES")]
     rows += [(u.kind, u.in_force(), "-" if u.override is None else u.override.describe(),
               "-" if u.override is None else u.override.set_by,
-              str(u.running), str(u.rate_used), str(u.ready), str(u.waiting)) for u in found]
+              str(u.running), str(u.rate_used), str(u.ready), str(u.waiting),
+              str(u.scopes or "-")) for u in found]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in busiest_scopes([u.as_json() for u in found]):
+        print(line)
     return 0
 
 
@@ -532,7 +531,7 @@ def cmd_limits_set(args: argparse.Namespace) -> int:
     rate, per = args.rate if args.rate else (None, None)
     with _connect(args) as conn:
         set_ = ops.set_limit(conn, args.kind, concurrency=args.concurrency, rate=rate, per=per,
-                             dry_run=args.dry_run)
+                             by=args.by, dry_run=args.dry_run)
     if args.dry_run:
         print(f"pgpool: dry run: would set the limit of kind {args.kind} to "
               f"{set_.describe()}; nothing changed")

@@ -91,12 +91,14 @@ def render(status: dict[str, Any]) -> str:
         out.append("")
         out.append("limits (`pgpool limits`):")
         out += _table(
-            ("KIND", "LIMIT", "OVERRIDE", "RUNNING", "RATE USED", "READY", "WAITING"),
+            ("KIND", "LIMIT", "OVERRIDE", "RUNNING", "RATE USED", "READY", "WAITING",
+             "SCOPES"),
             [(u["kind"], "-" if u["in_force"] is None else _override(u["in_force"]),
               "-" if u["override"] is None else _override(u["override"]),
-              u["running"], u["rate_used"], u["ready"], u["waiting"])
+              u["running"], u["rate_used"], u["ready"], u["waiting"], u["scopes"] or "-")
              for u in status["limits"]],
         )
+        out += ["  " + line for line in busiest_scopes(status["limits"])]
     if status["succeeded"]:
         out.append("")
         out.append("successes kept, per kind:")
@@ -110,7 +112,17 @@ def render(status: dict[str, Any]) -> str:
 
 
 def _override(o: dict[str, Any]) -> str:
-    return Override(o["concurrency"], o["rate"], o["per"], o.get("set_by", "")).describe()
+    return Override(o["concurrency"], o["rate"], o["per"], o.get("set_by", ""),
+                    o.get("by")).describe()
+
+
+def busiest_scopes(limits: list[dict[str, Any]]) -> list[str]:
+    """A line per kind limited per tenant or per key (`pgpool.ops.LimitUse.as_json`): its
+    busiest scopes, each with its running jobs and its ring's rows used in the period."""
+    return [f"{u['kind']}, busiest of {u['scopes']} scopes: " + ", ".join(
+                f"{t['scope']} ({t['running']} running, {t['rate_used']} started)"
+                for t in u["top"])
+            for u in limits if u["top"]]
 
 
 def _horizon(h: dict[str, Any]) -> list[str]:

@@ -22,10 +22,11 @@
   declares and advances), writes dead letters (INSERT on ``pgpool_dead``, and SELECT for
   its ``RETURNING``), keeps its ``pgpool_hosts`` row, takes part in the election of the
   fleet's maintenance leader (``pgpool_leader``), and reads the budget. It adds and uses
-  the rows of rate limits (``pgpool_limit_ticks``), and reads operators' overrides of
-  limits (``pgpool_limits``), which only the owner sets (``pgpool limits set``), and the views
-  of the queues' work and the limits in force (``pgpool_queue_work``,
-  ``pgpool_limits_in_force``) that the host serving the queue's metrics reads. It cannot set
+  the rows of rate limits (``pgpool_limit_ticks``, and deletes those of tenants or keys
+  unused for a day), and reads operators' overrides of limits (``pgpool_limits``), which
+  only the owner sets (``pgpool limits set``), and the views of the queues' work and the
+  limits in force (``pgpool_queue_work``, ``pgpool_limits_in_force``) that the host serving
+  the queue's metrics reads. It cannot set
   the budget. It records finished jobs (INSERT on ``pgpool_done``), counts the members of
   groups (UPDATE on ``pgpool_groups``) and makes their callbacks ready (through
   ``pgpool_release_callbacks``, which runs with the caller's privileges: executable by
@@ -81,8 +82,9 @@ WORKER: Final = (
     # INSERT: the ticks of periodic schedules (`pgpool.schedules`), as a producer writes.
     (f"SELECT, INSERT ({PRODUCER_COLUMNS}), UPDATE, DELETE", ("pgpool_jobs",)),
     ("SELECT, INSERT, UPDATE", ("pgpool_schedules",)),
-    # The rings of rate limits: the hosts add their kinds' rows, and claims use them.
-    ("SELECT, INSERT, UPDATE", ("pgpool_limit_ticks",)),
+    # The rings of rate limits: the hosts add their kinds' rows, and claims use them; the
+    # maintenance leader deletes the rings of tenants or keys unused for a day.
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_limit_ticks",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
     # UPDATE: the election of the fleet's maintenance leader (INSERT: its row, if deleted).
     ("SELECT, INSERT, UPDATE", ("pgpool_leader",)),

@@ -7,8 +7,9 @@ waits, or something needs fairness) is followed by a look at whether something n
 fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
 claim can be plain again. The kinds with a concurrency limit (`pgpool.Limit`) are left out
 of both and claimed by the third, `sql.CLAIM_LIMITED`, first, which takes a job only with
-a free slot of its kind's limit: a host without limited kinds never runs it, and the plain
-and fair claims are the same statements with or without limits elsewhere.
+a free slot of its kind's limit (those limited per tenant or per key by `sql.CLAIM_SCOPED`,
+its twin for scopes): a host without limited kinds never runs either, and the plain and
+fair claims are the same statements with or without limits elsewhere.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -144,8 +145,14 @@ class Claimer:
             "tenant_cap": tenant_cap,
         }
         #: What every limited claim (`sql.CLAIM_LIMITED`) sends, but its ``limit`` and
-        #: queues: the kinds with a limit. Empty: this host has none, never runs it.
+        #: queues: the kinds with a kind-wide limit. Empty: this host has none, never runs
+        #: it. The same for the kinds limited per tenant or per key (`sql.CLAIM_SCOPED`).
         self._limited: dict[str, object] = {}
+        self._scoped: dict[str, object] = {}
+        #: The limited kinds of both, for `sql.LIMITED_WAITING`.
+        self._limited_kinds: list[str] = []
+        #: The scoped claim's cursor: its walk over tenants starts after this one.
+        self._scope_after = ""
         #: Whether the last limited claim took fewer jobs than it asked for: its kinds may
         #: wait on their limits, and the slots freed here are worth telling the fleet of.
         self.limited_short = False
@@ -191,23 +198,35 @@ class Claimer:
         kinds = [k for k in self._all_kinds if k not in limits]
         self._params["kinds"] = kinds
         self._params["kind_max_attempts"] = int_array(self._max_attempts[k] for k in kinds)
-        if not limited:
-            self._limited, self._ticks = {}, None
-            return
-        in_force = [limits[k] for k in limited]
-        self._limited = {
-            "limited_kinds": limited,
-            "limited_concurrency": nullable_int_array(lim.concurrency for lim in in_force),
-            "limited_rate": nullable_int_array(lim.rate for lim in in_force),
-            "limited_per": [float(lim.per) for lim in in_force],
-            "limited_max_attempts": int_array(self._max_attempts[k] for k in limited),
+        self._limited_kinds = limited
+        whole = [k for k in limited if limits[k].by is None]
+        scoped = [k for k in limited if limits[k].by is not None]
+        self._limited = self._limit_params("limited", whole, limits)
+        self._scoped = self._limit_params("scoped", scoped, limits)
+        if scoped:
+            self._scoped["scoped_by"] = [limits[k].by for k in scoped]
+            self._scoped["walk"] = sql.SCOPE_WALK
+        # The kind-wide rings are made here; the scoped ones by the claims that need them.
+        rated = [(k, limits[k].rate) for k in whole if limits[k].rate is not None]
+        self._ticks = {"rate_kinds": [k for k, _ in rated],
+                       "rates": int_array(r for _, r in rated)} if rated else None
+
+    def _limit_params(self, prefix: str, kinds: list[str], limits: dict[str, Limit]
+                      ) -> dict[str, object]:
+        """What a limited claim of ``kinds`` sends (its parameters named from ``prefix``),
+        but its ``limit`` and queues; empty for no kinds."""
+        if not kinds:
+            return {}
+        in_force = [limits[k] for k in kinds]
+        return {
+            f"{prefix}_kinds": kinds,
+            f"{prefix}_concurrency": nullable_int_array(lim.concurrency for lim in in_force),
+            f"{prefix}_rate": nullable_int_array(lim.rate for lim in in_force),
+            f"{prefix}_per": [float(lim.per) for lim in in_force],
+            f"{prefix}_max_attempts": int_array(self._max_attempts[k] for k in kinds),
             "owner": self._owner,
             "lease": self._lease.seconds,
         }
-        rated = [(k, lim.rate) for k, lim in zip(limited, in_force, strict=True)
-                 if lim.rate is not None]
-        self._ticks = {"rate_kinds": [k for k, _ in rated],
-                       "rates": int_array(r for _, r in rated)} if rated else None
 
     @property
     def rtt(self) -> float:
@@ -246,9 +265,9 @@ class Claimer:
                                                    "serving": self._serving,
                                                    "kinds": self._all_kinds})
             count, left = await cur.fetchone()
-            if self._limited:  # a burst host is not drained while they wait their turn
-                cur = await conn.execute(sql.LIMITED_WAITING, {**self._limited,
-                                                               "queues": self._queues})
+            if self._limited_kinds:  # a burst host is not drained while they wait their turn
+                cur = await conn.execute(sql.LIMITED_WAITING, {
+                    "limited_kinds": self._limited_kinds, "queues": self._queues})
                 count += (await cur.fetchone())[0]
         return count, left.total_seconds() if left is not None else 0.0
 
@@ -273,7 +292,7 @@ class Claimer:
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
             rows: list[tuple] = []
             self.found_none = False
-            if self._limited:
+            if self._limited_kinds:
                 rows = await self._claim_limited(conn, queues, limit)
             # A dict per claim: a claim waiting for a connection must not send another's
             # limit.
@@ -315,7 +334,7 @@ class Claimer:
             # it took none, however long it waited (for a lock, say).
             leased = time.monotonic()
             rows = self._fair_order(await self._claim_fair(conn, params))
-        elif not rows and not self._limited:
+        elif not rows and not self._limited_kinds:
             # A sweep took nothing and nothing waits for the fair claim: no job this host
             # could run is ready at all. (A host with limited kinds never says so: a job a
             # rate holds back is ready again in a second, not at the idle poll.)
@@ -324,9 +343,59 @@ class Claimer:
 
     async def _claim_limited(self, conn: psycopg.AsyncConnection, queues: list[str],
                              limit: int) -> list[tuple]:
-        """Run the limited claim (`sql.CLAIM_LIMITED`) on ``conn``: its rows in claim
-        order. Lost races for a slot (or a concurrency key) are tried again, as in
-        `_claim_fair`."""
+        """Run the limited claims (`sql.CLAIM_LIMITED` for the kind-wide limits, then
+        `sql.CLAIM_SCOPED` for the rest of the batch) on ``conn``: their rows in claim
+        order."""
+        rows: list[tuple] = []
+        if self._limited:
+            rows = await self._claim_whole(conn, queues, limit)
+        if self._scoped and len(rows) < limit:
+            rows += await self._claim_scoped(conn, queues, limit - len(rows))
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        self.limited_short = len(rows) < limit
+        return rows
+
+    async def _claim_scoped(self, conn: psycopg.AsyncConnection, queues: list[str],
+                            limit: int) -> list[tuple]:
+        """Run the scoped claim (`sql.CLAIM_SCOPED`) on ``conn``, and move its cursor on:
+        its jobs' rows. A claim that made rings for scopes waiting without one, and came
+        back short, is run again once: those scopes have their rows now."""
+        rows: list[tuple] = []
+        for _ in range(2):
+            got = await self._run_limited(conn, sql.CLAIM_SCOPED, {
+                **self._scoped, "queues": queues, "limit": limit - len(rows),
+                "after": self._scope_after})
+            self._scope_after = got[0][14] or ""  # none walked (each kind waits): from ''
+            rows += [row[:14] for row in got if row[0] is not None]
+            if not got[0][15] or len(rows) >= limit:
+                break
+        return rows
+
+    async def _run_limited(self, conn: psycopg.AsyncConnection, statement: str,
+                           params: dict[str, object]) -> list[tuple]:
+        """Run a limited claim on ``conn``: its rows. Lost races for a slot (or a
+        concurrency key) are tried again, as in `_claim_fair`."""
+        tries = 1
+        while True:
+            try:
+                # Planned for its values, each time (parameters bound client-side: a
+                # one-shot plan, whatever the session's plan_cache_mode): the generic
+                # plan of this claim, which cannot know the limits or the batch, read a
+                # rate's ring at a third of the speed; planning costs 1.5 ms a claim.
+                async with psycopg.AsyncClientCursor(conn) as cur:
+                    await cur.execute(statement, params)
+                    return await cur.fetchall()
+            except KEY_RACE_LOST:
+                # Another claim took one of these slots first; the whole statement rolled
+                # back, so every job it had picked is still ready.
+                if tries == KEY_RACE_TRIES:
+                    raise
+                tries += 1
+
+    async def _claim_whole(self, conn: psycopg.AsyncConnection, queues: list[str],
+                           limit: int) -> list[tuple]:
+        """Run the kind-wide limited claim (`sql.CLAIM_LIMITED`) on ``conn``, its rings
+        made first: its rows."""
         if self._ticks is not None:
             added = await conn.execute(sql.ENSURE_TICKS, self._ticks)
             if added.rowcount:
@@ -336,25 +405,8 @@ class Claimer:
                 # not own the table is told no, with a warning, and waits for that.
                 await conn.execute(sql.ANALYZE_TICKS)
             self._ticks = None
-        params = {**self._limited, "queues": queues, "limit": limit}
-        for tries in range(1, KEY_RACE_TRIES + 1):
-            try:
-                # Planned for its values, each time (parameters bound client-side: a
-                # one-shot plan, whatever the session's plan_cache_mode): the generic
-                # plan of this claim, which cannot know the limits or the batch, read a
-                # rate's ring at a third of the speed; planning costs 1.5 ms a claim.
-                async with psycopg.AsyncClientCursor(conn) as cur:
-                    await cur.execute(sql.CLAIM_LIMITED, params)
-                    rows = await cur.fetchall()
-                break
-            except KEY_RACE_LOST:
-                # Another claim took one of these slots first; the whole statement rolled
-                # back, so every job it had picked is still ready.
-                if tries == KEY_RACE_TRIES:
-                    raise
-        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
-        self.limited_short = len(rows) < limit
-        return rows
+        return await self._run_limited(conn, sql.CLAIM_LIMITED,
+                                       {**self._limited, "queues": queues, "limit": limit})
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float

@@ -50,6 +50,7 @@ from prometheus_client.registry import Collector
 
 from .. import horizon
 from ..errors import ConfigError
+from ..ops import TOP_SCOPES, limit_uses
 from ..sql import observe as sql
 from ..sql.fleet import STALE_AFTER_LEASES
 from ..sql.ops import LIMITS
@@ -399,12 +400,26 @@ class QueueCollector(Collector):
             "pgpool_limit_waiting", "Jobs due now of a kind that wait on its fleet-wide "
             "limit: more than it lets start within the fleet's target lag (not lag)",
             labels=["kind"])
-        for row in conn.execute(LIMITS).fetchall():
-            kind, (running, rate_used), waiting_jobs = row[0], row[6:8], row[-1]
-            in_use.add_metric([kind, "concurrency"], running)
-            in_use.add_metric([kind, "rate"], rate_used)
-            waiting.add_metric([kind], waiting_jobs)
-        return [in_use, waiting]
+        scopes = GaugeMetricFamily(
+            "pgpool_limit_scopes", "Scopes (tenants or concurrency keys) of a kind's limit by "
+            "tenant or by key holding slots or with rows of their ring used in the last "
+            "period", labels=["kind"])
+        busiest = GaugeMetricFamily(
+            "pgpool_limit_scope_busiest", "Use of the busiest scopes of a kind's limit by "
+            "tenant or by key (the three with the most running jobs and ring rows used): the "
+            "most running jobs holding slots of one of them, and the most rows of one's ring "
+            "used in the last period", labels=["kind", "limit"])
+        # Tenants are not labels: unbounded. `pgpool limits` names the busiest.
+        for use in limit_uses(conn.execute(LIMITS, {"top": TOP_SCOPES}).fetchall()):
+            in_use.add_metric([use.kind, "concurrency"], use.running)
+            in_use.add_metric([use.kind, "rate"], use.rate_used)
+            waiting.add_metric([use.kind], use.waiting)
+            if use.scopes:
+                scopes.add_metric([use.kind], use.scopes)
+                busiest.add_metric([use.kind, "concurrency"],
+                                   max(t.running for t in use.top))
+                busiest.add_metric([use.kind, "rate"], max(t.rate_used for t in use.top))
+        return [in_use, waiting, scopes, busiest]
 
     @staticmethod
     def _horizon(conn: psycopg.Connection) -> list[Metric]:

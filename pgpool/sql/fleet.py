@@ -118,13 +118,13 @@ FLEET_SHOW: Final = "SELECT max_claims_per_sec, updated_at FROM pgpool_fleet"
 #: order is not commit order.) The set is read on the running index (``locked_by IS
 #: NULL``), and holds only cancels whose lease has not run out yet.
 #: Third, operators' overrides of limits (`pgpool.limits`), each [kind, concurrency, rate,
-#: per, set_by], in kind order.
+#: per, set_by, scope], in kind order.
 CONTROL_POLL: Final = """
 SELECT ARRAY(SELECT queue FROM pgpool_paused ORDER BY queue),
        (SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM pgpool_jobs
         WHERE state = 'running' AND locked_by IS NULL),
-       (SELECT coalesce(json_agg(json_build_array(kind, concurrency, rate, per, set_by)
-                                 ORDER BY kind), '[]')
+       (SELECT coalesce(json_agg(json_build_array(kind, concurrency, rate, per, set_by,
+                                                  scope) ORDER BY kind), '[]')
         FROM pgpool_limits)
 """
 

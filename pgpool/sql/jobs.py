@@ -487,43 +487,126 @@ WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a r
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
-#: The claim of the kinds with a limit (`pgpool.limits`): up to ``limit`` ready jobs of the
-#: given queues and of ``limited_kinds``, each taking a free slot of its kind's concurrency
-#: limit (``limited_concurrency``, NULL for none), so that at most that many run at once in
-#: the fleet, and a row of its kind's rate ring (``limited_rate`` rows used at most once
-#: per ``limited_per`` seconds, NULL for none). Locking, the update and the rows as in
-#: `CLAIM_PLAIN` (its jobs' ``max_attempts`` from ``limited_max_attempts``). The plain and
-#: fair claims never see these kinds (the claimer leaves them out of their ``kinds``): a
-#: kind without a limit reads nothing of this.
+#: Tenants the scoped claim (`CLAIM_SCOPED`) walks in each (queue, kind) pair at most: a
+#: bound on what one claim reads, about four index descents each.
+SCOPE_WALK: Final = 100
+#: Rows of new rings one scoped claim writes at most (past one ring): a rate of R per
+#: tenant is R rows per tenant, and a hundred new tenants at R = 100,000 would be ten
+#: million rows in one claim. The tenants left get theirs from the next claims.
+RING_ROWS: Final = 10_000
+
+#: A running job holds a slot of its kind's concurrency limit: written with the predicate
+#: of the unique indexes pgpool_jobs_limit_running and _scoped_running, whose entries are
+#: exactly those jobs. Format with ``r`` (the alias).
+_HOLDS_SLOT: Final = "{r}.state = 'running' AND {r}.limit_attempt = {r}.attempts"
+
+#: The free slots of each row of ``source`` (alias ``l``: its kind, ``concurrency``, the
+#: random ``start``, and ``scope`` when ``scoped``), up to ``n`` of them, numbered 1.. in
+#: ``rank``: numbers 1..N tried from the random start on, wrapping round, each probed on
+#: the unique index of its scope, in the select list (a set-returning function there is
+#: read lazily and stopped by the LIMIT; in FROM it would list all N first). A row without
+#: a concurrency limit: ``n`` NULL slots.
+_FREE_SLOTS: Final = """
+    SELECT l.kind{scope}, f.slot, row_number() OVER (PARTITION BY l.kind{scope}) AS rank
+    FROM {source} AS l
+    CROSS JOIN LATERAL (
+        SELECT s.slot FROM (
+            SELECT (l.start + generate_series(0, l.concurrency - 1)) %% l.concurrency + 1
+                   AS slot) AS s
+        WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r
+                          WHERE r.kind = l.kind AND r.limit_scope {in_scope}
+                            AND r.limit_slot = s.slot AND """ + _HOLDS_SLOT.format(r="r") + """)
+        LIMIT {n}) AS f
+    WHERE l.concurrency IS NOT NULL
+    UNION ALL
+    SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l
+    WHERE l.concurrency IS NULL"""
+
+#: The rows of each ``source`` row's rate ring (``ring``: its scope) last used ``per``
+#: seconds ago or more, up to ``n``, numbered 1.. in ``rank``: read in slot order from the
+#: random ``tick_start`` on, wrapping round (two scans chained on the primary key, read
+#: only as far as they take), locked SKIP LOCKED. A row without a rate: ``n`` NULL rows.
+_FREE_TICKS: Final = """
+    SELECT l.kind{scope}, t.slot, row_number() OVER (PARTITION BY l.kind{scope}) AS rank
+    FROM {source} AS l
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.scope = {ring}
+              AND t.slot >= l.tick_start AND t.slot <= l.rate
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT {n}
+            FOR UPDATE SKIP LOCKED) AS upper
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.slot FROM pgpool_limit_ticks AS t
+            WHERE t.kind = l.kind AND t.scope = {ring} AND t.slot < l.tick_start
+              AND t.used_at <= now() - make_interval(secs => l.per)
+            ORDER BY t.slot
+            LIMIT {n}
+            FOR UPDATE SKIP LOCKED) AS lower
+        LIMIT {n}) AS t
+    WHERE l.rate IS NOT NULL
+    UNION ALL
+    SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l WHERE l.rate IS NULL"""
+
+#: The update of the jobs a limited claim picked (``picked``: id, slot; ``scopes``, their
+#: scopes in id order, an empty array for a kind-wide limit: unnest pads it with NULLs),
+#: as `CLAIM_PLAIN`'s (their ``max_attempts`` from ``lim``): the
+#: slot, its scope and the attempt that holds it are written on the row, which is in the
+#: unique index of its scope while it runs that attempt and leaves it however it stops
+#: running. ``ids`` unnested, a key lookup per id in any plan: see `CLAIM_PLAIN`.
+_CLAIM_PICKED: Final = """UPDATE pgpool_jobs AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, l.max_attempts),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false,
+    limit_slot = p.slot,
+    limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END,
+    limit_scope = CASE WHEN p.slot IS NOT NULL THEN p.scope END
+FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id),
+            {scopes}) AS p(id, slot, scope),
+     lim AS l
+WHERE j.id = p.id AND l.kind = j.kind
+RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
+          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
+          j.meta, j.group_id, """ + _RUN_AT_US.format(table="j")
+
+#: The claim of the kinds with a kind-wide limit (`pgpool.limits`): up to ``limit`` ready
+#: jobs of the given queues and of ``limited_kinds``, each taking a free slot of its kind's
+#: concurrency limit (``limited_concurrency``, NULL for none), so that at most that many
+#: run at once in the fleet, and a row of its kind's rate ring (``limited_rate`` rows used
+#: at most once per ``limited_per`` seconds, NULL for none). Locking, the update and the
+#: rows as in `CLAIM_PLAIN` (its jobs' ``max_attempts`` from ``limited_max_attempts``).
+#: The plain and fair claims never see these kinds (the claimer leaves them out of their
+#: ``kinds``): a kind without a limit reads nothing of this.
 #:
 #: - ``lim``: a kind whose running jobs hold a slot above its concurrency limit (the limit
-#:   was lowered while they ran) takes nothing until they are done: until then, a free slot
-#:   below the limit is no proof of room.
-#: - ``free``: the kind's free slots, up to ``limit`` of them: numbers 1..N tried from a
-#:   random one on, wrapping round, each probed on the unique index
-#:   pgpool_jobs_limit_running, in the select list (a set-returning function there is read
-#:   lazily, and stopped by the LIMIT; in FROM it would list all N first). From a random
+#:   was lowered while they ran), or a slot of a scope (its limit was per tenant or per key
+#:   while they started: `CLAIM_SCOPED`), takes nothing until they are done: until then,
+#:   a free slot below the limit is no proof of room.
+#: - ``free``: the kind's free slots, up to ``limit`` of them (`_FREE_SLOTS`), from a random
 #:   start, so that claims racing (two claim loops, other hosts) rarely try the same slots
 #:   when there are many; with few, they may, and the unique index makes the second one
 #:   fail whole: the claimer tries again (`pgpool.host.claimer`), and then sees the slot
 #:   taken. A slot whose job stopped running since this statement's snapshot looks taken:
-#:   the next claim has it. A kind without a concurrency limit: ``limit`` NULL slots.
-#: - ``ticks``: the rows of the kind's rate ring last used ``per`` seconds ago or more, up to
-#:   ``limit``, read in slot order from a random one on, wrapping round (two scans chained
-#:   on the primary key, read only as far as they take): racing claims start apart, and a
-#:   claim walks past the rows used in the window only as far as it takes, a few when the
-#:   rate is far from reached, more as it nears it. Locked SKIP LOCKED: racing claims take
-#:   different rows, and a row a claim used since this statement's snapshot is checked
-#:   again once locked (read committed), so it is not taken twice in a window. A kind
-#:   without a rate: ``limit`` NULL rows. The random start is drawn once, in ``lim``
+#:   the next claim has it.
+#: - ``ticks``: the rows of the kind's rate ring (its scope '') free now, up to ``limit``
+#:   (`_FREE_TICKS`): racing claims start apart, and a claim walks past the rows used in
+#:   the window only as far as it takes, a few when the rate is far from reached, more as
+#:   it nears it. Locked SKIP LOCKED: racing claims take different rows, and a row a claim
+#:   used since this statement's snapshot is checked again once locked (read committed),
+#:   so it is not taken twice in a window. The random start is drawn once, in ``lim``
 #:   (materialized): drawn in each scan, the two could overlap and hand one row out twice.
 #: - ``candidates``: per (queue, kind), as many ready jobs as the kind has room (free slots
 #:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
 #:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
 #: - ``picked``: the n-th job of a kind gets its n-th free slot and tick; ``limit`` in all,
-#:   in claim order. The slot and the attempt that holds it are written on the row
-#:   (``limit_slot``, ``limit_attempt``): the row is in the unique index while it runs that
-#:   attempt, and leaves it however it stops running. Each tick taken is set to now().
+#:   in claim order (`_CLAIM_PICKED`). Each tick taken is set to now().
 CLAIM_LIMITED: Final = """
 WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
@@ -535,45 +618,15 @@ WITH lim AS MATERIALIZED (
          AS l(kind, concurrency, rate, per, max_attempts)
     WHERE l.concurrency IS NULL
        OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
-                      WHERE r.kind = l.kind AND r.limit_slot > l.concurrency
-                        AND r.state = 'running' AND r.limit_attempt = r.attempts)
-), free AS MATERIALIZED (
-    SELECT l.kind, f.slot, row_number() OVER (PARTITION BY l.kind) AS rank
-    FROM lim AS l
-    CROSS JOIN LATERAL (
-        SELECT s.slot FROM (
-            SELECT (l.start + generate_series(0, l.concurrency - 1)) %% l.concurrency + 1
-                   AS slot) AS s
-        WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r
-                          WHERE r.kind = l.kind AND r.limit_slot = s.slot
-                            AND r.state = 'running' AND r.limit_attempt = r.attempts)
-        LIMIT %(limit)s) AS f
-    WHERE l.concurrency IS NOT NULL
-    UNION ALL
-    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE concurrency IS NULL
-), ticks AS MATERIALIZED (
-    SELECT t.kind, t.slot, row_number() OVER (PARTITION BY t.kind) AS rank
-    FROM lim AS l
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
-            WHERE t.kind = l.kind AND t.slot >= l.tick_start AND t.slot <= l.rate
-              AND t.used_at <= now() - make_interval(secs => l.per)
-            ORDER BY t.slot
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED) AS upper
-        UNION ALL
-        SELECT * FROM (
-            SELECT t.kind, t.slot FROM pgpool_limit_ticks AS t
-            WHERE t.kind = l.kind AND t.slot < l.tick_start
-              AND t.used_at <= now() - make_interval(secs => l.per)
-            ORDER BY t.slot
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED) AS lower
-        LIMIT %(limit)s) AS t
-    WHERE l.rate IS NOT NULL
-    UNION ALL
-    SELECT kind, NULL, generate_series(1, %(limit)s) FROM lim WHERE rate IS NULL
+                      WHERE r.kind = l.kind AND r.limit_scope IS NULL
+                        AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
+      AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot of a scope
+                      WHERE r.kind = l.kind AND r.limit_scope IS NOT NULL
+                        AND """ + _HOLDS_SLOT.format(r="r") + """)
+), free AS MATERIALIZED (""" + _FREE_SLOTS.format(
+    scope="", source="lim", in_scope="IS NULL", n="%(limit)s") + """
+), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
+    scope="", source="lim", ring="''", n="%(limit)s") + """
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
     SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
 ), rooms AS (
@@ -608,25 +661,193 @@ WITH lim AS MATERIALIZED (
 ), used AS (  -- rate: each tick taken, used now
     UPDATE pgpool_limit_ticks AS t SET used_at = now()
     FROM picked AS p
-    WHERE t.kind = p.kind AND t.slot = p.tick
+    WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
 )
-UPDATE pgpool_jobs AS j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, l.max_attempts),
-    locked_by = %(owner)s,
-    claimed_at = now(),
-    lease_until = now() + make_interval(secs => %(lease)s),
-    started = false,
-    limit_slot = p.slot,
-    limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END
-FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT slot FROM picked ORDER BY id))
-     AS p(id, slot),  -- a key lookup per id in any plan: see CLAIM_PLAIN
-     lim AS l
-WHERE j.id = p.id AND l.kind = j.kind
-RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
-          extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
-          j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
+""" + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
+
+#: The scope of a job ``p`` under a limit ``l`` by tenant or by concurrency key: the
+#: pgpool_jobs.limit_scope its slot is in, and its ring's pgpool_limit_ticks.scope.
+_SCOPE_OF: Final = ("CASE {l}.by WHEN 'tenant' THEN 'tenant:' || {p}.tenant "
+                    "ELSE 'key:' || coalesce({p}.concurrency_key, '') END")
+
+#: The claim of the kinds with a limit by tenant or by concurrency key (`pgpool.limits`):
+#: `CLAIM_LIMITED`'s, with a concurrency limit and a rate ring per scope (`_SCOPE_OF`; the
+#: jobs without a tenant, or a key, share one), up to ``limit`` ready jobs of the given
+#: queues and of ``scoped_kinds`` (``scoped_by``: 'tenant' or 'concurrency_key'). The rows
+#: of `CLAIM_LIMITED`, each with two more: where the next claim's walk starts (the
+#: claimer's cursor ``after``), and how many rows of rings this claim made (the scopes it
+#: found waiting without one: the next claim can use them); with no job claimed, one row
+#: with them alone (its job's columns NULL).
+#:
+#: - ``lim``: a kind whose running jobs hold slots kind-wide, or of scopes of the other
+#:   ``by`` (the limit changed while they ran: two range probes, the scopes of each way
+#:   begin with their own prefix), takes nothing until they are done.
+#: - ``walk``: a loose index scan of the tenants with ready jobs in each pair, from the
+#:   cursor on, wrapping round, until the rooms it guessed fill the batch, `SCOPE_WALK` at
+#:   most: its cost follows the tenants it needs, never a tenant's backlog (as `CLAIM`'s
+#:   walk). By tenant, each one's room is read without locking: its concurrency limit less
+#:   its held slots, its ring's free rows (at most ``limit``). A tenant at its limit gets
+#:   no jobs looked at, so it holds nobody else up; a guess too high costs only jobs locked
+#:   and let go. By key, the batch: keys are met job by job.
+#: - ``wants``: the tenants with room, in walk order, each with as many jobs as it has room
+#:   for, up to what the batch has left: a claim locks about ``limit`` rows of each sort.
+#: - ``candidates``: those jobs, on the ready index in claim order; a job whose concurrency
+#:   key is running is skipped (as in `CLAIM`), and by key, so is one whose scope is full:
+#:   its ring has no free row, or, without a key, the keyless scope's slots are all held.
+#: - ``scopes``: each candidates' scope, unless a slot above a lowered limit is held in it;
+#:   then its free slots (`_FREE_SLOTS`, on pgpool_jobs_limit_scoped_running) and free
+#:   ticks (`_FREE_TICKS`, its ring), as many as it has candidates, locked as in
+#:   `CLAIM_LIMITED`: the unique index holds the concurrency per scope, the ring the rate.
+#: - ``rings``: a ring of ``rate`` rows for each scope walked or met that lacks its last
+#:   row (new, or its rate raised), `RING_ROWS` rows at most past the first ring, in key
+#:   order (two claims adding the same rings wait on each other rather than deadlock,
+#:   mostly; a deadlock is a lost race, tried again).
+#: - ``picked``: the n-th job of a scope gets its n-th free slot and tick; ``limit`` in
+#:   all, the first of every scope first (`_CLAIM_PICKED`).
+CLAIM_SCOPED: Final = """
+WITH RECURSIVE lim AS MATERIALIZED (
+    SELECT l.kind, l.by, l.concurrency, l.rate, l.per, l.max_attempts,
+           l.by = 'concurrency_key' AND l.concurrency IS NOT NULL  -- the keyless scope
+           AND l.concurrency <= (                                   -- is full
+               SELECT count(*) FROM (
+                   SELECT FROM pgpool_jobs AS r
+                   WHERE r.kind = l.kind AND r.limit_scope = 'key:'
+                     AND """ + _HOLDS_SLOT.format(r="r") + """ LIMIT l.concurrency) AS h
+           ) AS keyless_full
+    FROM unnest(%(scoped_kinds)s::text[], %(scoped_by)s::text[],
+                %(scoped_concurrency)s::int[], %(scoped_rate)s::int[],
+                %(scoped_per)s::float8[], %(scoped_max_attempts)s::int[])
+         AS l(kind, by, concurrency, rate, per, max_attempts)
+    CROSS JOIN LATERAL (  -- the prefix of the other way's scopes, and the end of its range
+        SELECT CASE l.by WHEN 'tenant' THEN 'key:' ELSE 'tenant:' END AS other,
+               CASE l.by WHEN 'tenant' THEN 'key;' ELSE 'tenant;' END AS past) AS o
+    WHERE l.concurrency IS NULL
+       OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- slots held kind-wide
+                      WHERE r.kind = l.kind AND r.limit_scope IS NULL
+                        AND r.limit_slot IS NOT NULL AND """ + _HOLDS_SLOT.format(r="r") + """)
+      AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- slots held by the other way
+                      WHERE r.kind = l.kind AND r.limit_scope >= o.other
+                        AND r.limit_scope < o.past AND """ + _HOLDS_SLOT.format(r="r") + """)
+), walk AS (  -- the tenants with ready jobs, from the cursor on, wrapping round, each
+              -- with its room guessed, until the batch is full
+    SELECT q.queue, l.kind, %(after)s::text COLLATE "C" AS tenant,
+           NULL::text COLLATE "C" AS first, 0 AS n,  -- n = 0: the cursor, not a tenant
+           0::bigint AS room, 0::bigint AS got
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN lim AS l
+    UNION ALL
+    SELECT w.queue, w.kind, x.tenant, coalesce(w.first, x.tenant), w.n + 1, g.room,
+           w.got + greatest(g.room, 0)
+    FROM walk AS w JOIN lim AS l ON l.kind = w.kind
+    CROSS JOIN LATERAL (SELECT coalesce(
+        (SELECT tenant FROM pgpool_jobs
+         WHERE state = 'ready' AND queue = w.queue AND kind = w.kind AND tenant > w.tenant
+         ORDER BY tenant, priority DESC, run_at, id LIMIT 1),
+        (SELECT tenant FROM pgpool_jobs  -- past the last one: round to the first
+         WHERE state = 'ready' AND queue = w.queue AND kind = w.kind
+         ORDER BY tenant, priority DESC, run_at, id LIMIT 1)) AS tenant) AS x
+    CROSS JOIN LATERAL (  -- by tenant: its room, unlocked; by key: the batch
+        SELECT CASE WHEN l.by <> 'tenant' THEN %(limit)s ELSE least(%(limit)s,
+            l.concurrency - (SELECT count(*) FROM (
+                SELECT FROM pgpool_jobs AS r
+                WHERE r.kind = l.kind AND r.limit_scope = 'tenant:' || x.tenant
+                  AND """ + _HOLDS_SLOT.format(r="r") + """ LIMIT l.concurrency) AS h),
+            CASE WHEN l.rate IS NOT NULL THEN (SELECT count(*) FROM (
+                SELECT FROM pgpool_limit_ticks AS t
+                WHERE t.kind = l.kind AND t.scope = 'tenant:' || x.tenant
+                  AND t.slot <= l.rate AND t.used_at <= now() - make_interval(secs => l.per)
+                LIMIT %(limit)s) AS f) END) END AS room
+        OFFSET 0) AS g  -- not inlined: its subqueries run once per tenant, not per use
+    WHERE x.tenant IS NOT NULL AND x.tenant IS DISTINCT FROM w.first AND w.n < %(walk)s
+      AND w.got < %(limit)s
+), wants AS (  -- in walk order, the tenants with room: as many jobs as the batch has left
+    SELECT queue, kind, tenant, n, least(room, %(limit)s - before) AS want
+    FROM (SELECT *, coalesce(sum(room) OVER (ORDER BY n, queue, kind ROWS BETWEEN
+                                             UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+          FROM walk WHERE n > 0 AND room > 0) AS g
+    WHERE before < %(limit)s
+), candidates AS (
+    SELECT c.*, """ + _SCOPE_OF.format(l="l", p="c") + """ AS scope,
+           row_number() OVER (PARTITION BY c.concurrency_key
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
+    FROM wants AS w JOIN lim AS l USING (kind)
+    CROSS JOIN LATERAL (
+        SELECT p.id, p.kind, p.tenant, p.priority, p.run_at, p.concurrency_key
+        FROM pgpool_jobs AS p
+        WHERE p.state = 'ready' AND p.queue = w.queue AND p.kind = w.kind
+          AND p.tenant = w.tenant AND p.run_at <= now()
+          AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                          WHERE k.concurrency_key = p.concurrency_key
+                            AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+          AND (l.by = 'tenant' OR (  -- by key: a scope that can give a job now
+               (p.concurrency_key IS NOT NULL OR NOT l.keyless_full)
+               AND (l.rate IS NULL
+                    OR EXISTS (SELECT FROM pgpool_limit_ticks AS t
+                               WHERE t.kind = l.kind
+                                 AND t.scope = 'key:' || coalesce(p.concurrency_key, '')
+                                 AND t.slot <= l.rate
+                                 AND t.used_at <= now() - make_interval(secs => l.per))
+                    OR NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t  -- no ring yet
+                                   WHERE t.kind = l.kind
+                                     AND t.scope = 'key:' || coalesce(p.concurrency_key, '')
+                                  ))))
+        ORDER BY p.priority DESC, p.run_at, p.id
+        LIMIT w.want
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.scope
+                                   ORDER BY c.priority DESC, c.run_at, c.id) AS rank
+    FROM candidates AS c WHERE c.concurrency_key IS NULL OR c.key_rank = 1
+), scopes AS MATERIALIZED (
+    SELECT c.kind, c.scope, count(*)::int AS n, l.concurrency, l.rate, l.per,
+           floor(random() * l.concurrency)::int AS start,
+           floor(random() * l.rate)::int + 1 AS tick_start  -- once: scopes is materialized
+    FROM ranked AS c JOIN lim AS l USING (kind)
+    WHERE l.concurrency IS NULL
+       OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
+                      WHERE r.kind = c.kind AND r.limit_scope = c.scope
+                        AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
+    GROUP BY c.kind, c.scope, l.concurrency, l.rate, l.per
+), free AS MATERIALIZED (""" + _FREE_SLOTS.format(
+    scope=", l.scope", source="scopes", in_scope="= l.scope", n="l.n") + """
+), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
+    scope=", l.scope", source="scopes", ring="l.scope", n="l.n") + """
+), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per scope
+    SELECT kind, scope, rank, f.slot, t.slot AS tick
+    FROM free AS f JOIN ticks AS t USING (kind, scope, rank)
+), rings AS (  -- a ring for each scope walked or met without its last row, a bounded few
+    INSERT INTO pgpool_limit_ticks (kind, scope, slot)
+    SELECT m.kind, m.scope, generate_series(1, m.rate)
+    FROM (SELECT s.kind, s.scope, l.rate,
+                 sum(l.rate) OVER (ORDER BY s.kind, s.scope) - l.rate AS before
+          FROM (SELECT kind, 'tenant:' || tenant AS scope FROM walk WHERE n > 0
+                UNION SELECT kind, scope FROM ranked) AS s
+          JOIN lim AS l USING (kind)
+          WHERE l.rate IS NOT NULL
+            AND NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t
+                            WHERE t.kind = s.kind AND t.scope = s.scope AND t.slot = l.rate)
+            AND (l.by = 'tenant') = (s.scope LIKE 'tenant:%%')) AS m
+    WHERE m.before < """ + str(RING_ROWS) + """
+    ORDER BY 1, 2, 3
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), picked AS MATERIALIZED (
+    SELECT c.id, c.kind, c.scope, m.slot, m.tick
+    FROM ranked AS c JOIN room AS m USING (kind, scope, rank)
+    ORDER BY c.rank, c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+), used AS (  -- rate: each tick taken, used now
+    UPDATE pgpool_limit_ticks AS t SET used_at = now()
+    FROM picked AS p
+    WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
+), claimed AS (
+""" + _CLAIM_PICKED.format(scopes="ARRAY(SELECT scope FROM picked ORDER BY id)") + """
+)
+SELECT c.*, x.after, x.rings
+FROM (SELECT coalesce((SELECT tenant FROM wants ORDER BY n DESC LIMIT 1),
+                      (SELECT tenant FROM walk ORDER BY n DESC LIMIT 1)) AS after,
+             (SELECT count(*) FROM rings) AS rings) AS x
+LEFT JOIN claimed AS c ON true
 """
 
 #: The rows of the rate rings the claimer's kinds need (`CLAIM_LIMITED`): ``rates``
@@ -639,6 +860,41 @@ ON CONFLICT DO NOTHING
 """
 #: After `ENSURE_TICKS` added rows: the rings' statistics (see `pgpool.host.claimer`).
 ANALYZE_TICKS: Final = "ANALYZE pgpool_limit_ticks"
+
+#: Delete the rings of scopes (`CLAIM_SCOPED`) whose rows were all last used ``idle``
+#: seconds ago or more (`pgpool.host.parts.retention`, with the longest window there is:
+#: such a ring is as good as a new one, which the next claim that needs it makes), whole
+#: rings, in key order, until ``limit`` rows (or one ring). Whole or not at all: a ring's
+#: rows are locked SKIP LOCKED and read again, and a ring is deleted only if every one of
+#: them was locked and still idle (a claim that holds one, or used one since, keeps it:
+#: a ring with holes would slow its scope, and the claims check only its last row).
+#: Kind-wide rings (scope '') are kept: only a host's start makes them. How many rows went.
+PRUNE_TICKS: Final = """
+WITH idle AS (
+    SELECT kind, scope, count(*) AS n FROM pgpool_limit_ticks
+    WHERE scope <> ''
+    GROUP BY kind, scope
+    HAVING max(used_at) <= now() - make_interval(secs => %(idle)s)
+), batch AS (
+    SELECT kind, scope, n
+    FROM (SELECT kind, scope, n, sum(n) OVER (ORDER BY kind, scope) - n AS before
+          FROM idle) AS i
+    WHERE before < %(limit)s
+), locked AS (
+    SELECT t.kind, t.scope, t.used_at FROM pgpool_limit_ticks AS t
+    JOIN batch AS b USING (kind, scope)
+    FOR UPDATE OF t SKIP LOCKED
+), whole AS (
+    SELECT l.kind, l.scope FROM locked AS l JOIN batch AS b USING (kind, scope)
+    GROUP BY l.kind, l.scope, b.n
+    HAVING count(*) = b.n AND max(l.used_at) <= now() - make_interval(secs => %(idle)s)
+), gone AS (
+    DELETE FROM pgpool_limit_ticks AS t USING whole AS w
+    WHERE t.kind = w.kind AND t.scope = w.scope
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
 
 #: After an ack flush that ended jobs of limited kinds (`pgpool.host.dispatcher`): wake the
 #: hosts of their ``queues``, whose claims may have been waiting on those slots.

@@ -352,11 +352,11 @@ PAUSED: Final = "SELECT queue, paused_at FROM pgpool_paused ORDER BY queue"
 #: Set an operator's override of a kind's limit (`pgpool.limits.Override`), replacing any
 #: earlier one; returns its row. The hosts hear at once (`NOTIFY_CONTROL`).
 SET_LIMIT: Final = """
-INSERT INTO pgpool_limits AS l (kind, concurrency, rate, per)
-VALUES (%(kind)s, %(concurrency)s, %(rate)s, %(per)s)
+INSERT INTO pgpool_limits AS l (kind, concurrency, rate, per, scope)
+VALUES (%(kind)s, %(concurrency)s, %(rate)s, %(per)s, %(by)s)
 ON CONFLICT (kind) DO UPDATE
 SET concurrency = excluded.concurrency, rate = excluded.rate, per = excluded.per,
-    set_at = now(), set_by = session_user
+    scope = excluded.scope, set_at = now(), set_by = session_user
 RETURNING kind, set_by
 """
 
@@ -366,11 +366,15 @@ RESET_LIMIT: Final = "DELETE FROM pgpool_limits WHERE kind = %(kind)s RETURNING 
 #: The kinds with a limit in force (an override, or a registered host's code:
 #: ``pgpool_limits_in_force``, migration 24) or with jobs holding slots of a concurrency
 #: limit or rows of a rate's ring: each one's override (NULLs without one), when and by
-#: whom it was set, its running jobs that hold a slot, its rate ring's rows used in the
+#: whom it was set, its running jobs that hold a slot, its rate rings' rows used in the
 #: last ``per`` seconds (the limit in force's per, else a second), its jobs due now, the
 #: limit in force (NULLs: none known), and of its jobs due now those waiting on it: past
 #: what it lets start within the fleet's target lag (``allowance``; as pgpool_queue_work
-#: counts them, over the kind's queues).
+#: counts them, over the kind's queues); then the override's scope
+#: (`pgpool.limits.OVERRIDE_BY`), and for a limit by tenant or by key, how many scopes are
+#: in use (holding slots, or with rows of their ring used in that period) and the ``top``
+#: busiest of them, each [scope, running, rate used], busiest first: bounded, however many
+#: tenants there are.
 LIMITS: Final = """
 SELECT k.kind, o.concurrency, o.rate, o.per, o.set_by, o.set_at,
        (SELECT count(*) FROM pgpool_jobs AS j
@@ -379,7 +383,8 @@ SELECT k.kind, o.concurrency, o.rate, o.per, o.set_by, o.set_at,
         WHERE t.kind = k.kind
           AND t.used_at > now() - make_interval(secs => coalesce(f.per, 1))),
        d.ready, f.concurrency, f.rate, CASE WHEN f.rate IS NOT NULL THEN f.per END,
-       d.ready - least(d.ready, f.allowance)
+       d.ready - least(d.ready, f.allowance),
+       o.scope, s.scopes, s.top
 FROM (SELECT kind FROM pgpool_limits_in_force
       UNION SELECT kind FROM pgpool_limit_ticks
       UNION SELECT kind FROM pgpool_jobs
@@ -390,5 +395,22 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS ready FROM pgpool_jobs AS j
     WHERE j.kind = k.kind AND j.state IN ('ready', 'scheduled') AND j.run_at <= now()
 ) AS d
+CROSS JOIN LATERAL (
+    SELECT count(*) AS scopes,
+           coalesce(json_agg(json_build_array(scope, running, used)
+                             ORDER BY busiest) FILTER (WHERE busiest <= %(top)s),
+                    '[]') AS top
+    FROM (SELECT scope, sum(running) AS running, sum(used) AS used,
+                 row_number() OVER (ORDER BY sum(running) + sum(used) DESC, scope) AS busiest
+          FROM (SELECT j.limit_scope, 1, 0 FROM pgpool_jobs AS j
+                WHERE j.kind = k.kind AND j.limit_scope IS NOT NULL
+                  AND j.state = 'running' AND j.limit_attempt = j.attempts
+                UNION ALL
+                SELECT t.scope, 0, 1 FROM pgpool_limit_ticks AS t
+                WHERE t.kind = k.kind AND t.scope <> ''
+                  AND t.used_at > now() - make_interval(secs => coalesce(f.per, 1)))
+               AS u(scope, running, used)
+          GROUP BY scope) AS s
+) AS s
 ORDER BY k.kind
 """

@@ -11,6 +11,7 @@ from commands import run_pgpool
 
 import pgpool
 from pgpool import ops
+from pgpool.errors import ConfigError
 
 
 def test_an_override_is_stored_listed_and_reset(db: psycopg.Connection, dsn: str) -> None:
@@ -40,6 +41,7 @@ def test_an_override_is_stored_listed_and_reset(db: psycopg.Connection, dsn: str
 @pytest.mark.parametrize(("args", "error"), [
     (("--concurrency", "0"), "argument --concurrency: '0' is not a positive integer"),
     (("--rate", "5/x"), "argument --rate: '5/x' is not a rate: give R/PERIOD"),
+    (("--by", "colour"), "argument --by: invalid choice: 'colour'"),
     ((), "limit of kind sync: give concurrency=N"),
 ])
 def test_a_bad_override_is_refused_in_one_line(db: psycopg.Connection, dsn: str,
@@ -58,16 +60,54 @@ def test_status_shows_each_limit_and_its_use(db: psycopg.Connection, dsn: str) -
     text = run_pgpool(dsn, "status").stdout
     section = text[text.index("limits (`pgpool limits`):"):].splitlines()
     assert section[1].split() == ["KIND", "LIMIT", "OVERRIDE", "RUNNING", "RATE", "USED",
-                                  "READY", "WAITING"]
+                                  "READY", "WAITING", "SCOPES"]
     # 10 a minute starts 10 of the 12 within the fleet's target lag (60 s): 2 wait on it.
     assert section[2].split() == ["sync", "rate", "10/60s", "rate", "10/60s", "0", "0", "12",
-                                  "2"]
+                                  "2", "-"]
     assert "note: 2 of default's ready jobs wait on their kinds' limits" in text
     (limit,) = json.loads(run_pgpool(dsn, "status", "--json").stdout)["limits"]
     set_at = limit["override"].pop("set_at")
     assert set_at.startswith(str(db.execute("SELECT current_date").fetchone()[0]))
     assert limit == {"kind": "sync", "override": {
-        "concurrency": None, "rate": 10, "per": 60.0,
+        "concurrency": None, "rate": 10, "per": 60.0, "by": None,
         "set_by": db.execute("SELECT session_user").fetchone()[0]},
         "running": 0, "rate_used": 0, "ready": 12,
-        "in_force": {"concurrency": None, "rate": 10, "per": 60.0}, "waiting": 2}
+        "in_force": {"concurrency": None, "rate": 10, "per": 60.0}, "waiting": 2,
+        "scopes": 0, "top": []}
+
+
+def test_a_limit_by_tenant_is_set_and_its_busiest_tenants_listed(db: psycopg.Connection,
+                                                                 dsn: str) -> None:
+    """`--by` alone changes what the code's limit is counted per; the use of a limit by
+    tenant is listed per kind as the number of tenants in use and the busiest three, each
+    with its running jobs holding slots and its ring's rows used (as its claims leave
+    them: written here by hand)."""
+    done = run_pgpool(dsn, "limits", "set", "sync", "--by", "tenant")
+    assert done.stdout.startswith("pgpool: limit of kind sync set to per tenant on every "
+                                  "host"), done.stderr
+    with pytest.raises(ConfigError) as refused:
+        ops.set_limit(db, "sync", rate=5, by="colour")
+    assert str(refused.value) == ("limit of kind sync: by must be one of kind, tenant, "
+                                  "concurrency_key, got 'colour'")
+    for tenant, running in (("acme", 3), ("globex", 1), ("initech", 2), ("umbrella", 1)):
+        pgpool.enqueue_many(db, "sync", [{"n": n} for n in range(running + 1)], tenant=tenant)
+        db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'h', "
+                   "limit_attempt = 1, limit_scope = 'tenant:' || tenant, limit_slot = s.n "
+                   "FROM (SELECT id AS i, row_number() OVER (ORDER BY id) AS n FROM pgpool_jobs "
+                   "WHERE tenant = %s LIMIT %s) AS s WHERE id = s.i", (tenant, running))
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+               "VALUES ('sync', 'tenant:umbrella', 1, now()), ('sync', 'tenant:umbrella', 2, "
+               "now()), ('sync', 'tenant:umbrella', 3, now() - interval '1 hour')")
+    (use,) = ops.limits(db)
+    assert (use.override.describe(), use.running, use.rate_used, use.scopes) == (
+        "per tenant", 7, 2, 4)
+    assert use.top == (ops.ScopeUse("tenant:acme", 3, 0), ops.ScopeUse("tenant:umbrella", 1, 2),
+                       ops.ScopeUse("tenant:initech", 2, 0))
+    lines = run_pgpool(dsn, "limits").stdout.splitlines()
+    # Running 7, rate used 2, ready 4 (one per tenant), none waiting (a limit by tenant
+    # bounds no fleet-wide start), 4 scopes.
+    assert lines[1].split()[-5:] == ["7", "2", "4", "0", "4"]
+    assert lines[2] == ("sync, busiest of 4 scopes: tenant:acme (3 running, 0 started), "
+                        "tenant:umbrella (1 running, 2 started), tenant:initech (2 running, "
+                        "0 started)")
+    assert len(lines) == 3

@@ -168,3 +168,31 @@ def test_a_host_publishes_its_codes_limits_and_an_override_wins_over_them(db, ds
     ops.set_limit(db, "sync", concurrency=2)
     in_force = {u.kind: (u.concurrency, u.rate, u.per) for u in ops.limits(db)}
     assert in_force == {"gpu": (3, None, None), "sync": (2, 5, 60.0)}
+
+
+def test_a_limit_by_tenant_holds_back_no_start_fleet_wide(db, dsn):
+    # A host's code limits "per.tenant" to 1 running per tenant: each tenant is bounded,
+    # not the kind, so more hosts do start its other tenants' jobs. Its published limit
+    # says so, and its backlog counts as any other's.
+    async def register(pool: AsyncConnectionPool) -> None:
+        await HostRegistry(
+            pool, "me:9:z", procs=4, queues=["default"], kinds=["per.tenant"],
+            lease=Lease(10), max_claims_per_sec=400, counters=lambda: (0, 0, 0, None, 1),
+            limits={"per.tenant": pgpool.Limit(concurrency=1, by="tenant")}).register()
+
+    in_registry(dsn, register)
+    assert db.execute("SELECT limits FROM pgpool_hosts").fetchone()[0] == {
+        "per.tenant": {"concurrency": 1, "by": "tenant"}}
+    db.execute("UPDATE pgpool_hosts SET job_seconds = 0.5, claims_per_sec = 0")
+    run_limited(db, "per.tenant", 2)  # two running, holding slots
+    for tenant in ("a", "b", "c"):
+        pgpool.enqueue_many(db, "per.tenant", [{} for _ in range(200)], tenant=tenant)
+    row = wanted(db)
+    # 600 x 0.5 s to start within 60 s: 5 workers, 2 hosts of 4; none of them waiting.
+    assert (row["ready"], row["waiting_on_limits"], row["hosts_wanted"]) == (600, 0, 2)
+    (use,) = ops.limits(db)
+    assert (use.concurrency, use.waiting) == (1, 0)
+    # An operator's override of the scope back to the kind as a whole: now 1 runs fleet-wide
+    # at most, 2 hold slots, and every ready job waits on it.
+    ops.set_limit(db, "per.tenant", by="kind")
+    assert wanted(db)["waiting_on_limits"] == 600

@@ -2,7 +2,10 @@
 concurrency limit holds across claimers racing on their own connections, a slot is free
 again however its job stops running, a lowered limit waits for the jobs above it, and a
 job that ran under a limit is claimed as any other once the limit is gone; a rate takes at
-most R in a window, racing or not, and R more once the window has passed."""
+most R in a window, racing or not, and R more once the window has passed. The same per
+tenant and per concurrency key (``by=``, `sql.CLAIM_SCOPED`): each scope on its own, the
+others claimed while one waits, and a change of ``by`` waits for the slots held the old
+way."""
 
 from __future__ import annotations
 
@@ -10,21 +13,25 @@ import asyncio
 import functools
 
 import psycopg
+import pytest
 from dbtools import with_pools
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
 from pgpool.host.claimer import Claimer, configure_connection
 from pgpool.host.lease import Lease
+from pgpool.host.parts.retention import Retention
+from pgpool.limits import Override
 from pgpool.registry import Handler
+from pgpool.sql.jobs import SCOPE_WALK
 
 #: How a host sets up its claim connections.
 CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), claims=True)
 
-def handlers(concurrency: int | None, *, also: str | None = None,
-             rate: int | None = None, per: float = 1.0) -> dict[str, Handler]:
+def handlers(concurrency: int | None, *, also: str | None = None, rate: int | None = None,
+             per: float = 1.0, by: str | None = None) -> dict[str, Handler]:
     limit = (None if concurrency is None and rate is None
-             else pgpool.Limit(concurrency=concurrency, rate=rate, per=per))
+             else pgpool.Limit(concurrency=concurrency, rate=rate, per=per, by=by))
     found = {"lim": Handler("lim", print, None, None, limit=limit)}
     if also:
         found[also] = Handler(also, print, None, None)
@@ -32,10 +39,33 @@ def handlers(concurrency: int | None, *, also: str | None = None,
 
 
 def claimer(pool: AsyncConnectionPool, owner: str, concurrency: int | None,
-            also: str | None = None, rate: int | None = None, per: float = 1.0) -> Claimer:
+            also: str | None = None, rate: int | None = None, per: float = 1.0,
+            by: str | None = None) -> Claimer:
     return Claimer(pool, owner, queues=("default",),
-                   handlers=handlers(concurrency, also=also, rate=rate, per=per),
+                   handlers=handlers(concurrency, also=also, rate=rate, per=per, by=by),
                    lease=Lease(30), max_attempts=20, timeout=None)
+
+
+async def race(claimers: list[Claimer], batch: int) -> int:
+    """Two claims of ``batch`` at once on each claimer: how many jobs they took."""
+    batches = await asyncio.gather(*(c.claim(batch) for c in claimers for _ in "ab"))
+    return sum(len(b) for b in batches)
+
+
+def running_per(db: psycopg.Connection, column: str = "tenant") -> dict[str, int]:
+    """The running jobs of kind lim per tenant (or per concurrency key, '' for none)."""
+    return dict(db.execute(f"SELECT coalesce({column}, ''), count(*) FROM pgpool_jobs "
+                           "WHERE state = 'running' AND kind = 'lim' GROUP BY 1").fetchall())
+
+
+def enqueue_tenants(db: psycopg.Connection, jobs: dict[str, int]) -> None:
+    for tenant, count in jobs.items():
+        pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(count)], tenant=tenant or None)
+
+
+def finish_running(db: psycopg.Connection) -> None:
+    """Every running job done (acked: deleted), as its host would."""
+    db.execute("DELETE FROM pgpool_jobs WHERE state = 'running'")
 
 
 def running(db: psycopg.Connection, kind: str = "lim") -> int:
@@ -167,16 +197,11 @@ def test_a_rate_takes_at_most_r_in_a_window_however_claims_race(db: psycopg.Conn
     async def work(pools: list[AsyncConnectionPool]) -> list[int]:
         claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=7, per=3600)
                     for n, pool in enumerate(pools)]
-        got = []
-        for _ in range(3):
-            batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
-            got.append(sum(len(b) for b in batches))
+        got = [await race(claimers, 5) for _ in range(3)]
         # The window passes (its ticks an hour old): seven more, and no more.
         db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
         db.commit()
-        batches = await asyncio.gather(*(c.claim(5) for c in claimers for _ in "ab"))
-        got.append(sum(len(b) for b in batches))
-        return got
+        return [*got, await race(claimers, 5)]
 
     got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
     assert sum(got[:3]) == 7
@@ -201,3 +226,217 @@ def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Conne
         return got
 
     assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [2, 1, 0]
+
+
+def test_a_limit_by_tenant_holds_per_tenant_however_claims_race(db: psycopg.Connection,
+                                                                 dsn: str) -> None:
+    """Two running per tenant, never three, with four claims racing on two connections;
+    the jobs without a tenant share a scope of their own; slots are numbered per tenant."""
+    enqueue_tenants(db, {"acme": 10, "globex": 10, "": 10, "initech": 1})
+
+    async def work(pools: list[AsyncConnectionPool]) -> None:
+        claimers = [claimer(pool, f"host-{n}:1:aa", 2, by="tenant")
+                    for n, pool in enumerate(pools)]
+        for _ in range(5):
+            await race(claimers, 10)
+
+    with_pools(dsn, 2, CLAIM_CONNECTION, work)
+    assert running_per(db) == {"acme": 2, "globex": 2, "": 2, "initech": 1}
+    slots = db.execute("SELECT limit_scope, array_agg(limit_slot ORDER BY limit_slot) "
+                       "FROM pgpool_jobs WHERE state = 'running' GROUP BY 1 ORDER BY 1"
+                       ).fetchall()
+    assert [s for _, s in slots if len(s) == 2] == [[1, 2]] * 3
+    assert [scope for scope, _ in slots] == ["tenant:", "tenant:acme", "tenant:globex",
+                                             "tenant:initech"]
+
+
+def test_the_database_refuses_a_second_running_job_in_a_tenants_slot(
+        db: psycopg.Connection, dsn: str) -> None:
+    enqueue_tenants(db, {"acme": 2, "globex": 1})
+    with_pools(dsn, 1, CLAIM_CONNECTION,
+               lambda pools: claimer(pools[0], "host-a:1:aa", 1, by="tenant").claim(10))
+    assert running_per(db) == {"acme": 1, "globex": 1}  # slot 1 of each: no collision
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = attempts + 1, "
+                   "limit_slot = 1, limit_scope = 'tenant:acme', "
+                   "limit_attempt = attempts + 1 WHERE state = 'ready'")
+
+
+def test_a_rate_by_tenant_holds_per_tenant_and_others_go_on(db: psycopg.Connection,
+                                                            dsn: str) -> None:
+    """Three an hour per tenant: a tenant with a backlog at its rate (first in the ready
+    index's order) holds nobody back; each ring is made by the claim that first meets its
+    tenant; racing claims take three per tenant in all, then three more a window later."""
+    enqueue_tenants(db, {"aaa": 40, "bbb": 5, "ccc": 5, "ddd": 2})
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=3, per=3600, by="tenant")
+                    for n, pool in enumerate(pools)]
+        got = [await race(claimers, 4) for _ in range(4)]
+        db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
+        return [*got, await race(claimers, 10)]
+
+    got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
+    assert sum(got[:4]) == 3 + 3 + 3 + 2
+    assert got[4] == 3 + 2 + 2  # the window passed: what each tenant has left, up to 3
+    assert running_per(db) == {"aaa": 6, "bbb": 5, "ccc": 5, "ddd": 2}
+    assert db.execute("SELECT scope, count(*) FROM pgpool_limit_ticks GROUP BY 1 ORDER BY 1"
+                      ).fetchall() == [(f"tenant:{t}", 3) for t in ("aaa", "bbb", "ccc", "ddd")]
+
+
+def test_tenants_past_one_claims_walk_get_theirs_from_the_next(db: psycopg.Connection,
+                                                                dsn: str) -> None:
+    """A claim walks `sql.SCOPE_WALK` tenants at most; the next goes on from where it
+    stopped, past the tenants at their limit, so those further on are not left waiting."""
+    tenants = SCOPE_WALK + 20
+    enqueue_tenants(db, {f"t{n:03}": 2 for n in range(tenants)})
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", 1, by="tenant")
+        return [len(await c.claim(1000)) for _ in range(3)]
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [SCOPE_WALK, 20, 0]
+    assert set(running_per(db).values()) == {1}
+    assert len(running_per(db)) == tenants
+
+
+def test_a_limit_by_concurrency_key_holds_per_key(db: psycopg.Connection, dsn: str) -> None:
+    """Two an hour per key (a key runs one job at a time anyway), the keyless jobs one
+    scope with two slots: a key at its rate holds the other keys back no more than a
+    running key does."""
+    for key, count in (("k1", 6), ("k2", 3)):
+        for i in range(count):
+            pgpool.enqueue(db, "lim", {"i": i}, concurrency_key=key)
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(6)])
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[dict[str, int]]:
+        c = claimer(pools[0], "host-a:1:aa", 2, rate=2, per=3600, by="concurrency_key")
+        seen = []
+        for _ in range(4):
+            await c.claim(20)
+            seen.append(running_per(db, "concurrency_key"))
+            finish_running(db)
+        return seen
+
+    seen = with_pools(dsn, 1, CLAIM_CONNECTION, work)
+    assert seen[0] == {"k1": 1, "k2": 1, "": 2}
+    assert seen[1] == {"k1": 1, "k2": 1}  # the keyless scope's two ticks are spent
+    assert seen[2:] == [{}, {}]  # every scope at its rate
+    assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'ready'"
+                      ).fetchone()[0] == 6 + 3 + 6 - 6
+
+
+def test_a_rate_by_concurrency_key_alone_takes_the_keyless_jobs_too(db: psycopg.Connection,
+                                                                   dsn: str) -> None:
+    """No concurrency limit: the keyless jobs are one scope, at the rate like any key."""
+    pgpool.enqueue(db, "lim", {"i": 0}, concurrency_key="k1")
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(5)])
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=3, per=3600, by="concurrency_key")
+        return [len(await c.claim(10)) for _ in range(2)]
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [4, 0]
+    assert running_per(db, "concurrency_key") == {"k1": 1, "": 3}
+
+
+def test_a_lowered_limit_by_tenant_waits_for_the_slots_above_it(db: psycopg.Connection,
+                                                                 dsn: str) -> None:
+    enqueue_tenants(db, {"acme": 10, "globex": 10})
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[dict[str, int]]:
+        await claimer(pools[0], "host-a:1:aa", 3, by="tenant").claim(10)
+        seen = [running_per(db)]
+        db.execute("DELETE FROM pgpool_jobs WHERE tenant = 'globex' AND state = 'running'")
+        db.execute("DELETE FROM pgpool_jobs WHERE tenant = 'acme' AND limit_slot = 1")
+        lowered = claimer(pools[0], "host-b:1:aa", 2, by="tenant")
+        await lowered.claim(10)  # acme holds slot 3: none for it; globex gets two
+        seen.append(running_per(db))
+        db.execute("DELETE FROM pgpool_jobs WHERE tenant = 'acme' AND limit_slot = 3")
+        await lowered.claim(10)
+        seen.append(running_per(db))
+        return seen
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [
+        {"acme": 3, "globex": 3}, {"acme": 2, "globex": 2}, {"acme": 2, "globex": 2}]
+
+
+def test_an_override_changes_by_and_waits_for_the_slots_held_the_old_way(
+        db: psycopg.Connection, dsn: str) -> None:
+    """Kind-wide to per tenant and back (`pgpool limits set KIND --by ...`): neither way
+    starts a job while slots held the other way run, so no tenant (nor the kind) ever has
+    more running than its limit."""
+    enqueue_tenants(db, {"acme": 10, "globex": 10})
+    code = pgpool.Limit(concurrency=2)
+    per_tenant = Override(None, None, None, "ops", by="tenant").over(code)
+    assert per_tenant == pgpool.Limit(concurrency=2, by="tenant")
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", 2)
+        got = [len(await c.claim(10))]  # kind-wide: two
+        c.set_limits({"lim": per_tenant})
+        got.append(len(await c.claim(10)))  # kind-wide slots held: none
+        finish_running(db)
+        got.append(len(await c.claim(10)))  # two per tenant
+        c.set_limits({"lim": Override(None, None, None, "ops", by="kind").over(per_tenant)})
+        got.append(len(await c.claim(10)))  # slots held per tenant: none
+        finish_running(db)
+        got.append(len(await c.claim(10)))
+        return got
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [2, 0, 4, 0, 2]
+
+
+def test_a_host_claims_kind_wide_and_scoped_limits_together(db: psycopg.Connection,
+                                                            dsn: str) -> None:
+    enqueue_tenants(db, {"acme": 5, "globex": 5})
+    pgpool.enqueue_many(db, "whole", [{"i": i} for i in range(5)])
+    pgpool.enqueue_many(db, "free", [{"i": i} for i in range(5)])
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[str]:
+        found = {**handlers(1, also="free"),
+                 "whole": Handler("whole", print, None, None, limit=pgpool.Limit(concurrency=2))}
+        c = Claimer(pools[0], "host-a:1:aa", queues=("default",), handlers=found,
+                    lease=Lease(30), max_attempts=20, timeout=None)
+        c.set_limits({"lim": pgpool.Limit(concurrency=1, by="tenant"),
+                      "whole": pgpool.Limit(concurrency=2)})
+        return sorted(job.kind for job in await c.claim(30))
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == (
+        ["free"] * 5 + ["lim"] * 2 + ["whole"] * 2)
+
+
+def test_retention_deletes_the_rings_unused_for_a_day(db: psycopg.Connection,
+                                                      dsn: str) -> None:
+    """A scope's ring unused for a day is deleted (no window is longer: it is as good as
+    new), one used since is kept, and so is one a claim holds a row of (whole: a ring with
+    holes would slow its tenant), and every kind-wide ring."""
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+               "SELECT 'lim', s, n, now() - interval '25 hours' "
+               "FROM unnest(ARRAY['', 'tenant:old', 'tenant:used']) AS s, "
+               "generate_series(1, 3) AS n")
+    db.execute("UPDATE pgpool_limit_ticks SET used_at = now() - interval '23 hours' "
+               "WHERE scope = 'tenant:used' AND slot = 2")
+
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+               "SELECT 'lim', 'tenant:held', n, now() - interval '25 hours' "
+               "FROM generate_series(1, 3) AS n")
+
+    async def prune(pools: list[AsyncConnectionPool]) -> int | None:
+        return await Retention(pools[0], None).prune()
+
+    # A claim holds a row of an idle ring (it is taking it): the ring is kept whole.
+    with psycopg.connect(dsn) as claim:
+        claim.execute("SELECT FROM pgpool_limit_ticks WHERE scope = 'tenant:held' AND slot = 2 "
+                      "FOR UPDATE")
+        assert with_pools(dsn, 1, CLAIM_CONNECTION, prune) == 3
+    assert db.execute("SELECT scope, count(*) FROM pgpool_limit_ticks GROUP BY 1 ORDER BY 1"
+                      ).fetchall() == [("", 3), ("tenant:held", 3), ("tenant:used", 3)]
+
+
+@pytest.mark.parametrize("by", ["colour", "Tenant", ""])
+def test_a_limit_by_anything_else_is_refused_in_one_line(by: str) -> None:
+    with pytest.raises(pgpool.HandlerError) as refused:
+        pgpool.Limit(concurrency=2, by=by)  # type: ignore[arg-type]
+    assert str(refused.value) == ('pgpool.Limit: by must be "tenant" or "concurrency_key" '
+                                  f"(or None, for the kind as a whole), got {by!r}")

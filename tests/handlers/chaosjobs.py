@@ -55,6 +55,14 @@ ONE_AT_A_TIME = "chaos.one_at_a_time"
 #: second.
 RATED = "chaos.rated"
 RATED_PER_SECOND = 20
+#: A kind with a concurrency limit per tenant (tests/host/test_limited_hosts.py), and that
+#: limit.
+PER_TENANT = "chaos.per_tenant"
+PER_TENANT_CONCURRENCY = 2
+#: A kind with a rate limit per tenant (tests/host/test_limited_hosts.py), and that rate per
+#: second.
+TENANT_RATED = "chaos.tenant_rated"
+TENANT_RATED_PER_SECOND = 10
 #: The group workload's kinds (chaos_checks names them too).
 MEMBER, CALLBACK, PARENT, CHILD = "chaos.member", "chaos.callback", "chaos.parent", "chaos.child"
 #: How long the group workload's successes are kept: past any run, so the checker finds
@@ -134,6 +142,22 @@ def limited(payload: dict) -> None:
 @pgpool.handler(ONE_AT_A_TIME, limit=pgpool.Limit(concurrency=1))
 def one_at_a_time(payload: dict) -> None:
     """`record`, for a kind of which one job at a time runs in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(PER_TENANT, limit=pgpool.Limit(concurrency=PER_TENANT_CONCURRENCY,
+                                               by="tenant"))
+def per_tenant(payload: dict) -> None:
+    """`record`, for a kind of which at most `PER_TENANT_CONCURRENCY` of one tenant run at
+    once in the fleet."""
+    record(payload)
+
+
+@pgpool.handler(TENANT_RATED, limit=pgpool.Limit(rate=TENANT_RATED_PER_SECOND, per=1,
+                                                 by="tenant"))
+def tenant_rated(payload: dict) -> None:
+    """`record`, for a kind of which at most `TENANT_RATED_PER_SECOND` of one tenant start
+    in any second."""
     record(payload)
 
 

@@ -6,7 +6,10 @@ every job finishes. An operator's override (`pgpool.ops.set_limit`) limits a kin
 limit in its code on a running host, and its reset lifts it. And a kind limited to 20
 starts a second: never more than 20 claimed in
 any second, on the server's clock (what the limit holds; a trigger notes each claim's
-``claimed_at``), the 100 jobs spread over 4 s at least, and every one done.
+``claimed_at``), the 100 jobs spread over 4 s at least, and every one done. A kind limited
+to 2 per tenant never runs 3 of one tenant's jobs at once, across a SIGKILL of a host
+holding slots, while the three tenants run side by side; and a kind limited to 10 starts
+a second per tenant never claims 11 of one tenant's jobs in a second, on three hosts.
 
 Jobs are `tests/handlers/chaosjobs.py` ``chaos.limited`` jobs: each attempt durably records
 its start and end (monotonic ns); an attempt killed while it ran (its host's workers die
@@ -28,6 +31,7 @@ from chaos_checks import most_at_once, most_in_window, read_attempts
 from chaos_cluster import RECORD_ENV, Watcher, now_ns
 from commands import pgpool_cmd, pgpool_env
 from places import HANDLERS, ROOT
+from psycopg import sql as pgsql
 from waits import wait_until
 
 import pgpool
@@ -43,6 +47,10 @@ JOBS = 60
 DRAIN = 120
 RATED = "chaos.rated"
 RATE = 20  # chaosjobs.RATED_PER_SECOND
+PER_TENANT = "chaos.per_tenant"
+PER_TENANT_LIMIT = 2  # chaosjobs.PER_TENANT_CONCURRENCY
+TENANT_RATED = "chaos.tenant_rated"
+TENANT_RATE = 10  # chaosjobs.TENANT_RATED_PER_SECOND
 RATED_JOBS = 100
 
 
@@ -182,29 +190,81 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
     assert most_at_once(attempts, watcher.died) == LIMIT
 
 
+@pytest.mark.soak  # three hosts, one killed: `make soak-test`
+def test_never_more_than_the_limit_of_one_tenant_run_across_a_killed_host(
+        dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
+        hosts: list[Host]) -> None:
+    tenants = ("acme", "globex", "initech")
+    for tenant in tenants:
+        pgpool.enqueue_many(db, PER_TENANT, [{"ms": 1, "sleep": 0.3} for _ in range(12)],
+                            tenant=tenant)
+    of_tenant = {tenant: {row[0] for row in db.execute(
+        "SELECT id FROM pgpool_jobs WHERE tenant = %s", (tenant,))} for tenant in tenants}
+    killed, *rest = hosts
+
+    wait_until(lambda: in_progress(records, killed), "a job running on the first host")
+    killed.proc.kill()
+    killed.proc.wait(timeout=30)
+
+    def drained() -> bool:
+        return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                          (PER_TENANT,)).fetchone()[0] == 0
+
+    wait_until(drained, "every job done", timeout=DRAIN, interval=0.2)
+    for host in rest:
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.proc.wait(timeout=60) == 0
+    assert watcher.settle() == [], "workers still running after their dispatcher exited"
+
+    attempts = read_attempts(records)
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert {job for job, runs in attempts.items() if any(a.end for a in runs)} == set().union(
+        *of_tenant.values())
+    assert any(a.ppid == killed.pid and a.end is None
+               for runs in attempts.values() for a in runs)
+    # Each tenant's limit was reached (the check can see more than it), and never passed;
+    # all three at once, more than one tenant's limit: the tenants ran side by side.
+    assert [most_at_once({job: attempts[job] for job in ids}, watcher.died)
+            for ids in of_tenant.values()] == [PER_TENANT_LIMIT] * 3
+    assert most_at_once(attempts, watcher.died) > PER_TENANT_LIMIT
+
+
+def note_claims(db: psycopg.Connection, kind: str) -> None:
+    """Note each claim of a ``kind`` job (its tenant, and ``claimed_at``: the server's
+    clock, which a rate holds) in the table claims_seen, with a trigger (an own_schema
+    test's)."""
+    db.execute("""
+        CREATE TABLE claims_seen (id bigint, tenant text, at timestamptz);
+        CREATE FUNCTION note_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO claims_seen VALUES (NEW.id, NEW.tenant, NEW.claimed_at);
+            RETURN NULL;
+        END $$;""")
+    db.execute(pgsql.SQL("""
+        CREATE TRIGGER note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
+            WHEN (NEW.state = 'running' AND NEW.kind = {kind})
+            EXECUTE FUNCTION note_claim()""").format(kind=pgsql.Literal(kind)))
+
+
+def claims_seen(db: psycopg.Connection, kind: str) -> dict[str, list[float]]:
+    """Once every ``kind`` job is done: the claims noted, per tenant, in order (seconds)."""
+    wait_until(lambda: db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
+                                  (kind,)).fetchone()[0] == 0,
+               f"every {kind} job done", timeout=DRAIN, interval=0.2)
+    seen: dict[str, list[float]] = {}
+    for tenant, at in db.execute("SELECT tenant, extract(epoch FROM at)::float8 "
+                                 "FROM claims_seen ORDER BY at"):
+        seen.setdefault(tenant, []).append(at)
+    return seen
+
+
 @pytest.mark.soak  # three hosts drained at a rate, 5 s or more: `make soak-test`
 @pytest.mark.own_schema  # a trigger on pgpool_jobs
 def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, records: Path,
                                          hosts: list[Host]) -> None:
-    db.execute("""
-        CREATE TABLE claims_seen (id bigint, at timestamptz);
-        CREATE FUNCTION note_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            INSERT INTO claims_seen VALUES (NEW.id, NEW.claimed_at);
-            RETURN NULL;
-        END $$;
-        CREATE TRIGGER note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
-            WHEN (NEW.state = 'running' AND NEW.kind = 'chaos.rated')
-            EXECUTE FUNCTION note_claim();""")
+    note_claims(db, RATED)
     pgpool.enqueue_many(db, RATED, [{"ms": 1} for _ in range(RATED_JOBS)])
-
-    def drained() -> bool:
-        return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
-                          (RATED,)).fetchone()[0] == 0
-
-    wait_until(drained, "every rated job done", timeout=DRAIN, interval=0.2)
-    claimed = [row[0] for row in db.execute(
-        "SELECT extract(epoch FROM at)::float8 FROM claims_seen ORDER BY at")]
+    (claimed,) = claims_seen(db, RATED).values()
     assert len(claimed) == RATED_JOBS  # one claim each: nothing failed or was lost
     assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
     # In any window [t, t + 1 s): at most RATE, the rate reached, and the claims spread
@@ -213,6 +273,27 @@ def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, recor
     assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
     ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
     assert len(ended) == RATED_JOBS
+
+
+@pytest.mark.soak  # three hosts drained at a rate per tenant, 3 s or more: `make soak-test`
+@pytest.mark.own_schema  # a trigger on pgpool_jobs
+def test_a_rate_per_tenant_holds_across_three_hosts(dsn: str, db: psycopg.Connection,
+                                                    records: Path, hosts: list[Host]) -> None:
+    """Three tenants at 10 a second each, claimed by three hosts at once: never 11 of one
+    tenant in any second, each tenant's jobs spread over its own windows, and the three
+    served side by side (a tenant at its rate holds no other back)."""
+    note_claims(db, TENANT_RATED)
+    for tenant, jobs in (("acme", 40), ("globex", 30), ("initech", 30)):
+        pgpool.enqueue_many(db, TENANT_RATED, [{"ms": 1} for _ in range(jobs)], tenant=tenant)
+    seen = claims_seen(db, TENANT_RATED)
+    assert {tenant: len(at) for tenant, at in seen.items()} == {
+        "acme": 40, "globex": 30, "initech": 30}  # one claim each: nothing failed or lost
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert [most_in_window(at, 1.0) for at in seen.values()] == [TENANT_RATE] * 3
+    assert [at[-1] - at[0] >= len(at) / TENANT_RATE - 1 for at in seen.values()] == [True] * 3
+    # Side by side: every tenant's first ten claimed within the first second of all.
+    first = min(at[0] for at in seen.values())
+    assert [at[TENANT_RATE - 1] < first + 1 for at in seen.values()] == [True] * 3
 
 
 def test_an_override_limits_a_running_host_and_its_reset_lifts_it(

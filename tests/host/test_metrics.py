@@ -146,6 +146,18 @@ def test_the_use_of_limits_is_exported(db, dsn):
                "AS slot FROM pgpool_jobs LIMIT 2) AS s WHERE id = s.i")
     db.execute("UPDATE pgpool_jobs SET run_at = now() - interval '5 minutes' "
                "WHERE state = 'ready'")
+    # A kind limited per tenant: tenant a holds two slots, b one; b's ring used once in
+    # the override's hour.
+    ops.set_limit(db, "per.tenant", rate=5, per=3600, by="tenant")
+    pgpool.enqueue_many(db, "per.tenant", [{}] * 2, tenant="a")
+    pgpool.enqueue_many(db, "per.tenant", [{}], tenant="b")
+    db.execute("UPDATE pgpool_jobs SET state = 'running', attempts = 1, locked_by = 'h', "
+               "lease_until = now() + interval '1 hour', limit_attempt = 1, "
+               "limit_scope = 'tenant:' || tenant, limit_slot = s.slot "
+               "FROM (SELECT id AS i, row_number() OVER (PARTITION BY tenant ORDER BY id) "
+               "AS slot FROM pgpool_jobs WHERE kind = 'per.tenant') AS s WHERE id = s.i")
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+               "VALUES ('per.tenant', 'tenant:b', 1, now())")
     host, port = with_metrics(dsn, "--procs", "1")
     m = scrape(port)
     assert value(m, "pgpool_limit_in_use", kind="capped", limit="concurrency") == 2
@@ -154,4 +166,8 @@ def test_the_use_of_limits_is_exported(db, dsn):
     assert value(m, "pgpool_limit_waiting", kind="capped") == 3
     assert value(m, "pgpool_queue_waiting_on_limits", queue="default") == 3
     assert value(m, "pgpool_queue_oldest_ready_age_seconds", queue="default") == 0
+    assert value(m, "pgpool_limit_scopes", kind="per.tenant") == 2
+    assert value(m, "pgpool_limit_scope_busiest", kind="per.tenant", limit="concurrency") == 2
+    assert value(m, "pgpool_limit_scope_busiest", kind="per.tenant", limit="rate") == 1
+    assert value(m, "pgpool_limit_in_use", kind="per.tenant", limit="concurrency") == 3
     assert host.stop() == 0, host.stderr

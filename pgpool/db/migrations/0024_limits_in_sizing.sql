@@ -10,8 +10,8 @@
 ALTER TABLE pgpool_hosts ADD COLUMN limits jsonb;
 COMMENT ON COLUMN pgpool_hosts.limits IS
     'the limits in this host''s code (pgpool.Limit), by kind: {"kind": {"concurrency": N, '
-    '"rate": R, "per": seconds}} (a field absent: none); NULL from a pgpool older than '
-    'schema version 24';
+    '"rate": R, "per": seconds, "by": "tenant" or "concurrency_key"}} (a field absent: '
+    'none; no by: the kind as a whole); NULL from a pgpool older than schema version 24';
 
 -- Per kind with a limit: the limit in force, as the hosts apply it (pgpool.limits.Override
 -- .over): an override's fields over the code's, the code's being the one of the newest
@@ -21,7 +21,10 @@ COMMENT ON COLUMN pgpool_hosts.limits IS
 -- (the free slots, at most the rate over the target lag; NULL: no bound); `room`, whether
 -- it lets one start now (a free slot and an unused row), and `room_since`, since when the
 -- rate has had an unused row (NULL: no rate, or a row of its ring never used; nor is it
--- kept for a concurrency limit, whose freed slots the hosts are told of at once).
+-- kept for a concurrency limit, whose freed slots the hosts are told of at once). A limit
+-- counted per tenant or per key (`scoped`: pgpool.Limit(by=), or an override's scope,
+-- migration 23) bounds each scope, not the kind: it bounds no start fleet-wide (allowance
+-- NULL, room true), and its use counts every scope's slots and rows.
 CREATE VIEW pgpool_limits_in_force AS
 WITH code AS (
     SELECT DISTINCT ON (c.kind) c.kind, c.lim
@@ -32,18 +35,20 @@ WITH code AS (
            coalesce(o.concurrency, (c.lim ->> 'concurrency')::integer) AS concurrency,
            coalesce(o.rate, (c.lim ->> 'rate')::integer) AS rate,
            coalesce(o.per, (c.lim ->> 'per')::float8, 1) AS per,
-           o.kind IS NOT NULL AS overridden
+           o.kind IS NOT NULL AS overridden,
+           coalesce(o.scope, c.lim ->> 'by', 'kind') <> 'kind' AS scoped
     FROM code AS c FULL JOIN pgpool_limits AS o USING (kind)
 )
 SELECT l.kind, l.concurrency, l.rate, l.per, l.overridden, s.running, t.rate_used,
        -- least() skips NULLs: a field not set bounds nothing (and greatest() would
        -- make a missing concurrency 0, hence the CASE).
-       least(CASE WHEN l.concurrency IS NOT NULL
-                  THEN greatest(l.concurrency - s.running, 0) END,
-             ceil(l.rate * f.target_lag_seconds / l.per)::bigint) AS allowance,
-       coalesce(s.running < l.concurrency, true) AND coalesce(t.rate_used < l.rate, true)
-           AS room,
-       CASE WHEN t.ring >= l.rate AND isfinite(t.oldest)
+       CASE WHEN NOT l.scoped THEN
+           least(CASE WHEN l.concurrency IS NOT NULL
+                      THEN greatest(l.concurrency - s.running, 0) END,
+                 ceil(l.rate * f.target_lag_seconds / l.per)::bigint) END AS allowance,
+       l.scoped OR coalesce(s.running < l.concurrency, true)
+                   AND coalesce(t.rate_used < l.rate, true) AS room,
+       CASE WHEN NOT l.scoped AND t.ring >= l.rate AND isfinite(t.oldest)
             THEN t.oldest + make_interval(secs => l.per) END AS room_since
 FROM limits AS l
 CROSS JOIN pgpool_fleet AS f

@@ -104,8 +104,8 @@ class Control(LoopPart):
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql.CONTROL_POLL)
             paused, cancelled, overrides = await cur.fetchone()
-        limits = {kind: Override(concurrency, rate, per, by)
-                  for kind, concurrency, rate, per, by in overrides}
+        limits = {kind: Override(concurrency, rate, per, set_by, scope)
+                  for kind, concurrency, rate, per, set_by, scope in overrides}
         if limits != self.limits or not self._polled:
             self._log_limits(limits)
             self.limits = limits
@@ -136,4 +136,4 @@ class Control(LoopPart):
                 event(log, logging.INFO, "limit_set", "limit of kind %s: %s, set by %s",
                       kind, new.describe(), new.set_by, kind=kind,
                       concurrency=new.concurrency, rate=new.rate, per=new.per,
-                      set_by=new.set_by)
+                      by=new.by, set_by=new.set_by)

@@ -223,12 +223,13 @@ class HostRegistry(LoopPart):
                         "pruned once stale", type(exc).__name__)
 
 
-def published(limits: Mapping[str, Limit]) -> dict[str, dict[str, float]]:
+def published(limits: Mapping[str, Limit]) -> dict[str, dict[str, float | str]]:
     """The code's limits as a host's row holds them (``pgpool_hosts.limits``): by kind, the
-    fields set, ``per`` with a rate only."""
+    fields set, ``per`` with a rate only, ``by`` for a limit per tenant or per key."""
     return {kind: {name: value for name, value in (("concurrency", lim.concurrency),
                                                    ("rate", lim.rate),
-                                                   ("per", lim.per if lim.rate else None))
+                                                   ("per", lim.per if lim.rate else None),
+                                                   ("by", lim.by))
                    if value is not None}
             for kind, lim in sorted(limits.items())}
 

@@ -1,7 +1,8 @@
 """Retention: dead jobs older than ``--dead-retention`` are deleted, and so are the records
 of finished jobs past their ``keep_until`` (`pgpool.sql.outcomes.PRUNE_DONE`), never those of
 a member of a group whose callback has not finished, dead or done (nor, done, of a group
-not complete), and groups with nothing left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`).
+not complete), groups with nothing left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`), and
+the rate rings of tenants or keys unused for a day (`pgpool.sql.jobs.PRUNE_TICKS`).
 
 Every host runs this part, and one at a time prunes: each batch's transaction first takes
 a per-schema advisory lock with ``pg_try_advisory_xact_lock`` (`sql.RETENTION_LOCK`), and a
@@ -22,10 +23,11 @@ import asyncio
 import logging
 from typing import Final
 
+from ...limits import MAX_PER
 from ...logs import event
 from ...ops import DeadFilter
+from ...sql import jobs, outcomes
 from ...sql import ops as sql
-from ...sql import outcomes
 from .loop import Connections, Loop, LoopPart
 
 log = logging.getLogger("pgpool.retention")
@@ -54,6 +56,8 @@ class Retention(LoopPart):
         self._prunes: list[tuple[str, str, dict[str, object]]] = [
             ("finished jobs", outcomes.PRUNE_DONE, {"limit": BATCH}),
             ("groups", outcomes.PRUNE_GROUPS, {"limit": BATCH}),
+            ("rows of rate rings, a day unused", jobs.PRUNE_TICKS,
+             {"limit": BATCH, "idle": MAX_PER}),
         ]
         if retention is not None:
             self._prunes.insert(0, ("dead jobs", sql.PURGE_DEAD,
