@@ -356,8 +356,11 @@ def test_an_outage_is_logged_as_state_changes_and_sigterm_during_one_is_bounded(
     # stop, the reaper did so once in four CI runs.
     assert {"heartbeat", "ack flush"} <= set(failing), failing
     assert len(events(log, "abandoned")) == 1, log
+    # The waiting ack was written once the server was back, in one line after the outage.
+    # Its retries may have ended at its first failure: a retry may wait on the pool for a
+    # connection until the server is back, as the parts above may.
     (back,) = [e for e in events(log, "recovered") if e["what"] == "ack flush"]
-    assert back["failures"] >= 2 and back["seconds"] >= 3 * LEASE, back
+    assert back["failures"] >= 1 and back["seconds"] >= 3 * LEASE, back
 
     # A second outage with an ack waiting: SIGTERM gives up on it after 15 s and exits 1.
     # Known by its id: the first job may run again meanwhile (its lease ran out during the
@@ -395,8 +398,8 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",
-         "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "60",
-         "--rated", "60", "--seconds", "60",
+         "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "20",
+         "--rated", "40", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -438,9 +441,9 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     assert figures["steps run twice"] <= figures["re-runs"]
     # The limited kinds: never over their limits through the faults (the soak's own check),
     # and each reached (so the check saw them held, not idle).
-    assert figures["limited jobs"] == 60
+    assert figures["limited jobs"] == 20
     assert figures["most running at once"] == 1
-    assert figures["rated claims"] >= 60
+    assert figures["rated claims"] >= 40
     assert 1 < figures["most claimed in a window"] <= 20
 
 
