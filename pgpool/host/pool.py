@@ -24,6 +24,8 @@ types of `pgpool.worker.ipc`::
      │                  (Snoozed | Ended: what a handler asked for;   │                     │
      │                  Finished: a result, follow-ups)               │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _read_results(w)           └─────────────────────┘
+     │        then, while every worker has twice PACE_SECONDS of work queued, _pause(w):
+     │        its pipe is watched again at the pool's pace tick (_pace), not per job
      │        Done: assigned.popleft(), gathered per read ─▶ on_done(jobs, run times)
      │            (the dispatcher's `_jobs_done`: to its completer, without an AttemptEnd)
      │        the rest ─▶ _on_message(w, message), one method per type: _on_ready,
