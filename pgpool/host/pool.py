@@ -220,6 +220,7 @@ class WorkerPool:
         #: Workers replaced, by `restart_reason`.
         self.restarts: Counter[str] = Counter()
         self.frames_sent = 0  # job frames written to workers
+        self.reads = 0  # reads of the result pipes that brought something
         #: The pace tick that watches the paused result pipes again (`_pace`), if due.
         self._pace_tick: asyncio.TimerHandle | None = None
 
@@ -698,6 +699,7 @@ class WorkerPool:
             return False
         if not data:
             return None
+        self.reads += 1
         # Plain successes, the common case by far, are gathered and reported together: the
         # per-job work of a short job is then a few list appends here.
         done: list[Job] = []
