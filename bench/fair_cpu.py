@@ -12,7 +12,8 @@ is started and warmed up; both tenants' backlogs are enqueued in one transaction
 enough that neither runs dry; ``--seconds`` later the dispatcher is stopped. Each job
 spins on the CPU for its milliseconds and records its tenant, when it ended and the CPU
 time it measured itself: the shares are those, per ``--window`` seconds from the enqueue
-and overall, not what pgpool recorded. Each mode starts with no recorded usage.
+and overall, not what pgpool recorded. Each mode starts with no recorded usage. Then,
+without a dispatcher, what a fair claim costs by count and by CPU.
 """
 
 from __future__ import annotations
@@ -36,12 +37,19 @@ from psycopg.conninfo import make_conninfo
 
 import pgpool
 from pgpool.db import dsn as dsnlib
+from pgpool.sql import jobs as sql
 
 BENCH = Path(__file__).parent
 KIND = "fair.burn"
 TENANTS = ("heavy", "light")
 #: Backlogs this many times what the workers could run in the time, so neither runs dry.
 DEPTH = 1.5
+#: Where the tables go: stdout, or stderr with --json (stdout is then the JSON alone).
+human = sys.stdout
+
+
+def say(text: str) -> None:
+    print(text, file=human, flush=True)
 
 
 def drain_warmup(conn: psycopg.Connection, host: subprocess.Popen[bytes]) -> None:
@@ -112,9 +120,9 @@ def shares(run: dict[str, Any], w: slice) -> tuple[dict[str, float], dict[str, i
 
 
 def report(mode: str, run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    print(f"--fair-by {mode}: {args.procs} workers, batch {args.batch}, heavy "
+    say(f"--fair-by {mode}: {args.procs} workers, batch {args.batch}, heavy "
           f"{args.heavy_ms:g} ms jobs, light {args.light_ms:g} ms jobs, {args.seconds:g} s")
-    print("  window       heavy CPU  light CPU  heavy jobs  light jobs  CPU used")
+    say("  window       heavy CPU  light CPU  heavy jobs  light jobs  CPU used")
     out: dict[str, Any] = {"windows": []}
     windows = len(run["cpu"]["heavy"])
     for i, w in [*((i, slice(i, i + 1)) for i in range(windows)), (None, slice(None))]:
@@ -122,7 +130,7 @@ def report(mode: str, run: dict[str, Any], args: argparse.Namespace) -> dict[str
         used = sum(sum(run["cpu"][t][w]) for t in TENANTS)
         label = ("overall" if i is None
                  else f"{i * args.window:g}-{min((i + 1) * args.window, args.seconds):g} s")
-        print(f"  {label:11} {pct['heavy']:9.1f}% {pct['light']:9.1f}% "
+        say(f"  {label:11} {pct['heavy']:9.1f}% {pct['light']:9.1f}% "
               f"{count['heavy']:11,} {count['light']:11,} {used:8.1f} s")
         row = {"heavy_cpu_pct": round(pct["heavy"], 2), "light_cpu_pct": round(pct["light"], 2),
                "heavy_jobs": count["heavy"], "light_jobs": count["light"],
@@ -131,6 +139,44 @@ def report(mode: str, run: dict[str, Any], args: argparse.Namespace) -> dict[str
             out["overall"] = row
         else:
             out["windows"].append(row)
+    return out
+
+
+def claim_costs(conn: psycopg.Connection, rounds: int = 200) -> dict[str, Any]:
+    """The fair claim of 50 by job count and by CPU, in turns, each rolled back: its time
+    (p50 and p99 of ``rounds``) with 2 and with 100 tenants waiting (200 jobs each, and
+    the usage of a window recorded for each)."""
+    params = {"queues": ["default"], "kinds": [KIND], "kind_max_attempts": [5],
+              "owner": "bench", "lease": 30, "limit": 50, "after": "", "tenant_cap": None}
+    say(f"fair claim of 50, rolled back: p50 / p99 of {rounds}, by count and by cpu in "
+          "turns")
+    out: dict[str, Any] = {}
+    for tenants in (2, 100):
+        conn.execute("DELETE FROM pgpool_jobs")
+        conn.execute("TRUNCATE pgpool_tenant_cpu")
+        for t in range(tenants):
+            name = f"t{t:03}"
+            conn.execute("INSERT INTO pgpool_jobs (kind, payload, tenant) "
+                         "SELECT %s, '{}', %s FROM generate_series(1, 200)", (KIND, name))
+            conn.execute("INSERT INTO pgpool_tenant_cpu (tenant, bucket, cpu, attempts) "
+                         "SELECT %s, now() - b * interval '5 seconds', 1.0, 100 "
+                         "FROM generate_series(0, 6) AS b", (name,))
+        conn.execute("VACUUM ANALYZE pgpool_jobs")
+        conn.execute("ANALYZE pgpool_tenant_cpu")
+        times: dict[str, list[float]] = {"count": [], "cpu": []}
+        for _ in range(rounds):
+            for mode, statement in (("count", sql.CLAIM), ("cpu", sql.CLAIM_CPU)):
+                with conn.transaction():
+                    started = time.perf_counter()
+                    conn.execute(statement, params).fetchall()
+                    times[mode].append(time.perf_counter() - started)
+                    raise psycopg.Rollback
+        for mode, t in times.items():
+            t.sort()
+            p50, p99 = t[len(t) // 2] * 1000, t[int(0.99 * len(t))] * 1000
+            say(f"  {tenants:3} tenants, by {mode:5}: {p50:6.2f} / {p99:6.2f} ms")
+            out[f"{tenants}_{mode}"] = {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+    conn.execute("DELETE FROM pgpool_jobs")
     return out
 
 
@@ -146,10 +192,14 @@ def main() -> int:
     parser.add_argument("--dsn")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if min(args.seconds, args.window, args.procs, args.batch, args.rounds) <= 0:
+        parser.error("--seconds, --window, --procs, --batch and --rounds must be positive")
+    global human
+    human = sys.stderr if args.json else sys.stdout
     base = dsnlib.resolve(args.dsn)
     schema = f"pgpool_bench_fair_cpu_{uuid.uuid4().hex[:8]}"
     dsn = make_conninfo(base, options=f"-c search_path={schema}")
-    results: dict[str, list[dict[str, Any]]] = {"cpu": [], "count": []}
+    results: dict[str, Any] = {"cpu": [], "count": []}
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f"CREATE SCHEMA {schema}")
         try:
@@ -160,6 +210,8 @@ def main() -> int:
                     for mode in ("cpu", "count"):
                         run = run_mode(dsn, args, mode == "cpu", Path(record))
                         results[mode].append(report(mode, run, args))
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                results["claims"] = claim_costs(conn)
         finally:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
     if args.json:

@@ -5,11 +5,12 @@ concurrency key, which is what most queues are; the fair one (`sql.CLAIM`, or
 `sql.CLAIM_CPU` with ``--fair-by cpu``) otherwise, so a queue pays for fairness only while
 it uses it. A plain claim that takes nothing (nothing waits, or something needs fairness)
 is followed by a look at whether something needs fairness (`sql.NEEDS_FAIR`), and by the
-fair claim if it does, which says whether the next claim can be plain again. The kinds with a concurrency limit (`pgpool.Limit`) are left out
-of both and claimed by the third, `sql.CLAIM_LIMITED`, first, which takes a job only with
-a free slot of its kind's limit (those limited per tenant or per key by `sql.CLAIM_SCOPED`,
-its twin for scopes): a host without limited kinds never runs either, and the plain and
-fair claims are the same statements with or without limits elsewhere.
+fair claim if it does, which says whether the next claim can be plain again. The kinds
+with a concurrency limit (`pgpool.Limit`) are left out of both and claimed by the third,
+`sql.CLAIM_LIMITED`, first, which takes a job only with a free slot of its kind's limit
+(those limited per tenant or per key by `sql.CLAIM_SCOPED`, its twin for scopes): a host
+without limited kinds never runs either, and the plain and fair claims are the same
+statements with or without limits elsewhere.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs

@@ -134,7 +134,7 @@ def test_a_host_records_the_cpu_its_attempts_used_per_tenant(db, dsn):
     host = start_pgpool(dsn, *RUN, "--procs", "2", "--burst", "--fair-by", "cpu")
     assert host.wait(60) == 0
     assert db.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0] == 0
-    rows = db.execute("SELECT tenant, sum(attempts), sum(cpu) FROM pgpool_tenant_cpu "
+    rows = db.execute("SELECT tenant, sum(attempts)::int, sum(cpu) FROM pgpool_tenant_cpu "
                       "GROUP BY tenant ORDER BY tenant").fetchall()
     assert [(t, n) for t, n, _ in rows] == [("", 1), ("a", 4), ("b", 4)]
     for tenant, n, cpu in rows:
