@@ -153,6 +153,7 @@ EVERY_MESSAGE: list[ipc.Message] = [
     ipc.Drop([(2, 3), (5, 1)]),
     ipc.Ready(4321),
     ipc.Broken("handler module 'x' not found"),
+    ipc.Used(0.0125),
     ipc.Done(1, 0.25),
     ipc.Skipped(5),
     ipc.Failed(2, "Traceback (most recent call last):\nValueError: café\n", "ValueError", 0.5),
