@@ -366,13 +366,14 @@ SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": 
 #: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
 #: pgpool older than the scheduled state).
-def _fair_claim(share: str, share_join: str, spare_from: str, picked_join: str,
+def _fair_claim(share: str, fair_from: str, spare_from: str, picked_join: str,
                 picked_order: str) -> str:
     """The fair claim's statement: `CLAIM`, or `CLAIM_CPU`, which differ in how the batch
-    is shared (``share``, one row, or a row per tenant joined by ``share_join``), which
-    tenants the rest of the batch may go to (``spare_from``: (queue, kind, tenant, got,
-    ids) rows) and the order the batch is picked in (``picked_order``, over ``x``, the
-    candidates, and what ``picked_join`` joins)."""
+    is shared (``share``: its CTEs), what each (queue, kind, tenant)'s scans are driven by
+    (``fair_from``, and ``spare_from`` for the rest of the batch: rows ``t`` or ``f`` with
+    its ``queue``, ``kind`` and ``tenant``, ``r.room`` and ``s.share``; ``f`` also with
+    ``got`` and ``ids``, what it took) and the order the batch is picked in
+    (``picked_order``, over ``x``, the candidates, and what ``picked_join`` joins)."""
     return """
 WITH RECURSIVE pairs AS (
     SELECT q.queue, k.kind
@@ -417,7 +418,7 @@ WITH RECURSIVE pairs AS (
     SELECT DISTINCT tenant, room FROM tenants
 ), """ + share + """
 ), fair AS MATERIALIZED (
-    SELECT c.* FROM tenants AS t JOIN room AS r USING (tenant) """ + share_join + """
+    SELECT c.* FROM """ + fair_from + """
     CROSS JOIN LATERAL (
         SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
         FROM pgpool_jobs AS j
@@ -433,8 +434,7 @@ WITH RECURSIVE pairs AS (
     WHERE r.room > 0
 ), spare AS (  -- fair: the rest of the batch, to the tenants that filled their share
     SELECT c.*
-    FROM (""" + spare_from + """) AS f
-    JOIN room AS r USING (tenant) """ + share_join + """
+    FROM """ + spare_from + """
     CROSS JOIN (SELECT count(*)::int AS got FROM fair) AS total
     CROSS JOIN LATERAL (
         SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
@@ -496,9 +496,10 @@ CLAIM: Final = _fair_claim(
     share="""share AS (  -- fair: the equal share of the batch of each tenant with room
     SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
     FROM room WHERE room > 0""",
-    share_join="CROSS JOIN share AS s",
-    spare_from="""SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
-          FROM fair GROUP BY queue, kind, tenant""",
+    fair_from="tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s",
+    spare_from="""(SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
+          FROM fair GROUP BY queue, kind, tenant) AS f
+    JOIN room AS r USING (tenant) CROSS JOIN share AS s""",
     picked_join="", picked_order="x.tenant_rank")
 
 #: Seconds of CPU usage (`RECORD_CPU`) that `CLAIM_CPU` weighs: the recent window
@@ -560,19 +561,28 @@ CLAIM_CPU: Final = _fair_claim(
     SELECT c.tenant, c.room, c.mean, least(c.load - b.lowest, b.even) AS ahead
     FROM cost AS c CROSS JOIN (
         SELECT min(load) AS lowest, %(limit)s::float8 / sum(1 / mean) AS even FROM cost) AS b
-), share AS (  -- cpu: the batch's earliest job starts, counted per tenant
+), starts AS (  -- cpu: the batch's earliest job starts, counted per tenant
     SELECT a.tenant, count(s.tenant)::int AS share
     FROM ahead AS a LEFT JOIN (
         SELECT a.tenant FROM ahead AS a
         CROSS JOIN LATERAL generate_series(1, least(a.room, %(limit)s)) AS r(n)
         ORDER BY a.ahead + (r.n - 1) * a.mean, a.tenant
         LIMIT %(limit)s) AS s USING (tenant)
-    GROUP BY a.tenant""",
-    share_join="JOIN share AS s USING (tenant)",
-    spare_from="""SELECT t.queue, t.kind, t.tenant, count(c.id)::int AS got,
+    GROUP BY a.tenant
+), share AS MATERIALIZED (  -- cpu: per (queue, kind, tenant) with room, its share
+    -- One relation that the scans are driven by: joined to the walk's tenants in them,
+    -- the scans ran for every pair of rows (the CTEs' estimates are a row or so each).
+    SELECT t.queue, t.kind, t.tenant, t.room, x.share
+    FROM tenants AS t JOIN starts AS x USING (tenant)""",
+    fair_from="""share AS t  -- r and s: where the scans read the room and share
+    CROSS JOIN LATERAL (SELECT t.room) AS r(room)
+    CROSS JOIN LATERAL (SELECT t.share) AS s(share)""",
+    spare_from="""(SELECT t.queue, t.kind, t.tenant, t.room, t.share, count(c.id)::int AS got,
                  coalesce(array_agg(c.id) FILTER (WHERE c.id IS NOT NULL), '{}') AS ids
-          FROM tenants AS t LEFT JOIN fair AS c USING (queue, kind, tenant)
-          GROUP BY t.queue, t.kind, t.tenant""",
+          FROM share AS t LEFT JOIN fair AS c USING (queue, kind, tenant)
+          GROUP BY t.queue, t.kind, t.tenant, t.room, t.share) AS f
+    CROSS JOIN LATERAL (SELECT f.room) AS r(room)
+    CROSS JOIN LATERAL (SELECT f.share) AS s(share)""",
     picked_join=" JOIN ahead AS a USING (tenant)",
     picked_order="a.ahead + (x.tenant_rank - 1) * a.mean")
 
