@@ -136,8 +136,8 @@ def claim_pages(db: psycopg.Connection, statement: str, mode: str) -> int:
 def test_a_claim_by_cpu_reads_a_few_pages_per_tenant_more_than_one_by_count(db, mode):
     # 100 tenants waiting, each with a window of usage: the claim by CPU reads each of the
     # 50 tenants walked's usage and running jobs, about 5 pages each (226 here), and
-    # otherwise what the claim by count reads. (Its scans were once joined to the tenants after running: 2,500 scans
-    # and their row locks, for 50 tenants walked: some 5,000 pages more.)
+    # otherwise what the claim by count reads. (Its scans were once joined to the tenants
+    # after running: 2,500 scans and their row locks for 50 tenants, 10,000 pages more.)
     for t in range(100):
         flood(db, f"t{t:03}", 200)
         for ago in range(0, 30, 5):
