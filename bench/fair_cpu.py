@@ -2,18 +2,19 @@
 each one's share of the CPU their jobs used, with ``pgpool run --fair-by cpu`` and by job
 count (the default), side by side.
 
-    python bench/fair_cpu.py [--seconds 30] [--window 10] [--procs 2] [--batch 50]
-                             [--heavy-ms 100] [--light-ms 1] [--rounds 1] [--dsn DSN]
-                             [--json]
+    python bench/fair_cpu.py [--seconds 30] [--window 10] [--warmup 0] [--procs 2]
+                             [--batch 50] [--heavy-ms 100] [--light-ms 1] [--rounds 1]
+                             [--dsn DSN] [--json]
 
 In a scratch schema (dropped afterwards), for each mode in turn (cpu, then count, for
 ``--rounds`` rounds): a real dispatcher (``pgpool run``, handlers from bench/fairjobs.py)
 is started and warmed up; both tenants' backlogs are enqueued in one transaction, deep
-enough that neither runs dry; ``--seconds`` later the dispatcher is stopped. Each job
-spins on the CPU for its milliseconds and records its tenant, when it ended and the CPU
-time it measured itself: the shares are those, per ``--window`` seconds from the enqueue
-and overall, not what pgpool recorded. Each mode starts with no recorded usage. Then,
-without a dispatcher, what a fair claim costs by count and by CPU.
+enough that neither runs dry; ``--warmup`` and ``--seconds`` later the dispatcher is
+stopped. Each job spins on the CPU for its milliseconds and records its tenant, when it
+ended and the CPU time it measured itself: the shares are those, over the warm-up, per
+``--window`` seconds after it and over the ``--seconds``, not what pgpool recorded. Each
+mode starts with no recorded usage. Then, without a dispatcher, what a fair claim costs by
+count and by CPU.
 """
 
 from __future__ import annotations
@@ -82,13 +83,15 @@ def run_mode(dsn: str, args: argparse.Namespace, cpu: bool, record: Path) -> dic
             ms = {"heavy": args.heavy_ms, "light": args.light_ms}
             with conn.transaction():
                 for tenant in TENANTS:
-                    n = math.ceil(DEPTH * args.procs * args.seconds * 1000 / ms[tenant])
+                    # What the workers could run in the time, and what a host holds.
+                    n = math.ceil(DEPTH * args.procs * (args.warmup + args.seconds) * 1000
+                                  / ms[tenant]) + args.procs + 3 * args.batch
                     pgpool.enqueue_many(conn, KIND, ({"ms": ms[tenant], "tenant": tenant}
                                                      for _ in range(n)), tenant=tenant)
-            started = time.time()
-            time.sleep(args.seconds)
+            started = time.time() + args.warmup  # the windows' start
+            time.sleep(args.warmup + args.seconds)
             left = dict(conn.execute("SELECT tenant, count(*) FROM pgpool_jobs "
-                                     "WHERE state = 'ready' GROUP BY tenant").fetchall())
+                                     "GROUP BY tenant").fetchall())
     finally:
         host.send_signal(signal.SIGTERM)
         host.wait(120)
@@ -97,15 +100,16 @@ def run_mode(dsn: str, args: argparse.Namespace, cpu: bool, record: Path) -> dic
     dry = [t for t in TENANTS if not left.get(t)]
     if dry:
         raise SystemExit(f"{', '.join(dry)} ran out of jobs: raise DEPTH")
-    windows = math.ceil(args.seconds / args.window)
+    # The windows, and the warm-up last (index -1).
+    windows = math.ceil(args.seconds / args.window) + 1
     cpu_used: dict[str, list[float]] = defaultdict(lambda: [0.0] * windows)
     jobs: dict[str, list[int]] = defaultdict(lambda: [0] * windows)
     for f in record.glob("*.log"):
         for line in f.read_text().splitlines():
             tenant, ended, used = line.split()
             at = float(ended) - started
-            if tenant in TENANTS and 0 <= at < args.seconds:
-                w = int(at // args.window)
+            if tenant in TENANTS and -args.warmup <= at < args.seconds:
+                w = int(at // args.window) if at >= 0 else -1
                 cpu_used[tenant][w] += float(used)
                 jobs[tenant][w] += 1
     return {"cpu": {t: cpu_used[t] for t in TENANTS}, "jobs": {t: jobs[t] for t in TENANTS}}
@@ -121,24 +125,27 @@ def shares(run: dict[str, Any], w: slice) -> tuple[dict[str, float], dict[str, i
 
 def report(mode: str, run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     say(f"--fair-by {mode}: {args.procs} workers, batch {args.batch}, heavy "
-          f"{args.heavy_ms:g} ms jobs, light {args.light_ms:g} ms jobs, {args.seconds:g} s")
+          f"{args.heavy_ms:g} ms jobs, light {args.light_ms:g} ms jobs, {args.seconds:g} s "
+          f"after a warm-up of {args.warmup:g} s")
     say("  window       heavy CPU  light CPU  heavy jobs  light jobs  CPU used")
     out: dict[str, Any] = {"windows": []}
-    windows = len(run["cpu"]["heavy"])
-    for i, w in [*((i, slice(i, i + 1)) for i in range(windows)), (None, slice(None))]:
+    windows = len(run["cpu"]["heavy"]) - 1
+    rows: list[tuple[str, slice]] = [("warmup", slice(-1, None))] if args.warmup else []
+    rows += [(str(i), slice(i, i + 1)) for i in range(windows)]
+    for i, w in [*rows, ("overall", slice(0, windows))]:
         pct, count = shares(run, w)
         used = sum(sum(run["cpu"][t][w]) for t in TENANTS)
-        label = ("overall" if i is None
-                 else f"{i * args.window:g}-{min((i + 1) * args.window, args.seconds):g} s")
+        label = (i if not i.isdigit() else f"{int(i) * args.window:g}-"
+                 f"{min((int(i) + 1) * args.window, args.seconds):g} s")
         say(f"  {label:11} {pct['heavy']:9.1f}% {pct['light']:9.1f}% "
               f"{count['heavy']:11,} {count['light']:11,} {used:8.1f} s")
         row = {"heavy_cpu_pct": round(pct["heavy"], 2), "light_cpu_pct": round(pct["light"], 2),
                "heavy_jobs": count["heavy"], "light_jobs": count["light"],
                "cpu_seconds": round(used, 3)}
-        if i is None:
-            out["overall"] = row
-        else:
+        if i.isdigit():
             out["windows"].append(row)
+        else:
+            out[i] = row
     return out
 
 
@@ -184,6 +191,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=0.0)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--heavy-ms", type=float, default=100.0)
@@ -192,8 +200,10 @@ def main() -> int:
     parser.add_argument("--dsn")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if min(args.seconds, args.window, args.procs, args.batch, args.rounds) <= 0:
-        parser.error("--seconds, --window, --procs, --batch and --rounds must be positive")
+    if min(args.seconds, args.window, args.procs, args.batch, args.rounds) <= 0 or (
+            args.warmup < 0):
+        parser.error("--seconds, --window, --procs, --batch and --rounds must be positive, "
+                     "--warmup not negative")
     global human
     human = sys.stderr if args.json else sys.stdout
     base = dsnlib.resolve(args.dsn)
