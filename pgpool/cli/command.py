@@ -24,7 +24,14 @@ from ..db import schema
 from ..enqueue import enqueue, max_payload_bytes, too_deep
 from ..errors import ConfigError, PgpoolError, first_line
 from ..host.budget import DEFAULT_MAX_CLAIMS_PER_SEC
-from ..host.config import RunConfig, auto_procs, parse_duration, usable_cpus, workers_that_fit
+from ..host.config import (
+    FAIR_BY,
+    RunConfig,
+    auto_procs,
+    parse_duration,
+    usable_cpus,
+    workers_that_fit,
+)
 from ..sql import fleet as sql
 from ..sql.fleet import STALE_AFTER_LEASES
 from ..sql.install import INSTALLED_SCHEMA
@@ -109,6 +116,15 @@ def _log_errors(text: str) -> str:
     return value
 
 
+def _fair_by(text: str) -> str:
+    value = text.strip().lower()
+    if value not in FAIR_BY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(FAIR_BY)}: what tenants share, jobs (count) "
+            "or CPU time (cpu)")
+    return value
+
+
 def _boolean(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -148,6 +164,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
     ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate, None),
     ("tenant_cap", "PGPOOL_TENANT_CAP", tenant_cap, None),
+    ("fair_by", "PGPOOL_FAIR_BY", _fair_by, RunConfig.fair_by),
     ("burst", "PGPOOL_BURST", _boolean, False),
     ("metrics_port", "PGPOOL_METRICS_PORT", tcp_port, None),
     ("metrics_host", "PGPOOL_METRICS_HOST", str, RunConfig.metrics_host),
@@ -262,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start no job of a tenant that has N jobs running anywhere in the "
                          "fleet (concurrent claims may overshoot it: see the Fairness guide; "
                          "default: no cap)")
+    _add_run_option(run, "--fair-by", type=_fair_by, metavar="{count,cpu}",
+                    help="what the fair claim evens out between tenants: their jobs, or "
+                         "the CPU time their jobs used over the last 30 s, fleet-wide (see "
+                         "the Fairness guide; default count)")
     _add_run_option(run, "--burst", action="store_true", default=None,
                     help="exit 0 once no runnable job is ready and nothing is in flight")
     _add_run_option(run, "--metrics-port", type=tcp_port, metavar="PORT",
@@ -542,7 +563,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # through PGPOOL_DSN (a group's callback reading its members), read at their start.
     os.environ["PGPOOL_DSN"] = dsn
     launched = {i: pool.launch(i, (*modules, *found), (args.max_tasks_per_child, max_memory),
-                               (log_level, log_format))
+                               (log_level, log_format), cpu=args.fair_by == "cpu")
                 for i in range(procs)}
     try:
         return _run_dispatcher(args, RunConfig(
@@ -560,6 +581,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_tasks_per_child=args.max_tasks_per_child,
             max_claims_per_sec=args.max_claims_per_sec,
             tenant_cap=args.tenant_cap,
+            fair_by=args.fair_by,
             max_memory=max_memory,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,

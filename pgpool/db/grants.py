@@ -23,7 +23,9 @@
   its ``RETURNING``), keeps its ``pgpool_hosts`` row, takes part in the election of the
   fleet's maintenance leader (``pgpool_leader``), and reads the budget. It adds and uses
   the rows of rate limits (``pgpool_limit_ticks``, and deletes those of tenants or keys
-  unused for a day), and reads operators' overrides of limits (``pgpool_limits``), which
+  unused for a day), records its attempts' CPU time per tenant and reads the fleet's
+  (``pgpool_tenant_cpu``, for ``--fair-by cpu``; it deletes what is past its window), and
+  reads operators' overrides of limits (``pgpool_limits``), which
   only the owner sets (``pgpool limits set``), and the views of the queues' work and the
   limits in force (``pgpool_queue_work``, ``pgpool_limits_in_force``) that the host serving
   the queue's metrics reads. It cannot set
@@ -54,7 +56,7 @@ from ..sql import install as sql
 #: Every pgpool table and view, in the order the statements name them.
 TABLES: Final = ("pgpool_jobs", "pgpool_dead", "pgpool_done", "pgpool_groups", "pgpool_hosts",
                  "pgpool_fleet", "pgpool_paused", "pgpool_schedules", "pgpool_schema_version",
-                 "pgpool_limit_ticks", "pgpool_limits", "pgpool_leader",
+                 "pgpool_limit_ticks", "pgpool_limits", "pgpool_leader", "pgpool_tenant_cpu",
                  "pgpool_hosts_wanted", "pgpool_limits_in_force", "pgpool_queue_work")
 
 #: The columns of ``pgpool_jobs`` a producer writes (`pgpool.sql.jobs.ENQUEUE`, `COPY_JOBS_AT`).
@@ -85,6 +87,9 @@ WORKER: Final = (
     # The rings of rate limits: the hosts add their kinds' rows, and claims use them; the
     # maintenance leader deletes the rings of tenants or keys unused for a day.
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_limit_ticks",)),
+    # Fairness by CPU time: the hosts add their attempts' CPU to it, and claims read it;
+    # the maintenance leader deletes the buckets past its window.
+    ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_tenant_cpu",)),
     ("SELECT, INSERT, UPDATE, DELETE", ("pgpool_hosts",)),
     # UPDATE: the election of the fleet's maintenance leader (INSERT: its row, if deleted).
     ("SELECT, INSERT, UPDATE", ("pgpool_leader",)),

@@ -48,6 +48,8 @@ class Job:
     meta: bytes | None = None
     #: The group it is a member of (`pgpool.group`: its callback's id), or None.
     group_id: int | None = None
+    #: Its tenant ('' for none): whose CPU its attempt used (``pgpool run --fair-by cpu``).
+    tenant: str = ""
 
     @property
     def counted(self) -> int:

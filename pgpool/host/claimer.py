@@ -1,15 +1,16 @@
 """Claiming batches of ready jobs: one statement, one transaction, SKIP LOCKED.
 
 Three claims: the plain one (`sql.CLAIM_PLAIN`) while nothing waiting has a tenant or a
-concurrency key, which is what most queues are; the fair one (`sql.CLAIM`) otherwise, so a
-queue pays for fairness only while it uses it. A plain claim that takes nothing (nothing
-waits, or something needs fairness) is followed by a look at whether something needs
-fairness (`sql.NEEDS_FAIR`), and by the fair claim if it does, which says whether the next
-claim can be plain again. The kinds with a concurrency limit (`pgpool.Limit`) are left out
-of both and claimed by the third, `sql.CLAIM_LIMITED`, first, which takes a job only with
-a free slot of its kind's limit (those limited per tenant or per key by `sql.CLAIM_SCOPED`,
-its twin for scopes): a host without limited kinds never runs either, and the plain and
-fair claims are the same statements with or without limits elsewhere.
+concurrency key, which is what most queues are; the fair one (`sql.CLAIM`, or
+`sql.CLAIM_CPU` with ``--fair-by cpu``) otherwise, so a queue pays for fairness only while
+it uses it. A plain claim that takes nothing (nothing waits, or something needs fairness)
+is followed by a look at whether something needs fairness (`sql.NEEDS_FAIR`), and by the
+fair claim if it does, which says whether the next claim can be plain again. The kinds
+with a concurrency limit (`pgpool.Limit`) are left out of both and claimed by the third,
+`sql.CLAIM_LIMITED`, first, which takes a job only with a free slot of its kind's limit
+(those limited per tenant or per key by `sql.CLAIM_SCOPED`, its twin for scopes): a host
+without limited kinds never runs either, and the plain and fair claims are the same
+statements with or without limits elsewhere.
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -46,6 +47,7 @@ from ..registry import Handler
 from ..sql import jobs as sql
 from ..sql.common import int_array, nullable_int_array
 from .attempt import Job
+from .config import FairBy
 from .lease import Lease
 
 RTT_SAMPLES = 10_000
@@ -126,16 +128,20 @@ class Claimer:
         timeout: float | None,
         on_claimed: Callable[[float, list[Job]], None] | None = None,
         tenant_cap: int | None = None,
+        fair_by: FairBy = "count",
     ) -> None:
         """``on_claimed(seconds, jobs)`` is told of every claim: its round trip and jobs.
         ``tenant_cap``: the most running jobs of one tenant across the fleet
-        (docs/guides/fairness.md), None for no cap."""
+        (docs/guides/fairness.md), None for no cap. ``fair_by``: what the fair claim
+        evens out between tenants, their jobs (`sql.CLAIM`) or their CPU time
+        (`sql.CLAIM_CPU`)."""
         self._pool = pool
         self._on_claimed = on_claimed
         self._timeouts = {k: handlers[k].timeout or timeout for k in handlers}
         self._all_kinds = sorted(handlers)
         self._max_attempts = {k: handlers[k].max_attempts or max_attempts for k in handlers}
         self._owner = owner
+        self._fair_claim = sql.CLAIM_CPU if fair_by == "cpu" else sql.CLAIM
         #: What every plain or fair claim sends, but its ``limit`` (and its kinds, those
         #: without a limit: `set_limits`).
         self._params: dict[str, object] = {
@@ -312,9 +318,9 @@ class Claimer:
         # Positional, every field in `Job`'s order: keywords cost more, once per job.
         jobs = [
             Job(id_, kind, queue, attempt, interruptions, max_attempts, payload,
-                timeouts[kind], False, deadline, False, waited, snoozes, meta, group_id)
-            for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited, _, _,
-                 snoozes, meta, group_id, _) in rows
+                timeouts[kind], False, deadline, False, waited, snoozes, meta, group_id, tenant)
+            for (id_, kind, queue, attempt, interruptions, max_attempts, payload, waited,
+                 tenant, _, snoozes, meta, group_id, _) in rows
         ]
         if self._on_claimed is not None:
             self._on_claimed(rtt, jobs)
@@ -472,11 +478,12 @@ class Claimer:
 
     async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
                           ) -> list[tuple]:
-        """Run the fair claim (`sql.CLAIM`) on ``conn``; after it, the next claim is the
-        plain one if nothing waiting needs the fair one any more (its rows say)."""
+        """Run the fair claim (`sql.CLAIM`, or `sql.CLAIM_CPU`) on ``conn``; after it, the
+        next claim is the plain one if nothing waiting needs the fair one any more (its
+        rows say)."""
         for tries in range(1, KEY_RACE_TRIES + 1):
             try:
-                cur = await conn.execute(sql.CLAIM, {**params, "after": self._after})
+                cur = await conn.execute(self._fair_claim, {**params, "after": self._after})
                 rows = await cur.fetchall()
                 break
             except KEY_RACE_LOST:

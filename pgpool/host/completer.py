@@ -25,7 +25,9 @@ statement (deletes, retries, hand-backs, interruptions and dead letters, each gu
 ownership), or `sql.ACK_DONE`, its first arm alone, when every attempt succeeded, or
 `sql.ACK_CONTROL`, `sql.ACK` with snoozes and dead letters' reasons, when a handler asked
 for one of those. Only one flush runs at a time; acks that arrive meanwhile wait for the
-next.
+next. With ``pgpool run --fair-by cpu``, a flush first adds the CPU time of the attempts
+reported since the last one, per tenant (`Completer.record_cpu`), to the fleet's usage
+(`sql.RECORD_CPU`, one statement); if that fails, the flush fails, and both are kept.
 
 Isolation: when the database refuses a flush because of some of its rows (an application's
 foreign key or trigger, a unique violation in ``pgpool_dead``, a lock held past
@@ -338,6 +340,9 @@ class Completer:
         self._lock_misses: dict[tuple[int, int], int] = {}
         #: Acks written per statement at most, since a statement timeout; None: no limit.
         self._limit: int | None = None
+        #: Per tenant, the CPU seconds and attempts measured since the last flush
+        #: (`record_cpu`: ``pgpool run --fair-by cpu``).
+        self._cpu: dict[str, tuple[float, int]] = {}
 
     # --- outcomes in ----------------------------------------------------------------------
 
@@ -388,6 +393,16 @@ class Completer:
             self.counts["done"] += len(plain)
             self._queue(plain)
         return acks
+
+    def record_cpu(self, job: Job, seconds: float) -> None:
+        """An attempt of ``job`` used ``seconds`` of CPU: its tenant's usage, which the next
+        flush writes before its acks (`sql.RECORD_CPU`). Whatever becomes of the attempt:
+        even one whose lease was lost used the CPU."""
+        self._add_cpu(job.tenant, seconds, 1)
+
+    def _add_cpu(self, tenant: str, cpu: float, attempts: int) -> None:
+        had_cpu, had_attempts = self._cpu.get(tenant, (0.0, 0))
+        self._cpu[tenant] = (had_cpu + cpu, had_attempts + attempts)
 
     def _drop_result(self, job: Job) -> None:
         if job.kind in self._dropped_results:
@@ -480,6 +495,8 @@ class Completer:
         timeout. Any other failure raises `Interrupted` naming the acks not written (`run`
         keeps them and retries)."""
         started = time.monotonic()
+        if self._cpu:
+            await self._write_cpu(acks)
         try:
             written = await isolate(acks, self._write, limit=self._limit,
                                     alone=self._missed_lock if self._lock_misses else None)
@@ -543,6 +560,23 @@ class Completer:
 
     def _missed_lock(self, ack: Ack) -> bool:
         return (ack.job.id, ack.job.attempt) in self._lock_misses
+
+    async def _write_cpu(self, acks: list[Ack]) -> None:
+        """Write the CPU usage recorded since the last flush (`sql.RECORD_CPU`), one
+        statement, before ``acks``: a claim that no longer sees an attempt's job running
+        sees its CPU. On a failure it is kept, and `Interrupted` names all of ``acks`` as
+        not written (`run` tries them again)."""
+        used, self._cpu = self._cpu, {}
+        tenants = sorted(used)
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(sql.RECORD_CPU, {
+                    "tenants": tenants, "cpu": [used[t][0] for t in tenants],
+                    "attempts": [used[t][1] for t in tenants]})
+        except (psycopg.Error, OSError) as exc:
+            for tenant, (cpu, attempts) in used.items():  # with what came in meanwhile
+                self._add_cpu(tenant, cpu, attempts)
+            raise Interrupted(exc, acks, Isolated()) from exc
 
     async def _fail_refused_outcomes(self, refused: list[tuple[Ack, BaseException]],
                                      later: list[Ack]) -> list[tuple[Ack, BaseException]]:

@@ -20,6 +20,10 @@ DEFAULT_DEAD_RETENTION = 30 * 86_400.0
 #: Seconds between two ``summary`` events (``--log-summary``; why 60: `pgpool.host.summary`).
 DEFAULT_LOG_SUMMARY = 60.0
 
+#: What the fair claim evens out between tenants (``pgpool run --fair-by``).
+FairBy = Literal["count", "cpu"]
+FAIR_BY: Final[tuple[FairBy, ...]] = ("count", "cpu")
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
@@ -65,6 +69,9 @@ class RunConfig:
     #: The most running jobs of one tenant across the fleet (None: no cap;
     #: docs/guides/fairness.md says how far concurrent claims can overshoot it).
     tenant_cap: int | None = None
+    #: What the fair claim evens out between tenants: their jobs ("count") or the CPU time
+    #: their jobs use ("cpu": docs/guides/fairness.md, "Fairness by CPU time").
+    fair_by: FairBy = "count"
     #: The retry schedule of kinds whose handler gives none (``retry=``).
     retry: Retry = field(default_factory=Retry)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS

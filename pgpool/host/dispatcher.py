@@ -25,7 +25,8 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
   a handler's checkpoint or progress: long.received() (pgpool.host.long): a checkpoint
      stored at once, guarded like an ack; progress written after each heartbeat
      │                                       │
-  completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush)
+  completer.run(): a batch or 50 ms ─ ACK ───┘  (one statement per flush; --fair-by cpu:
+     │  RECORD_CPU first, the CPU of its attempts per tenant, from ipc.Used: _cpu_used)
      └─▶ _acks_flushed(): scheduler.acks_flushed()  (backpressure: Wait.ACKS); jobs of
          limited kinds ended while their claims came back short: NOTIFY_FREED, their
          queues' hosts claim the free slots
@@ -335,6 +336,7 @@ class Dispatcher:
             launched=self._launched,
             on_long=self._long_message,
             cpus={kind: h.cpus for kind, h in self.handlers.items()},
+            on_cpu=self._cpu_used if cfg.fair_by == "cpu" else None,
         )
 
     def _runnable(self) -> dict[str, Handler]:
@@ -356,7 +358,7 @@ class Dispatcher:
             self.claims_db, self.owner, queues=cfg.queues, handlers=runnable,
             lease=self.lease, max_attempts=cfg.max_attempts, timeout=cfg.timeout,
             on_claimed=self.metrics.jobs_claimed if self.metrics else None,
-            tenant_cap=cfg.tenant_cap,
+            tenant_cap=cfg.tenant_cap, fair_by=cfg.fair_by,
         )
         self.hosts = HostRegistry(
             db, self.owner, procs=cfg.procs, queues=cfg.queues, kinds=list(runnable),
@@ -565,6 +567,10 @@ class Dispatcher:
         if self.metrics is not None:
             self.metrics.job_finished(outcome, ack)
         self.observer.finished(outcome)
+
+    def _cpu_used(self, job: Job, seconds: float) -> None:
+        """``--fair-by cpu``: an attempt's CPU time, recorded for its tenant."""
+        self.completer.record_cpu(job, seconds)
 
     def _long_message(self, job: Job | None, message: ipc.LongFromWorker,
                       answer: Answer) -> None:

@@ -28,6 +28,7 @@ types of `pgpool.worker.ipc`::
      │        its pipe is watched again at the pool's pace tick (_pace), not per job
      │        Done: assigned.popleft(), gathered per read ─▶ on_done(jobs, run times)
      │            (the dispatcher's `_jobs_done`: to its completer, without an AttemptEnd)
+     │        Used (--fair-by cpu, before an outcome): the front job's CPU ─▶ on_cpu
      │        the rest ─▶ _on_message(w, message), one method per type: _on_ready,
      │        _on_broken, _on_returned, _on_retiring,
      │        _on_outcome (Failed | Snoozed | Ended | Finished): assigned.popleft()
@@ -172,6 +173,9 @@ class WorkerPool:
     left before its `Job.deadline`; later ones go back through ``on_returned``.
     ``launched``: workers already started by `launch`, by index, which `start` adopts
     (taking each out of the dict) instead of starting them.
+    ``on_cpu``, if given, gets each attempt's CPU seconds, as its worker measured them,
+    before its outcome (the workers measure them only then: `ipc.Used`); an attempt that
+    ends with its worker has none.
     """
 
     def __init__(
@@ -192,8 +196,10 @@ class WorkerPool:
         on_long: Callable[[Job | None, ipc.LongFromWorker, Callable[[ipc.LongToWorker], None]],
                           None] | None = None,
         cpus: dict[str, int] | None = None,
+        on_cpu: Callable[[Job, float], None] | None = None,
     ) -> None:
         self.procs = procs
+        self._report_cpu = on_cpu
         self._report_long = on_long
         #: The kinds whose jobs take more than one of the ``procs`` slots (a handler's
         #: ``cpus``): with any, jobs are assigned by slots (`_assign_slots`).
@@ -481,7 +487,8 @@ class WorkerPool:
     async def _spawn(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         process, task, results = (self._launched.pop(index, None)
-                                  or launch(index, self._modules, self._limits, self._log))
+                                  or launch(index, self._modules, self._limits, self._log,
+                                            cpu=self._report_cpu is not None))
         os.set_blocking(results, False)
         w = _Worker(index, process, loop.create_future(), _exit_fd(process), results)
         self._workers[index] = w
@@ -711,6 +718,10 @@ class WorkerPool:
                 done.append(job)
                 elapsed.append(message.elapsed)
                 continue
+            if type(message) is ipc.Used:  # the next outcome's: the job still in front
+                assert self._report_cpu is not None  # its workers send none otherwise
+                self._report_cpu(w.assigned[0], message.cpu)
+                continue
             if done:  # in order: what came before this message first
                 self._finished_done(w, done, elapsed)
                 done, elapsed = [], []
@@ -862,17 +873,18 @@ class Launched(NamedTuple):
 
 
 def launch(index: int, modules: Sequence[str], limits: tuple[int | None, int | None],
-           log: tuple[str, str] | None) -> Launched:
+           log: tuple[str, str] | None, *, cpu: bool = False) -> Launched:
     """Start worker ``index`` (`pgpool.worker.main`, a fresh interpreter) importing
-    ``modules``, with its (max tasks, max memory) ``limits`` and ``log`` settings, and
-    return it with the dispatcher's ends of its pipes. `pgpool run` calls it before the
+    ``modules``, with its (max tasks, max memory) ``limits`` and ``log`` settings, measuring
+    each attempt's CPU time with ``cpu``, and return it with the dispatcher's ends of its
+    pipes. `pgpool run` calls it before the
     dispatcher has imported its own modules, so that both start at once."""
     ctx = multiprocessing.get_context("spawn")
     task_r, task_w = ctx.Pipe(duplex=False)
     result_r, result_w = ctx.Pipe(duplex=False)
     process = ctx.Process(
         target=worker.main,
-        args=(index, list(modules), task_r, result_w, os.getpid(), *limits, log),
+        args=(index, list(modules), task_r, result_w, os.getpid(), *limits, log, cpu),
         name=f"pgpool-worker-{index}",
         daemon=True,
     )

@@ -366,7 +366,15 @@ SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": 
 #: Jobs not yet due are ``scheduled``, outside the ready index, so they cost a claim nothing
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
 #: pgpool older than the scheduled state).
-CLAIM: Final = """
+def _fair_claim(share: str, fair_from: str, spare_from: str, picked_join: str,
+                picked_order: str) -> str:
+    """The fair claim's statement: `CLAIM`, or `CLAIM_CPU`, which differ in how the batch
+    is shared (``share``: its CTEs), what each (queue, kind, tenant)'s scans are driven by
+    (``fair_from``, and ``spare_from`` for the rest of the batch: rows ``t`` or ``f`` with
+    its ``queue``, ``kind`` and ``tenant``, ``r.room`` and ``s.share``; ``f`` also with
+    ``got`` and ``ids``, what it took) and the order the batch is picked in
+    (``picked_order``, over ``x``, the candidates, and what ``picked_join`` joins)."""
+    return """
 WITH RECURSIVE pairs AS (
     SELECT q.queue, k.kind
     FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
@@ -408,11 +416,9 @@ WITH RECURSIVE pairs AS (
     SELECT queue, kind, tenant, room FROM walk WHERE n > 0
 ), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
     SELECT DISTINCT tenant, room FROM tenants
-), share AS (  -- fair: the equal share of the batch of each tenant with room
-    SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
-    FROM room WHERE room > 0
+), """ + share + """
 ), fair AS MATERIALIZED (
-    SELECT c.* FROM tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s
+    SELECT c.* FROM """ + fair_from + """
     CROSS JOIN LATERAL (
         SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
         FROM pgpool_jobs AS j
@@ -428,9 +434,7 @@ WITH RECURSIVE pairs AS (
     WHERE r.room > 0
 ), spare AS (  -- fair: the rest of the batch, to the tenants that filled their share
     SELECT c.*
-    FROM (SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
-          FROM fair GROUP BY queue, kind, tenant) AS f
-    JOIN room AS r USING (tenant) CROSS JOIN share AS s
+    FROM """ + spare_from + """
     CROSS JOIN (SELECT count(*)::int AS got FROM fair) AS total
     CROSS JOIN LATERAL (
         SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
@@ -455,9 +459,9 @@ WITH RECURSIVE pairs AS (
                row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id)
                    AS tenant_rank
         FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1
-    ) AS x JOIN room AS r USING (tenant)
+    ) AS x JOIN room AS r USING (tenant)""" + picked_join + """
     WHERE x.tenant_rank <= r.room
-    ORDER BY x.tenant_rank, x.priority DESC, x.run_at, x.id
+    ORDER BY """ + picked_order + """, x.priority DESC, x.run_at, x.id
     LIMIT %(limit)s
 ), plain AS (  -- nothing left that needs the fair claim once this one's jobs are taken
     SELECT NOT EXISTS (""" + _NEED_FAIR + """
@@ -485,6 +489,134 @@ FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)
 LEFT JOIN claimed AS c ON true
 WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a row with no job
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
+"""
+
+
+CLAIM: Final = _fair_claim(
+    share="""share AS (  -- fair: the equal share of the batch of each tenant with room
+    SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
+    FROM room WHERE room > 0""",
+    fair_from="tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s",
+    spare_from="""(SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
+          FROM fair GROUP BY queue, kind, tenant) AS f
+    JOIN room AS r USING (tenant) CROSS JOIN share AS s""",
+    picked_join="", picked_order="x.tenant_rank")
+
+#: Seconds of CPU usage (`RECORD_CPU`) that `CLAIM_CPU` weighs: the recent window
+#: fairness by CPU time evens out over. Usage is recorded in buckets of `CPU_BUCKET`
+#: seconds; the maintenance leader deletes those past `CPU_KEPT` (`PRUNE_CPU`).
+CPU_WINDOW: Final = 30
+CPU_BUCKET: Final = 5
+CPU_KEPT: Final = 2 * CPU_WINDOW
+#: The least CPU seconds `CLAIM_CPU` expects of a job, whatever its tenant's jobs measured:
+#: a tenant of jobs that use no CPU (they wait on I/O) would otherwise take whole batches.
+MIN_JOB_CPU: Final = 0.0001
+#: A tenant's running jobs that `CLAIM_CPU` counts at most (on pgpool_jobs_tenant_running):
+#: a bound on what one claim reads.
+RUNNING_COUNTED: Final = 1000
+
+#: The fair claim by CPU time (``pgpool run --fair-by cpu``): `CLAIM`, but the batch is
+#: shared between the tenants with room so that their expected CPU evens out
+#: (docs/guides/fairness.md, "Fairness by CPU time"), from the usage every host records
+#: (`RECORD_CPU`):
+#:
+#: - ``used``: a tenant's CPU seconds over the last `CPU_WINDOW` seconds, fleet-wide, and
+#:   per attempt (its jobs' mean); and its running jobs, counted on
+#:   pgpool_jobs_tenant_running (not those of '', which that index leaves out).
+#: - ``cost``: what one of its jobs is expected to use: its mean, or the others' for a
+#:   tenant not measured yet, at least `MIN_JOB_CPU`; and its load, the CPU it used plus
+#:   its running jobs' expected CPU (which no usage records yet).
+#: - ``ahead``: how far its load is ahead of the least loaded tenant's, at most what the
+#:   batch gives each tenant when it evens out their CPU (``limit / sum(1 / mean)``): the
+#:   tenant furthest behind takes about one and a half times its even share of the batch's
+#:   CPU, not the whole batch (unless the others' jobs are too long for what is left).
+#: - ``share``: the tenant's r-th job would start when its load reaches ``ahead + (r - 1)
+#:   x mean``; the batch's ``limit`` earliest such starts, over every tenant, are the
+#:   shares. So a tenant's share of jobs is inversely proportional to its mean, and the
+#:   tenants furthest behind go first.
+#: - ``spare``: what the tenants did not fill goes to any tenant with room, a share of 0
+#:   included (a batch is never left short while a job could run), and ``picked`` takes
+#:   the candidates in the order of those starts.
+CLAIM_CPU: Final = _fair_claim(
+    share="""used AS (  -- cpu: each tenant's recent CPU, per attempt, and running jobs
+    SELECT r.tenant, r.room, coalesce(u.cpu, 0) AS cpu, u.mean, n.running
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT sum(c.cpu) AS cpu, sum(c.cpu) / nullif(sum(c.attempts), 0) AS mean
+        FROM pgpool_tenant_cpu AS c
+        WHERE c.tenant = r.tenant
+          AND c.bucket > now() - make_interval(secs => """ + str(CPU_WINDOW) + """)) AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS running FROM (
+            SELECT FROM pgpool_jobs AS j
+            WHERE j.tenant = r.tenant AND j.state = 'running' AND j.tenant <> ''
+            LIMIT """ + str(RUNNING_COUNTED) + """) AS j) AS n
+    WHERE r.room > 0
+), cost AS (  -- cpu: a job's expected CPU, and the tenant's load
+    SELECT u.tenant, u.room, x.mean, u.cpu + u.running * x.mean AS load
+    FROM used AS u CROSS JOIN LATERAL (
+        SELECT greatest(coalesce(u.mean, (SELECT avg(mean) FROM used), 0),
+                        """ + str(MIN_JOB_CPU) + """) AS mean) AS x
+), ahead AS (  -- cpu: how far ahead of the least loaded, at most one batch's even share
+    SELECT c.tenant, c.room, c.mean, least(c.load - b.lowest, b.even) AS ahead
+    FROM cost AS c CROSS JOIN (
+        SELECT min(load) AS lowest, %(limit)s::float8 / sum(1 / mean) AS even FROM cost) AS b
+), starts AS (  -- cpu: the batch's earliest job starts, counted per tenant
+    SELECT a.tenant, count(s.tenant)::int AS share
+    FROM ahead AS a LEFT JOIN (
+        SELECT a.tenant FROM ahead AS a
+        CROSS JOIN LATERAL generate_series(1, least(a.room, %(limit)s)) AS r(n)
+        ORDER BY a.ahead + (r.n - 1) * a.mean, a.tenant
+        LIMIT %(limit)s) AS s USING (tenant)
+    GROUP BY a.tenant
+), share AS MATERIALIZED (  -- cpu: per (queue, kind, tenant) with room, its share
+    -- One relation that the scans are driven by: joined to the walk's tenants in them,
+    -- the scans ran for every pair of rows (the CTEs' estimates are a row or so each).
+    SELECT t.queue, t.kind, t.tenant, t.room, x.share
+    FROM tenants AS t JOIN starts AS x USING (tenant)""",
+    fair_from="""share AS t  -- r and s: where the scans read the room and share
+    CROSS JOIN LATERAL (SELECT t.room) AS r(room)
+    CROSS JOIN LATERAL (SELECT t.share) AS s(share)""",
+    spare_from="""(SELECT t.queue, t.kind, t.tenant, t.room, t.share, count(c.id)::int AS got,
+                 coalesce(array_agg(c.id) FILTER (WHERE c.id IS NOT NULL), '{}') AS ids
+          FROM share AS t LEFT JOIN fair AS c USING (queue, kind, tenant)
+          GROUP BY t.queue, t.kind, t.tenant, t.room, t.share) AS f
+    CROSS JOIN LATERAL (SELECT f.room) AS r(room)
+    CROSS JOIN LATERAL (SELECT f.share) AS s(share)""",
+    picked_join=" JOIN ahead AS a USING (tenant)",
+    picked_order="a.ahead + (x.tenant_rank - 1) * a.mean")
+
+#: Add what each tenant's attempts used to the current bucket (`CPU_BUCKET` seconds) of
+#: pgpool_tenant_cpu: ``tenants`` with their ``cpu`` seconds and ``attempts``, the sums of
+#: one ack flush (`pgpool.host.completer`). In tenant order, so that two hosts' upserts
+#: lock the rows they share in the same order and never deadlock.
+RECORD_CPU: Final = """
+INSERT INTO pgpool_tenant_cpu AS u (tenant, bucket, cpu, attempts)
+SELECT t.tenant,
+       to_timestamp(floor(extract(epoch FROM now()) / """ + str(CPU_BUCKET) + """)
+                    * """ + str(CPU_BUCKET) + """),
+       t.cpu, t.attempts
+FROM unnest(%(tenants)s::text[], %(cpu)s::float8[], %(attempts)s::int8[])
+    AS t(tenant, cpu, attempts)
+ORDER BY t.tenant
+ON CONFLICT (tenant, bucket) DO UPDATE
+SET cpu = u.cpu + excluded.cpu, attempts = u.attempts + excluded.attempts
+"""
+
+#: Delete up to ``limit`` buckets of pgpool_tenant_cpu older than `CPU_KEPT` seconds (run
+#: by the maintenance leader's retention): how many.
+PRUNE_CPU: Final = """
+WITH old AS (
+    SELECT tenant, bucket FROM pgpool_tenant_cpu
+    WHERE bucket < now() - make_interval(secs => """ + str(CPU_KEPT) + """)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM pgpool_tenant_cpu AS c USING old
+    WHERE c.tenant = old.tenant AND c.bucket = old.bucket
+    RETURNING 1
+)
+SELECT count(*) FROM gone
 """
 
 #: Tenants the scoped claim (`CLAIM_SCOPED`) walks in each (queue, kind) pair at most: a

@@ -26,6 +26,8 @@ Every message is a named tuple of its own type, read by field at both ends:
                                      in place of Done for a success with something to
                                      record: a returned value, follow-up jobs
         Skipped(id)                  in their place for a job dropped before it started
+        Used(cpu)                    just before an outcome, with ``pgpool run --fair-by cpu``
+                                     only: the CPU seconds that attempt used
         Returned(ids)                the unstarted jobs, answering Stop
         Retiring(reason)             leaving between jobs (max tasks, MemoryError): every
                                      job still assigned to it is unstarted, even those sent
@@ -152,6 +154,14 @@ class Skipped(NamedTuple):
     id: int  # a job `Drop` reached before it started: it did not run
 
 
+class Used(NamedTuple):
+    """The CPU seconds the attempt whose outcome comes next used: the worker's own and its
+    handler's children's (those it waited for). Sent only when the host shares the CPU by
+    tenant (`pgpool run --fair-by cpu`), so a plain outcome costs nothing more."""
+
+    cpu: float
+
+
 class Returned(NamedTuple):
     ids: list[int]
 
@@ -204,14 +214,14 @@ LongToWorker = Stored | Loaded
 LongFromWorker = Checkpoint | LoadCheckpoint | Progress
 ToWorker = Jobs | Stop | Extend | Drop | LongToWorker
 FromWorker = (Ready | Broken | Done | Failed | Snoozed | Ended | Skipped | Returned | Retiring
-              | Finished | HandedBack | LongFromWorker)
+              | Finished | HandedBack | Used | LongFromWorker)
 Message = ToWorker | FromWorker
 
 #: Every message type; a frame names its type by its index here.
 MESSAGES: tuple[type[Message], ...] = (Jobs, Stop, Ready, Broken, Done, Failed, Returned,
                                        Retiring, Extend, Drop, Skipped, Snoozed, Ended,
                                        Finished, Checkpoint, LoadCheckpoint, Progress,
-                                       HandedBack, Stored, Loaded)
+                                       HandedBack, Stored, Loaded, Used)
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _JOBS = _TAGS[Jobs]
 _new = tuple.__new__  # builds a named tuple from a plain one without its Python __new__

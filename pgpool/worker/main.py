@@ -152,7 +152,8 @@ def current_job() -> RunningJob:
 
 def main(index: int, modules: list[str], tasks: Connection, results: Connection,
          parent_pid: int, max_tasks: int | None = None,
-         max_memory: int | None = None, log: tuple[str, str] | None = None) -> None:
+         max_memory: int | None = None, log: tuple[str, str] | None = None,
+         cpu: bool = False) -> None:
     """Entry point of worker ``index``; returns when told to stop, when it retires, or when
     the dispatcher is gone.
 
@@ -160,10 +161,11 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
     writable memory (RLIMIT_DATA) at that many bytes, so a runaway job fails with
     MemoryError instead of exhausting the host; the worker retires after one. ``log``: the
     dispatcher's log level and format, for this process's ``logging`` (handler modules'
-    included); None leaves logging as Python starts it.
+    included); None leaves logging as Python starts it. ``cpu``: measure each attempt's
+    CPU time and send it before its outcome (`ipc.Used`: ``pgpool run --fair-by cpu``).
     """
     try:
-        _serve(index, modules, tasks, results, parent_pid, max_tasks, max_memory, log)
+        _serve(index, modules, tasks, results, parent_pid, max_tasks, max_memory, log, cpu)
     except BrokenPipeError:
         # The dispatcher is gone (killed) and nobody reads the results: the jobs' leases
         # run out and a reaper returns them. Not a failure to print a traceback for.
@@ -172,7 +174,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
 
 def _serve(index: int, modules: list[str], tasks: Connection, results: Connection,
            parent_pid: int, max_tasks: int | None, max_memory: int | None,
-           log: tuple[str, str] | None) -> None:
+           log: tuple[str, str] | None, cpu: bool) -> None:
     # Lead a process group of its own before any handler code runs: the dispatcher kills
     # the whole group, so whatever a handler starts dies with the attempt.
     os.setpgid(0, 0)
@@ -235,9 +237,13 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
             # would have, so the pool reads it the same way.
             os.kill(os.getpid(), fence.SIGNAL)
         setproctitle(f"{prefix}: {item.kind}#{item.id}")
+        before = cpu_seconds() if cpu else 0.0
         outcome = run_job(handlers, item, streams)
         inbox.finished()
-        ipc.write_all(wfd, ipc.encode(outcome))
+        frame = ipc.encode(outcome)
+        if cpu:  # --fair-by cpu: what the attempt used, in the same write as its outcome
+            frame = ipc.encode(ipc.Used(cpu_seconds() - before)) + frame
+        ipc.write_all(wfd, frame)
         finished += 1
         retire = None
         if isinstance(outcome, _FAILURES) and outcome.cause == "MemoryError":
@@ -503,6 +509,13 @@ def _call(handler: registry.Handler[Any], job: ipc.WorkItem) -> Any:
 
         return asyncio.run(result)
     return result
+
+
+def cpu_seconds() -> float:
+    """CPU seconds, user and system, this process has used, with those of the children it
+    waited for (a handler's subprocesses): read before and after an attempt."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _running() -> tuple[int, str, int] | None:

@@ -112,10 +112,13 @@ def test_the_app_role_enqueues_and_reads_and_the_worker_role_runs(db, dsn, roles
     current = run_pgpool(worker_dsn, "migrate")
     assert current.returncode == 0, current.stderr
     assert "already at version" in current.stdout
+    # --fair-by cpu: it records its attempts' CPU time too (23 attempts, no tenant).
     done = run_pgpool(worker_dsn, "run", "--handlers", "testjobs", "--burst",
-                      record_dir=record_dir)
+                      "--fair-by", "cpu", record_dir=record_dir)
     assert done.returncode == 0, done.stderr
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
+    assert one(db, "SELECT tenant, sum(attempts)::int FROM pgpool_tenant_cpu "
+                   "GROUP BY tenant") == ("", 23)
     assert one(db, "SELECT kind FROM pgpool_dead") == ("fail",)  # dead letters written
     assert_user_error(run_pgpool(worker_dsn, "budget", "set", "5"),
                       "may not change the fleet's budget")

@@ -269,3 +269,22 @@ def snooze_killed(payload: dict) -> None:
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
     _record("end")
+
+
+def _spin(seconds: float) -> None:
+    """Use ``seconds`` of this process's CPU time."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@pgpool.handler("burn")
+def burn(payload: dict) -> None:
+    """Sleep ``sleep`` seconds (no CPU), use ``cpu`` seconds of CPU, then have a child
+    process, waited for, use ``child_cpu`` seconds: what ``--fair-by cpu`` measures."""
+    time.sleep(payload.get("sleep", 0))
+    _spin(payload.get("cpu", 0))
+    if payload.get("child_cpu"):
+        subprocess.run([sys.executable, "-c", "import time\n"
+                        f"end = time.process_time() + {float(payload['child_cpu'])}\n"
+                        "while time.process_time() < end: pass"], check=True)

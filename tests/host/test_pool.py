@@ -165,6 +165,7 @@ EVERY_MESSAGE: list[ipc.Message] = [
     ipc.Drop([(2, 3), (5, 1)]),
     ipc.Ready(4321),
     ipc.Broken("handler module 'x' not found"),
+    ipc.Used(0.0125),
     ipc.Done(1, 0.25),
     ipc.Skipped(5),
     ipc.Failed(2, "Traceback (most recent call last):\nValueError: café\n", "ValueError", 0.5),
@@ -634,3 +635,35 @@ def test_a_hard_stop_kills_running_jobs_without_reporting_or_replacing() -> None
     calls, pool = asyncio.run(main())
     assert calls.outcomes == [] and calls.returned == []
     assert pool.replaced == 0 and pool.held == 0
+
+
+def test_with_on_cpu_each_attempt_reports_the_cpu_it_and_its_waited_children_used() -> None:
+    # --fair-by cpu: the worker measures each attempt, success or failure, and the CPU of
+    # the handler's children it waited for; the pool reports it before the outcome.
+    jobs = [job(1, "burn", b'{"cpu": 0.2}'), job(2, "burn", b'{"sleep": 0.2}'),
+            job(3, "burn", b'{"child_cpu": 0.2}'), job(4, "fail")]
+
+    async def main() -> tuple[dict[int, float], list[tuple[int, bool]]]:
+        cpu: dict[int, float] = {}
+        ended: list[tuple[int, bool]] = []  # (job, whether its CPU came first)
+        finished = asyncio.get_running_loop().create_future()
+
+        def on_outcome(outcome: AttemptEnd) -> None:
+            ended.append((outcome.job.id, outcome.job.id in cpu))
+            if len(ended) == len(jobs):
+                finished.set_result(None)
+
+        pool = WorkerPool(procs=1, modules=["testjobs"], on_outcome=on_outcome,
+                          on_returned=lambda jobs: None, on_fatal=finished.set_exception,
+                          on_cpu=lambda job, seconds: cpu.setdefault(job.id, seconds))
+        await pool.start()
+        pool.submit(jobs)
+        await asyncio.wait_for(finished, 60)
+        await pool.stop(grace=10)
+        return cpu, ended
+
+    cpu, ended = asyncio.run(main())
+    assert ended == [(1, True), (2, True), (3, True), (4, True)]
+    assert cpu[1] >= 0.2, cpu  # its own spin
+    assert cpu[2] < 0.1, cpu  # a sleep uses next to none
+    assert cpu[3] >= 0.2, cpu  # its child's spin

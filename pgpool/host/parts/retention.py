@@ -1,8 +1,9 @@
 """Retention: dead jobs older than ``--dead-retention`` are deleted, and so are the records
 of finished jobs past their ``keep_until`` (`pgpool.sql.outcomes.PRUNE_DONE`), never those of
 a member of a group whose callback has not finished, dead or done (nor, done, of a group
-not complete), groups with nothing left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`), and
-the rate rings of tenants or keys unused for a day (`pgpool.sql.jobs.PRUNE_TICKS`).
+not complete), groups with nothing left to show (`pgpool.sql.outcomes.PRUNE_GROUPS`), the
+rate rings of tenants or keys unused for a day (`pgpool.sql.jobs.PRUNE_TICKS`), and the
+tenants' CPU usage past the window fairness by CPU time weighs (`pgpool.sql.jobs.PRUNE_CPU`).
 
 Every host runs this part, and one at a time prunes: each batch's transaction first takes
 a per-schema advisory lock with ``pg_try_advisory_xact_lock`` (`sql.RETENTION_LOCK`), and a
@@ -58,6 +59,7 @@ class Retention(LoopPart):
             ("groups", outcomes.PRUNE_GROUPS, {"limit": BATCH}),
             ("rows of rate rings, a day unused", jobs.PRUNE_TICKS,
              {"limit": BATCH, "idle": MAX_PER}),
+            ("buckets of tenants' CPU usage", jobs.PRUNE_CPU, {"limit": BATCH}),
         ]
         if retention is not None:
             self._prunes.insert(0, ("dead jobs", sql.PURGE_DEAD,
