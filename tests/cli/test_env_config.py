@@ -28,7 +28,7 @@ GOOD = {
     "PGPOOL_DEAD_RETENTION": ("7d", 7 * 86400.0), "PGPOOL_KINDS": ("a, b", ["a", "b"]),
     "PGPOOL_TENANT_CAP": ("4", 4), "PGPOOL_KEEP_DONE": ("1h", 3600.0),
     "PGPOOL_LOG_ERRORS": ("Traceback", "traceback"), "PGPOOL_LOG_JOBS": ("yes", True),
-    "PGPOOL_LOG_SUMMARY": ("5s", 5.0),
+    "PGPOOL_LOG_SUMMARY": ("5s", 5.0), "PGPOOL_FAIR_BY": ("CPU", "cpu"),
 }
 #: A value of each variable the flag refuses (none for the free-form address).
 BAD = {
@@ -39,7 +39,7 @@ BAD = {
     "PGPOOL_MAX_CLAIMS_PER_SEC": "-5", "PGPOOL_BURST": "maybe", "PGPOOL_METRICS_PORT": "nine",
     "PGPOOL_DEAD_RETENTION": "soon", "PGPOOL_KINDS": "a,bad kind!", "PGPOOL_TENANT_CAP": "0",
     "PGPOOL_KEEP_DONE": "a while", "PGPOOL_LOG_ERRORS": "all", "PGPOOL_LOG_JOBS": "loud",
-    "PGPOOL_LOG_SUMMARY": "60",
+    "PGPOOL_LOG_SUMMARY": "60", "PGPOOL_FAIR_BY": "bogus",
 }
 #: The switches: their flag takes no value.
 SWITCHES = {"PGPOOL_BURST", "PGPOOL_LOG_JOBS"}
