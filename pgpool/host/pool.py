@@ -24,8 +24,6 @@ types of `pgpool.worker.ipc`::
      │                  (Snoozed | Ended: what a handler asked for;   │                     │
      │                  Finished: a result, follow-ups)               │                     │
      │    _on_readable() ─▶ ipc.Decoder ─▶ _read_results(w)           └─────────────────────┘
-     │        then, while every worker has twice PACE_SECONDS of work queued, _pause(w):
-     │        its pipe is watched again at the pool's pace tick (_pace), not per job
      │        Done: assigned.popleft(), gathered per read ─▶ on_done(jobs, run times)
      │            (the dispatcher's `_jobs_done`: to its completer, without an AttemptEnd)
      │        Used (--fair-by cpu, before an outcome): the front job's CPU ─▶ on_cpu
@@ -107,14 +105,9 @@ log = logging.getLogger("pgpool.pool")
 
 #: Consecutive replacement workers that may fail to start before the pool gives up.
 MAX_START_FAILURES = 3
-#: How much work, in seconds, to keep queued in each worker's pipe behind its running job;
-#: and the most jobs.
-QUEUED_SECONDS = 0.025
+#: How much work, in seconds, to keep queued in each worker's pipe; and the most jobs.
+QUEUED_SECONDS = 0.005
 MAX_DEPTH = 64
-#: How long a worker's results may wait in its pipe while it has at least twice that much
-#: work queued (`_pace`): the dispatcher then wakes once per this for all of them instead of
-#: once per job, which on a VM costs it 100 us and more each, on the cores the jobs need.
-PACE_SECONDS = 0.01
 #: Kill reasons for a worker the pool ends on purpose before it was ready: not a failed start.
 _STOPPING = "pool stopping"
 _HARD_STOP = "hard stop"
@@ -149,8 +142,6 @@ class _Worker:
     #: Lost jobs of `assigned` it was told to drop (`ipc.Drop`): it skips them, or ends if
     #: one had started.
     dropped: set[Job] = field(default_factory=set)
-    #: Its result pipe is not watched until the pool's next pace tick (`_pace`).
-    paused: bool = False
 
     @property
     def running(self) -> Job | None:
@@ -226,9 +217,6 @@ class WorkerPool:
         #: Workers replaced, by `restart_reason`.
         self.restarts: Counter[str] = Counter()
         self.frames_sent = 0  # job frames written to workers
-        self.reads = 0  # reads of the result pipes that brought something
-        #: The pace tick that watches the paused result pipes again (`_pace`), if due.
-        self._pace_tick: asyncio.TimerHandle | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -379,10 +367,9 @@ class WorkerPool:
     def depth(self) -> int:
         """Jobs a worker may hold (running plus queued in its pipe).
 
-        Enough queued work (about `QUEUED_SECONDS` behind the running job) that a worker
-        never waits for the dispatcher to answer an outcome, even while its results wait for
-        the pace tick (`_pace`), and no more: queued jobs cannot move to an idle worker.
-        Long jobs get 2 (one running, one waiting); 5 ms jobs 6; 0.4 ms jobs and shorter 64.
+        Enough queued work (about `QUEUED_SECONDS`) that a worker never waits for the
+        dispatcher to answer an outcome, and no more: queued jobs cannot move to an idle
+        worker. Long jobs get 2 (one running, one waiting); 0.1 ms jobs get 50.
         """
         if self._fixed_depth is not None:
             return self._fixed_depth
@@ -390,7 +377,7 @@ class WorkerPool:
             return 1  # a job starts only once its slots are free: none waits in a pipe
         if self._job_seconds <= 0:
             return 2
-        return max(2, min(MAX_DEPTH, 1 + math.ceil(QUEUED_SECONDS / self._job_seconds)))
+        return max(2, min(MAX_DEPTH, round(QUEUED_SECONDS / self._job_seconds)))
 
     def _assign(self) -> None:
         if not self._backlog:
@@ -652,38 +639,8 @@ class WorkerPool:
 
     def _on_readable(self, w: _Worker) -> None:
         """Outcomes and other messages arrive: decode and handle each."""
-        got = self._read_results(w)
-        if got is None:
+        if self._read_results(w) is None:
             self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
-        elif got and self._paced():
-            self._pause(w)
-
-    def _paced(self) -> bool:
-        """Whether results may wait for the pace tick: each worker is sent at least twice
-        `PACE_SECONDS` of work beyond its running job, so none runs dry meanwhile."""
-        return (self._fixed_depth is None and not self._wide
-                and (self.depth - 1) * self._job_seconds >= 2 * PACE_SECONDS)
-
-    def _pause(self, w: _Worker) -> None:
-        """Stop watching ``w``'s result pipe until the next pace tick. Its outcomes are acked,
-        and its next job marked started, up to `PACE_SECONDS` later; its death is still
-        noticed at once (its exit is watched apart)."""
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(w.results)
-        w.paused = True
-        if self._pace_tick is None:
-            self._pace_tick = loop.call_later(PACE_SECONDS, self._pace)
-
-    def _pace(self) -> None:
-        """The pace tick: watch every paused result pipe again (what waits in it is read in
-        this same turn of the loop)."""
-        self._pace_tick = None
-        loop = asyncio.get_running_loop()
-        for w in self._workers.values():
-            if w.paused:
-                w.paused = False
-                if w.results >= 0:
-                    loop.add_reader(w.results, self._on_readable, w)
 
     def _read_written(self, w: _Worker) -> None:
         """Handle every message the worker has written so far, without waiting for more."""
@@ -706,7 +663,6 @@ class WorkerPool:
             return False
         if not data:
             return None
-        self.reads += 1
         # Plain successes, the common case by far, are gathered and reported together: the
         # per-job work of a short job is then a few list appends here.
         done: list[Job] = []
@@ -757,7 +713,6 @@ class WorkerPool:
             asyncio.get_running_loop().remove_reader(w.results)
             os.close(w.results)
             w.results = -1
-            w.paused = False
 
     async def _reap(self, w: _Worker) -> None:
         """Settle a worker that exited: it crashed, was killed, retired or stopped. Its

@@ -123,18 +123,6 @@ def test_short_jobs_travel_to_workers_in_chunks():
     assert pool.frames_sent < 3000 / 4, pool.frames_sent
 
 
-def test_jobs_of_a_few_milliseconds_are_read_at_a_pace_not_one_wake_each():
-    # 2 ms jobs on two workers: with 25 ms of work queued behind each running job, the
-    # outcomes wait for the 10 ms pace tick and come several to a read (about five). One
-    # read per job is what waking for each outcome does.
-    sleepy = json.dumps({"how": "sleep", "seconds": 0.002}).encode()
-    outcomes, pool = run_pool([job(i, "stuck", sleepy) for i in range(600)], procs=2,
-                              depth=None)
-    assert sorted(o.job.id for o in outcomes) == list(range(600))
-    assert all(o.error is None for o in outcomes)
-    assert pool.reads < 600 / 2, pool.reads
-
-
 def test_long_jobs_are_dealt_one_per_idle_worker_first():
     outcomes, pool = run_pool([job(i, "noop") for i in range(2)], procs=2, depth=None)
     assert len(outcomes) == 2
