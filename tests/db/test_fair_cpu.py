@@ -148,6 +148,7 @@ def test_a_claim_by_cpu_reads_a_few_pages_per_tenant_more_than_one_by_count(db, 
     assert by_cpu <= by_count + 6 * 50, (by_count, by_cpu)
 
 
+@pytest.mark.soak  # a real host (7 s): `make soak-test`
 def test_a_host_records_the_cpu_its_attempts_used_per_tenant(db, dsn):
     # A real host with --fair-by cpu: one row per tenant in the bucket of now, each
     # attempt counted, the CPU the handlers burned (50 ms a job, in the worker) recorded.
@@ -164,6 +165,7 @@ def test_a_host_records_the_cpu_its_attempts_used_per_tenant(db, dsn):
         assert cpu >= 0.05 * n, (tenant, cpu)  # each attempt burned at least 50 ms
 
 
+@pytest.mark.soak  # a real host (8 s): `make soak-test`
 def test_without_fair_by_cpu_a_host_records_nothing(db, dsn):
     pgpool.enqueue_many(db, "burn", ({"cpu": 0.01} for _ in range(3)), tenant="a")
     assert start_pgpool(dsn, *RUN, "--procs", "1", "--burst").wait(60) == 0

@@ -296,6 +296,7 @@ def test_a_rate_per_tenant_holds_across_three_hosts(dsn: str, db: psycopg.Connec
     assert [at[TENANT_RATE - 1] < first + 1 for at in seen.values()] == [True] * 3
 
 
+@pytest.mark.soak  # a real host (6 s): `make soak-test`
 def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
         host: Host) -> None:
@@ -318,6 +319,7 @@ def test_an_override_limits_a_running_host_and_its_reset_lifts_it(
     assert batch(set(read_attempts(records))) > 1  # four workers, eight jobs of 0.2 s
 
 
+@pytest.mark.soak  # a real host drained at a rate (5 s): `make soak-test`
 def test_a_burst_host_waits_for_jobs_held_back_by_a_rate(
         dsn: str, db: psycopg.Connection, records: Path) -> None:
     """A burst host is not drained while ready jobs wait on their kind's rate: it takes
