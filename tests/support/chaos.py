@@ -259,9 +259,11 @@ class Soak:
             CREATE TRIGGER chaos_note_claim AFTER UPDATE OF state ON pgpool_jobs FOR EACH ROW
                 WHEN (NEW.state = 'running' AND NEW.kind = '{RATED}')
                 EXECUTE FUNCTION chaos_note_claim()""")
-        pgpool.enqueue_many(conn, LIMITED, ({"ms": self.rng.randint(1, 5)}
-                                            for _ in range(self.args.limited)))
-        pgpool.enqueue_many(conn, RATED, ({"ms": 1} for _ in range(self.args.rated)))
+        if self.args.limited:
+            pgpool.enqueue_many(conn, LIMITED, ({"ms": self.rng.randint(1, 5)}
+                                                for _ in range(self.args.limited)))
+        if self.args.rated:
+            pgpool.enqueue_many(conn, RATED, ({"ms": 1} for _ in range(self.args.rated)))
         self.limited = {r for (r,) in conn.execute("SELECT id FROM pgpool_jobs WHERE kind = %s",
                                                    (LIMITED,))}
 
