@@ -52,6 +52,7 @@ call_command("migrate", verbosity=0)
 """
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_manage_py_migrate_installs_pgpool_and_reversing_it_leaves_the_tables(dsn: str
                                                                               ) -> None:
     django_run(dsn, "", migrate=True)

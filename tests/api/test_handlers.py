@@ -146,6 +146,7 @@ def test_cli_run_refuses_a_handler_module_with_a_mistake(dsn: str, tmp_path: Pat
                                  PYTHONPATH=str(tmp_path)), *needles)
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_an_installed_packages_entry_point_handlers_run_without_handlers_given(
     dsn: str, db: psycopg.Connection, tmp_path: Path
 ) -> None:

@@ -145,6 +145,7 @@ def test_wait_async_and_its_arguments(db, dsn):
 # --- follow-ups ---------------------------------------------------------------------------
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_follow_ups_exist_only_with_their_parents_success(db, dsn):
     good = pgpool.enqueue(db, "out.parent", {"children": 3})
     bad = pgpool.enqueue(db, "out.parent", {"children": 2, "fail": True})
@@ -278,6 +279,7 @@ def test_a_groups_callback_runs_once_with_every_members_outcome(db, dsn):
     assert members[-1].error.splitlines()[-1] == "ValueError: no such document"
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_an_empty_group_and_a_nested_one(db, dsn):
     empty = pgpool.group(db, "out.score", [], then=("out.combine", {"label": "empty"}))
     assert pgpool.job_status(db, empty.id).state == "ready"

@@ -136,6 +136,7 @@ def test_status_lists_schedules_and_a_schedule_removed_from_the_code_stops(db, d
     assert other.stop() == 0
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_bad_cron_expressions_and_time_zones_are_one_line_errors(dsn):
     for cron, zone, needles in (
         ("61 * * * *", "UTC", ("schedule 'custom'", "bad cron expression '61 * * * *'",

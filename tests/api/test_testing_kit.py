@@ -490,6 +490,7 @@ def leftover_schemas(db: psycopg.Connection) -> list[str]:
                                      "WHERE nspname LIKE 'pgpool_test_%'")]
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_a_user_project_passes_with_the_plugins_fixtures(
         pytester: pytest.Pytester, server_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGPOOL_TEST_DSN", server_dsn)

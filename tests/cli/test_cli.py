@@ -58,6 +58,7 @@ def test_version_comes_from_the_installed_distribution() -> None:
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_log_options_go_before_or_after_the_subcommand(dsn: str, db: psycopg.Connection,
                                                        where: str) -> None:
     def burst(*options: str) -> str:

@@ -162,6 +162,7 @@ def test_the_shutdown_summary_counts_every_way_a_job_ends_or_is_put_off(db, dsn)
         "1 discarded, 1 cancelled), 1 snoozed, 0 handed back, 0 cut off by the shutdown, in ")
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_the_environment_sets_the_format_and_the_option_wins(db, dsn) -> None:
     from_env = run_pgpool(dsn, *RUN, "--burst", **JSON_LOGS)
     assert from_env.returncode == 0, from_env.stderr

@@ -238,6 +238,7 @@ def runs(record_dir) -> Counter[int]:
 
 
 @pytest.mark.own_schema
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_a_job_an_application_row_references_is_kept_done_and_the_host_goes_on(
         db, dsn, record_dir):
     ids = enqueue_records(db, 50)
@@ -416,6 +417,7 @@ def test_a_member_whose_success_is_parked_counts_in_its_group(db, dsn):
 
 
 @pytest.mark.own_schema
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_a_success_whose_follow_up_group_is_refused_fails_and_runs_again(db, dsn):
     # The database refuses the group a handler started (an application's trigger here): its
     # success cannot be written whole, and a success without its follow-ups would lose

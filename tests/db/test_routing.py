@@ -126,6 +126,7 @@ def started_kinds(result: Any) -> list[str]:
     return only_event(result.stderr, "started")["kinds"]
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_run_kinds_serves_only_those_kinds(dsn: str, db: psycopg.Connection) -> None:
     served = [pgpool.enqueue(db, "noop", {"n": i}) for i in range(5)]
     left = [pgpool.enqueue(db, "record", {"n": i}) for i in range(5)]

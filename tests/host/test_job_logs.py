@@ -217,6 +217,7 @@ RETRY = (r"job \d+ \({kind}, attempt 1/\d+\) failed \(\w+: .+\) after [0-9.]+m?s
          r"retry in [0-9.]+s")
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_the_quickstarts_run_step_shows_what_a_host_logs(db, dsn) -> None:
     page = QUICKSTART.read_text()
     step = page[page.index("## 3. Run a host"):page.index("## Try it")]

@@ -25,6 +25,7 @@ def healthz(port: int) -> int:
         return exc.code
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_metrics_count_what_the_database_shows(db, dsn):
     pgpool.enqueue_many(db, "record", [{}] * 30)
     pgpool.enqueue_many(db, "fail", [{}] * 5, max_attempts=1)

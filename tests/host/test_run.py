@@ -199,6 +199,7 @@ def test_failures_back_off_then_dead_letter_with_the_error(db, dsn, record_dir):
     assert MARKER not in done.stderr  # nor in the JSON log
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_a_job_that_fails_once_succeeds_on_retry(db, dsn, record_dir):
     pgpool.enqueue(db, "flaky", {"succeed_on": 2})
     assert run_pgpool(dsn, *RUN, "--burst", record_dir=record_dir).returncode == 0
@@ -277,6 +278,7 @@ def test_sigterm_finishes_running_job_and_hands_back_the_rest(db, dsn, record_di
     assert (finished["done"], finished["released"]) == (1, 5), finished
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_grace_expiry_kills_the_job_and_returns_it_without_counting_the_attempt(
         db, dsn, record_dir, host_path):
     # Its only attempt: were the cut-off counted, a deploy would dead-letter it.
@@ -350,6 +352,7 @@ def test_second_signal_stops_at_once_and_the_lease_brings_the_job_back(db, dsn, 
     assert one(db, "SELECT count(*) FROM pgpool_jobs") == (0,)
 
 
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_killed_dispatcher_takes_its_workers_down_and_the_jobs_come_back(
         db, dsn, record_dir, host_path):
     pgpool.enqueue_many(db, "record", ({"sleep": 600} for _ in range(2)))

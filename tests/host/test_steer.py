@@ -36,6 +36,7 @@ def jobs_left(db: psycopg.Connection, queue: str) -> int:
 
 @pytest.mark.xdist_group("timing")  # its timing is its subject: see tests/conftest.py
 @pytest.mark.parametrize("how", ["notified", "polled"])
+@pytest.mark.soak  # real processes, 5-8 s: in `make soak-test` for make test's budget
 def test_cancelling_a_running_job_stops_exactly_its_worker_and_never_retries_it(
         db, dsn, record_dir, how):
     ids = [pgpool.enqueue(db, "record", {"sleep": 4}) for _ in range(3)]
