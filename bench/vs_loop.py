@@ -281,8 +281,11 @@ def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
             raise BenchError(f"{side.title} claimed no job within {STALL:g}s of starting")
         time.sleep(POLL)
     roots = [proc.pid for proc in side.procs]
+    # pgpool's one root is its dispatcher: its own CPU apart from its workers'. Read
+    # after the tree at the start and before it at the end: its window lies within the
+    # tree's, so its share never exceeds the whole for a tick counted in one and not the
+    # other.
     postgres, client = _server_cpu(conn), tree_cpu(roots)
-    # pgpool's one root is its dispatcher: its own CPU apart from its workers'.
     dispatcher = process_cpu(roots[0]) if len(roots) == 1 else None
     size, progressed, fewest, last_done = stamps.stat().st_size, time.monotonic(), n, False
     while True:
@@ -305,10 +308,11 @@ def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
             raise BenchError(f"{side.title} made no progress for {STALL:g}s "
                              f"({remaining(conn):,} jobs left)")
     postgres_used = cpu_between(postgres, _server_cpu(conn))
+    dispatcher_now = process_cpu(roots[0]) if dispatcher is not None else None
     client_used = cpu_between(client, tree_cpu(roots))
     dispatcher_used = None
-    if dispatcher is not None and (now := process_cpu(roots[0])) is not None:
-        dispatcher_used = now[0] - dispatcher[0]
+    if dispatcher is not None and dispatcher_now is not None:
+        dispatcher_used = dispatcher_now[0] - dispatcher[0]
     started = min(map(int, stamps.read_bytes().split())) / 1e9  # monotonic_ns, system-wide
     seconds = end - started
     return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds,

@@ -8,7 +8,10 @@ Here the table is real (unindexed, ``ON DELETE SET NULL``, every job referenced 
 its rows among many that reference none), and a ``BEFORE DELETE`` trigger adds a fixed
 sleep per deleted job on top of its scan, which makes the timing structural: a batch of 5
 deletes sleeps the whole statement timeout, so it is cancelled on any machine however
-fast; one delete takes a fifth of it, leaving a loaded machine a wide margin.
+fast; one delete takes a fifth of it, leaving a loaded machine a wide margin. The host
+test of acks written together goes further (``together``): any statement deleting two
+jobs or more sleeps twice the timeout, so a flush of two acks is enough, however slowly a
+loaded machine runs the jobs (growing to five acks a flush needed them to end ten a second).
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ def enqueue_records(db: psycopg.Connection, n: int, **options: Any) -> list[int]
     return ids
 
 
-def slow_deletes(db: psycopg.Connection, stuck: int | None = None) -> None:
+def slow_deletes(db: psycopg.Connection, stuck: int | None = None, *,
+                 together: bool = False) -> None:
     """The application's unindexed reference to jobs, and a delete that takes
-    `PER_DELETE` seconds a job; the delete of ``stuck`` takes four statement timeouts."""
+    `PER_DELETE` seconds a job; the delete of ``stuck`` takes four statement timeouts.
+    With ``together``, a statement that deletes two jobs or more takes two more."""
     db.execute(f"""
         CREATE TABLE app_orders (id bigserial PRIMARY KEY,
                                  job bigint REFERENCES pgpool_jobs (id) ON DELETE SET NULL);
@@ -72,6 +77,19 @@ def slow_deletes(db: psycopg.Connection, stuck: int | None = None) -> None:
         CREATE TRIGGER slow_delete BEFORE DELETE ON pgpool_jobs
             FOR EACH ROW EXECUTE FUNCTION slow_delete();
     """)
+    if together:
+        db.execute(f"""
+            CREATE FUNCTION slow_together() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT count(*) FROM gone) > 1 THEN
+                    PERFORM pg_sleep({2 * STATEMENT_TIMEOUT});
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER slow_together AFTER DELETE ON pgpool_jobs
+                REFERENCING OLD TABLE AS gone
+                FOR EACH STATEMENT EXECUTE FUNCTION slow_together();
+        """)
 
 
 def host_dsn(dsn: str) -> str:
@@ -148,13 +166,13 @@ def test_after_a_timeout_the_completer_writes_fewer_acks_a_statement_then_more_a
 def test_acks_that_run_past_the_statement_timeout_together_are_written_in_parts(
         db, dsn, record_dir):
     ids = enqueue_records(db, 30)
-    slow_deletes(db)
+    slow_deletes(db, together=True)
     # --lease 30: heartbeats wait up to 1 s for a row lock, longer than any ack statement.
     host = start_pgpool(host_dsn(dsn), *RUN, "--procs", "2", "--batch", "50",
                         record_dir=record_dir)
     wait_until(lambda: left(db) == [], "every job to be acked", 60)
-    # Whatever the ack batches were, some held 5 acks or more and timed out: the first
-    # flush takes PER_DELETE a job, while the other jobs, which do nothing, end.
+    # Whatever the ack batches were, one held two acks or more and timed out: a flush takes
+    # PER_DELETE a job, while the other jobs, which do nothing, end.
     assert host.events("ack_timeout")
     # The host goes on claiming.
     later = enqueue_records(db, 10)

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from chaos_checks import most_at_once, most_in_window, read_attempts
-from chaos_cluster import RECORD_ENV, Watcher, now_ns
+from chaos_cluster import RECORD_ENV, Watcher, now_ns, workers_of
 from commands import pgpool_cmd, pgpool_env
 from places import HANDLERS, ROOT
 from psycopg import sql as pgsql
@@ -91,9 +91,19 @@ def watcher(records: Path) -> Iterator[Watcher]:
 
 
 @pytest.fixture
-def hosts(dsn: str, records: Path, tmp_path: Path) -> Iterator[list[Host]]:
-    started = [Host(dsn, records, tmp_path / f"host-{n}.log") for n in range(3)]
-    yield started
+def start(dsn: str, records: Path, tmp_path: Path) -> Iterator[Callable[[], Host]]:
+    """Start one more host, and wait until its four workers are up; each is killed at the
+    end if still running."""
+    started: list[Host] = []
+
+    def one() -> Host:
+        host = Host(dsn, records, tmp_path / f"host-{len(started)}.log")
+        started.append(host)
+        wait_until(lambda: len(workers_of(host.pid, ready=True)) == 4,
+                   f"host {len(started)}'s workers up")
+        return host
+
+    yield one
     for host in started:
         if host.proc.poll() is None:
             host.proc.kill()
@@ -101,13 +111,15 @@ def hosts(dsn: str, records: Path, tmp_path: Path) -> Iterator[list[Host]]:
 
 
 @pytest.fixture
-def host(dsn: str, records: Path, tmp_path: Path) -> Iterator[Host]:
-    started = Host(dsn, records, tmp_path / "host.log")
-    yield started
-    for host in (started,):
-        if host.proc.poll() is None:
-            host.proc.kill()
-            host.proc.wait(timeout=30)
+def hosts(start: Callable[[], Host]) -> list[Host]:
+    """Three hosts, all up before the test enqueues: a host still starting would claim
+    late, and be no competitor."""
+    return [start() for _ in range(3)]
+
+
+@pytest.fixture
+def host(start: Callable[[], Host]) -> Host:
+    return start()
 
 
 def in_progress(records: Path, host: Host) -> bool:
@@ -119,17 +131,19 @@ def in_progress(records: Path, host: Host) -> bool:
 @pytest.mark.soak  # three hosts, one killed and one frozen past its lease: `make soak-test`
 def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
-        hosts: list[Host]) -> None:
+        start: Callable[[], Host]) -> None:
+    """The hosts start in turn, each once the one before holds slots: three started at
+    once, one host can keep every slot (the host that frees a slot claims the next job;
+    the others wait for their poll), and the one to be killed may never hold any."""
     pgpool.enqueue_many(db, KIND, [{"ms": 1, "sleep": 0.3} for _ in range(JOBS)])
-    db.commit()
     ids = {row[0] for row in db.execute("SELECT id FROM pgpool_jobs WHERE kind = %s",
                                         (KIND,))}
-    db.commit()
-    killed, frozen, rest = hosts
+    killed = start()
 
     wait_until(lambda: in_progress(records, killed), "a job running on the first host")
     killed.proc.kill()
     killed.proc.wait(timeout=30)
+    frozen = start()
 
     owner = f"%:{frozen.pid}:%"
 
@@ -154,6 +168,7 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
         frozen.proc.send_signal(signal.SIGCONT)
     else:
         raise AssertionError("the second host never held a started job when stopped")
+    rest = start()  # it reaps the frozen host's jobs, and runs them
 
     def its_jobs_returned() -> bool:
         row = db.execute("SELECT count(*) FROM pgpool_jobs WHERE locked_by LIKE %s",
@@ -193,18 +208,21 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
 @pytest.mark.soak  # three hosts, one killed: `make soak-test`
 def test_never_more_than_the_limit_of_one_tenant_run_across_a_killed_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
-        hosts: list[Host]) -> None:
+        start: Callable[[], Host]) -> None:
+    """The host to be killed starts alone, so that it holds slots (as in the test above);
+    the other two once it is killed."""
     tenants = ("acme", "globex", "initech")
     for tenant in tenants:
         pgpool.enqueue_many(db, PER_TENANT, [{"ms": 1, "sleep": 0.3} for _ in range(12)],
                             tenant=tenant)
     of_tenant = {tenant: {row[0] for row in db.execute(
         "SELECT id FROM pgpool_jobs WHERE tenant = %s", (tenant,))} for tenant in tenants}
-    killed, *rest = hosts
+    killed = start()
 
     wait_until(lambda: in_progress(records, killed), "a job running on the first host")
     killed.proc.kill()
     killed.proc.wait(timeout=30)
+    rest = [start(), start()]
 
     def drained() -> bool:
         return db.execute("SELECT count(*) FROM pgpool_jobs WHERE kind = %s",
