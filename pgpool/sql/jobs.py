@@ -238,6 +238,18 @@ _PAIR_SCAN: Final = """SELECT * FROM (
             LIMIT %(limit)s
             FOR NO KEY UPDATE SKIP LOCKED) AS s{n}"""
 
+#: What every claim (`CLAIM_PLAIN`, `CLAIM`, the limited ones) writes on the rows it takes
+#: (``j``): running its next attempt, under ``owner``'s lease from now, not yet started;
+#: ``max_attempts`` fixed from ``default`` (the handler's setting) when the producer left it
+#: open. Format with ``default``.
+_CLAIM_SET: Final = """state = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, {default}),
+    locked_by = %(owner)s,
+    claimed_at = now(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    started = false"""
+
 #: The plain claim: up to ``limit`` ready jobs of the given queues and kinds, when nothing
 #: waiting there has a tenant or a concurrency key (`_NEED_FAIR`, read once): then the fair
 #: claim (`CLAIM`) would pick the same jobs, at more than twice the cost. It is the claim a
@@ -274,14 +286,8 @@ _PAIR_SCAN: Final = """SELECT * FROM (
 #: claimer claims with `CLAIM`, which tells the two apart.
 CLAIM_PLAIN: Final = """
 UPDATE pgpool_jobs AS j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, (%(kind_max_attempts)s::int[])[
-        array_position(%(kinds)s::text[], j.kind)]),
-    locked_by = %(owner)s,
-    claimed_at = now(),
-    lease_until = now() + make_interval(secs => %(lease)s),
-    started = false
+SET """ + _CLAIM_SET.format(default="""(%(kind_max_attempts)s::int[])[
+        array_position(%(kinds)s::text[], j.kind)]""") + """
 WHERE j.id = ANY(ARRAY(
     SELECT c.id
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
@@ -468,13 +474,7 @@ WITH RECURSIVE pairs AS (
           AND id <> ALL(ARRAY(SELECT id FROM picked))) AS plain
 ), claimed AS (  -- as in CLAIM_PLAIN
     UPDATE pgpool_jobs AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        max_attempts = coalesce(j.max_attempts, k.max_attempts),
-        locked_by = %(owner)s,
-        claimed_at = now(),
-        lease_until = now() + make_interval(secs => %(lease)s),
-        started = false
+    SET """ + _CLAIM_SET.format(default="k.max_attempts") + """
     FROM unnest(%(kinds)s::text[], %(kind_max_attempts)s::int[]) AS k(kind, max_attempts)
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND k.kind = j.kind
     RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
@@ -690,13 +690,7 @@ _FREE_TICKS: Final = """
 #: unique index of its scope while it runs that attempt and leaves it however it stops
 #: running. ``ids`` unnested, a key lookup per id in any plan: see `CLAIM_PLAIN`.
 _CLAIM_PICKED: Final = """UPDATE pgpool_jobs AS j
-SET state = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, l.max_attempts),
-    locked_by = %(owner)s,
-    claimed_at = now(),
-    lease_until = now() + make_interval(secs => %(lease)s),
-    started = false,
+SET """ + _CLAIM_SET.format(default="l.max_attempts") + """,
     limit_slot = p.slot,
     limit_attempt = CASE WHEN p.slot IS NOT NULL THEN j.attempts + 1 END,
     limit_scope = CASE WHEN p.slot IS NOT NULL THEN p.scope END
