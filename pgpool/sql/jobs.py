@@ -702,6 +702,49 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
           j.meta, j.group_id, """ + _RUN_AT_US.format(table="j")
 
+#: That no running job of a kind-wide limit ``l``'s kind holds a slot above its
+#: concurrency (the limit was lowered while they ran), nor a slot of a scope (its limit was
+#: per tenant or per key while they started: `CLAIM_SCOPED`): until they are done, a free
+#: slot below the limit is no proof of room.
+_SLOTS_CLEAR: Final = """(
+    NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
+                WHERE r.kind = l.kind AND r.limit_scope IS NULL
+                  AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
+    AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot of a scope
+                    WHERE r.kind = l.kind AND r.limit_scope IS NOT NULL
+                      AND """ + _HOLDS_SLOT.format(r="r") + """))"""
+
+#: The ready jobs a kind-wide limited claim may take (``candidates``: id, kind, priority,
+#: run_at, and their rank in the kind, 1..): per (queue, kind), as many as the kind has
+#: room (its rows in ``room``, numbered by ``rank``), on the ready index in its order
+#: (tenant, then claim order); a job whose concurrency key is running is skipped, and at
+#: most one per key is taken, as in `CLAIM`. Format with ``room``.
+_LIMITED_CANDIDATES: Final = """rooms AS (
+    SELECT kind, count(*)::int AS room FROM {room} GROUP BY kind
+), candidates AS (
+    SELECT c.id, c.kind, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
+               AS rank
+    FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
+                                       ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
+        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN rooms AS r
+        CROSS JOIN LATERAL (
+            SELECT p.id, p.kind, p.priority, p.run_at, p.concurrency_key
+            FROM pgpool_jobs AS p
+            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = r.kind
+              AND p.run_at <= now()
+              AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
+                              WHERE k.concurrency_key = p.concurrency_key
+                                AND k.concurrency_key IS NOT NULL AND k.state = 'running')
+            ORDER BY p.tenant, p.priority DESC, p.run_at, p.id
+            LIMIT r.room
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS c
+    ) AS c
+    WHERE c.concurrency_key IS NULL OR c.key_rank = 1
+)"""
+
 #: The claim of the kinds with a kind-wide limit (`pgpool.limits`): up to ``limit`` ready
 #: jobs of the given queues and of ``limited_kinds``, each taking a free slot of its kind's
 #: concurrency limit (``limited_concurrency``, NULL for none), so that at most that many
@@ -742,44 +785,14 @@ WITH lim AS MATERIALIZED (
                 %(limited_rate)s::int[], %(limited_per)s::float8[],
                 %(limited_max_attempts)s::int[])
          AS l(kind, concurrency, rate, per, max_attempts)
-    WHERE l.concurrency IS NULL
-       OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
-                      WHERE r.kind = l.kind AND r.limit_scope IS NULL
-                        AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
-      AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot of a scope
-                      WHERE r.kind = l.kind AND r.limit_scope IS NOT NULL
-                        AND """ + _HOLDS_SLOT.format(r="r") + """)
+    WHERE l.concurrency IS NULL OR """ + _SLOTS_CLEAR + """
 ), free AS MATERIALIZED (""" + _FREE_SLOTS.format(
     scope="", source="lim", in_scope="IS NULL", n="%(limit)s") + """
 ), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
     scope="", source="lim", ring="''", n="%(limit)s") + """
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
     SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
-), rooms AS (
-    SELECT kind, count(*)::int AS room FROM room GROUP BY kind
-), candidates AS (
-    SELECT c.id, c.kind, c.priority, c.run_at,
-           row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
-               AS rank
-    FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
-                                       ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
-        FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN rooms AS r
-        CROSS JOIN LATERAL (
-            SELECT p.id, p.kind, p.priority, p.run_at, p.concurrency_key
-            FROM pgpool_jobs AS p
-            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = r.kind
-              AND p.run_at <= now()
-              AND NOT EXISTS (SELECT FROM pgpool_jobs AS k  -- concurrency_key: one running
-                              WHERE k.concurrency_key = p.concurrency_key
-                                AND k.concurrency_key IS NOT NULL AND k.state = 'running')
-            ORDER BY p.tenant, p.priority DESC, p.run_at, p.id
-            LIMIT r.room
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) AS c
-    ) AS c
-    WHERE c.concurrency_key IS NULL OR c.key_rank = 1
-), picked AS MATERIALIZED (
+), """ + _LIMITED_CANDIDATES.format(room="room") + """, picked AS MATERIALIZED (
     SELECT c.id, c.kind, r.slot, r.tick
     FROM candidates AS c JOIN room AS r USING (kind, rank)
     ORDER BY c.priority DESC, c.run_at, c.id
@@ -788,6 +801,33 @@ WITH lim AS MATERIALIZED (
     UPDATE pgpool_limit_ticks AS t SET used_at = now()
     FROM picked AS p
     WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
+)
+""" + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
+
+#: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
+#: (``limited_kinds``, ``limited_concurrency``, ``limited_max_attempts``): the same rows,
+#: without the rate's ring. It reads nothing of pgpool_limit_ticks, so a generic plan
+#: fits it (the claimer prepares it): planned once, not per claim. A generic plan of
+#: `CLAIM_LIMITED` would keep whatever path to the rings the statistics of its first claim
+#: chose, a scan of every ring if they were empty then.
+CLAIM_SLOTS: Final = """
+WITH lim AS MATERIALIZED (
+    SELECT l.kind, l.concurrency, l.max_attempts,
+           floor(random() * l.concurrency)::int AS start  -- once: lim is materialized
+    FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
+                %(limited_max_attempts)s::int[]) AS l(kind, concurrency, max_attempts)
+    WHERE """ + _SLOTS_CLEAR + """
+), free AS MATERIALIZED (""" + _FREE_SLOTS.format(
+    scope="", source="lim", in_scope="IS NULL", n="%(limit)s") + """
+), slots AS (  -- each kind's free slots, in rank order
+    SELECT kind, array_agg(slot ORDER BY rank) AS slots FROM free GROUP BY kind
+), """ + _LIMITED_CANDIDATES.format(room="free") + """, picked AS MATERIALIZED (
+    -- The n-th job of a kind gets its n-th free slot: joined on (kind, rank), the generic
+    -- plan merged on the kind alone and compared every job with every slot.
+    SELECT c.id, c.kind, s.slots[c.rank] AS slot
+    FROM candidates AS c JOIN slots AS s USING (kind)
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
 )
 """ + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
 

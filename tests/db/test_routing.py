@@ -25,13 +25,16 @@ CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", *
 def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
                   mode: str = "force_custom_plan", statement: str = "CLAIM_PLAIN"
                   ) -> tuple[int, set[int]]:
-    """Shared buffers the real claim ``statement`` (`sql.CLAIM_PLAIN` or `sql.CLAIM`) touches
-    when it runs as a prepared statement with a plan of ``mode`` (`explain_prepared`), and
-    the ids it claimed; rolled back, so the jobs stay ready. Buffers, not time: the same
-    rows and plan touch the same pages on every run, on any machine. The fewest of three
-    runs: a catalog reload or a concurrent snapshot can only add buffers."""
+    """Shared buffers the real claim ``statement`` (`sql.CLAIM_PLAIN`, `sql.CLAIM`, or
+    `sql.CLAIM_SLOTS` with ``kinds`` limited to 1,000 at once, none running) touches when it
+    runs as a prepared statement with a plan of ``mode`` (`explain_prepared`), and the ids
+    it claimed; rolled back, so the jobs stay ready. Buffers, not time: the same rows and
+    plan touch the same pages on every run, on any machine. The fewest of three runs: a
+    catalog reload or a concurrent snapshot can only add buffers."""
     params = {**CLAIM_PARAMS, "kinds": list(kinds), "kind_max_attempts": [20] * len(kinds),
-              "limit": limit}
+              "limit": limit, "limited_kinds": list(kinds),
+              "limited_concurrency": [1000] * len(kinds),
+              "limited_max_attempts": [20] * len(kinds)}
     runs = []
     for _ in range(3):
         with db.transaction(force_rollback=True):
@@ -51,7 +54,7 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
 # prepared claim switches to, must be as good (joining the picked rows to a scan of the
 # whole table took 2 s a claim with a million jobs).
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS"])
 def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg.Connection,
                                                                     mode: str,
                                                                     statement: str) -> None:
@@ -90,7 +93,7 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
     urgent = pgpool.enqueue(db, "urgent", {})
     db.execute("VACUUM ANALYZE pgpool_jobs")
     plans = [(mode, statement) for mode in ("force_custom_plan", "force_generic_plan")
-             for statement in ("CLAIM_PLAIN", "CLAIM")]
+             for statement in ("CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS")]
     alone = {}
     for mode, statement in plans:
         alone[mode, statement], claimed = claim_buffers(db, "urgent", mode=mode,
@@ -109,7 +112,7 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
         assert flooded <= alone[mode, statement] + 25, (mode, statement, alone, flooded)
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS"])
 def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection,
                                                            statement: str) -> None:
     ids = {(kind, prio): pgpool.enqueue(db, kind, {}, priority=prio)

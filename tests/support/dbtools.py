@@ -42,7 +42,9 @@ def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
     dispatcher ends up using. Returns the top plan node."""
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
     casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", query)
+    # Run without parameters, a %% stays as written: it is the modulo operator's %.
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}",
+                      query).replace("%%", "%")
     db.execute(f"SET plan_cache_mode = {mode}")
     db.execute(f"PREPARE pgpool_q AS {numbered}")
     try:

@@ -1,0 +1,149 @@
+"""What one claim of a limited kind costs against the plain claim, side by side in one run:
+the statements alone, as the claimer runs them, on one table (issue 36).
+
+    python bench/limited_claim.py [--dsn DSN] [--jobs 20000] [--batch 50] [--json]
+
+Loads ``--jobs`` ready no-op jobs of one kind into the just-vacuumed table of a scratch
+schema (dropped at the end), then claims them ``--batch`` at a time, the ways below taking
+turns claim by claim, each on its own connection (set up as a host's claim connections
+are: generic plans for prepared statements), every claimed job deleted at once, as its ack
+would; until the table is empty. None reaches its limit:
+
+- ``plain``: `sql.CLAIM_PLAIN`, prepared: a kind without a limit;
+- ``slots``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a host
+  claims a kind-wide concurrency limit without a rate;
+- ``planned``: `sql.CLAIM_LIMITED` for the same limit, planned for its values at each
+  claim (the claimer's way with a rate, and its way with any limit before CLAIM_SLOTS);
+- ``rate``: `sql.CLAIM_LIMITED`, planned per claim, ``Limit(rate=100_000, per=1)``: its
+  ring of 100,000 rows made before the first claim.
+
+Reported per way: the jobs it claimed, its claims, their mean and median round trip (the
+first two of each left out: the first plans, prepares, or reads a cold index), and the
+median against the plain claim's. The run fails if a job is left or claimed twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any, Final
+
+import psycopg
+from drains import Parser, at_least, script_main, session  # bench/ is on the path
+
+from pgpool.bench.options import BenchError
+from pgpool.bench.progress import Progress
+from pgpool.host.claimer import configure_connection
+from pgpool.host.lease import Lease
+from pgpool.sql import jobs as sql
+
+WAYS: Final = ("plain", "slots", "planned", "rate")
+LEASE: Final = Lease(30)
+#: The claims of each way left out of its figures: its first plans, prepares or warms up.
+WARMUP: Final = 2
+
+
+def parser() -> Parser:
+    p = Parser(prog="limited_claim", description=__doc__.splitlines()[0])
+    p.add_argument("--dsn", help="the database (default: as `pgpool run` resolves it)")
+    p.add_argument("--jobs", type=at_least(100), default=20_000)
+    p.add_argument("--batch", type=at_least(1), default=50)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def statements(batch: int) -> dict[str, tuple[str, dict[str, object], bool]]:
+    """Per way: its statement, its parameters, and whether it runs prepared."""
+    common = {"queues": ["default"], "owner": "bench:1:x", "lease": LEASE.seconds,
+              "limit": batch}
+    limited = {**common, "limited_kinds": ["k"], "limited_max_attempts": [20],
+               "limited_per": [1.0]}
+    return {
+        "plain": (sql.CLAIM_PLAIN, {**common, **sql.SWEEP, "kinds": ["k"],
+                                    "kind_max_attempts": [20], "after": ""}, True),
+        "slots": (sql.CLAIM_SLOTS, {**limited, "limited_concurrency": [1_000_000],
+                                    "limited_rate": [None]}, True),
+        "planned": (sql.CLAIM_LIMITED, {**limited, "limited_concurrency": [1_000_000],
+                                        "limited_rate": [None]}, False),
+        "rate": (sql.CLAIM_LIMITED, {**limited, "limited_concurrency": [None],
+                                     "limited_rate": [100_000]}, False),
+    }
+
+
+async def claim_in_turns(dsn: str, batch: int) -> tuple[dict[str, list[float]],
+                                                        dict[str, int]]:
+    """Claim until the table is empty, the ways taking turns: each way's round trips, and
+    the jobs it claimed."""
+    ways = statements(batch)
+    conns = {}
+    for way in WAYS:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        await configure_connection(conn, LEASE, claims=True)
+        conns[way] = conn
+    acks = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    claimed = dict.fromkeys(WAYS, 0)
+    try:
+        while True:
+            for way in WAYS:
+                statement, params, prepared = ways[way]
+                started = time.perf_counter()
+                if prepared:
+                    cur = await conns[way].execute(statement, params, prepare=True)
+                    rows = await cur.fetchall()
+                else:
+                    async with psycopg.AsyncClientCursor(conns[way]) as client:
+                        await client.execute(statement, params)
+                        rows = await client.fetchall()
+                if not rows:  # the table is empty
+                    return times, claimed
+                times[way].append(time.perf_counter() - started)
+                claimed[way] += len(rows)
+                await acks.execute("DELETE FROM pgpool_jobs WHERE id = ANY(%s)",
+                                   ([row[0] for row in rows],))
+    finally:
+        for conn in (*conns.values(), acks):
+            await conn.close()
+
+
+def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    with session(args.dsn, progress) as s:
+        s.conn.execute("INSERT INTO pgpool_jobs (kind, payload) "
+                       "SELECT 'k', '{}' FROM generate_series(1, %s)", (args.jobs,))
+        s.conn.execute("INSERT INTO pgpool_limit_ticks (kind, slot) "
+                       "SELECT 'k', generate_series(1, 100000)")
+        s.conn.execute("VACUUM ANALYZE pgpool_jobs, pgpool_limit_ticks")
+        progress.step(f"claiming {args.jobs:,} jobs {args.batch} at a time, "
+                     f"{len(WAYS)} ways in turns")
+        times, claimed = asyncio.run(claim_in_turns(s.scratch.dsn, args.batch))
+        left = s.conn.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0]
+    if left or sum(claimed.values()) != args.jobs:
+        raise BenchError(f"{sum(claimed.values()):,} jobs claimed of {args.jobs:,}, "
+                         f"{left:,} left")
+    figures = {}
+    for way in WAYS:
+        kept = times[way][WARMUP:] or times[way]
+        figures[way] = {"jobs": claimed[way], "claims": len(kept),
+                        "mean_ms": 1e3 * statistics.mean(kept),
+                        "median_ms": 1e3 * statistics.median(kept)}
+    for way in WAYS:
+        figures[way]["of_plain"] = figures[way]["median_ms"] / figures["plain"]["median_ms"]
+    return {"command": (f"python bench/limited_claim.py --jobs {args.jobs} "
+                        f"--batch {args.batch}"),
+            "jobs": args.jobs, "batch": args.batch, "ways": figures}
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"{report['jobs']:,} no-op jobs claimed {report['batch']} at a time, "
+             "the ways in turns"]
+    for way, f in report["ways"].items():
+        lines.append(f"  {way:8} {f['claims']:5} claims: mean {f['mean_ms']:.2f} ms, "
+                     f"median {f['median_ms']:.2f} ms ({f['of_plain']:.2f} of plain)")
+    lines.append(f"to repeat: {report['command']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(script_main(parser(), run, render))
