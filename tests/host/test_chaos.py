@@ -392,14 +392,14 @@ SOAK_TIMEOUT = 180
 def test_a_small_chaos_soak_passes_every_check(tmp_path):
     """tests/support/chaos.py at CI size: two dispatchers, random kills and restarts, and
     its own checkers, with the group workload (4 groups of 250 members, 100 parents with
-    follow-up children and groups) and 20 long jobs that checkpoint after each of their 20
-    steps: about 2000 jobs, which drain in about the time 1500 plain ones did. It must pass
-    and report the figures."""
+    follow-up children and groups), 20 long jobs that checkpoint after each of their 20
+    steps, and 30 jobs of each limited kind: about 2000 jobs, which drain in about the time
+    1500 plain ones did. It must pass and report the figures."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",
-         "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "0",
-         "--rated", "0", "--seconds", "60",
+         "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "30",
+         "--rated", "30", "--seconds", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -416,9 +416,9 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
         pytest.fail(f"the soak ran over {SOAK_TIMEOUT}s:\n{out}{err[-5000:]}")
     assert soak.returncode == 0, out + err[-5000:]
     figures = json.loads(summary.read_text())
-    # The driver's 300 + 1000 + 4 callbacks + 100 parents + 20 long jobs, and the parents'
-    # follow-ups.
-    assert figures["jobs"] > 1424
+    # The driver's 300 + 1000 + 4 callbacks + 100 parents + 20 long jobs + 60 limited, and
+    # the parents' follow-ups.
+    assert figures["jobs"] > 1484
     # The soak does one fault of each kind before it ends (unless its 45 s of faults run
     # out, which a passing run of 2000 jobs never nears).
     assert figures["faults"] >= 4
@@ -439,9 +439,14 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     # run again by a claim after the first: a re-run.
     assert figures["long jobs"] == 20
     assert figures["steps run twice"] <= figures["re-runs"]
-    # The limited kinds run in `make chaos` (tests/support/chaos.py's defaults), not here:
-    # beside the soak tier's other tests on a small machine, their claims slowed this drain
-    # past its 60 s (and a long job's lease once ran out with no fault to explain it).
+    # The limited kinds, 30 jobs each (200 each in `make chaos`): never over their limits
+    # through the faults (the soak fails its run if they are), which they met. 200 of the
+    # kind limited to one at a time could not drain here in 60 s: each dispatcher killed
+    # while it held the one slot holds it a lease.
+    assert figures["limited jobs"] == 30
+    assert figures["most running at once"] == 1
+    assert figures["rated claims"] >= 30
+    assert 1 <= figures["most claimed in a window"] <= 20
 
 
 # --- groups and follow-ups under kills ----------------------------------------------------
