@@ -10,12 +10,13 @@ are: generic plans for prepared statements), every claimed job deleted at once, 
 would; until the table is empty. None reaches its limit:
 
 - ``plain``: `sql.CLAIM_PLAIN`, prepared: a kind without a limit;
-- ``slots``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a host
-  claims a kind-wide concurrency limit without a rate;
-- ``planned``: `sql.CLAIM_LIMITED` for the same limit, planned for its values at each
-  claim (the claimer's way with a rate, and its way with any limit before CLAIM_SLOTS);
-- ``rate``: `sql.CLAIM_LIMITED`, planned per claim, ``Limit(rate=100_000, per=1)``: its
-  ring of 100,000 rows made before the first claim.
+- ``concurrency``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a
+  host claims a kind-wide concurrency limit without a rate;
+- ``rate``: `sql.CLAIM_LIMITED`, prepared: ``Limit(rate=100_000, per=1)``, as a host
+  claims a kind-wide limit with a rate (its ring of 100,000 rows made first);
+- ``concurrency_planned`` and ``rate_planned``: `sql.CLAIM_LIMITED` for the same limits,
+  planned for its values at each claim, as hosts claimed them before (and still claim the
+  limits per tenant or per key, `sql.CLAIM_SCOPED`).
 
 Reported per way: the jobs it claimed, its claims, their mean and median round trip (the
 first two of each left out: the first plans, prepares, or reads a cold index), and the
@@ -39,7 +40,7 @@ from pgpool.host.claimer import configure_connection
 from pgpool.host.lease import Lease
 from pgpool.sql import jobs as sql
 
-WAYS: Final = ("plain", "slots", "planned", "rate")
+WAYS: Final = ("plain", "concurrency", "rate", "concurrency_planned", "rate_planned")
 LEASE: Final = Lease(30)
 #: The claims of each way left out of its figures: its first plans, prepares or warms up.
 WARMUP: Final = 2
@@ -60,15 +61,15 @@ def statements(batch: int) -> dict[str, tuple[str, dict[str, object], bool]]:
               "limit": batch}
     limited = {**common, "limited_kinds": ["k"], "limited_max_attempts": [20],
                "limited_per": [1.0]}
+    concurrency = {**limited, "limited_concurrency": [1_000_000], "limited_rate": [None]}
+    rate = {**limited, "limited_concurrency": [None], "limited_rate": [100_000]}
     return {
         "plain": (sql.CLAIM_PLAIN, {**common, **sql.SWEEP, "kinds": ["k"],
                                     "kind_max_attempts": [20], "after": ""}, True),
-        "slots": (sql.CLAIM_SLOTS, {**limited, "limited_concurrency": [1_000_000],
-                                    "limited_rate": [None]}, True),
-        "planned": (sql.CLAIM_LIMITED, {**limited, "limited_concurrency": [1_000_000],
-                                        "limited_rate": [None]}, False),
-        "rate": (sql.CLAIM_LIMITED, {**limited, "limited_concurrency": [None],
-                                     "limited_rate": [100_000]}, False),
+        "concurrency": (sql.CLAIM_SLOTS, concurrency, True),
+        "rate": (sql.CLAIM_LIMITED, rate, True),
+        "concurrency_planned": (sql.CLAIM_LIMITED, concurrency, False),
+        "rate_planned": (sql.CLAIM_LIMITED, rate, False),
     }
 
 
@@ -139,7 +140,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"{report['jobs']:,} no-op jobs claimed {report['batch']} at a time, "
              "the ways in turns"]
     for way, f in report["ways"].items():
-        lines.append(f"  {way:8} {f['claims']:5} claims: mean {f['mean_ms']:.2f} ms, "
+        lines.append(f"  {way:19} {f['claims']:5} claims: mean {f['mean_ms']:.2f} ms, "
                      f"median {f['median_ms']:.2f} ms ({f['of_plain']:.2f} of plain)")
     lines.append(f"to repeat: {report['command']}")
     return "\n".join(lines)

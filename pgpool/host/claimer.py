@@ -8,7 +8,7 @@ is followed by a look at whether something needs fairness (`sql.NEEDS_FAIR`), an
 fair claim if it does, which says whether the next claim can be plain again. The kinds
 with a concurrency limit (`pgpool.Limit`) are left out of both and claimed by the third,
 `sql.CLAIM_LIMITED`, first, which takes a job only with a free slot of its kind's limit
-(`sql.CLAIM_SLOTS`, prepared, when no kind-wide limit has a rate; those limited per tenant
+(`sql.CLAIM_SLOTS` when no kind-wide limit has a rate; those limited per tenant
 or per key by `sql.CLAIM_SCOPED`, its twin for scopes): a host without limited kinds never
 runs any of them, and the plain and fair claims are the same statements with or without
 limits elsewhere.
@@ -166,7 +166,7 @@ class Claimer:
         #: The rate rings' rows to add before the next limited claim (`sql.ENSURE_TICKS`).
         self._ticks: dict[str, object] | None = None
         #: Whether no kind-wide limit has a rate: they are claimed by `sql.CLAIM_SLOTS`,
-        #: which reads no ring, prepared, with a generic plan.
+        #: which reads no ring, else by `sql.CLAIM_LIMITED`; both prepared.
         self._slots_only = True
         self._lease = lease
         self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
@@ -387,20 +387,20 @@ class Claimer:
                            ) -> list[tuple]:
         """Run a limited claim on ``conn``: its rows. Lost races for a slot (or a
         concurrency key) are tried again, as in `_claim_fair`. ``generic``: prepared, with
-        the pool's generic plan, for a claim that reads no rate's ring."""
+        the pool's generic plan (the kind-wide claims); else planned for its values at
+        each claim (the scoped one)."""
         tries = 1
         while True:
             try:
                 if generic:
-                    # Planned per claim, a kind limited in concurrency alone took 8.3 ms to
-                    # claim 50 jobs, 5.4 ms with a generic plan (side by side).
+                    # Planning was most of a kind-wide claim's cost: side by side, 50 jobs
+                    # took 8.3 ms planned per claim against 5.4 generic with a concurrency
+                    # limit, 7.9 against 4.9 with a rate.
                     cur = await conn.execute(statement, params, prepare=True)
                     return await cur.fetchall()
-                # Planned for its values, each time (parameters bound client-side: a
-                # one-shot plan, whatever the session's plan_cache_mode): the generic
-                # plan of this claim, which cannot know the limits or the batch, walks a
-                # rate's ring at half the speed once most of it is used (15 ms a claim
-                # against 8.5 at 10,000 a second).
+                # Parameters bound client-side: a one-shot plan, whatever the session's
+                # plan_cache_mode. The scoped claim makes rings for the scopes it meets:
+                # a plan kept from a claim that saw none could read them all every time.
                 async with psycopg.AsyncClientCursor(conn) as cur:
                     await cur.execute(statement, params)
                     return await cur.fetchall()
@@ -424,10 +424,9 @@ class Claimer:
                 # not own the table is told no, with a warning, and waits for that.
                 await conn.execute(sql.ANALYZE_TICKS)
             self._ticks = None
-        params = {**self._limited, "queues": queues, "limit": limit}
-        if self._slots_only:
-            return await self._run_limited(conn, sql.CLAIM_SLOTS, params, generic=True)
-        return await self._run_limited(conn, sql.CLAIM_LIMITED, params)
+        return await self._run_limited(
+            conn, sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED,
+            {**self._limited, "queues": queues, "limit": limit}, generic=True)
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float

@@ -775,7 +775,10 @@ _LIMITED_CANDIDATES: Final = """rooms AS (
 #:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
 #:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
 #: - ``picked``: the n-th job of a kind gets its n-th free slot and tick; ``limit`` in all,
-#:   in claim order (`_CLAIM_PICKED`). Each tick taken is set to now().
+#:   in claim order (`_CLAIM_PICKED`). Each tick taken is set to now(), looked up by key:
+#:   joined to the ring instead, a generic plan hashed the whole ring at every claim.
+#:
+#: The claimer prepares it: planned at each claim, planning was most of its cost.
 CLAIM_LIMITED: Final = """
 WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
@@ -797,19 +800,19 @@ WITH lim AS MATERIALIZED (
     FROM candidates AS c JOIN room AS r USING (kind, rank)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (  -- rate: each tick taken, used now
+), used AS (  -- rate: each tick taken, used now; looked up by key, as the jobs are
     UPDATE pgpool_limit_ticks AS t SET used_at = now()
-    FROM picked AS p
+    FROM unnest(ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, tick),
+                ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, tick))
+         AS p(kind, tick)
     WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
 )
 """ + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
 
 #: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
 #: (``limited_kinds``, ``limited_concurrency``, ``limited_max_attempts``): the same rows,
-#: without the rate's ring. It reads nothing of pgpool_limit_ticks, so a generic plan
-#: fits it (the claimer prepares it): planned once, not per claim. A generic plan of
-#: `CLAIM_LIMITED` would keep whatever path to the rings the statistics of its first claim
-#: chose, a scan of every ring if they were empty then.
+#: without the rate's ring, which leaves a third less to run (a claim of 50: 3.8 ms
+#: against 4.9 prepared, the plain claim's 2.7). Both are prepared, with generic plans.
 CLAIM_SLOTS: Final = """
 WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.max_attempts,
