@@ -15,8 +15,10 @@ would; until the table is empty. None reaches its limit:
 - ``rate``: `sql.CLAIM_LIMITED`, prepared: ``Limit(rate=100_000, per=1)``, as a host
   claims a kind-wide limit with a rate (its ring of 100,000 rows made first);
 - ``concurrency_planned`` and ``rate_planned``: `sql.CLAIM_LIMITED` for the same limits,
-  planned for its values at each claim, as hosts claimed them before (and still claim the
-  limits per tenant or per key, `sql.CLAIM_SCOPED`).
+  planned for its values at each claim, as hosts claimed them before.
+
+(The limits per tenant or per key, `sql.CLAIM_SCOPED`, need jobs with tenants, which the
+plain claim leaves to the fair one: `bench/limits.py --tenants 50` drains them.)
 
 Reported per way: the jobs it claimed, its claims, their mean and median round trip (the
 first two of each left out: the first plans, prepares, or reads a cold index), and the

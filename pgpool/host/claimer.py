@@ -166,7 +166,7 @@ class Claimer:
         #: The rate rings' rows to add before the next limited claim (`sql.ENSURE_TICKS`).
         self._ticks: dict[str, object] | None = None
         #: Whether no kind-wide limit has a rate: they are claimed by `sql.CLAIM_SLOTS`,
-        #: which reads no ring, else by `sql.CLAIM_LIMITED`; both prepared.
+        #: which reads no ring, else by `sql.CLAIM_LIMITED`.
         self._slots_only = True
         self._lease = lease
         self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
@@ -383,27 +383,21 @@ class Claimer:
         return rows
 
     async def _run_limited(self, conn: psycopg.AsyncConnection, statement: str,
-                           params: dict[str, object], *, generic: bool = False
-                           ) -> list[tuple]:
-        """Run a limited claim on ``conn``: its rows. Lost races for a slot (or a
-        concurrency key) are tried again, as in `_claim_fair`. ``generic``: prepared, with
-        the pool's generic plan (the kind-wide claims); else planned for its values at
-        each claim (the scoped one)."""
+                           params: dict[str, object]) -> list[tuple]:
+        """Run a limited claim on ``conn``, prepared (the pool's generic plan): its rows.
+        Lost races for a slot (or a concurrency key) are tried again, as in
+        `_claim_fair`."""
         tries = 1
         while True:
             try:
-                if generic:
-                    # Planning was most of a kind-wide claim's cost: side by side, 50 jobs
-                    # took 8.3 ms planned per claim against 5.4 generic with a concurrency
-                    # limit, 7.9 against 4.9 with a rate.
-                    cur = await conn.execute(statement, params, prepare=True)
-                    return await cur.fetchall()
-                # Parameters bound client-side: a one-shot plan, whatever the session's
-                # plan_cache_mode. The scoped claim makes rings for the scopes it meets:
-                # a plan kept from a claim that saw none could read them all every time.
-                async with psycopg.AsyncClientCursor(conn) as cur:
-                    await cur.execute(statement, params)
-                    return await cur.fetchall()
+                # Planned for its values at each claim, planning was most of a limited
+                # claim's cost: side by side, a claim of 50 took 8.3 ms against 5.4 generic
+                # with a concurrency limit, 7.9 against 4.9 with a rate, 12.9 against 7.4
+                # with a concurrency limit per tenant (50 tenants), 14.5 against 8.4 with a
+                # rate per tenant; still so with the plan made on an empty ring table and
+                # 500,000 rows of rings added since, unanalyzed.
+                cur = await conn.execute(statement, params, prepare=True)
+                return await cur.fetchall()
             except KEY_RACE_LOST:
                 # Another claim took one of these slots first; the whole statement rolled
                 # back, so every job it had picked is still ready.
@@ -426,7 +420,7 @@ class Claimer:
             self._ticks = None
         return await self._run_limited(
             conn, sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED,
-            {**self._limited, "queues": queues, "limit": limit}, generic=True)
+            {**self._limited, "queues": queues, "limit": limit})
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float

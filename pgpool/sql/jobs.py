@@ -1005,9 +1005,13 @@ WITH RECURSIVE lim AS MATERIALIZED (
     FROM ranked AS c JOIN room AS m USING (kind, scope, rank)
     ORDER BY c.rank, c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (  -- rate: each tick taken, used now
+), used AS (  -- rate: each tick taken, used now; looked up by key, as the jobs are
     UPDATE pgpool_limit_ticks AS t SET used_at = now()
-    FROM picked AS p
+    FROM unnest(
+        ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
+        ARRAY(SELECT scope FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
+        ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick))
+        AS p(kind, scope, tick)
     WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
 ), claimed AS (
 """ + _CLAIM_PICKED.format(scopes="ARRAY(SELECT scope FROM picked ORDER BY id)") + """
