@@ -78,11 +78,12 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     assert claimed == set(mine)  # the flood changed nothing it claims...
     # ...nor what that costs: the claim touches about one extra page per claimed job (an
     # index a level deeper to read, and each job's index entries written one level
-    # deeper), and a few more as the pages fall: the fair claim read 91 then 101, and 104
-    # in a run beside other tests. Reading past the flood's rows costs hundreds of pages
-    # instead: about 1,400 with the claim of before the per-kind index and the scheduled
-    # state.
-    assert flooded <= baseline + 15, (baseline, flooded)
+    # deeper): the fair claim read 91 then 101 in six runs of its own. Beside the soak
+    # tier's other tests it read 104 and 113 (the fewest of three runs each; the cause is
+    # not pinned down: no other database's session holds this one's horizon). Reading
+    # past the flood's rows costs hundreds of pages: about 1,400 with the claim of before
+    # the per-kind index and the scheduled state, which this bound still fails.
+    assert flooded <= baseline + 40, (baseline, flooded)
 
 
 @pytest.mark.soak  # a million rows: `make soak-test`
