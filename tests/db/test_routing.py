@@ -68,9 +68,11 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     # The flood: 20,000 due jobs of a kind this host does not serve, all due before its
     # own (same priority, earlier run_at: ahead of them in one per-queue index), and 20,000
     # of its own kind at a higher priority that are not due for an hour.
-    flood_at = datetime.now(UTC) - timedelta(minutes=5)
-    pgpool.enqueue_many(db, "bulk", ({"n": i} for i in range(20_000)))
-    db.execute("UPDATE pgpool_jobs SET run_at = %s WHERE kind = 'bulk'", (flood_at,))
+    # Inserted due (an enqueue of a past run_at schedules it), not updated to it: an update
+    # leaves 20,000 dead rows, which a snapshot held elsewhere in the database (an
+    # autovacuum's ANALYZE of another test's table) keeps through the VACUUM below.
+    db.execute("INSERT INTO pgpool_jobs (kind, payload, run_at) SELECT 'bulk', '{}', "
+               "now() - interval '5 minutes' FROM generate_series(1, 20000)")
     pgpool.enqueue_many(db, "fast", ({"n": i} for i in range(20_000)), priority=10,
                         run_at=datetime.now(UTC) + timedelta(hours=1))
     db.execute("VACUUM ANALYZE pgpool_jobs")
@@ -78,12 +80,11 @@ def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg
     assert claimed == set(mine)  # the flood changed nothing it claims...
     # ...nor what that costs: the claim touches about one extra page per claimed job (an
     # index a level deeper to read, and each job's index entries written one level
-    # deeper): the fair claim read 91 then 101 in six runs of its own. Beside the soak
-    # tier's other tests it read 104 and 113 (the fewest of three runs each; the cause is
-    # not pinned down: no other database's session holds this one's horizon). Reading
-    # past the flood's rows costs hundreds of pages: about 1,400 with the claim of before
-    # the per-kind index and the scheduled state, which this bound still fails.
-    assert flooded <= baseline + 40, (baseline, flooded)
+    # deeper), and a few more as pages fall: the fair claim read 91 then 97 in runs of its
+    # own, 91 then 101 to 113 beside the soak tier's other tests when the flood was made
+    # by an update. Reading past the flood's rows costs hundreds of pages: about 1,400
+    # with the claim of before the per-kind index and the scheduled state.
+    assert flooded <= baseline + 25, (baseline, flooded)
 
 
 @pytest.mark.soak  # a million rows: `make soak-test`
