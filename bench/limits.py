@@ -166,7 +166,8 @@ def rate_overshoot(conn: psycopg.Connection, dsn: str, tmp: Path,
                          "started")
     most = max(bisect.bisect_left(starts, t + 1.0) - i for i, t in enumerate(starts))
     return {"rate": args.rate, "jobs": args.rated_jobs, "most_in_a_second": most,
-            "seconds": seconds, "ideal_seconds": args.rated_jobs / args.rate - 1}
+            # The last window opens ceil(N / R) - 1 seconds after the first.
+            "seconds": seconds, "ideal_seconds": math.ceil(args.rated_jobs / args.rate) - 1}
 
 
 def tenant_rates(conn: psycopg.Connection, scratch: Any, tmp: Path,

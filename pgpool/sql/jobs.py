@@ -683,6 +683,19 @@ _FREE_TICKS: Final = """
     UNION ALL
     SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l WHERE l.rate IS NULL"""
 
+#: Each tick a limited claim took (``picked``: kind, scope, tick; NULL for a kind without a
+#: rate) used now. Looked up by key through arrays, as the jobs are (`_CLAIM_PICKED`):
+#: joined to the ring instead, a generic plan hashed the whole ring at every claim.
+_TICKS_USED: Final = """
+    UPDATE pgpool_limit_ticks AS t SET used_at = now()
+    FROM unnest(
+        ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
+        ARRAY(SELECT scope FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
+        ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick))
+        AS p(kind, scope, tick)
+    WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
+"""
+
 #: The update of the jobs a limited claim picked (``picked``: id, slot; ``scopes``, their
 #: scopes in id order, an empty array for a kind-wide limit: unnest pads it with NULLs),
 #: as `CLAIM_PLAIN`'s (their ``max_attempts`` from ``lim``): the
@@ -775,8 +788,7 @@ _LIMITED_CANDIDATES: Final = """rooms AS (
 #:   and ticks), on the ready index in its order (tenant, then claim order); a job whose
 #:   concurrency key is running is skipped, and at most one per key is taken, as in `CLAIM`.
 #: - ``picked``: the n-th job of a kind gets its n-th free slot and tick; ``limit`` in all,
-#:   in claim order (`_CLAIM_PICKED`). Each tick taken is set to now(), looked up by key:
-#:   joined to the ring instead, a generic plan hashed the whole ring at every claim.
+#:   in claim order (`_CLAIM_PICKED`). Each tick taken is set to now() (`_TICKS_USED`).
 #:
 #: The claimer prepares it: planned at each claim, planning was most of its cost.
 CLAIM_LIMITED: Final = """
@@ -796,17 +808,11 @@ WITH lim AS MATERIALIZED (
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
     SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
 ), """ + _LIMITED_CANDIDATES.format(room="room") + """, picked AS MATERIALIZED (
-    SELECT c.id, c.kind, r.slot, r.tick
+    SELECT c.id, c.kind, ''::text AS scope, r.slot, r.tick  -- the kind-wide ring's scope
     FROM candidates AS c JOIN room AS r USING (kind, rank)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (  -- rate: each tick taken, used now; looked up by key, as the jobs are
-    UPDATE pgpool_limit_ticks AS t SET used_at = now()
-    FROM unnest(ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, tick),
-                ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, tick))
-         AS p(kind, tick)
-    WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
-)
+), used AS (""" + _TICKS_USED + """)
 """ + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
 
 #: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
@@ -1005,15 +1011,7 @@ WITH RECURSIVE lim AS MATERIALIZED (
     FROM ranked AS c JOIN room AS m USING (kind, scope, rank)
     ORDER BY c.rank, c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (  -- rate: each tick taken, used now; looked up by key, as the jobs are
-    UPDATE pgpool_limit_ticks AS t SET used_at = now()
-    FROM unnest(
-        ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
-        ARRAY(SELECT scope FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
-        ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick))
-        AS p(kind, scope, tick)
-    WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
-), claimed AS (
+), used AS (""" + _TICKS_USED + """), claimed AS (
 """ + _CLAIM_PICKED.format(scopes="ARRAY(SELECT scope FROM picked ORDER BY id)") + """
 )
 SELECT c.*, x.after, x.rings

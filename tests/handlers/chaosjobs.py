@@ -45,7 +45,7 @@ KIND = "chaos.record"
 #: Their start line carries kind and payload, and each step's start is recorded in the
 #: per-process file ``<dispatcher pid>-<worker pid>.steps`` as ``<job id> <claim> <step>``.
 STEPS = "chaos.steps"
-#: A kind with a fleet-wide concurrency limit (tests/host/test_limits.py), and that limit.
+#: A kind with a fleet-wide concurrency limit (tests/host/test_limited_hosts.py), and that limit.
 LIMITED = "chaos.limited"
 LIMITED_CONCURRENCY = 3
 #: A kind of which one job at a time runs in the fleet (the chaos soak: fewer than its
