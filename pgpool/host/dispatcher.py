@@ -98,7 +98,7 @@ from .parts.heartbeat import Heartbeat
 from .parts.hosts import HostRegistry, Pruner
 from .parts.leader import Fenced, Leadership, elect
 from .parts.listener import Listener
-from .parts.loop import Part
+from .parts.loop import Part, stop_tasks
 from .parts.periodic import Periodic
 from .parts.reaper import Reaper
 from .parts.retention import Retention
@@ -280,9 +280,7 @@ class Dispatcher:
                 await self.hosts.deregister()
             return 1 if self.fatal else 0
         finally:
-            for task in (*tasks, starting):
-                task.cancel()
-            await asyncio.gather(*tasks, starting, return_exceptions=True)
+            await stop_tasks(*tasks, starting)
             if self._killing is not None:
                 await self._killing
             if not self.pool.closing:
@@ -712,8 +710,7 @@ class Dispatcher:
         if task.done():
             task.result()
             return True
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks(task)
         return False
 
     async def _die(self) -> int:

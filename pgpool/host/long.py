@@ -32,6 +32,7 @@ from ..sql import long as sql
 from ..sql.common import int_array
 from ..worker import ipc
 from .attempt import Job
+from .parts.loop import stop_tasks
 
 log = logging.getLogger("pgpool.long")
 
@@ -136,7 +137,4 @@ class LongJobs:
     async def close(self) -> None:
         """Stop writing: the host is shutting down, its workers are gone (none waits for an
         answer any more)."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(*self._tasks)

@@ -168,3 +168,48 @@ def test_an_elected_part_runs_only_during_a_term_and_stops_when_it_is_fenced_off
         await asyncio.gather(runner, return_exceptions=True)
 
     with_pools(dsn, 2, HOST_CONNECTION, work)
+
+
+class SlowToStop(LoopPart):
+    """A part whose step, cancelled, takes a moment to end, as psycopg does when it cancels
+    its query in flight on the server (and drops the connection, with a warning, if it is
+    cancelled again meanwhile)."""
+
+    name = "slow to stop"
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.ended_cleanly: bool | None = None
+        self._loop = Loop(logging.getLogger("test"), "slow to stop", interval=0.01)
+
+    async def step(self) -> None:
+        self.running.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.sleep(0.2)
+            except asyncio.CancelledError:
+                self.ended_cleanly = False
+                raise
+            self.ended_cleanly = True
+            raise
+
+
+def test_a_host_stopping_as_its_term_ends_cancels_the_elected_part_once(db, dsn):
+    """A clean exit resigns (the term ends, the part is cancelled) and then cancels every
+    part: the elected part, still stopping, must not be cancelled a second time."""
+    async def work(pools: list[AsyncConnectionPool]) -> bool | None:
+        a = Leadership(pools[0], "a", LEASE)
+        part = SlowToStop()
+        runner = asyncio.create_task(Elected(part, a).run())
+        await a.step()
+        await part.running.wait()
+        a.end("this host is stopping")
+        await asyncio.sleep(0.05)  # the part is cancelled and still stopping
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        assert runner.cancelled()
+        return part.ended_cleanly
+
+    assert with_pools(dsn, 1, HOST_CONNECTION, work) is True

@@ -62,7 +62,7 @@ from psycopg_pool import AsyncConnectionPool
 from ...logs import event
 from ...sql import fleet as sql
 from ..lease import Lease
-from .loop import Loop, LoopPart, Part
+from .loop import Loop, LoopPart, Part, stop_tasks
 
 log = logging.getLogger("pgpool.leader")
 
@@ -230,9 +230,7 @@ class Elected:
             try:
                 await asyncio.wait({work, ended}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (work, ended):
-                    task.cancel()
-                await asyncio.gather(work, ended, return_exceptions=True)
+                await stop_tasks(work, ended)
             if work.cancelled():
                 continue  # the term ended
             exc = work.exception()
