@@ -627,6 +627,37 @@ SCOPE_WALK: Final = 100
 #: million rows in one claim. The tenants left get theirs from the next claims.
 RING_ROWS: Final = 10_000
 
+#: Rows a rate's ring has at most: a rate of R is min(R, RING_MAX) rows, and each row lets
+#: ``cap`` jobs start in an episode (`_TICK_CAP`), the caps adding up to R. One row a job up
+#: to RING_MAX, so that small rates are exact to the job; above, a claim of 50 writes one
+#: or a few rows, not 50, and a tenant's ring is 64 rows, not 100,000.
+RING_MAX: Final = 64
+
+#: The rows of a rate ``{l}.rate``'s ring (`RING_MAX`).
+_RING: Final = "least({l}.rate, " + str(RING_MAX) + ")"
+
+#: How many jobs a row ``{t}`` of the ring of ``{l}`` lets start in one episode: R over the
+#: rows, the first R mod rows one more, so that the ring's caps add up to R.
+_TICK_CAP: Final = ("({l}.rate / " + _RING + " + ({t}.slot <= {l}.rate %% " + _RING
+                    + ")::int)")
+
+#: Whether a row ``{t}`` of ``{l}``'s ring's episode is over: last used ``per`` seconds ago.
+_TICK_OVER: Final = "{t}.used_at <= now() - make_interval(secs => {l}.per)"
+
+#: Whether a row ``{t}`` of ``{l}``'s ring lets a job start now: its episode is over, or has
+#: room left (a row is topped up, and its episode runs on, until it holds its cap).
+_TICK_FREE: Final = "(" + _TICK_OVER + " OR {t}.n < " + _TICK_CAP + ")"
+
+#: How many jobs a row ``{t}`` of ``{l}``'s ring lets start now (0 or more when free).
+_TICK_ROOM: Final = ("CASE WHEN " + _TICK_OVER + " THEN " + _TICK_CAP + " ELSE "
+                     + _TICK_CAP + " - {t}.n END")
+
+
+def _tick(fragment: str, l: str = "l", t: str = "t") -> str:  # noqa: E741 (SQL aliases)
+    """One of the rings' fragments, for the limit alias ``l`` and the row alias ``t``."""
+    return fragment.replace("{l}", l).replace("{t}", t)
+
+
 #: A running job holds a slot of its kind's concurrency limit: written with the predicate
 #: of the unique indexes pgpool_jobs_limit_running and _scoped_running, whose entries are
 #: exactly those jobs. Format with ``r`` (the alias).
@@ -654,47 +685,60 @@ _FREE_SLOTS: Final = """
     SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l
     WHERE l.concurrency IS NULL"""
 
-#: The rows of each ``source`` row's rate ring (``ring``: its scope) last used ``per``
-#: seconds ago or more, up to ``n``, numbered 1.. in ``rank``: read in slot order from the
-#: random ``tick_start`` on, wrapping round (two scans chained on the primary key, read
-#: only as far as they take), locked SKIP LOCKED. A row without a rate: ``n`` NULL rows.
+#: The room of each ``source`` row's rate ring (``ring``: its scope), for up to ``n`` jobs,
+#: numbered 1.. in ``rank``: one row per job, each with ``slot``, the ring's row that lets
+#: it start, and ``base``, that row's count before this claim (0 for a row whose episode
+#: is over). The ring's free rows (`_TICK_FREE`) are read in slot order from the random
+#: ``tick_start`` on, wrapping round (two scans chained on the primary key, read only as
+#: far as they take), as many as ``n`` jobs need when each row is free whole (one row a
+#: job for a ring of caps 1), locked SKIP LOCKED. A row without a rate: ``n`` NULL rows.
 _FREE_TICKS: Final = """
-    SELECT l.kind{scope}, t.slot, row_number() OVER (PARTITION BY l.kind{scope}) AS rank
+    SELECT l.kind{scope}, t.slot, t.base, row_number() OVER (PARTITION BY l.kind{scope}) AS rank
     FROM {source} AS l
     CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT t.slot FROM pgpool_limit_ticks AS t
-            WHERE t.kind = l.kind AND t.scope = {ring}
-              AND t.slot >= l.tick_start AND t.slot <= l.rate
-              AND t.used_at <= now() - make_interval(secs => l.per)
-            ORDER BY t.slot
-            LIMIT {n}
-            FOR UPDATE SKIP LOCKED) AS upper
-        UNION ALL
-        SELECT * FROM (
-            SELECT t.slot FROM pgpool_limit_ticks AS t
-            WHERE t.kind = l.kind AND t.scope = {ring} AND t.slot < l.tick_start
-              AND t.used_at <= now() - make_interval(secs => l.per)
-            ORDER BY t.slot
-            LIMIT {n}
-            FOR UPDATE SKIP LOCKED) AS lower
-        LIMIT {n}) AS t
+        SELECT t.slot, CASE WHEN """ + _tick(_TICK_OVER) + """ THEN 0 ELSE t.n END AS base,
+               generate_series(1, least(""" + _tick(_TICK_ROOM) + """, {n})) AS job
+        FROM (
+            SELECT * FROM (
+                SELECT t.slot, t.used_at, t.n FROM pgpool_limit_ticks AS t
+                WHERE t.kind = l.kind AND t.scope = {ring}
+                  AND t.slot >= l.tick_start AND t.slot <= """ + _tick(_RING) + """
+                  AND """ + _tick(_TICK_FREE) + """
+                ORDER BY t.slot
+                LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int
+                FOR UPDATE SKIP LOCKED) AS upper
+            UNION ALL
+            SELECT * FROM (
+                SELECT t.slot, t.used_at, t.n FROM pgpool_limit_ticks AS t
+                WHERE t.kind = l.kind AND t.scope = {ring} AND t.slot < l.tick_start
+                  AND """ + _tick(_TICK_FREE) + """
+                ORDER BY t.slot
+                LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int
+                FOR UPDATE SKIP LOCKED) AS lower
+            LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int) AS t) AS t
     WHERE l.rate IS NOT NULL
     UNION ALL
-    SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l WHERE l.rate IS NULL"""
+    SELECT l.kind{scope}, NULL, NULL, generate_series(1, {n}) FROM {source} AS l
+    WHERE l.rate IS NULL"""
 
-#: Each tick a limited claim took (``picked``: kind, scope, tick; NULL for a kind without a
-#: rate) used now. Looked up by key through arrays, as the jobs are (`_CLAIM_PICKED`):
-#: joined to the ring instead, a generic plan hashed the whole ring at every claim.
-_TICKS_USED: Final = """
-    UPDATE pgpool_limit_ticks AS t SET used_at = now()
-    FROM unnest(
-        ARRAY(SELECT kind FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
-        ARRAY(SELECT scope FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick),
-        ARRAY(SELECT tick FROM picked WHERE tick IS NOT NULL ORDER BY kind, scope, tick))
-        AS p(kind, scope, tick)
+#: The rows of the rings a limited claim used (``picked``: kind, scope, tick, base; tick
+#: NULL for a kind without a rate), in ``taken`` with how many jobs each let start, and
+#: ``used``: each stamped now() with its count. Looked up by key through arrays, as the
+#: jobs are (`_CLAIM_PICKED`): joined to the ring instead, a generic plan hashed the whole
+#: ring at every claim. Goes after ``picked`` in a WITH list.
+_TICKS_USED: Final = """taken AS MATERIALIZED (
+    SELECT kind, scope, tick, min(base) AS base, count(*)::int AS jobs FROM picked
+    WHERE tick IS NOT NULL GROUP BY kind, scope, tick
+), used AS (
+    UPDATE pgpool_limit_ticks AS t SET used_at = now(), n = p.base + p.jobs
+    FROM unnest(ARRAY(SELECT kind FROM taken ORDER BY kind, scope, tick),
+                ARRAY(SELECT scope FROM taken ORDER BY kind, scope, tick),
+                ARRAY(SELECT tick FROM taken ORDER BY kind, scope, tick),
+                ARRAY(SELECT base FROM taken ORDER BY kind, scope, tick),
+                ARRAY(SELECT jobs FROM taken ORDER BY kind, scope, tick))
+        AS p(kind, scope, tick, base, jobs)
     WHERE t.kind = p.kind AND t.scope = p.scope AND t.slot = p.tick
-"""
+)"""
 
 #: The update of the jobs a limited claim picked (``picked``: id, slot; ``scopes``, their
 #: scopes in id order, an empty array for a kind-wide limit: unnest pads it with NULLs),
@@ -795,7 +839,8 @@ CLAIM_LIMITED: Final = """
 WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
            floor(random() * l.concurrency)::int AS start,
-           floor(random() * l.rate)::int + 1 AS tick_start  -- once: lim is materialized
+           floor(random() * """ + _tick(_RING) + """)::int + 1
+               AS tick_start  -- once: lim is materialized
     FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
                 %(limited_rate)s::int[], %(limited_per)s::float8[],
                 %(limited_max_attempts)s::int[])
@@ -806,13 +851,14 @@ WITH lim AS MATERIALIZED (
 ), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
     scope="", source="lim", ring="''", n="%(limit)s") + """
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per kind
-    SELECT kind, rank, f.slot, t.slot AS tick FROM free AS f JOIN ticks AS t USING (kind, rank)
+    SELECT kind, rank, f.slot, t.slot AS tick, t.base
+    FROM free AS f JOIN ticks AS t USING (kind, rank)
 ), """ + _LIMITED_CANDIDATES.format(room="room") + """, picked AS MATERIALIZED (
-    SELECT c.id, c.kind, ''::text AS scope, r.slot, r.tick  -- the kind-wide ring's scope
+    SELECT c.id, c.kind, ''::text AS scope, r.slot, r.tick, r.base  -- the kind-wide scope
     FROM candidates AS c JOIN room AS r USING (kind, rank)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (""" + _TICKS_USED + """)
+), """ + _TICKS_USED + """
 """ + _CLAIM_PICKED.format(scopes="'{}'::text[]") + "\n"
 
 #: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
@@ -926,10 +972,10 @@ WITH RECURSIVE lim AS MATERIALIZED (
                 SELECT FROM pgpool_jobs AS r
                 WHERE r.kind = l.kind AND r.limit_scope = 'tenant:' || x.tenant
                   AND """ + _HOLDS_SLOT.format(r="r") + """ LIMIT l.concurrency) AS h),
-            CASE WHEN l.rate IS NOT NULL THEN (SELECT count(*) FROM (
-                SELECT FROM pgpool_limit_ticks AS t
+            CASE WHEN l.rate IS NOT NULL THEN (SELECT coalesce(sum(f.room), 0) FROM (
+                SELECT """ + _tick(_TICK_ROOM) + """ AS room FROM pgpool_limit_ticks AS t
                 WHERE t.kind = l.kind AND t.scope = 'tenant:' || x.tenant
-                  AND t.slot <= l.rate AND t.used_at <= now() - make_interval(secs => l.per)
+                  AND t.slot <= """ + _tick(_RING) + """ AND """ + _tick(_TICK_FREE) + """
                 LIMIT %(limit)s) AS f) END) END AS room
         OFFSET 0) AS g  -- not inlined: its subqueries run once per tenant, not per use
     WHERE x.tenant IS NOT NULL AND x.tenant IS DISTINCT FROM w.first AND w.n < %(walk)s
@@ -959,8 +1005,8 @@ WITH RECURSIVE lim AS MATERIALIZED (
                     OR EXISTS (SELECT FROM pgpool_limit_ticks AS t
                                WHERE t.kind = l.kind
                                  AND t.scope = 'key:' || coalesce(p.concurrency_key, '')
-                                 AND t.slot <= l.rate
-                                 AND t.used_at <= now() - make_interval(secs => l.per))
+                                 AND t.slot <= """ + _tick(_RING) + """
+                                 AND """ + _tick(_TICK_FREE) + """)
                     OR NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t  -- no ring yet
                                    WHERE t.kind = l.kind
                                      AND t.scope = 'key:' || coalesce(p.concurrency_key, '')
@@ -976,7 +1022,8 @@ WITH RECURSIVE lim AS MATERIALIZED (
 ), scopes AS MATERIALIZED (
     SELECT c.kind, c.scope, count(*)::int AS n, l.concurrency, l.rate, l.per,
            floor(random() * l.concurrency)::int AS start,
-           floor(random() * l.rate)::int + 1 AS tick_start  -- once: scopes is materialized
+           floor(random() * """ + _tick(_RING) + """)::int + 1
+               AS tick_start  -- once: scopes is materialized
     FROM ranked AS c JOIN lim AS l USING (kind)
     WHERE l.concurrency IS NULL
        OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
@@ -988,30 +1035,32 @@ WITH RECURSIVE lim AS MATERIALIZED (
 ), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
     scope=", l.scope", source="scopes", ring="l.scope", n="l.n") + """
 ), room AS MATERIALIZED (  -- the n-th free slot with the n-th tick, per scope
-    SELECT kind, scope, rank, f.slot, t.slot AS tick
+    SELECT kind, scope, rank, f.slot, t.slot AS tick, t.base
     FROM free AS f JOIN ticks AS t USING (kind, scope, rank)
 ), rings AS (  -- a ring for each scope walked or met without its last row, a bounded few
     INSERT INTO pgpool_limit_ticks (kind, scope, slot)
-    SELECT m.kind, m.scope, generate_series(1, m.rate)
-    FROM (SELECT s.kind, s.scope, l.rate,
-                 sum(l.rate) OVER (ORDER BY s.kind, s.scope) - l.rate AS before
+    SELECT m.kind, m.scope, generate_series(1, m.ring)
+    FROM (SELECT s.kind, s.scope, """ + _tick(_RING) + """ AS ring,
+                 sum(""" + _tick(_RING) + """) OVER (ORDER BY s.kind, s.scope)
+                 - """ + _tick(_RING) + """ AS before
           FROM (SELECT kind, 'tenant:' || tenant AS scope FROM walk WHERE n > 0
                 UNION SELECT kind, scope FROM ranked) AS s
           JOIN lim AS l USING (kind)
           WHERE l.rate IS NOT NULL
             AND NOT EXISTS (SELECT FROM pgpool_limit_ticks AS t
-                            WHERE t.kind = s.kind AND t.scope = s.scope AND t.slot = l.rate)
+                            WHERE t.kind = s.kind AND t.scope = s.scope
+                              AND t.slot = """ + _tick(_RING) + """)
             AND (l.by = 'tenant') = (s.scope LIKE 'tenant:%%')) AS m
     WHERE m.before < """ + str(RING_ROWS) + """
     ORDER BY 1, 2, 3
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), picked AS MATERIALIZED (
-    SELECT c.id, c.kind, c.scope, m.slot, m.tick
+    SELECT c.id, c.kind, c.scope, m.slot, m.tick, m.base
     FROM ranked AS c JOIN room AS m USING (kind, scope, rank)
     ORDER BY c.rank, c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-), used AS (""" + _TICKS_USED + """), claimed AS (
+), """ + _TICKS_USED + """, claimed AS (
 """ + _CLAIM_PICKED.format(scopes="ARRAY(SELECT scope FROM picked ORDER BY id)") + """
 )
 SELECT c.*, x.after, x.rings
@@ -1025,7 +1074,7 @@ LEFT JOIN claimed AS c ON true
 #: rows per kind of ``rate_kinds``, added unless there (never used: free at once).
 ENSURE_TICKS: Final = """
 INSERT INTO pgpool_limit_ticks (kind, slot)
-SELECT r.kind, generate_series(1, r.rate)
+SELECT r.kind, generate_series(1, """ + _tick(_RING, l="r") + """)
 FROM unnest(%(rate_kinds)s::text[], %(rates)s::int[]) AS r(kind, rate)
 ON CONFLICT DO NOTHING
 """

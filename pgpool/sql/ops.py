@@ -366,9 +366,10 @@ RESET_LIMIT: Final = "DELETE FROM pgpool_limits WHERE kind = %(kind)s RETURNING 
 #: The kinds with a limit in force (an override, or a registered host's code:
 #: ``pgpool_limits_in_force``, migration 24) or with jobs holding slots of a concurrency
 #: limit or rows of a rate's ring: each one's override (NULLs without one), when and by
-#: whom it was set, its running jobs that hold a slot, its rate rings' rows used in the
-#: last ``per`` seconds (the limit in force's per, else a second), its jobs due now, the
-#: limit in force (NULLs: none known), and of its jobs due now those waiting on it: past
+#: whom it was set, its running jobs that hold a slot, the jobs its rate rings' rows used
+#: in the last ``per`` seconds let start (the limit in force's per, else a second), its
+#: jobs due now, the limit in force (NULLs: none known), and of its jobs due now those
+#: waiting on it: past
 #: what it lets start within the fleet's target lag (``allowance``; as pgpool_queue_work
 #: counts them, over the kind's queues); then the override's scope
 #: (`pgpool.limits.OVERRIDE_BY`), and for a limit by tenant or by key, how many scopes are
@@ -379,7 +380,7 @@ LIMITS: Final = """
 SELECT k.kind, o.concurrency, o.rate, o.per, o.set_by, o.set_at,
        (SELECT count(*) FROM pgpool_jobs AS j
         WHERE j.kind = k.kind AND j.state = 'running' AND j.limit_attempt = j.attempts),
-       (SELECT count(*) FROM pgpool_limit_ticks AS t
+       (SELECT coalesce(sum(t.n), 0) FROM pgpool_limit_ticks AS t
         WHERE t.kind = k.kind
           AND t.used_at > now() - make_interval(secs => coalesce(f.per, 1))),
        d.ready, f.concurrency, f.rate, CASE WHEN f.rate IS NOT NULL THEN f.per END,
@@ -406,7 +407,7 @@ CROSS JOIN LATERAL (
                 WHERE j.kind = k.kind AND j.limit_scope IS NOT NULL
                   AND j.state = 'running' AND j.limit_attempt = j.attempts
                 UNION ALL
-                SELECT t.scope, 0, 1 FROM pgpool_limit_ticks AS t
+                SELECT t.scope, 0, t.n FROM pgpool_limit_ticks AS t
                 WHERE t.kind = k.kind AND t.scope <> ''
                   AND t.used_at > now() - make_interval(secs => coalesce(f.per, 1)))
                AS u(scope, running, used)

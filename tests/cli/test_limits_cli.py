@@ -97,9 +97,9 @@ def test_a_limit_by_tenant_is_set_and_its_busiest_tenants_listed(db: psycopg.Con
                    "limit_attempt = 1, limit_scope = 'tenant:' || tenant, limit_slot = s.n "
                    "FROM (SELECT id AS i, row_number() OVER (ORDER BY id) AS n FROM pgpool_jobs "
                    "WHERE tenant = %s LIMIT %s) AS s WHERE id = s.i", (tenant, running))
-    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
-               "VALUES ('sync', 'tenant:umbrella', 1, now()), ('sync', 'tenant:umbrella', 2, "
-               "now()), ('sync', 'tenant:umbrella', 3, now() - interval '1 hour')")
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at, n) "
+               "VALUES ('sync', 'tenant:umbrella', 1, now(), 1), ('sync', 'tenant:umbrella', "
+               "2, now(), 1), ('sync', 'tenant:umbrella', 3, now() - interval '1 hour', 1)")
     (use,) = ops.limits(db)
     assert (use.override.describe(), use.running, use.rate_used, use.scopes) == (
         "per tenant", 7, 2, 4)

@@ -138,8 +138,8 @@ def test_jobs_past_a_rate_wait_on_it_and_lag_only_from_when_it_had_room(db):
     pgpool.enqueue_many(db, "sync", [{} for _ in range(1000)])
     db.execute("UPDATE pgpool_jobs SET run_at = now() - interval '5 minutes'")
     # Its ring used up 10 s ago: the rate has no room for 50 s.
-    db.execute("INSERT INTO pgpool_limit_ticks (kind, slot, used_at) SELECT 'sync', n, "
-               "now() - interval '10 seconds' FROM generate_series(1, 10) AS n")
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, slot, used_at, n) SELECT 'sync', s, "
+               "now() - interval '10 seconds', 1 FROM generate_series(1, 10) AS s")
     row = wanted(db)
     # Within the 60 s target lag the rate starts 10: the other 990 wait on it.
     assert (row["ready"], row["waiting_on_limits"], row["lag_seconds"]) == (1000, 990, 0)

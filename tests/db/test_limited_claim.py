@@ -23,7 +23,7 @@ from pgpool.host.lease import Lease
 from pgpool.host.parts.retention import Retention
 from pgpool.limits import Override
 from pgpool.registry import Handler
-from pgpool.sql.jobs import SCOPE_WALK
+from pgpool.sql.jobs import RING_MAX, SCOPE_WALK
 
 #: How a host sets up its claim connections.
 CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), claims=True)
@@ -211,6 +211,62 @@ def test_a_rate_takes_at_most_r_in_a_window_however_claims_race(db: psycopg.Conn
                       ).fetchone()[0] == 7
 
 
+def test_a_rate_above_the_ring_is_exact_however_claims_race(db: psycopg.Connection,
+                                                           dsn: str) -> None:
+    """150 an hour: a ring of `RING_MAX` rows, two or three jobs each; racing claims of 50
+    take 150 in all, then 150 more a window later, and no more."""
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(400)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=150, per=3600)
+                    for n, pool in enumerate(pools)]
+        got = [await race(claimers, 50) for _ in range(3)]
+        db.execute("UPDATE pgpool_limit_ticks SET used_at = used_at - interval '1 hour'")
+        db.commit()
+        return [*got, *[await race(claimers, 50) for _ in range(3)]]
+
+    got = with_pools(dsn, 2, CLAIM_CONNECTION, work)
+    assert sum(got[:3]) == 150
+    assert sum(got[3:]) == 150
+    assert running(db) == 300
+    assert db.execute("SELECT count(*), sum(n) FROM pgpool_limit_ticks WHERE kind = 'lim'"
+                      ).fetchone() == (RING_MAX, 150)
+
+
+def test_claims_of_one_top_rows_up_and_take_exactly_the_rate(db: psycopg.Connection,
+                                                             dsn: str) -> None:
+    """130 an hour, claimed one job at a time: a row lets its next job start while it has
+    room (its episode goes on), so every one of the 130 is taken, and the 131st is not."""
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(140)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> int:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=130, per=3600)
+        return sum([len(await c.claim(1)) for _ in range(140)])
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == 130
+    caps = db.execute("SELECT array_agg(n ORDER BY slot) FROM pgpool_limit_ticks "
+                      "WHERE kind = 'lim'").fetchone()[0]
+    assert caps == [3, 3] + [2] * (RING_MAX - 2)  # 130 = 64 x 2 + 2
+
+
+def test_a_claim_under_a_high_rate_writes_one_row_of_its_ring(db: psycopg.Connection,
+                                                               dsn: str) -> None:
+    """What a rate never reached costs a claim of 50: one row of its ring written, not 50."""
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(100)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=100_000, per=1)
+        return [len(await c.claim(50)), len(await c.claim(50))]
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [50, 50]
+    assert db.execute("SELECT array_agg(n ORDER BY n) FROM pgpool_limit_ticks "
+                      "WHERE kind = 'lim' AND isfinite(used_at)").fetchone()[0] in ([100],
+                                                                                     [50, 50])
+
+
 def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Connection,
                                                                 dsn: str) -> None:
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])
@@ -282,6 +338,25 @@ def test_a_rate_by_tenant_holds_per_tenant_and_others_go_on(db: psycopg.Connecti
     assert running_per(db) == {"aaa": 6, "bbb": 5, "ccc": 5, "ddd": 2}
     assert db.execute("SELECT scope, count(*) FROM pgpool_limit_ticks GROUP BY 1 ORDER BY 1"
                       ).fetchall() == [(f"tenant:{t}", 3) for t in ("aaa", "bbb", "ccc", "ddd")]
+
+
+def test_a_rate_by_tenant_above_the_ring_is_exact_per_tenant(db: psycopg.Connection,
+                                                            dsn: str) -> None:
+    """100 an hour per tenant: each tenant's ring is `RING_MAX` rows, not 100, and racing
+    claims take exactly 100 of each tenant's 150."""
+    enqueue_tenants(db, {"acme": 150, "globex": 150})
+
+    async def work(pools: list[AsyncConnectionPool]) -> None:
+        claimers = [claimer(pool, f"host-{n}:1:aa", None, rate=100, per=3600, by="tenant")
+                    for n, pool in enumerate(pools)]
+        for _ in range(6):
+            await race(claimers, 40)
+
+    with_pools(dsn, 2, CLAIM_CONNECTION, work)
+    assert running_per(db) == {"acme": 100, "globex": 100}
+    assert db.execute("SELECT scope, count(*), sum(n) FROM pgpool_limit_ticks "
+                      "GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("tenant:acme", RING_MAX, 100), ("tenant:globex", RING_MAX, 100)]
 
 
 def test_tenants_past_one_claims_walk_get_theirs_from_the_next(db: psycopg.Connection,

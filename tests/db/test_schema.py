@@ -388,6 +388,37 @@ def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch)
         assert "(run_at) WHERE (state = 'scheduled'" in indexes["pgpool_jobs_scheduled"]
 
 
+@pytest.mark.own_schema
+def test_upgrade_folds_a_rings_rows_past_64_onto_the_first_keeping_the_window_counted(
+        dsn, monkeypatch):
+    # Before it, a rate of R was a ring of R rows, one job each. A ring of 200, 130 of
+    # them used 10 s ago (slots 1 to 130), and one of 3 used once.
+    index = next(i for i, m in enumerate(schema.MIGRATIONS)
+                 if m.description.startswith("a rate's ring is at most 64 rows"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with monkeypatch.context() as before:
+            before.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:index])
+            before.setattr(schema, "SCHEMA_VERSION", schema.MIGRATIONS[index - 1].version)
+            pgpool.migrate(conn)
+        conn.execute("INSERT INTO pgpool_limit_ticks (kind, slot, used_at) "
+                     "SELECT 'wide', s, CASE WHEN s <= 130 THEN now() - interval '10 seconds' "
+                     "ELSE '-infinity' END FROM generate_series(1, 200) AS s")
+        conn.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
+                     "VALUES ('small', 'tenant:a', 1, now()), ('small', 'tenant:a', 2, "
+                     "'-infinity'), ('small', 'tenant:a', 3, '-infinity')")
+        assert pgpool.migrate(conn) == after(schema.MIGRATIONS[index - 1].version)
+        rows = conn.execute("SELECT kind, count(*), sum(n), max(slot), "
+                            "count(*) FILTER (WHERE isfinite(used_at)) "
+                            "FROM pgpool_limit_ticks GROUP BY kind ORDER BY kind").fetchall()
+        # The 130 jobs of the window in progress still count (each folded row holds the
+        # jobs of its old rows); a ring of 64 or fewer rows is as it was.
+        assert rows == [("small", 3, 3, 3, 1), ("wide", 64, 130, 64, 64)]
+        # New rows stand for no job.
+        conn.execute("INSERT INTO pgpool_limit_ticks (kind, slot) VALUES ('new', 1)")
+        assert conn.execute("SELECT n FROM pgpool_limit_ticks WHERE kind = 'new'"
+                            ).fetchone() == (0,)
+
+
 # --- the migrations' files (pgpool/db/migrations) -----------------------------------------
 
 #: What migrations 1 to 19 applied when they were Python strings in schema.py: a digest of

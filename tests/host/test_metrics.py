@@ -157,8 +157,8 @@ def test_the_use_of_limits_is_exported(db, dsn):
                "limit_scope = 'tenant:' || tenant, limit_slot = s.slot "
                "FROM (SELECT id AS i, row_number() OVER (PARTITION BY tenant ORDER BY id) "
                "AS slot FROM pgpool_jobs WHERE kind = 'per.tenant') AS s WHERE id = s.i")
-    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
-               "VALUES ('per.tenant', 'tenant:b', 1, now())")
+    db.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at, n) "
+               "VALUES ('per.tenant', 'tenant:b', 1, now(), 1)")
     host, port = with_metrics(dsn, "--procs", "1")
     m = scrape(port)
     assert value(m, "pgpool_limit_in_use", kind="capped", limit="concurrency") == 2
