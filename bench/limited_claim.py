@@ -13,7 +13,7 @@ would; until the table is empty. None reaches its limit:
 - ``concurrency``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a
   host claims a kind-wide concurrency limit without a rate;
 - ``rate``: `sql.CLAIM_LIMITED`, prepared: ``Limit(rate=100_000, per=1)``, as a host
-  claims a kind-wide limit with a rate (its ring of 100,000 rows made first);
+  claims a kind-wide limit with a rate (its ring made first: `sql.RING_MAX` rows);
 - ``concurrency_planned`` and ``rate_planned``: `sql.CLAIM_LIMITED` for the same limits,
   planned for its values at each claim, as hosts claimed them before.
 
@@ -115,8 +115,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with session(args.dsn, progress) as s:
         s.conn.execute("INSERT INTO pgpool_jobs (kind, payload) "
                        "SELECT 'k', '{}' FROM generate_series(1, %s)", (args.jobs,))
-        s.conn.execute("INSERT INTO pgpool_limit_ticks (kind, slot) "
-                       "SELECT 'k', generate_series(1, 100000)")
+        s.conn.execute(sql.ENSURE_TICKS, {"rate_kinds": ["k"], "rates": [100_000]})
         s.conn.execute("VACUUM ANALYZE pgpool_jobs, pgpool_limit_ticks")
         progress.step(f"claiming {args.jobs:,} jobs {args.batch} at a time, "
                      f"{len(WAYS)} ways in turns")

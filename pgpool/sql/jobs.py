@@ -685,6 +685,11 @@ _FREE_SLOTS: Final = """
     SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l
     WHERE l.concurrency IS NULL"""
 
+#: How many rows of a ring ``l`` give ``{n}`` jobs when each is free whole: ``n`` over its
+#: rows' smallest cap, rounded up (one row a job for a ring of caps 1).
+_ROWS_FOR: Final = ("({n} + l.rate / " + _tick(_RING) + " - 1) / (l.rate / " + _tick(_RING)
+                    + ")")
+
 #: The room of each ``source`` row's rate ring (``ring``: its scope), for up to ``n`` jobs,
 #: numbered 1.. in ``rank``: one row per job, each with ``slot``, the ring's row that lets
 #: it start, and ``base``, that row's count before this claim (0 for a row whose episode
@@ -705,7 +710,7 @@ _FREE_TICKS: Final = """
                   AND t.slot >= l.tick_start AND t.slot <= """ + _tick(_RING) + """
                   AND """ + _tick(_TICK_FREE) + """
                 ORDER BY t.slot
-                LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int
+                LIMIT """ + _ROWS_FOR + """
                 FOR UPDATE SKIP LOCKED) AS upper
             UNION ALL
             SELECT * FROM (
@@ -713,9 +718,9 @@ _FREE_TICKS: Final = """
                 WHERE t.kind = l.kind AND t.scope = {ring} AND t.slot < l.tick_start
                   AND """ + _tick(_TICK_FREE) + """
                 ORDER BY t.slot
-                LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int
+                LIMIT """ + _ROWS_FOR + """
                 FOR UPDATE SKIP LOCKED) AS lower
-            LIMIT ceil({n}::float8 / (l.rate / """ + _tick(_RING) + """))::int) AS t) AS t
+            LIMIT """ + _ROWS_FOR + """) AS t) AS t
     WHERE l.rate IS NOT NULL
     UNION ALL
     SELECT l.kind{scope}, NULL, NULL, generate_series(1, {n}) FROM {source} AS l
