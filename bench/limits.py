@@ -15,10 +15,13 @@ kind has, none reached:
 - ``unlimited``: none; the plain claim, as every kind without a limit (the fair claim
   with ``--tenants``);
 - ``concurrency``: ``Limit(concurrency=1_000_000)``: the limited claim, a slot per job;
-- ``rate``: ``Limit(rate=100_000, per=1)``: the limited claim, a ring row per job;
+- ``rate``: ``Limit(rate=100_000, per=1)``: the limited claim, a ring row per claim (its
+  64 rows each let 1,562 jobs start in a window);
 - ``tenant_concurrency``, ``tenant_rate``: the same ``by="tenant"`` (the rate 1,000 a
-  second per tenant: a ring of R rows per tenant, and 40,000 jobs over 50 tenants come to
-  a fraction of that): the scoped claim, a slot or ring row of the job's tenant per job.
+  second per tenant, and 40,000 jobs over 50 tenants come to a fraction of that): the
+  scoped claim, a slot per job and a ring row per tenant a claim meets;
+- ``tenant_rate_high``: ``Limit(rate=100_000, per=1, by="tenant")``, the largest rate
+  there is, per tenant: each tenant's ring is 64 rows however high the rate.
 
 They take turns, in a new order each round. Per drain: jobs/s over the host's whole run
 (start-up included, the same for all), and the CPU its processes used per job.
@@ -72,7 +75,8 @@ from pgpool.bench.jobs import KIND, STAMPS_ENV
 #: bench/limitjobs.py's notation.
 VARIANTS: Final = {"unlimited": None, "concurrency": "concurrency:1000000",
                    "rate": "rate:100000/1", "tenant_concurrency": "concurrency:1000000@tenant",
-                   "tenant_rate": "rate:1000/1@tenant"}
+                   "tenant_rate": "rate:1000/1@tenant",
+                   "tenant_rate_high": "rate:100000/1@tenant"}
 
 #: The per-tenant check's claims, noted by a trigger on the scratch schema's pgpool_jobs.
 NOTE_CLAIMS: Final = """

@@ -20,13 +20,17 @@ Where a limit goes::
                slots until the reaper returns its expired jobs, and the worker fence
                (pgpool.worker.fence) ends its workers before that lease can expire: never
                N+1 running, also while hosts crash, freeze or are fenced;
-             rate: a ring of R rows per kind (pgpool_limit_ticks), each the last time a
-               claim used it; a job is claimed only with a row last used ``per`` seconds
-               ago or more, which the claim sets to now(). Each row is used at most once
-               in any window of ``per`` seconds, so at most R jobs are claimed in one: an
-               exact sliding window, not a token bucket (whose burst lets 2R through in a
-               window that straddles a refill), and no counter every claim must wait on:
-               claims take rows FOR UPDATE SKIP LOCKED, racing claims take different ones.
+             rate: a ring of min(R, 64) rows per kind (pgpool_limit_ticks), each letting
+               its share of R start in an episode (one job a row up to R = 64): a claim
+               takes a job only with a row whose episode is over (last used ``per``
+               seconds ago or more) or not yet full, and sets its use to now() and its
+               count to the jobs of the episode. A row's episode holds its share at most
+               and the next begins ``per`` seconds after the last of them, so any window
+               of ``per`` seconds holds one episode of each row at most: at most R jobs
+               claimed in one, an exact sliding window, not a token bucket (whose burst
+               lets 2R through in a window that straddles a refill), and no counter every
+               claim must wait on: claims take rows FOR UPDATE SKIP LOCKED, racing claims
+               take different ones, and a claim of 50 under a high rate writes one row.
                Judged at the claim, on the server's clock (``now()``); a job starts a
                moment later in its worker, so start times can bunch by that moment.
 
@@ -41,8 +45,8 @@ value on its own (a job's tenant, or its key; the jobs without one share a scope
       -> per scope: its free slots (pgpool_jobs.limit_scope, limit_slot: the unique index
          pgpool_jobs_limit_scoped_running holds one running job per (kind, scope, slot))
          and its ring's free rows (pgpool_limit_ticks, scope), locked as for a kind
-      -> a scope without a ring gets one (R rows), which the claimer's next claim (at
-         once) uses;
+      -> a scope without a ring gets one (min(R, 64) rows), which the claimer's next
+         claim (at once) uses;
          the maintenance leader deletes the rings unused for a day (`MAX_PER`)
 
 A limit never touches a kind without one: its jobs are claimed by the same statements as
@@ -70,8 +74,8 @@ OVERRIDE_BY: Final = tuple(_OVERRIDDEN_BY)
 
 #: The largest concurrency limit: a slot number is a PostgreSQL integer.
 MAX_CONCURRENCY: Final = 2**31 - 1
-#: The largest rate: a rate is a ring of that many rows, each read by the claims.
-MAX_RATE: Final = 100_000
+#: The largest rate: a PostgreSQL integer (its ring is 64 rows however high the rate).
+MAX_RATE: Final = 2**31 - 1
 #: The shortest and longest window of a rate, seconds: shorter than a claim's round trips
 #: means nothing, and a day is the longest quota a partner's API sets.
 MIN_PER: Final = 0.01

@@ -98,7 +98,7 @@ from .parts.heartbeat import Heartbeat
 from .parts.hosts import HostRegistry, Pruner
 from .parts.leader import Fenced, Leadership, elect
 from .parts.listener import Listener
-from .parts.loop import Part, stop_tasks
+from .parts.loop import Part
 from .parts.periodic import Periodic
 from .parts.reaper import Reaper
 from .parts.retention import Retention
@@ -106,6 +106,7 @@ from .parts.stager import Stager
 from .pool import Launched, WorkerPool
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
 from .summary import RunTimes, Summary
+from .tasks import stop_tasks
 
 if TYPE_CHECKING:
     # Imported where a host serves /metrics (`_bind_metrics`): prometheus_client is a

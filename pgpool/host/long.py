@@ -32,7 +32,7 @@ from ..sql import long as sql
 from ..sql.common import int_array
 from ..worker import ipc
 from .attempt import Job
-from .parts.loop import stop_tasks
+from .tasks import stop_tasks
 
 log = logging.getLogger("pgpool.long")
 

@@ -622,9 +622,10 @@ SELECT count(*) FROM gone
 #: Tenants the scoped claim (`CLAIM_SCOPED`) walks in each (queue, kind) pair at most: a
 #: bound on what one claim reads, about four index descents each.
 SCOPE_WALK: Final = 100
-#: Rows of new rings one scoped claim writes at most (past one ring): a rate of R per
-#: tenant is R rows per tenant, and a hundred new tenants at R = 100,000 would be ten
-#: million rows in one claim. The tenants left get theirs from the next claims.
+#: Rows of new rings one scoped claim writes at most (past one ring): a ring is
+#: `RING_MAX` rows at most, and a claim meets `SCOPE_WALK` tenants walked and those of the
+#: keys it meets, so this bounds a claim that meets many new keys. The scopes left get
+#: theirs from the next claims.
 RING_ROWS: Final = 10_000
 
 #: Rows a rate's ring has at most: a rate of R is min(R, RING_MAX) rows, and each row lets

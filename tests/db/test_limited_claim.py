@@ -23,7 +23,7 @@ from pgpool.host.lease import Lease
 from pgpool.host.parts.retention import Retention
 from pgpool.limits import Override
 from pgpool.registry import Handler
-from pgpool.sql.jobs import RING_MAX, SCOPE_WALK
+from pgpool.sql.jobs import RING_MAX, RING_ROWS, SCOPE_WALK
 
 #: How a host sets up its claim connections.
 CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), claims=True)
@@ -357,6 +357,31 @@ def test_a_rate_by_tenant_above_the_ring_is_exact_per_tenant(db: psycopg.Connect
     assert db.execute("SELECT scope, count(*), sum(n) FROM pgpool_limit_ticks "
                       "GROUP BY 1 ORDER BY 1").fetchall() == [
         ("tenant:acme", RING_MAX, 100), ("tenant:globex", RING_MAX, 100)]
+
+
+def test_a_claim_makes_rings_of_ring_rows_at_most_and_the_next_claims_the_rest(
+        db: psycopg.Connection, dsn: str) -> None:
+    """200 new keys at 64 an hour each: a ring of 64 rows per key, `RING_ROWS` rows of new
+    rings a statement at most (157 rings: the one that crosses the bound is made whole). A
+    scope's jobs are claimed once its ring is there: the claimer runs a claim that made
+    rings once more at once (157 jobs, and the 43 rings left), and the next claim takes
+    the rest."""
+    for i in range(200):
+        pgpool.enqueue(db, "lim", {"i": i}, concurrency_key=f"key{i:03}")
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[tuple[int, int]]:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=RING_MAX, per=3600,
+                    by="concurrency_key")
+        got = []
+        for _ in range(3):
+            claimed = len(await c.claim(1000))
+            got.append((claimed, db.execute("SELECT count(DISTINCT scope) FROM "
+                                            "pgpool_limit_ticks").fetchone()[0]))
+        return got
+
+    rings = -(-RING_ROWS // RING_MAX)  # the ring that crosses the bound is made whole
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [(rings, 200), (200 - rings, 200),
+                                                          (0, 200)]
 
 
 def test_tenants_past_one_claims_walk_get_theirs_from_the_next(db: psycopg.Connection,

@@ -62,7 +62,8 @@ from psycopg_pool import AsyncConnectionPool
 from ...logs import event
 from ...sql import fleet as sql
 from ..lease import Lease
-from .loop import Loop, LoopPart, Part, stop_tasks
+from ..tasks import stop_tasks
+from .loop import Loop, LoopPart, Part
 
 log = logging.getLogger("pgpool.leader")
 

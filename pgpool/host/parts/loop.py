@@ -27,26 +27,6 @@ from ...db.outage import Failures
 EXPECTED: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
 
 
-async def stop_tasks(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel each of ``tasks`` once and wait until all have ended, their errors dropped.
-
-    A cancel of the caller meanwhile waits until then and is raised after: a task
-    cancelled twice while psycopg cancels its query on the server gives that up, drops the
-    connection and logs a warning.
-    """
-    for task in tasks:
-        task.cancel()
-    ending = asyncio.gather(*tasks, return_exceptions=True)
-    interrupted = False
-    while not ending.done():
-        try:
-            await asyncio.shield(ending)
-        except asyncio.CancelledError:
-            interrupted = True
-    if interrupted:
-        raise asyncio.CancelledError
-
-
 class Connections(Protocol):
     """Where a part gets its connections: the dispatcher's pool, or an elected part's
     fenced transactions (`pgpool.host.parts.leader.Fenced`)."""
