@@ -10,7 +10,7 @@ its worker processes, heartbeats their leases and writes their outcomes back.
 `dispatcher` builds and supervises the rest (its docstring draws a job's path in full);
 `attempt` holds what the host knows of a claimed job (`Job`) and how its attempt ended
 (`AttemptEnd`); `tasks` stops the host's asyncio tasks, each cancelled once. Only
-`dispatcher` imports the side parts (`pgpool.host.parts`). This wing
-imports the worker's (`pgpool.worker`: the processes it starts and their messages), the
-database's (`pgpool.db`) and the application API, never a front end.
+`dispatcher` imports the side parts (`pgpool.host.parts`). This wing imports the worker's
+(`pgpool.worker`: the processes it starts and their messages), the database's
+(`pgpool.db`) and the application API, never a front end.
 """

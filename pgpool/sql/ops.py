@@ -369,9 +369,8 @@ RESET_LIMIT: Final = "DELETE FROM pgpool_limits WHERE kind = %(kind)s RETURNING 
 #: whom it was set, its running jobs that hold a slot, the jobs its rate rings' rows used
 #: in the last ``per`` seconds let start (the limit in force's per, else a second), its
 #: jobs due now, the limit in force (NULLs: none known), and of its jobs due now those
-#: waiting on it: past
-#: what it lets start within the fleet's target lag (``allowance``; as pgpool_queue_work
-#: counts them, over the kind's queues); then the override's scope
+#: waiting on it: past what it lets start within the fleet's target lag (``allowance``;
+#: as pgpool_queue_work counts them, over the kind's queues); then the override's scope
 #: (`pgpool.limits.OVERRIDE_BY`), and for a limit by tenant or by key, how many scopes are
 #: in use (holding slots, or with rows of their ring used in that period) and the ``top``
 #: busiest of them, each [scope, running, rate used], busiest first: bounded, however many
