@@ -179,6 +179,7 @@ class SlowToStop(LoopPart):
 
     def __init__(self) -> None:
         self.running = asyncio.Event()
+        self.stopping = asyncio.Event()
         self.ended_cleanly: bool | None = None
         self._loop = Loop(logging.getLogger("test"), "slow to stop", interval=0.01)
 
@@ -187,6 +188,7 @@ class SlowToStop(LoopPart):
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
+            self.stopping.set()
             try:
                 await asyncio.sleep(0.2)
             except asyncio.CancelledError:
@@ -206,7 +208,7 @@ def test_a_host_stopping_as_its_term_ends_cancels_the_elected_part_once(db, dsn)
         await a.step()
         await part.running.wait()
         a.end("this host is stopping")
-        await asyncio.sleep(0.05)  # the part is cancelled and still stopping
+        await part.stopping.wait()  # the part is cancelled and still stopping
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
         assert runner.cancelled()
