@@ -323,13 +323,19 @@ def _long(job: ops.LiveJob, now: datetime, with_payload: bool) -> list[tuple[str
 
 def _progress(progress: outcomes.Progress, now: datetime, width: int = 60) -> str:
     """``done/total (percent)``, the note, and how old the report is."""
-    done = f"{progress.done:g}"
+    done = _amount(progress.done)
     if progress.total is not None:
-        done += f"/{progress.total:g}"
+        done += f"/{_amount(progress.total)}"
         if progress.fraction is not None:
             done += f" ({progress.fraction:.0%})"
     note = f" {_clip(progress.note, width)}" if progress.note else ""
     return f"{done}{note}, {_ago(progress.at, now)}"
+
+
+def _amount(value: float) -> str:
+    """A progress count as a reader takes it in: a whole number in full, with thousands
+    separators (1,026,671, not 1.02667e+06), anything else to six significant digits."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.6g}"
 
 
 def _groups(job: ops.LiveJob | ops.DoneJob, now: datetime) -> list[tuple[str, object]]:

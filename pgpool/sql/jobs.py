@@ -646,8 +646,12 @@ _TICK_CAP: Final = ("({l}.rate / " + _RING + " + ({t}.slot <= {l}.rate %% " + _R
 _TICK_OVER: Final = "{t}.used_at <= now() - make_interval(secs => {l}.per)"
 
 #: Whether a row ``{t}`` of ``{l}``'s ring lets a job start now: its episode is over, or has
-#: room left (a row is topped up, and its episode runs on, until it holds its cap).
-_TICK_FREE: Final = "(" + _TICK_OVER + " OR {t}.n < " + _TICK_CAP + ")"
+#: room left (a row is topped up, and its episode runs on, until it holds its cap) and
+#: was last used no later than this claim's now(): a claim whose transaction began before
+#: the episode's last (or first) job must not join it, or its jobs could fall in the
+#: window of the row's previous episode, and its stamp would move the row back in time.
+_TICK_FREE: Final = ("(" + _TICK_OVER + " OR ({t}.n < " + _TICK_CAP
+                     + " AND {t}.used_at <= now()))")
 
 #: How many jobs a row ``{t}`` of ``{l}``'s ring lets start now (0 or more when free).
 _TICK_ROOM: Final = ("CASE WHEN " + _TICK_OVER + " THEN " + _TICK_CAP + " ELSE "
@@ -729,9 +733,10 @@ _FREE_TICKS: Final = """
 
 #: The rows of the rings a limited claim used (``picked``: kind, scope, tick, base; tick
 #: NULL for a kind without a rate), in ``taken`` with how many jobs each let start, and
-#: ``used``: each stamped now() with its count. Looked up by key through arrays, as the
-#: jobs are (`_CLAIM_PICKED`): joined to the ring instead, a generic plan hashed the whole
-#: ring at every claim. Goes after ``picked`` in a WITH list.
+#: ``used``: each stamped now() with its count (never back in time: `_TICK_FREE`). Looked
+#: up by key through arrays, as the jobs are (`_CLAIM_PICKED`): joined to the ring
+#: instead, a generic plan hashed the whole ring at every claim. Goes after ``picked`` in
+#: a WITH list.
 _TICKS_USED: Final = """taken AS MATERIALIZED (
     SELECT kind, scope, tick, min(base) AS base, count(*)::int AS jobs FROM picked
     WHERE tick IS NOT NULL GROUP BY kind, scope, tick

@@ -267,6 +267,40 @@ def test_a_claim_under_a_high_rate_writes_one_row_of_its_ring(db: psycopg.Connec
                                                                                      [50, 50])
 
 
+@pytest.mark.soak  # 2.5 s of claims against the clock: `make soak-test`
+def test_a_rate_above_the_ring_holds_in_every_real_window_while_claims_race(
+        db: psycopg.Connection, dsn: str) -> None:
+    """130 a second (rows of 3 and 2), three claimers on their own connections claiming
+    batches of 1 to 40 as fast as they can for 2.5 s: in no one-second window of the
+    claims' own times (``claimed_at``, the server's clock, as the ring's) more than 130,
+    and the rate used (more than two windows' worth claimed)."""
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2000)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> None:
+        async def claim_for(c: Claimer, seed: int) -> None:
+            loop = asyncio.get_running_loop()
+            until, batch = loop.time() + 2.5, seed
+            while loop.time() < until:
+                batch = batch * 7 % 40 + 1  # 1 to 40, varied
+                await c.claim(batch)
+
+        await asyncio.gather(*(claim_for(claimer(pool, f"host-{n}:1:aa", None, rate=130),
+                                         n + 1)
+                               for n, pool in enumerate(pools)))
+
+    with_pools(dsn, 3, CLAIM_CONNECTION, work)
+    most, claimed = db.execute(
+        "SELECT max(w.n), (SELECT count(*) FROM pgpool_jobs WHERE state = 'running') "
+        "FROM pgpool_jobs AS j CROSS JOIN LATERAL ("
+        "  SELECT count(*) AS n FROM pgpool_jobs AS o WHERE o.state = 'running' "
+        "    AND o.claimed_at >= j.claimed_at "
+        "    AND o.claimed_at < j.claimed_at + interval '1 second') AS w "
+        "WHERE j.state = 'running'").fetchone()
+    assert most <= 130, most
+    assert claimed > 260, claimed
+
+
 def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Connection,
                                                                 dsn: str) -> None:
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])

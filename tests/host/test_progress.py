@@ -32,18 +32,20 @@ def test_progress_is_seen_while_the_job_runs(db, dsn, tmp_path: Path, web):
                    "progress written")
         first = pgpool.job_status(db, job_id).progress
         assert first is not None and first.total == TOTAL and 0 < first.done < TOTAL
-        assert first.note == f"frame {first.done:g}"
+        assert first.note == f"frame {first.done:.0f}"
         wait_until(lambda: pgpool.job_status(db, job_id).progress.at > first.at,
                    "a later beat wrote the progress again")
         later = pgpool.job_status(db, job_id).progress
         assert later.done > first.done
 
         shown = run_pgpool(dsn, "jobs", "show", str(job_id)).stdout
-        assert re.search(r"\n  progress    \d+/1e\+09 \(0%\) frame \d+, [\d.]+m?s ago\n",
-                         shown), shown
+        # Whole counts in full, however large: 1,026,671/1,000,000,000, not 1.02667e+06/1e+09.
+        assert re.search(r"\n  progress    \d{1,3}(,\d{3})*/1,000,000,000 \(0%\) frame \d+, "
+                         r"[\d.]+m?s ago\n", shown), shown
         listed = run_pgpool(dsn, "jobs", "--state", "running").stdout.splitlines()
         assert listed[0].split()[-1] == "PROGRESS"
-        assert re.search(r"\d+/1e\+09 \(0%\) frame \d+, [\d.]+m?s ago$", listed[1])
+        assert re.search(r"\d{1,3}(,\d{3})*/1,000,000,000 \(0%\) frame \d+, [\d.]+m?s ago$",
+                         listed[1]), listed[1]
 
         _, base = web()
         with urllib.request.urlopen(f"{base}/api/jobs?state=running") as answer:

@@ -5,11 +5,12 @@
 -- A rate of R is a ring of min(R, 64) rows (pgpool.sql.jobs.RING_MAX). A row lets `cap`
 -- jobs start in an episode (R over the rows, the first R mod 64 one more: the caps add up
 -- to R). A claim may take a row whose episode is over (last used `per` seconds ago or
--- more: n starts again from 0) or top it up while n < cap; either way it sets used_at to
--- now() and n to the jobs the episode let start. An episode starts no job once its row is
--- full, and the row's next episode begins `per` seconds after its last job, so any window
--- of `per` seconds holds jobs of one episode per row at most: at most R jobs, still an
--- exact bound. A rate of 64 or less is one job a row, as before.
+-- more: n starts again from 0) or top it up while n < cap (a claim whose now() is not
+-- before the row's last use); either way it sets used_at to now() and n to the jobs the
+-- episode let start. An episode starts no job once its row is full, its jobs start no
+-- earlier than its first, and the row's next episode begins `per` seconds after its last
+-- job, so any window of `per` seconds holds jobs of one episode per row at most: at most
+-- R jobs, still an exact bound. A rate of 64 or less is one job a row, as before.
 -- The rows there are each stood for one job; new rows, never used, for none.
 ALTER TABLE pgpool_limit_ticks ADD COLUMN n integer NOT NULL DEFAULT 1 CHECK (n >= 0);
 ALTER TABLE pgpool_limit_ticks ALTER COLUMN n SET DEFAULT 0;
