@@ -62,6 +62,8 @@ PGPOOL_JOBS: Final = Queue(REMAINING, MARKERS, "ready")
 #: Seconds without progress (or, once drained, without the processes exiting) that fail
 #: the run.
 STALL: Final = 60.0
+#: Seconds between looks at a draining host's progress (`drain_to_exit`).
+POLL: Final = 1.0
 #: The largest `pgpool run --max-claims-per-sec` accepts: a budget a drain never meets.
 UNTHROTTLED: Final = 10_000_000
 
@@ -209,7 +211,7 @@ def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, 
         started = time.perf_counter()
         host = start_pgpool_run(dsn, procs, batch, log, handlers, **env)
         with killed_on_exit([host]):
-            expect_exit(host, log)
+            drain_to_exit(host, log, conn)
         seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if remaining(conn):
@@ -291,6 +293,28 @@ def expect_exit(proc: subprocess.Popen[Any], log: IO[bytes], title: str = PGPOOL
                          "drained") from None
     if status != 0:
         raise BenchError(f"{title} exited with status {status}: {last_line(log)}")
+
+
+def drain_to_exit(proc: subprocess.Popen[Any], log: IO[bytes], conn: psycopg.Connection,
+                  title: str = PGPOOL_RUN) -> None:
+    """Wait for the burst host ``proc`` to drain the table and exit 0: `BenchError` if no
+    job leaves the table for `STALL` seconds, or once none is left, if ``proc`` does not
+    exit within `STALL` seconds more (`expect_exit`). A drain may take as long as it
+    takes while it moves."""
+    left, moved = remaining(conn), time.monotonic()
+    while left:
+        try:
+            proc.wait(POLL)
+        except subprocess.TimeoutExpired:
+            now_left = remaining(conn)
+            if now_left < left:
+                left, moved = now_left, time.monotonic()
+            elif time.monotonic() - moved > STALL:
+                raise BenchError(f"{title} drained no job for {STALL:g}s, {left:,} left "
+                                 f"(its log: {log.name})") from None
+        else:
+            break
+    expect_exit(proc, log, title)
 
 
 @contextmanager

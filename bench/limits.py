@@ -59,8 +59,8 @@ from drains import (  # bench/ is on the path: this script's directory
     Parser,
     add_drain_options,
     at_least,
+    drain_to_exit,
     drains_in_turns,
-    expect_exit,
     killed_on_exit,
     script_main,
     session,
@@ -162,7 +162,7 @@ def rate_overshoot(conn: psycopg.Connection, dsn: str, tmp: Path,
                                 PGPOOL_BENCH_LIMIT=f"rate:{args.rate}/1",
                                 **{STAMPS_ENV: str(stamps)})
         with killed_on_exit([host]):
-            expect_exit(host, log)
+            drain_to_exit(host, log, conn)
         seconds = time.perf_counter() - started
     starts = sorted(int(line) / 1e9 for line in stamps.read_text().split())
     if len(starts) != args.rated_jobs:
@@ -193,7 +193,7 @@ def tenant_rates(conn: psycopg.Connection, scratch: Any, tmp: Path,
                                     PYTHONPATH=str(Path(__file__).parent),
                                     PGPOOL_BENCH_LIMIT=f"rate:{rate}/1@tenant")
             with killed_on_exit([host]):
-                expect_exit(host, log)
+                drain_to_exit(host, log, conn)
             seconds = time.perf_counter() - started
         claims: dict[str, list[float]] = {}
         for tenant, at in conn.execute("SELECT tenant, at FROM bench_claims ORDER BY at"):
