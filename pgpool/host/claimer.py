@@ -209,6 +209,7 @@ class Claimer:
         self._params["kinds"] = kinds
         self._params["kind_max_attempts"] = int_array(self._max_attempts[k] for k in kinds)
         self._limited_kinds = limited
+        self._limited_set = frozenset(limited)
         whole = [k for k in limited if limits[k].by is None]
         scoped = [k for k in limited if limits[k].by is not None]
         self._limited = self._limit_params("limited", whole, limits)
@@ -238,6 +239,11 @@ class Claimer:
             "owner": self._owner,
             "lease": self._lease.seconds,
         }
+
+    @property
+    def limited_kinds(self) -> frozenset[str]:
+        """The kinds claimed with a limit now: their jobs hold a slot or a rate's row."""
+        return self._limited_set
 
     @property
     def rtt(self) -> float:

@@ -293,8 +293,16 @@ class WorkerPool:
 
     # --- work in --------------------------------------------------------------------------
 
-    def submit(self, jobs: list[Job]) -> None:
-        self._backlog.extend(jobs)
+    def submit(self, jobs: list[Job], ahead: Sequence[Job] = ()) -> None:
+        """Queue ``jobs`` for the workers, those of ``ahead`` (some of them) before the whole
+        backlog: a job that holds a slot of a fleet-wide limit keeps it from every host
+        while it waits here, so it goes next."""
+        if ahead:
+            first = {id(job) for job in ahead}
+            self._backlog.extendleft(reversed(ahead))
+            self._backlog.extend(job for job in jobs if id(job) not in first)
+        else:
+            self._backlog.extend(jobs)
         self._assign()
 
     @property

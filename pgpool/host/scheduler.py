@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Literal, Protocol
 
 import psycopg
@@ -97,6 +97,8 @@ class ClaimSource(Protocol):
     def rtt(self) -> float: ...
     @property
     def found_none(self) -> bool: ...
+    @property
+    def limited_kinds(self) -> frozenset[str]: ...
     async def claim(self, limit: int) -> list[Job]: ...
     def sweep_next(self) -> None: ...
     async def running(self) -> tuple[int, float]: ...
@@ -107,7 +109,7 @@ class Workers(Protocol):
     def held(self) -> int: ...
     @property
     def job_seconds(self) -> float: ...
-    def submit(self, jobs: list[Job]) -> None: ...
+    def submit(self, jobs: list[Job], ahead: Sequence[Job] = ()) -> None: ...
 
 
 class AckBacklog(Protocol):
@@ -314,7 +316,9 @@ class ClaimScheduler:
             self.acks.max_batch = self.sizer.update(self.claimer.rtt,
                                                     self.workers.job_seconds)
         if jobs:
-            self.workers.submit(jobs)
+            limited = self.claimer.limited_kinds
+            self.workers.submit(jobs, [job for job in jobs if job.kind in limited]
+                                if limited else ())
             self._reaped_for_burst = self._waiting_for_others = False
         self._backlog = len(jobs) == want
         if len(jobs) == want:

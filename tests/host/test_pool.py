@@ -655,3 +655,15 @@ def test_with_on_cpu_each_attempt_reports_the_cpu_it_and_its_waited_children_use
     assert cpu[1] >= 0.2, cpu  # its own spin
     assert cpu[2] < 0.1, cpu  # a sleep uses next to none
     assert cpu[3] >= 0.2, cpu  # its child's spin
+
+
+def test_jobs_that_hold_a_limits_slot_go_ahead_of_the_backlog() -> None:
+    """A job of a limited kind holds a fleet-wide slot while it waits in a host's backlog:
+    `submit` puts those of ``ahead`` first, before every job claimed earlier, and the rest
+    behind, in their order. (No worker is started: the backlog is what is left to send.)"""
+    pool = WorkerPool(procs=1, modules=[], on_outcome=print, on_returned=print,
+                      on_fatal=print)
+    pool.submit([job(1, "a"), job(2, "a")])
+    claimed = [job(3, "a"), job(4, "lim"), job(5, "a"), job(6, "lim")]
+    pool.submit(claimed, [claimed[1], claimed[3]])
+    assert [j.id for j in pool.held_jobs()] == [4, 6, 1, 2, 3, 5]

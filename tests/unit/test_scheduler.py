@@ -9,7 +9,7 @@ backstop is set to an hour, so a loop that claims did so because something woke 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import pytest
@@ -37,6 +37,8 @@ class FakeClaimer:
         self.gate: asyncio.Event | None = None
         self.in_flight = 0
         self.rtt = 0.002
+        #: The kinds claimed with a limit (none here).
+        self.limited_kinds: frozenset[str] = frozenset()
         #: Jobs of this host's kinds that other hosts are running.
         self.elsewhere = 0
         #: The last claim found nothing ready at all.
@@ -73,7 +75,7 @@ class FakeWorkers:
     def held(self) -> int:
         return len(self.jobs)
 
-    def submit(self, jobs: list[Job]) -> None:
+    def submit(self, jobs: list[Job], ahead: Sequence[Job] = ()) -> None:
         self.jobs.extend(jobs)
 
 
