@@ -89,9 +89,10 @@ def test_short_cpu_jobs_are_held_to_their_own_target(dsn: str, db: psycopg.Conne
     [r] = report["rounds"]
     for side in ("loop", "pgpool"):
         f = r[side]
-        # Calibrated to about 0.5 ms on this host, timed here: within a loaded machine's
-        # reach of it, and the reference is procs over that time.
-        assert 0.0001 < f["job_seconds"] < 0.005
+        # Calibrated to about 0.5 ms on this host, timed here: within ten times of it either
+        # way, a loaded machine's reach (a calibration slowed by other work makes the job
+        # short: 0.09 ms once in CI's soak tier), and the reference is procs over that time.
+        assert 0.00005 < f["job_seconds"] < 0.005
         assert f["reference_jobs_per_s"] == 2 / f["job_seconds"]
         assert f["to_reference"] == f["jobs_per_s"] / f["reference_jobs_per_s"]
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
