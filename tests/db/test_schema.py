@@ -361,23 +361,31 @@ def test_a_migration_gives_up_with_one_clear_error_while_the_lock_stays_taken(
                       ).fetchone() == (schema.MIGRATIONS[-2].version,)
 
 
+def migrate_to_before(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch,
+                      description: str) -> int:
+    """Migrate ``conn``'s installation up to the migration whose description starts with
+    ``description``, not that one: the version it has then."""
+    index = next(i for i, m in enumerate(schema.MIGRATIONS)
+                 if m.description.startswith(description))
+    with monkeypatch.context() as before:
+        before.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:index])
+        before.setattr(schema, "SCHEMA_VERSION", schema.MIGRATIONS[index - 1].version)
+        pgpool.migrate(conn)
+    return schema.MIGRATIONS[index - 1].version
+
+
 # --- the scheduled state ------------------------------------------------------------------
 
 
 @pytest.mark.own_schema
 def test_upgrade_moves_jobs_not_yet_due_out_of_the_ready_index(dsn, monkeypatch):
     # Before it, a delayed job was ready with a future run_at, in the one ready index.
-    index = next(i for i, m in enumerate(schema.MIGRATIONS)
-                 if m.description.startswith("scheduled jobs"))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        with monkeypatch.context() as before:
-            before.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:index])
-            before.setattr(schema, "SCHEMA_VERSION", schema.MIGRATIONS[index - 1].version)
-            pgpool.migrate(conn)
+        version = migrate_to_before(conn, monkeypatch, "scheduled jobs")
         later, due = (conn.execute(
             "INSERT INTO pgpool_jobs (kind, payload, run_at) VALUES ('k', '{}', now() + %s) "
             "RETURNING id", (f"{sign}1 hour",)).fetchone()[0] for sign in "+-")
-        assert pgpool.migrate(conn) == after(schema.MIGRATIONS[index - 1].version)
+        assert pgpool.migrate(conn) == after(version)
         assert dict(conn.execute("SELECT id, state FROM pgpool_jobs")) == {
             later: "scheduled", due: "ready"}
         indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes "
@@ -393,20 +401,15 @@ def test_upgrade_folds_a_rings_rows_past_64_onto_the_first_keeping_the_window_co
         dsn, monkeypatch):
     # Before it, a rate of R was a ring of R rows, one job each. A ring of 200, 130 of
     # them used 10 s ago (slots 1 to 130), and one of 3 used once.
-    index = next(i for i, m in enumerate(schema.MIGRATIONS)
-                 if m.description.startswith("a rate's ring is at most 64 rows"))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        with monkeypatch.context() as before:
-            before.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:index])
-            before.setattr(schema, "SCHEMA_VERSION", schema.MIGRATIONS[index - 1].version)
-            pgpool.migrate(conn)
+        version = migrate_to_before(conn, monkeypatch, "a rate's ring is at most 64 rows")
         conn.execute("INSERT INTO pgpool_limit_ticks (kind, slot, used_at) "
                      "SELECT 'wide', s, CASE WHEN s <= 130 THEN now() - interval '10 seconds' "
                      "ELSE '-infinity' END FROM generate_series(1, 200) AS s")
         conn.execute("INSERT INTO pgpool_limit_ticks (kind, scope, slot, used_at) "
                      "VALUES ('small', 'tenant:a', 1, now()), ('small', 'tenant:a', 2, "
                      "'-infinity'), ('small', 'tenant:a', 3, '-infinity')")
-        assert pgpool.migrate(conn) == after(schema.MIGRATIONS[index - 1].version)
+        assert pgpool.migrate(conn) == after(version)
         rows = conn.execute("SELECT kind, count(*), sum(n), max(slot), "
                             "count(*) FILTER (WHERE isfinite(used_at)) "
                             "FROM pgpool_limit_ticks GROUP BY kind ORDER BY kind").fetchall()
