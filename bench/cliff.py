@@ -36,8 +36,6 @@ import argparse
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import pairwise
 from typing import Any, Final
 
@@ -55,6 +53,7 @@ from drains import (  # bench/ is on the path: this script's directory
     killed_on_exit,
     last_id,
     marker_states,
+    pinned,
     ratio,
     remaining,
     script_main,
@@ -128,20 +127,6 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                         "batch": args.batch, "interval": args.interval, "pin": args.pin,
                         "max_claims_per_sec": UNTHROTTLED},
             "rounds": rounds}
-
-
-@contextmanager
-def pinned(dsn: str | None) -> Iterator[None]:
-    """With a DSN, a session holding a REPEATABLE READ snapshot open (the xmin horizon
-    pinned) until the block ends; with None, nothing."""
-    if dsn is None:
-        yield
-        return
-    with psycopg.connect(dsn) as holder:
-        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        holder.execute("SELECT count(*) FROM pgpool_jobs")  # takes the snapshot
-        yield
-        holder.rollback()
 
 
 def drive(conn: psycopg.Connection, side: Side, queue: Queue, n: int, first_id: int,

@@ -152,6 +152,28 @@ def session(cli_dsn: str | None, progress: Progress) -> Iterator[Session]:
         yield Session(server, scratch, conn, Path(tmp))
 
 
+def with_bench_modules() -> str:
+    """A host's PYTHONPATH that also finds the handler modules of bench/ (this directory),
+    and still finds first what the caller's PYTHONPATH finds (an older checkout's pgpool,
+    to measure it side by side)."""
+    return os.pathsep.join(p for p in (str(Path(__file__).parent),
+                                       os.environ.get("PYTHONPATH", "")) if p)
+
+
+@contextmanager
+def pinned(dsn: str | None) -> Iterator[None]:
+    """With a DSN, a session holding a REPEATABLE READ snapshot open (the xmin horizon
+    pinned) until the block ends; with None, nothing."""
+    if dsn is None:
+        yield
+        return
+    with psycopg.connect(dsn) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pgpool_jobs")  # takes the snapshot
+        yield
+        holder.rollback()
+
+
 def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
                      handlers: Iterable[str] = (), **env: str) -> subprocess.Popen[bytes]:
     """``pgpool run --burst`` of the bench jobs on ``dsn``, its claims unthrottled, its
@@ -196,18 +218,19 @@ def drains_in_turns(s: Session, names: list[str], args: argparse.Namespace,
 
 def timed_drain(conn: psycopg.Connection, dsn: str, log_path: Path, jobs_: int, procs: int,
                 batch: int, handlers: Iterable[str] = (), tenants: int = 0,
-                **env: str) -> dict[str, float]:
+                pin: bool = False, **env: str) -> dict[str, float]:
     """``jobs_`` fresh no-op bench jobs (spread evenly over ``tenants`` tenants, if any),
     COPY-loaded into the just-vacuumed table, drained by `start_pgpool_run` (with
-    ``handlers`` and ``env``): jobs/s over the host's whole run and its processes' CPU µs
-    per job (this process's children's rusage)."""
+    ``handlers`` and ``env``; with ``pin``, the xmin horizon `pinned` through the drain):
+    jobs/s over the host's whole run and its processes' CPU µs per job (this process's
+    children's rusage)."""
     for n in range(max(1, tenants)):
         pgpool.enqueue_many(conn, jobs.KIND, ({"do": "noop"} for _ in range(n, jobs_,
                                                                             max(1, tenants))),
                             tenant=f"t{n:03}" if tenants else None)
     conn.execute("VACUUM ANALYZE pgpool_jobs")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(log_path, "w+b") as log:
+    with open(log_path, "w+b") as log, pinned(dsn if pin else None):
         started = time.perf_counter()
         host = start_pgpool_run(dsn, procs, batch, log, handlers, **env)
         with killed_on_exit([host]):

@@ -40,6 +40,7 @@ from drains import (  # bench/ is on the path: this script's directory
     script_main,
     session,
     timed_drain,
+    with_bench_modules,
 )
 
 import pgpool
@@ -74,7 +75,7 @@ def drain(conn: psycopg.Connection, dsn: str, tmp: Path, name: str,
     """One drain of ``args.jobs`` fresh jobs by a host that also imports the variant's
     modules: jobs/s over its whole run and its processes' CPU µs per job."""
     return timed_drain(conn, dsn, tmp / f"{name}.log", args.jobs, args.procs, args.batch,
-                       VARIANTS[name], PYTHONPATH=str(Path(__file__).parent))
+                       VARIANTS[name], PYTHONPATH=with_bench_modules())
 
 
 def enqueue_costs(conn: psycopg.Connection, n: int, rounds: int) -> dict[str, float]:

@@ -1,13 +1,15 @@
 """What one claim of a limited kind costs against the plain claim, side by side in one run:
 the statements alone, as the claimer runs them, on one table (issue 36).
 
-    python bench/limited_claim.py [--dsn DSN] [--jobs 20000] [--batch 50] [--json]
+    python bench/limited_claim.py [--dsn DSN] [--jobs 20000] [--batch 50] [--pin] [--json]
 
 Loads ``--jobs`` ready no-op jobs of one kind into the just-vacuumed table of a scratch
 schema (dropped at the end), then claims them ``--batch`` at a time, the ways below taking
 turns claim by claim, each on its own connection (set up as a host's claim connections
 are: generic plans for prepared statements), every claimed job deleted at once, as its ack
-would; until the table is empty. None reaches its limit:
+would; until the table is empty. Each way claims from its own cursor, the last job it took,
+as a host's claimer does between its sweeps (the first claim of each is a sweep, from the
+start). None reaches its limit:
 
 - ``plain``: `sql.CLAIM_PLAIN`, prepared: a kind without a limit;
 - ``concurrency``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a
@@ -20,9 +22,15 @@ would; until the table is empty. None reaches its limit:
 (The limits per tenant or per key, `sql.CLAIM_SCOPED`, need jobs with tenants, which the
 plain claim leaves to the fair one: `bench/limits.py --tenants 50` drains them.)
 
+With ``--pin``, another session holds a REPEATABLE READ snapshot from the load to the end
+(the xmin horizon pinned: no vacuum removes the rows the claims leave behind), as a long
+transaction does.
+
 Reported per way: the jobs it claimed, its claims, their mean and median round trip (the
-first two of each left out: the first plans, prepares, or reads a cold index), and the
-median against the plain claim's. The run fails if a job is left or claimed twice.
+first two of each left out: the first plans, prepares, or reads a cold index), the median
+against the plain claim's, and the mean round trip of each fifth of its claims, in order
+(whether a claim costs more as the jobs claimed before it pile up, dead, behind a pin).
+The run fails if a job is left or claimed twice.
 """
 
 from __future__ import annotations
@@ -34,13 +42,14 @@ import time
 from typing import Any, Final
 
 import psycopg
-from drains import Parser, at_least, script_main, session  # bench/ is on the path
+from drains import Parser, at_least, pinned, script_main, session  # bench/ is on the path
 
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
 from pgpool.host.claimer import configure_connection
 from pgpool.host.lease import Lease
 from pgpool.sql import jobs as sql
+from pgpool.sql.common import int_array
 
 WAYS: Final = ("plain", "concurrency", "rate", "concurrency_planned", "rate_planned")
 LEASE: Final = Lease(30)
@@ -53,6 +62,7 @@ def parser() -> Parser:
     p.add_argument("--dsn", help="the database (default: as `pgpool run` resolves it)")
     p.add_argument("--jobs", type=at_least(100), default=20_000)
     p.add_argument("--batch", type=at_least(1), default=50)
+    p.add_argument("--pin", action="store_true", help="the xmin horizon pinned throughout")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -60,13 +70,13 @@ def parser() -> Parser:
 def statements(batch: int) -> dict[str, tuple[str, dict[str, object], bool]]:
     """Per way: its statement, its parameters, and whether it runs prepared."""
     common = {"queues": ["default"], "owner": "bench:1:x", "lease": LEASE.seconds,
-              "limit": batch}
+              "limit": batch, **sql.SWEEP}
     limited = {**common, "limited_kinds": ["k"], "limited_max_attempts": [20],
                "limited_per": [1.0]}
     concurrency = {**limited, "limited_concurrency": [1_000_000], "limited_rate": [None]}
     rate = {**limited, "limited_concurrency": [None], "limited_rate": [100_000]}
     return {
-        "plain": (sql.CLAIM_PLAIN, {**common, **sql.SWEEP, "kinds": ["k"],
+        "plain": (sql.CLAIM_PLAIN, {**common, "kinds": ["k"],
                                     "kind_max_attempts": [20], "after": ""}, True),
         "concurrency": (sql.CLAIM_SLOTS, concurrency, True),
         "rate": (sql.CLAIM_LIMITED, rate, True),
@@ -88,10 +98,12 @@ async def claim_in_turns(dsn: str, batch: int) -> tuple[dict[str, list[float]],
     acks = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     claimed = dict.fromkeys(WAYS, 0)
+    cursors: dict[str, dict[str, str | None]] = {way: sql.SWEEP for way in WAYS}
     try:
         while True:
             for way in WAYS:
                 statement, params, prepared = ways[way]
+                params = {**params, **cursors[way]}
                 started = time.perf_counter()
                 if prepared:
                     cur = await conns[way].execute(statement, params, prepare=True)
@@ -104,6 +116,11 @@ async def claim_in_turns(dsn: str, batch: int) -> tuple[dict[str, list[float]],
                     return times, claimed
                 times[way].append(time.perf_counter() - started)
                 claimed[way] += len(rows)
+                # Its cursor: the last job taken, in claim order (priority, run_at, id).
+                last = max(rows, key=lambda row: (-row[9], row[13], row[0]))
+                cursors[way] = {"after_priorities": int_array([last[9]]),
+                                "after_run_at_us": int_array([last[13]]),
+                                "after_ids": int_array([last[0]])}
                 await acks.execute("DELETE FROM pgpool_jobs WHERE id = ANY(%s)",
                                    ([row[0] for row in rows],))
     finally:
@@ -118,8 +135,9 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         s.conn.execute(sql.ENSURE_TICKS, {"rate_kinds": ["k"], "rates": [100_000]})
         s.conn.execute("VACUUM ANALYZE pgpool_jobs, pgpool_limit_ticks")
         progress.step(f"claiming {args.jobs:,} jobs {args.batch} at a time, "
-                     f"{len(WAYS)} ways in turns")
-        times, claimed = asyncio.run(claim_in_turns(s.scratch.dsn, args.batch))
+                     f"{len(WAYS)} ways in turns" + (", the horizon pinned" if args.pin else ""))
+        with pinned(s.scratch.dsn if args.pin else None):
+            times, claimed = asyncio.run(claim_in_turns(s.scratch.dsn, args.batch))
         left = s.conn.execute("SELECT count(*) FROM pgpool_jobs").fetchone()[0]
     if left or sum(claimed.values()) != args.jobs:
         raise BenchError(f"{sum(claimed.values()):,} jobs claimed of {args.jobs:,}, "
@@ -127,13 +145,16 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     figures = {}
     for way in WAYS:
         kept = times[way][WARMUP:] or times[way]
+        fifth = max(1, len(kept) // 5)
         figures[way] = {"jobs": claimed[way], "claims": len(kept),
                         "mean_ms": 1e3 * statistics.mean(kept),
-                        "median_ms": 1e3 * statistics.median(kept)}
+                        "median_ms": 1e3 * statistics.median(kept),
+                        "fifths_ms": [1e3 * statistics.mean(kept[i:i + fifth])
+                                      for i in range(0, fifth * min(5, len(kept)), fifth)]}
     for way in WAYS:
         figures[way]["of_plain"] = figures[way]["median_ms"] / figures["plain"]["median_ms"]
     return {"command": (f"python bench/limited_claim.py --jobs {args.jobs} "
-                        f"--batch {args.batch}"),
+                        f"--batch {args.batch}" + (" --pin" if args.pin else "")),
             "jobs": args.jobs, "batch": args.batch, "ways": figures}
 
 
@@ -142,7 +163,8 @@ def render(report: dict[str, Any]) -> str:
              "the ways in turns"]
     for way, f in report["ways"].items():
         lines.append(f"  {way:19} {f['claims']:5} claims: mean {f['mean_ms']:.2f} ms, "
-                     f"median {f['median_ms']:.2f} ms ({f['of_plain']:.2f} of plain)")
+                     f"median {f['median_ms']:.2f} ms ({f['of_plain']:.2f} of plain); "
+                     "by fifths " + ", ".join(f"{m:.2f}" for m in f["fifths_ms"]) + " ms")
     lines.append(f"to repeat: {report['command']}")
     return "\n".join(lines)
 

@@ -4,7 +4,8 @@ per tenant holds with many tenants, measured side by side in one run (issue 36).
     python bench/limits.py [--dsn DSN] [--jobs 40000] [--procs 2] [--batch 50]
                            [--rounds 2] [--variants unlimited,concurrency,...]
                            [--tenants 0] [--rate 200] [--rated-jobs 2000]
-                           [--tenant-count 50] [--tenant-rate 10] [--hog 10] [--json]
+                           [--tenant-count 50] [--tenant-rate 10] [--hog 10] [--pin]
+                           [--json]
 
 The cost: each round, each variant drains ``--jobs`` fresh no-op bench jobs (spread over
 ``--tenants`` tenants, if any), COPY-loaded into the just-vacuumed table of a scratch
@@ -22,6 +23,10 @@ kind has, none reached:
   scoped claim, a slot per job and a ring row per tenant a claim meets;
 - ``tenant_rate_high``: ``Limit(rate=100_000, per=1, by="tenant")``, the largest rate
   there is, per tenant: each tenant's ring is 64 rows however high the rate.
+
+With ``--pin``, each drain runs behind a pinned xmin horizon (another session holds a
+REPEATABLE READ snapshot from its load to its end, so no vacuum removes the rows its claims
+leave behind): what a limited kind's claim costs when a long transaction is open.
 
 They take turns, in a new order each round. Per drain: jobs/s over the host's whole run
 (start-up included, the same for all), and the CPU its processes used per job.
@@ -66,6 +71,7 @@ from drains import (  # bench/ is on the path: this script's directory
     session,
     start_pgpool_run,
     timed_drain,
+    with_bench_modules,
 )
 
 import pgpool
@@ -112,6 +118,8 @@ def main() -> int:
     parser.add_argument("--tenant-count", type=at_least(2), default=50)
     parser.add_argument("--tenant-rate", type=at_least(1), default=10)
     parser.add_argument("--hog", type=at_least(4), default=10)
+    parser.add_argument("--pin", action="store_true",
+                        help="each drain behind a pinned xmin horizon")
     return script_main(parser, run, render)
 
 
@@ -130,7 +138,8 @@ def run(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                         f"--variants {','.join(args.variants)} --tenants {args.tenants} "
                         f"--rate {args.rate} --rated-jobs {args.rated_jobs} "
                         f"--tenant-count {args.tenant_count} --tenant-rate "
-                        f"{args.tenant_rate} --hog {args.hog}")}
+                        f"{args.tenant_rate} --hog {args.hog}"
+                        + (" --pin" if args.pin else ""))}
 
 
 def drain(conn: psycopg.Connection, dsn: str, tmp: Path, name: str,
@@ -139,10 +148,10 @@ def drain(conn: psycopg.Connection, dsn: str, tmp: Path, name: str,
     limit = VARIANTS[name]
     if limit is None:
         return timed_drain(conn, dsn, tmp / f"{name}.log", args.jobs, args.procs, args.batch,
-                           tenants=args.tenants)
+                           tenants=args.tenants, pin=args.pin)
     return timed_drain(conn, dsn, tmp / f"{name}.log", args.jobs, args.procs, args.batch,
-                       ("limitjobs",), tenants=args.tenants,
-                       PYTHONPATH=str(Path(__file__).parent), PGPOOL_BENCH_LIMIT=limit)
+                       ("limitjobs",), tenants=args.tenants, pin=args.pin,
+                       PYTHONPATH=with_bench_modules(), PGPOOL_BENCH_LIMIT=limit)
 
 
 def rate_overshoot(conn: psycopg.Connection, dsn: str, tmp: Path,
@@ -158,7 +167,7 @@ def rate_overshoot(conn: psycopg.Connection, dsn: str, tmp: Path,
     with open(tmp / "overshoot.log", "w+b") as log:
         started = time.perf_counter()
         host = start_pgpool_run(dsn, args.procs, args.batch, log, ("limitjobs",),
-                                PYTHONPATH=str(Path(__file__).parent),
+                                PYTHONPATH=with_bench_modules(),
                                 PGPOOL_BENCH_LIMIT=f"rate:{args.rate}/1",
                                 **{STAMPS_ENV: str(stamps)})
         with killed_on_exit([host]):
@@ -190,7 +199,7 @@ def tenant_rates(conn: psycopg.Connection, scratch: Any, tmp: Path,
         with open(tmp / "per_tenant.log", "w+b") as log:
             started = time.perf_counter()
             host = start_pgpool_run(scratch.dsn, args.procs, args.batch, log, ("limitjobs",),
-                                    PYTHONPATH=str(Path(__file__).parent),
+                                    PYTHONPATH=with_bench_modules(),
                                     PGPOOL_BENCH_LIMIT=f"rate:{rate}/1@tenant")
             with killed_on_exit([host]):
                 drain_to_exit(host, log, conn)

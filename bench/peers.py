@@ -30,7 +30,7 @@ The systems (`PROCS` processes and claims of `BATCH` jobs each), all in one scra
 
 Every job is ``{"do": "noop"}``, run as a pgpool worker runs it: decoded by orjson, then the
 bench handler (`pgpool.bench.jobs`). A turn is one system, pinned or not: its table
-vacuumed, then (pinned: another session takes a REPEATABLE READ snapshot, `cliff.pinned`)
+vacuumed, then (pinned: another session takes a REPEATABLE READ snapshot, `drains.pinned`)
 ``--rounds`` rounds back to back, each loading ``--jobs`` jobs and draining them, with no
 vacuum between them; the snapshot is released after the last drain. With ``--pin both``
 each system has a turn of each: the unpinned turns in ``--systems`` order, then the pinned
@@ -189,7 +189,7 @@ def _turn(s: drains.Session, system: str, pin: bool, args: argparse.Namespace,
     # pgpool's share a table) are not this one's.
     conn.execute(VACUUM_PGQUEUER if system == "pgqueuer" else queries.VACUUM)
     rounds = []
-    with cliff.pinned(s.scratch.dsn if pin else None):
+    with drains.pinned(s.scratch.dsn if pin else None):
         for number in range(1, args.rounds + 1):
             what = f"{system}, {'pinned' if pin else 'not pinned'}, round {number}"
             progress.step(f"{what}: loading {args.jobs:,} jobs")

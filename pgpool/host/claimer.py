@@ -27,7 +27,8 @@ whatever it costs when the host knows a job lies behind a cursor (`sweep_next`: 
 jobs back, or a burst host reaped before it decides it is drained).
 On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
 waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
-claims stay cheap.
+claims stay cheap. The kind-wide limited claim reads its kinds from cursors of its own, on
+the same terms, while none of their waiting jobs has a tenant or a concurrency key.
 """
 
 from __future__ import annotations
@@ -86,6 +87,71 @@ class RawJsonLoader(Loader):
 
     def load(self, data: bytes | bytearray | memoryview) -> bytes:
         return bytes(data)
+
+
+class _Cursors:
+    """A claim's cursors, per (queue, kind) pair, and when it sweeps instead (see the
+    module's docstring): the plain claim's, or the kind-wide limited claim's."""
+
+    def __init__(self) -> None:
+        #: Per (queue, kind), the claim-order key (priority, run_at in microseconds since
+        #: the epoch, id) of the last job taken there.
+        self._keys: dict[tuple[str, str], tuple[int, int, int]] = {}
+        #: Whether a sweep is due (the last claim came back short), whether the next claim
+        #: must sweep whatever it costs (`owe_sweep`), when the last sweep started
+        #: (monotonic seconds) and its round trip.
+        self._wanted = True
+        self._owed = False
+        self._swept_at = -math.inf
+        self._rtt = 0.0
+        self.sweeps = 0
+        #: The last claim was a sweep.
+        self.swept = False
+
+    def sweep_due(self, now: float) -> bool:
+        """Whether the claim starting at ``now`` sweeps."""
+        wanted = self._wanted or now - self._swept_at >= SWEEP_EVERY
+        gap = min(SWEEP_COST * self._rtt, SWEEP_MAX_GAP)
+        return (wanted and now - self._swept_at >= gap) or not self._keys or self._owed
+
+    def sweep_is_cheap(self) -> bool:
+        """Whether sweeps cost what a clean table's do (`CHEAP_SWEEP`)."""
+        return self._rtt <= CHEAP_SWEEP
+
+    def owe_sweep(self) -> None:
+        self._owed = True
+
+    def params(self, queues: list[str], kinds: list[str], sweep: bool) -> dict[str, str | None]:
+        """A claim's cursor parameters (``after_*``): a key per (queue, kind) pair, queues
+        outer, kinds inner, `_FROM_START` for a pair with none yet; all NULL to sweep."""
+        if sweep:
+            # Cleared before the statement: a job handed back while it runs may be behind
+            # the rows it reads, and is owed the next sweep.
+            self._owed = False
+            return sql.SWEEP
+        keys = [self._keys.get((queue, kind), _FROM_START)
+                for queue in queues for kind in kinds]
+        return {"after_priorities": nullable_int_array(k[0] for k in keys),
+                "after_run_at_us": nullable_int_array(k[1] for k in keys),
+                "after_ids": nullable_int_array(k[2] for k in keys)}
+
+    def ran(self, sweep: bool, started: float) -> None:
+        """A claim that started at ``started`` has answered; a sweep's round trip is kept
+        (not the first one's, which prepares the statement too)."""
+        self.swept = sweep
+        if sweep:
+            if self.sweeps:
+                self._rtt = time.monotonic() - started
+            self._swept_at = started
+            self.sweeps += 1
+
+    def move(self, rows: list[tuple], limit: int) -> None:
+        """Move the cursors on past ``rows`` (claimed jobs without a tenant, in claim
+        order, of a claim of ``limit``): each pair's last row is its cursor."""
+        self._wanted = len(rows) < limit
+        last = {(row[2], row[1]): row for row in rows}
+        for pair, row in last.items():
+            self._keys[pair] = (row[9], row[13], row[0])
 
 
 async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None,
@@ -176,19 +242,9 @@ class Claimer:
         #: Whether the next claim is the plain one (`sql.CLAIM_PLAIN`): as far as the last
         #: fair claim saw, no job waiting has a tenant or a concurrency key.
         self.plain = True
-        #: The plain claim's cursors: per (queue, kind), the claim-order key (priority,
-        #: run_at in microseconds since the epoch, id) of the last job taken there.
-        self._cursors: dict[tuple[str, str], tuple[int, int, int]] = {}
-        #: Whether a sweep is due (the last plain claim came back short), when the last
-        #: one started (monotonic seconds) and its round trip.
-        self._sweep_wanted = True
-        #: Whether the next plain claim must be a sweep, whatever it costs (`sweep_next`).
-        self._sweep_owed = False
-        self._swept_at = -math.inf
-        self._sweep_rtt = 0.0
-        self.sweeps = 0
-        #: The last plain claim was a sweep.
-        self._swept = False
+        #: The plain claim's cursors, and the kind-wide limited claim's.
+        self._plain_cursors = _Cursors()
+        self._limited_cursors = _Cursors()
         #: The last claim found no job this host could run waiting at all (a sweep took
         #: nothing, and no job waits for the fair claim): an idle queue.
         self.found_none = False
@@ -268,10 +324,16 @@ class Claimer:
         return 1000 * recent[max(0, math.ceil(0.99 * len(recent)) - 1)]
 
     def sweep_next(self) -> None:
-        """Make the next plain claim a sweep, from the start, whatever sweeps cost: a job is
-        ready behind a cursor (handed back unstarted, or returned by the reaper), and a
-        burst host must not decide it is drained without looking there."""
-        self._sweep_owed = True
+        """Make the next plain and limited claims sweeps, from the start, whatever sweeps
+        cost: a job is ready behind a cursor (handed back unstarted, or returned by the
+        reaper), and a burst host must not decide it is drained without looking there."""
+        self._plain_cursors.owe_sweep()
+        self._limited_cursors.owe_sweep()
+
+    @property
+    def sweeps(self) -> int:
+        """The plain claims that were sweeps."""
+        return self._plain_cursors.sweeps
 
     async def running(self) -> tuple[int, float]:
         """(jobs of this host's queues and kinds running anywhere, ready in the queues it
@@ -355,7 +417,7 @@ class Claimer:
             # A sweep took nothing and nothing waits for the fair claim: no job this host
             # could run is ready at all. (A host with limited kinds never says so: a job a
             # rate holds back is ready again in a second, not at the idle poll.)
-            self.found_none = self._swept
+            self.found_none = self._plain_cursors.swept
         return rows, leased
 
     async def _claim_limited(self, conn: psycopg.AsyncConnection, queues: list[str],
@@ -424,9 +486,26 @@ class Claimer:
                 # not own the table is told no, with a warning, and waits for that.
                 await conn.execute(sql.ANALYZE_TICKS)
             self._ticks = None
-        return await self._run_limited(
-            conn, sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED,
-            {**self._limited, "queues": queues, "limit": limit})
+        statement = sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED
+        params = {**self._limited, "queues": queues, "limit": limit}
+        # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
+        kinds = cast(list[str], params["limited_kinds"])
+        cursors = self._limited_cursors
+        now = time.monotonic()
+        sweep = cursors.sweep_due(now)
+        rows = await self._run_limited(conn, statement,
+                                       {**params, **cursors.params(queues, kinds, sweep)})
+        cursors.ran(sweep, now)
+        if not rows and not sweep and cursors.sweep_is_cheap():
+            # Its jobs are leased from the claim's start, before this: on the safe side.
+            now = time.monotonic()
+            rows = await self._run_limited(conn, statement,
+                                           {**params, **cursors.params(queues, kinds, True)})
+            cursors.ran(True, now)
+        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        # Jobs with a tenant came from the start, in tenant order: no cursor's business.
+        cursors.move([row for row in rows if not row[8]], limit)
+        return rows
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                            queues: list[str], limit: int, now: float
@@ -436,42 +515,27 @@ class Claimer:
         order (priority, then due time, then id), and when the statement that took them
         started (their lease counts from it). No rows when nothing waits, or when a job
         with a tenant or a concurrency key does: the fair claim, run next, tells which."""
-        wanted = self._sweep_wanted or now - self._swept_at >= SWEEP_EVERY
-        gap = min(SWEEP_COST * self._sweep_rtt, SWEEP_MAX_GAP)
-        sweep = ((wanted and now - self._swept_at >= gap) or not self._cursors
-                 or self._sweep_owed)
+        cursors = self._plain_cursors
+        sweep = cursors.sweep_due(now)
         rows = await self._plain_rows(conn, params, queues, sweep, now)
-        if not rows and not sweep and self._sweep_rtt <= CHEAP_SWEEP:
+        if not rows and not sweep and cursors.sweep_is_cheap():
             # Its jobs' lease counts from its own start, not the cursor claim's: that one
             # may have waited most of a lease for a lock (and another claim took its job).
             now = time.monotonic()
             rows = await self._plain_rows(conn, params, queues, True, now)
-        self._sweep_wanted = len(rows) < limit
         rows.sort(key=lambda row: (-row[9], row[13], row[0]))
-        # In claim order, so each (queue, kind) pair's last row is its cursor.
-        last = {(row[2], row[1]): row for row in rows}
-        for pair, row in last.items():
-            self._cursors[pair] = (row[9], row[13], row[0])
+        cursors.move(rows, limit)
         return rows, now
 
     async def _plain_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
                           queues: list[str], sweep: bool, now: float) -> list[tuple]:
-        """The rows of one plain claim, a sweep or from the cursors; a sweep's round trip
-        kept (not the first one's, which prepares the statement too)."""
-        if sweep:
-            # Cleared before the statement: a job handed back while it runs may be behind
-            # the rows it reads, and is owed the next sweep.
-            self._sweep_owed = False
+        """The rows of one plain claim started at ``now``, a sweep or from the cursors."""
         # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
         kinds = cast(list[str], params["kinds"])
-        cursors = sql.SWEEP if sweep else self._cursor_params(queues, kinds)
-        rows = await (await conn.execute(sql.CLAIM_PLAIN, {**params, **cursors})).fetchall()
-        self._swept = sweep
-        if sweep:
-            if self.sweeps:
-                self._sweep_rtt = time.monotonic() - now
-            self._swept_at = now
-            self.sweeps += 1
+        cursors = self._plain_cursors
+        rows = await (await conn.execute(
+            sql.CLAIM_PLAIN, {**params, **cursors.params(queues, kinds, sweep)})).fetchall()
+        cursors.ran(sweep, now)
         return rows
 
     async def _needs_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
@@ -479,16 +543,6 @@ class Claimer:
         """Whether a job waiting in the queues and kinds served needs the fair claim."""
         row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
         return bool(row and row[0])
-
-    def _cursor_params(self, queues: list[str], kinds: list[str]) -> dict[str, str]:
-        """`sql.CLAIM_PLAIN`'s cursor parameters: a key per (queue, kind) pair, queues
-        outer, kinds inner, `_FROM_START` for a pair with none yet."""
-        cursors = self._cursors
-        keys = [cursors.get((queue, kind), _FROM_START)
-                for queue in queues for kind in kinds]
-        return {"after_priorities": nullable_int_array(k[0] for k in keys),
-                "after_run_at_us": nullable_int_array(k[1] for k in keys),
-                "after_ids": nullable_int_array(k[2] for k in keys)}
 
     async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
                           ) -> list[tuple]:

@@ -225,18 +225,53 @@ _NEED_FAIR: Final = """
 #: (exact: extract returns numeric from PostgreSQL 14 on). Format with ``table``.
 _RUN_AT_US: Final = "(extract(epoch FROM {table}.run_at) * 1000000)::int8"
 
-#: The plain claim's scan of one (queue, kind) pair, from its cursor ``a`` on (see
-#: `CLAIM_PLAIN`): the ready jobs without a tenant or a concurrency key whose priority is
-#: ``{cond}``, in claim order; SKIP LOCKED, as many as a claim takes. Format with ``cond``,
-#: ``order`` and ``n`` (the alias).
+#: One scan of a (queue, kind) pair from its cursor ``a`` on (see `CLAIM_PLAIN`): the
+#: ready jobs of queue ``q.queue`` and kind ``{kind}`` without a tenant or a concurrency key
+#: whose priority is ``{cond}``, in claim order; SKIP LOCKED, ``{limit}`` at most. Format
+#: with those, ``order`` and ``n`` (the alias).
 _PAIR_SCAN: Final = """SELECT * FROM (
             SELECT p.id, p.priority, p.run_at FROM pgpool_jobs AS p
-            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = k.kind
+            WHERE p.state = 'ready' AND p.queue = q.queue AND p.kind = {kind}
               AND p.tenant = '' AND p.run_at <= now() AND p.concurrency_key IS NULL
               AND {cond}
             ORDER BY {order}
-            LIMIT %(limit)s
+            LIMIT {limit}
             FOR NO KEY UPDATE SKIP LOCKED) AS s{n}"""
+
+
+def _from_cursor(n: str, kind: str, limit: str) -> str:
+    """The scans of a (queue, kind) pair from its cursor, as `CLAIM_PLAIN` describes them:
+    the cursor ``a`` of pair number ``n`` (1.., queues outer and kinds inner, of the
+    ``after_*`` parameters), and up to ``limit`` jobs of ``kind`` (and queue ``q.queue``)
+    in claim order, ``c`` (id, priority, run_at); two FROM items, for after a comma or
+    CROSS JOIN."""
+    return """LATERAL (
+        SELECT (%(after_priorities)s::int[])[{n}] AS priority,
+               timestamptz 'epoch'
+                   + (%(after_run_at_us)s::int8[])[{n}] * interval '1 microsecond'
+                   AS run_at,
+               (%(after_ids)s::bigint[])[{n}] AS id,
+               coalesce((%(after_priorities)s::int[])[{n}] - 1, 2147483647) AS upto
+    ) AS a
+    -- With no cursor (NULL), the first two scans compare with NULL: the index is not read
+    -- at all, and the third reads every priority (upto, the highest there is).
+    CROSS JOIN LATERAL (
+        {higher}
+        UNION ALL
+        {same}
+        UNION ALL
+        {lower}
+        LIMIT {limit}
+    ) AS c""".format(
+        n=n, limit=limit,
+        higher=_PAIR_SCAN.format(cond="p.priority > a.priority", kind=kind, limit=limit,
+                                 order="p.priority DESC, p.run_at, p.id", n=1),
+        same=_PAIR_SCAN.format(
+            cond="p.priority = a.priority AND (p.run_at, p.id) > (a.run_at, a.id)",
+            kind=kind, limit=limit, order="p.run_at, p.id", n=2),
+        lower=_PAIR_SCAN.format(cond="p.priority <= a.upto", kind=kind, limit=limit,
+                                order="p.priority DESC, p.run_at, p.id", n=3))
+
 
 #: What every claim (`CLAIM_PLAIN`, `CLAIM`, the limited ones) writes on the rows it takes
 #: (``j``): running its next attempt, under ``owner``'s lease from now, not yet started;
@@ -295,28 +330,7 @@ WHERE j.id = ANY(ARRAY(
     CROSS JOIN LATERAL (
         SELECT (q.qn - 1) * cardinality(%(kinds)s::text[]) + k.kn AS n
     ) AS pair
-    -- With no cursor (NULL), the first two scans compare with NULL: the index is not read
-    -- at all, and the third reads every priority (upto, the highest there is).
-    CROSS JOIN LATERAL (
-        SELECT (%(after_priorities)s::int[])[pair.n] AS priority,
-               timestamptz 'epoch'
-                   + (%(after_run_at_us)s::int8[])[pair.n] * interval '1 microsecond'
-                   AS run_at,
-               (%(after_ids)s::bigint[])[pair.n] AS id,
-               coalesce((%(after_priorities)s::int[])[pair.n] - 1, 2147483647) AS upto
-    ) AS a
-    CROSS JOIN LATERAL (
-        """ + _PAIR_SCAN.format(cond="p.priority > a.priority",
-                                order="p.priority DESC, p.run_at, p.id", n=1) + """
-        UNION ALL
-        """ + _PAIR_SCAN.format(
-            cond="p.priority = a.priority AND (p.run_at, p.id) > (a.run_at, a.id)",
-            order="p.run_at, p.id", n=2) + """
-        UNION ALL
-        """ + _PAIR_SCAN.format(cond="p.priority <= a.upto",
-                                order="p.priority DESC, p.run_at, p.id", n=3) + """
-        LIMIT %(limit)s
-    ) AS c
+    CROSS JOIN """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
     WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s))
@@ -668,6 +682,12 @@ def _tick(fragment: str, l: str = "l", t: str = "t") -> str:  # noqa: E741 (SQL 
 #: exactly those jobs. Format with ``r`` (the alias).
 _HOLDS_SLOT: Final = "{r}.state = 'running' AND {r}.limit_attempt = {r}.attempts"
 
+#: Ends a NOT EXISTS on the slots' unique indexes, so that it stays a probe per row, on the
+#: index's whole key: pulled up into an anti join, the generic plan read every entry of
+#: the kind once per claim, dead ones included, and a pinned xmin horizon keeps the entry
+#: of every slot a job ever held (2,852 pages a claim after 30,000 jobs).
+_PROBE_EACH: Final = "OFFSET 0"
+
 #: The free slots of each row of ``source`` (alias ``l``: its kind, ``concurrency``, the
 #: random ``start``, and ``scope`` when ``scoped``), up to ``n`` of them, numbered 1.. in
 #: ``rank``: numbers 1..N tried from the random start on, wrapping round, each probed on
@@ -683,7 +703,8 @@ _FREE_SLOTS: Final = """
                    AS slot) AS s
         WHERE NOT EXISTS (SELECT FROM pgpool_jobs AS r
                           WHERE r.kind = l.kind AND r.limit_scope {in_scope}
-                            AND r.limit_slot = s.slot AND """ + _HOLDS_SLOT.format(r="r") + """)
+                            AND r.limit_slot = s.slot AND """ + _HOLDS_SLOT.format(r="r") + """
+                          """ + _PROBE_EACH + """)
         LIMIT {n}) AS f
     WHERE l.concurrency IS NOT NULL
     UNION ALL
@@ -777,16 +798,29 @@ RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.
 _SLOTS_CLEAR: Final = """(
     NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
                 WHERE r.kind = l.kind AND r.limit_scope IS NULL
-                  AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
+                  AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """
+                """ + _PROBE_EACH + """)
     AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot of a scope
                     WHERE r.kind = l.kind AND r.limit_scope IS NOT NULL
-                      AND """ + _HOLDS_SLOT.format(r="r") + """))"""
+                      AND """ + _HOLDS_SLOT.format(r="r") + """ """ + _PROBE_EACH + """))"""
+
+#: `_NEED_FAIR` for the kinds with a kind-wide limit (``limited_kinds``).
+_LIMITED_NEED_FAIR: Final = _NEED_FAIR.replace("%(kinds)s", "%(limited_kinds)s")
 
 #: The ready jobs a kind-wide limited claim may take (``candidates``: id, kind, priority,
 #: run_at, and their rank in the kind, 1..): per (queue, kind), as many as the kind has
-#: room (its rows in ``room``, numbered by ``rank``), on the ready index in its order
-#: (tenant, then claim order); a job whose concurrency key is running is skipped, and at
-#: most one per key is taken, as in `CLAIM`. Format with ``room``.
+#: room (its rows in ``room``, numbered by ``rank``). Two ways, as the plain and fair claims
+#: for the kinds without a limit, told apart once per claim (`_LIMITED_NEED_FAIR`):
+#:
+#: - while no job waiting in these kinds has a tenant or a concurrency key, from each
+#:   pair's cursor (``after_*``, one per (queue, limited kind) pair, queues outer; NULL: a
+#:   sweep), as `CLAIM_PLAIN` reads: with a pinned horizon, the dead entries of the jobs
+#:   claimed since the last vacuum lie before the cursor, and a claim does not walk them;
+#: - else from the start, on the ready index in its order (tenant, then claim order); a
+#:   job whose concurrency key is running is skipped, and at most one per key is taken,
+#:   as in `CLAIM`.
+#:
+#: Format with ``room``.
 _LIMITED_CANDIDATES: Final = """rooms AS (
     SELECT kind, count(*)::int AS room FROM {room} GROUP BY kind
 ), candidates AS (
@@ -794,6 +828,17 @@ _LIMITED_CANDIDATES: Final = """rooms AS (
            row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
                AS rank
     FROM (
+        SELECT c.id, r.kind, c.priority, c.run_at, NULL::text AS concurrency_key,
+               1::bigint AS key_rank  -- from the cursors: no tenant, no key
+        FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
+        CROSS JOIN rooms AS r
+        CROSS JOIN LATERAL (
+            SELECT (q.qn - 1) * cardinality(%(limited_kinds)s::text[])
+                   + array_position(%(limited_kinds)s::text[], r.kind) AS n
+        ) AS pair
+        CROSS JOIN """ + _from_cursor("pair.n", "r.kind", "r.room") + """
+        WHERE NOT EXISTS (""" + _LIMITED_NEED_FAIR + """)  -- read once
+        UNION ALL
         SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
                                        ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
         FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN rooms AS r
@@ -809,6 +854,7 @@ _LIMITED_CANDIDATES: Final = """rooms AS (
             LIMIT r.room
             FOR NO KEY UPDATE SKIP LOCKED
         ) AS c
+        WHERE EXISTS (""" + _LIMITED_NEED_FAIR + """)  -- read once
     ) AS c
     WHERE c.concurrency_key IS NULL OR c.key_rank = 1
 )"""
@@ -956,10 +1002,12 @@ WITH RECURSIVE lim AS MATERIALIZED (
     WHERE l.concurrency IS NULL
        OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- slots held kind-wide
                       WHERE r.kind = l.kind AND r.limit_scope IS NULL
-                        AND r.limit_slot IS NOT NULL AND """ + _HOLDS_SLOT.format(r="r") + """)
+                        AND r.limit_slot IS NOT NULL AND """ + _HOLDS_SLOT.format(r="r") + """
+                      """ + _PROBE_EACH + """)
       AND NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- slots held by the other way
                       WHERE r.kind = l.kind AND r.limit_scope >= o.other
-                        AND r.limit_scope < o.past AND """ + _HOLDS_SLOT.format(r="r") + """)
+                        AND r.limit_scope < o.past AND """ + _HOLDS_SLOT.format(r="r") + """
+                      """ + _PROBE_EACH + """)
 ), walk AS (  -- the tenants with ready jobs, from the cursor on, wrapping round, each
               -- with its room guessed, until the batch is full
     SELECT q.queue, l.kind, %(after)s::text COLLATE "C" AS tenant,
@@ -1039,7 +1087,8 @@ WITH RECURSIVE lim AS MATERIALIZED (
     WHERE l.concurrency IS NULL
        OR NOT EXISTS (SELECT FROM pgpool_jobs AS r  -- a slot above a lowered limit
                       WHERE r.kind = c.kind AND r.limit_scope = c.scope
-                        AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """)
+                        AND r.limit_slot > l.concurrency AND """ + _HOLDS_SLOT.format(r="r") + """
+                      """ + _PROBE_EACH + """)
     GROUP BY c.kind, c.scope, l.concurrency, l.rate, l.per
 ), free AS MATERIALIZED (""" + _FREE_SLOTS.format(
     scope=", l.scope", source="scopes", in_scope="= l.scope", n="l.n") + """

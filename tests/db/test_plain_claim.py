@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from claims import in_registry
-from dbtools import buffers, explain_prepared, one
+from dbtools import acked_but_the_last, buffers, explain_prepared, one
 from psycopg_pool import AsyncConnectionPool
 from waits import wait_until
 
@@ -219,14 +219,7 @@ def test_behind_a_pinned_horizon_a_claim_from_its_cursor_reads_what_it_does_on_a
         with psycopg.connect(dsn) as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             holder.execute("SELECT count(*) FROM pgpool_jobs")
-            last = db.execute("SELECT max(id) FROM pgpool_jobs").fetchone()[0] - 200
-            db.execute("UPDATE pgpool_jobs SET state = 'running' WHERE id <= %s", (last,))
-            db.execute("DELETE FROM pgpool_jobs WHERE state = 'running'")
-            priority, run_at = db.execute(
-                "SELECT priority, (extract(epoch FROM run_at) * 1000000)::int8 "
-                "FROM pgpool_jobs LIMIT 1").fetchone()
-            cursor = {"after_priorities": [priority], "after_run_at_us": [run_at],
-                      "after_ids": [last]}
+            cursor = acked_but_the_last(db, 200)
             with db.transaction(force_rollback=True):
                 pinned = scan_buffers(explain_prepared(
                     db, sql.CLAIM_PLAIN, {**params, **cursor}, mode,

@@ -108,6 +108,19 @@ def buffers(node: dict[str, Any]) -> int:
     return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
 
 
+def acked_but_the_last(db: psycopg.Connection, keep: int, claim_sets: str = "") -> dict[str, Any]:
+    """Every job of pgpool_jobs but the last ``keep`` (by id) claimed and acked (deleted)
+    as hosts would, the claims also setting ``claim_sets`` (SQL, ``, col = ...``); the
+    cursor a claimer has after them: the ``after_*`` parameters of one (queue, kind)."""
+    last = db.execute("SELECT max(id) FROM pgpool_jobs").fetchone()[0] - keep
+    db.execute(f"UPDATE pgpool_jobs SET state = 'running'{claim_sets} WHERE id <= %s",
+               (last,))
+    db.execute("DELETE FROM pgpool_jobs WHERE state = 'running'")
+    priority, run_at = db.execute("SELECT priority, (extract(epoch FROM run_at) * 1000000)"
+                                  "::int8 FROM pgpool_jobs LIMIT 1").fetchone()
+    return {"after_priorities": [priority], "after_run_at_us": [run_at], "after_ids": [last]}
+
+
 def count(db: psycopg.Connection, table: str = "pgpool_jobs") -> int:
     return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
