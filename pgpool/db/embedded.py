@@ -80,7 +80,10 @@ def start(pgdata: Path, *, delete_on_exit: bool = False) -> str:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         ensure_system_user(SYSTEM_USER)
     try:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        # Made here, not by the package: it makes the directory if missing before taking
+        # its lock, and of two processes starting at once (the test suite's workers) the
+        # second then failed with FileExistsError.
+        pgdata.mkdir(parents=True, exist_ok=True)
         # Under the package's own inter-process lock (the same file, `lock_path`): it
         # reads and rewrites the same list when a process attaches or exits, and an update
         # lost to a race would stop the server under a live process.
