@@ -382,11 +382,12 @@ def test_an_outage_is_logged_as_state_changes_and_sigterm_during_one_is_bounded(
     pg.start_again()  # the fixture stops it
 
 
-#: The small soak stops by itself after its 60 s limit (+ one query's patience, 30 s); with
-#: set-up (initdb, enqueue) and the dispatchers' graceful stop, a passing run takes about a
-#: minute on a loaded machine. A run still going after 180 s is told to stop (SIGTERM, so it
-#: stops its server and dispatchers) and fails.
-SOAK_TIMEOUT = 180
+#: The small soak stops by itself after its 60 s limit and 60 s of grace for the drain (+
+#: one query's patience, 30 s); with set-up (initdb, enqueue) and the dispatchers' graceful
+#: stop, a passing run takes about a minute on a loaded machine (30 s on a quiet one). A
+#: run still going after 240 s is told to stop (SIGTERM, so it stops its server and
+#: dispatchers) and fails.
+SOAK_TIMEOUT = 240
 
 
 def test_a_small_chaos_soak_passes_every_check(tmp_path):
@@ -394,12 +395,14 @@ def test_a_small_chaos_soak_passes_every_check(tmp_path):
     its own checkers, with the group workload (4 groups of 250 members, 100 parents with
     follow-up children and groups), 20 long jobs that checkpoint after each of their 20
     steps, and 30 jobs of each limited kind: about 2000 jobs, which drain in about the time
-    1500 plain ones did. It must pass and report the figures."""
+    1500 plain ones did. It must pass and report the figures. Faults stop after 45 s; a
+    machine busy with the soak tier's other tests may need more than the 15 s left to
+    drain what is left: up to 60 s more (its speed is not what this checks)."""
     summary = tmp_path / "summary.json"
     soak = subprocess.Popen(
         [sys.executable, str(SUPPORT / "chaos.py"), "--jobs", "300", "--groups", "4",
          "--members", "1000", "--parents", "100", "--steps", "20", "--limited", "30",
-         "--rated", "30", "--seconds", "60",
+         "--rated", "30", "--seconds", "60", "--drain-grace", "60",
          "--interval", "0.2,0.8", "--summary", str(summary)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
