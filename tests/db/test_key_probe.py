@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbtools import buffers, explain_prepared
+from dbtools import explain_prepared, index_reads
 
 import pgpool
 from pgpool.sql import jobs as sql
@@ -27,22 +27,16 @@ PARAMS: dict[str, Any] = {
     "limited_kinds": ["k"], "limited_concurrency": [1_000_000], "limited_max_attempts": [5]}
 
 
-def running_reads(node: dict[str, Any]) -> int:
-    """Shared buffers the scans of running jobs under ``node`` touched: those of the
-    indexes of running jobs (pgpool_jobs_running, _key_running, ...)."""
-    own = buffers(node) if "running" in node.get("Index Name", "") else 0
-    return own + sum(running_reads(child) for child in node.get("Plans", []))
-
-
 def claim_running_reads(db: psycopg.Connection, statement: str) -> int:
     """Shared buffers ``statement``, as a host's prepared claim (generic plan), rolled
-    back, touches to look at running jobs (for their keys); it must claim 50 jobs."""
+    back, touches to look at running jobs (for their keys) on the indexes of running jobs
+    (pgpool_jobs_running, _key_running, ...); it must claim 50 jobs."""
     with db.transaction(force_rollback=True):
         top = explain_prepared(db, getattr(sql, statement), PARAMS, "force_generic_plan",
                                "ANALYZE, BUFFERS, FORMAT JSON")
         assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
                           ).fetchone()[0] == 50
-    return running_reads(top)
+    return index_reads(top, "running")
 
 
 @pytest.mark.own_schema  # pages counted: a table no earlier test left free space in

@@ -121,6 +121,14 @@ def acked_but_the_last(db: psycopg.Connection, keep: int, claim_sets: str = "") 
     return {"after_priorities": [priority], "after_run_at_us": [run_at], "after_ids": [last]}
 
 
+def index_reads(node: dict[str, Any], name_part: str) -> int:
+    """Shared buffers that the scans under EXPLAIN (ANALYZE, BUFFERS) plan ``node`` of the
+    indexes whose name holds ``name_part`` touched, each scan's own (index and heap): what
+    a claim read to find its jobs, or to look at running ones, apart from its writes."""
+    own = buffers(node) if name_part in node.get("Index Name", "") else 0
+    return own + sum(index_reads(child, name_part) for child in node.get("Plans", []))
+
+
 def count(db: psycopg.Connection, table: str = "pgpool_jobs") -> int:
     return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
