@@ -47,6 +47,7 @@ from psycopg.conninfo import make_conninfo
 from webs import fresh_snapshot, kept_webs, stop_kept_webs
 
 import pgpool
+from pgpool.host import claimer as claimer_module
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -163,6 +164,15 @@ def db(request: pytest.FixtureRequest, dsn: str) -> Iterator[psycopg.Connection]
         if _own_schema(request):
             pgpool.migrate(conn)
         yield conn
+
+
+@pytest.fixture
+def costly_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claims' sweeps made too costly to run on their own: only `Claimer.sweep_next` (a
+    host that handed jobs back, a burst host that reaped) starts one."""
+    monkeypatch.setattr(claimer_module, "CHEAP_SWEEP", -1.0)
+    for name in ("SWEEP_EVERY", "SWEEP_COST", "SWEEP_MAX_GAP"):
+        monkeypatch.setattr(claimer_module, name, 1e9)
 
 
 @pytest.fixture

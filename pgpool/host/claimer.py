@@ -82,6 +82,12 @@ CHEAP_SWEEP = 0.005
 _FROM_START = (None, None, None)
 
 
+def _claim_order(row: tuple) -> tuple[int, int, int]:
+    """A claimed job's row's claim-order key (priority, highest first; then due time in µs;
+    then id): the order the claims' rows go to the workers in, and their cursors'."""
+    return (-row[9], row[13], row[0])
+
+
 class RawJsonLoader(Loader):
     """Load jsonb as its raw text bytes: the dispatcher never parses payloads."""
 
@@ -427,10 +433,10 @@ class Claimer:
         order."""
         rows: list[tuple] = []
         if self._limited:
-            rows = await self._claim_whole(conn, queues, limit)
+            rows = await self._claim_whole(conn, queues, limit)  # in claim order
         if self._scoped and len(rows) < limit:
             rows += await self._claim_scoped(conn, queues, limit - len(rows))
-        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+            rows.sort(key=_claim_order)
         self.limited_short = len(rows) < limit
         return rows
 
@@ -502,7 +508,7 @@ class Claimer:
             rows = await self._run_limited(conn, statement,
                                            {**params, **cursors.params(queues, kinds, True)})
             cursors.ran(True, now)
-        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        rows.sort(key=_claim_order)
         # Jobs with a tenant came from the start, in tenant order: no cursor's business.
         cursors.move([row for row in rows if not row[8]], limit)
         return rows
@@ -523,7 +529,7 @@ class Claimer:
             # may have waited most of a lease for a lock (and another claim took its job).
             now = time.monotonic()
             rows = await self._plain_rows(conn, params, queues, True, now)
-        rows.sort(key=lambda row: (-row[9], row[13], row[0]))
+        rows.sort(key=_claim_order)
         cursors.move(rows, limit)
         return rows, now
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from claims import handed_back_behind
 from dbtools import acked_but_the_last, explain_prepared, index_reads, with_pools
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.host import claimer as claimer_module
 from pgpool.host.claimer import Claimer, configure_connection
 from pgpool.host.lease import Lease
 from pgpool.registry import Handler
@@ -31,27 +31,6 @@ PARAMS: dict[str, Any] = {
     "queues": ["default"], "owner": "h", "lease": 30, "limit": 50, "limited_kinds": ["lim"],
     "limited_concurrency": [1_000_000], "limited_rate": [100_000], "limited_per": [1.0],
     "limited_max_attempts": [20], **sql.SWEEP}
-
-
-@pytest.fixture
-def costly_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sweeps made too costly to run on their own: only `Claimer.sweep_next` starts one."""
-    monkeypatch.setattr(claimer_module, "CHEAP_SWEEP", -1.0)
-    for name in ("SWEEP_EVERY", "SWEEP_COST", "SWEEP_MAX_GAP"):
-        monkeypatch.setattr(claimer_module, name, 1e9)
-
-
-async def handed_back_behind(c: Claimer, pool: AsyncConnectionPool) -> list[list[int]]:
-    """Two claims of 2 (from the start, then a sweep whose round trip is measured: from then
-    on sweeps "cost"), and the first job taken handed back, behind the cursor: what each
-    claim took."""
-    taken = [[j.id for j in await c.claim(2)]]
-    c.sweep_next()
-    taken.append([j.id for j in await c.claim(2)])
-    async with pool.connection() as conn:  # what a hand-back writes: run_at kept
-        await conn.execute("UPDATE pgpool_jobs SET state = 'ready', locked_by = NULL, "
-                           "lease_until = NULL WHERE id = %s", (taken[0][0],))
-    return taken
 
 
 def claimer(pool: AsyncConnectionPool) -> Claimer:

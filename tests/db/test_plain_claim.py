@@ -12,13 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from claims import in_registry
+from claims import handed_back_behind, in_registry
 from dbtools import acked_but_the_last, buffers, explain_prepared, one
 from psycopg_pool import AsyncConnectionPool
 from waits import wait_until
 
 import pgpool
-from pgpool.host import claimer as claimer_module
 from pgpool.host.claimer import Claimer
 from pgpool.host.lease import Lease
 from pgpool.registry import Handler
@@ -259,24 +258,16 @@ def test_a_job_committed_behind_the_cursor_is_claimed_by_the_next_claim(db, dsn)
 
 
 
-def test_a_job_handed_back_behind_the_cursor_is_claimed_by_the_sweep_owed_to_it(
-        db, dsn, monkeypatch):
-    # Sweeps made too costly to run on their own: only `sweep_next` (a host that handed
-    # jobs back, a burst host that reaped) starts one, and a job behind the cursor waits
-    # for it. Before it, a burst host found nothing ready and ended with the job left.
-    monkeypatch.setattr(claimer_module, "CHEAP_SWEEP", -1.0)
-    for name in ("SWEEP_EVERY", "SWEEP_COST", "SWEEP_MAX_GAP"):
-        monkeypatch.setattr(claimer_module, name, 1e9)
+@pytest.mark.usefixtures("costly_sweeps")
+def test_a_job_handed_back_behind_the_cursor_is_claimed_by_the_sweep_owed_to_it(db, dsn):
+    # Only `sweep_next` (a host that handed jobs back, a burst host that reaped) starts a
+    # sweep, and a job behind the cursor waits for it. Before it, a burst host found
+    # nothing ready and ended with the job left.
     pgpool.enqueue_many(db, "k", ({"n": i} for i in range(4)))
 
     async def claims(pool: AsyncConnectionPool) -> list[list[int]]:
         c = claimer(pool)
-        taken = [[j.id for j in await c.claim(2)]]  # from the start: no cursor yet
-        c.sweep_next()  # a sweep whose round trip is measured: from now on sweeps "cost"
-        taken.append([j.id for j in await c.claim(2)])
-        async with pool.connection() as conn:  # what a hand-back writes: run_at kept
-            await conn.execute("UPDATE pgpool_jobs SET state = 'ready', locked_by = NULL, "
-                               "lease_until = NULL WHERE id = %s", (taken[0][0],))
+        taken = await handed_back_behind(c, pool)
         taken.append([j.id for j in await c.claim(2)])  # from the cursor: nothing
         taken.append([j.id for j in await c.claim(2)])  # short before, but sweeps cost
         c.sweep_next()

@@ -89,3 +89,16 @@ def claimer(pool: AsyncConnectionPool, owner: str = "host-a", *kinds: str,
             max_attempts: int = 20) -> Claimer:
     return Claimer(pool, owner, queues=queues, handlers=_handlers(*(kinds or ("k",))),
                    lease=Lease(lease), max_attempts=max_attempts, timeout=None)
+
+
+async def handed_back_behind(c: Claimer, pool: AsyncConnectionPool) -> list[list[int]]:
+    """Two claims of 2 on ``c`` (from the start, then a sweep whose round trip is measured:
+    with `costly_sweeps`, sweeps "cost" from then on), and the first job taken handed back
+    as a host hands one back (run_at kept): behind the cursor. What each claim took."""
+    taken = [[j.id for j in await c.claim(2)]]
+    c.sweep_next()
+    taken.append([j.id for j in await c.claim(2)])
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE pgpool_jobs SET state = 'ready', locked_by = NULL, "
+                           "lease_until = NULL WHERE id = %s", (taken[0][0],))
+    return taken
