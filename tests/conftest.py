@@ -171,6 +171,7 @@ def costly_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Claims' sweeps made too costly to run on their own: only `Claimer.sweep_next` (a
     host that handed jobs back, a burst host that reaped) starts one."""
     monkeypatch.setattr(claimer_module, "CHEAP_SWEEP", -1.0)
+    monkeypatch.setattr(claimer_module, "SWEEPS_AT_CURSORS_COST", -1.0)
     for name in ("SWEEP_EVERY", "SWEEP_COST", "SWEEP_MAX_GAP"):
         monkeypatch.setattr(claimer_module, name, 1e9)
 

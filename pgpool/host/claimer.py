@@ -28,11 +28,15 @@ jobs back, or a burst host reaped before it decides it is drained).
 On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
 waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
 claims stay cheap. The kind-wide limited claim reads its kinds from cursors of its own, on
-the same terms, while none of their waiting jobs has a tenant or a concurrency key.
+the same terms, while none of their waiting jobs has a tenant or a concurrency key. The fair
+claim has a cursor per tenant (`sql.CLAIM_CURSORS`), on the same terms, but that it sweeps
+at every claim while sweeps cost no more than claims from its cursors (a clean table: the
+cursors cost each tenant two more index descents there, and skip nothing).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -78,6 +82,12 @@ SWEEP_MAX_GAP = 5.0
 #: Seconds: a sweep that took no longer than this (a clean table's) is run at once after a
 #: cursor claim that took nothing, whatever `SWEEP_COST` says.
 CHEAP_SWEEP = 0.005
+#: The fair claim sweeps every time while a sweep's round trip is at most this many times a
+#: claim from the cursors' (`_TenantCursors.sweep_due`).
+SWEEPS_AT_CURSORS_COST = 1.0
+#: Seconds a tenant's cursor is kept after the last job taken there: a tenant gone quiet
+#: costs neither memory nor a look at each claim.
+TENANT_CURSOR_KEPT = 60.0
 #: The cursor of a pair the claimer has taken nothing from: none, from the start.
 _FROM_START = (None, None, None)
 
@@ -101,8 +111,8 @@ class _Cursors:
 
     def __init__(self) -> None:
         #: Per (queue, kind), the claim-order key (priority, run_at in microseconds since
-        #: the epoch, id) of the last job taken there.
-        self._keys: dict[tuple[str, str], tuple[int, int, int]] = {}
+        #: the epoch, id) of the last job taken there (a subclass's keys may say more).
+        self._keys: dict[tuple[str, ...], tuple[int | float, ...]] = {}
         #: Whether a sweep is due (the last claim came back short), whether the next claim
         #: must sweep whatever it costs (`owe_sweep`), when the last sweep started
         #: (monotonic seconds) and its round trip.
@@ -160,6 +170,86 @@ class _Cursors:
             self._keys[pair] = (row[9], row[13], row[0])
 
 
+class _TenantCursors(_Cursors):
+    """The fair claim's cursors, per (queue, kind) pair and tenant, on the same sweep policy
+    as `_Cursors`: the claim-order key of the last job taken from each tenant there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Per (queue, kind): its tenants with a cursor in tenant order (as PostgreSQL's
+        #: "C" collation orders them: by code point), and per (queue, kind, tenant) the
+        #: key (priority, run_at µs, id) and when it last moved (monotonic seconds).
+        self._tenants: dict[tuple[str, str], list[str]] = {}
+        self._pruned_at = time.monotonic()
+        #: The last claim from the cursors: its round trip, and when it started.
+        self._cursor_rtt = 0.0
+        self._cursor_at = -math.inf
+
+    def sweep_due(self, now: float) -> bool:
+        """`_Cursors.sweep_due`; and on a table where sweeps cost no more than claims from
+        the cursors (a clean one: the cursors' probes cost each tenant two more index
+        descents and skip nothing; `SWEEPS_AT_CURSORS_COST`), every claim sweeps but one
+        every `SWEEP_EVERY` seconds, which measures what the cursors cost."""
+        if super().sweep_due(now):
+            return True
+        return (now - self._cursor_at < SWEEP_EVERY
+                and self._rtt <= SWEEPS_AT_CURSORS_COST * self._cursor_rtt)
+
+    def ran(self, sweep: bool, started: float) -> None:
+        """`_Cursors.ran`; a claim from the cursors' round trip is kept too."""
+        super().ran(sweep, started)
+        if not sweep:
+            self._cursor_rtt = time.monotonic() - started
+            self._cursor_at = started
+
+    def tenant_params(self, queues: list[str], kinds: list[str], after: str, limit: int,
+                      sweep: bool) -> dict[str, object]:
+        """A fair claim's cursor parameters (``cursor_*``): per pair (queues outer, kinds
+        inner), the tenants with a cursor that its walk may visit (the first ``limit`` +
+        `sql.TENANT_SKIPS` after ``after``, wrapping round), in tenant order; none for a
+        sweep (`sql.CLAIM` takes none). A tenant left out is read from the start."""
+        if sweep:
+            self._owed = False  # as in `_Cursors.params`
+            return {}
+        most = limit + sql.TENANT_SKIPS
+        pns: list[int] = []
+        names: list[str] = []
+        keys: list[tuple[int | float, ...]] = []
+        for pn, (queue, kind) in enumerate(itertools.product(queues, kinds), 1):
+            known = self._tenants.get((queue, kind))
+            if not known:
+                continue
+            start = bisect.bisect_right(known, after)
+            sent = known[start:start + most]
+            sent = known[:max(0, min(start, most - len(sent)))] + sent
+            pns += [pn] * len(sent)
+            names += sent
+            keys += [self._keys[(queue, kind, tenant)] for tenant in sent]
+        return {"cursor_pairs": int_array(pns), "cursor_tenants": names,
+                "cursor_priorities": int_array(k[0] for k in keys),
+                "cursor_run_at_us": int_array(k[1] for k in keys),
+                "cursor_ids": int_array(k[2] for k in keys)}
+
+    def move(self, rows: list[tuple], limit: int) -> None:
+        """Move the cursors on past ``rows`` (claimed jobs in claim order, of a claim of
+        ``limit``): each (queue, kind, tenant)'s last row is its cursor. Tenants not
+        claimed from for `TENANT_CURSOR_KEPT` seconds lose theirs."""
+        self._wanted = len(rows) < limit
+        now = time.monotonic()
+        last = {(row[2], row[1], row[8]): row for row in rows}
+        for (queue, kind, tenant), row in last.items():
+            if (queue, kind, tenant) not in self._keys:
+                bisect.insort(self._tenants.setdefault((queue, kind), []), tenant)
+            self._keys[(queue, kind, tenant)] = (row[9], row[13], row[0], now)
+        if now - self._pruned_at >= TENANT_CURSOR_KEPT:
+            self._pruned_at = now
+            self._keys = {key: value for key, value in self._keys.items()
+                          if now - value[3] < TENANT_CURSOR_KEPT}
+            self._tenants = {}
+            for queue, kind, tenant in sorted(self._keys):
+                self._tenants.setdefault((queue, kind), []).append(tenant)
+
+
 async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | None = None,
                                *, claims: bool = False) -> None:
     """Set up a pooled connection of a dispatcher: payloads stay raw bytes, transactions
@@ -214,7 +304,10 @@ class Claimer:
         self._all_kinds = sorted(handlers)
         self._max_attempts = {k: handlers[k].max_attempts or max_attempts for k in handlers}
         self._owner = owner
-        self._fair_claim = sql.CLAIM_CPU if fair_by == "cpu" else sql.CLAIM
+        #: The fair claim, from the tenants' cursors (False) and as a sweep (True).
+        self._fair_claim = ({False: sql.CLAIM_CPU_CURSORS, True: sql.CLAIM_CPU}
+                            if fair_by == "cpu" else
+                            {False: sql.CLAIM_CURSORS, True: sql.CLAIM})
         #: What every plain or fair claim sends, but its ``limit`` (and its kinds, those
         #: without a limit: `set_limits`).
         self._params: dict[str, object] = {
@@ -251,6 +344,7 @@ class Claimer:
         #: The plain claim's cursors, and the kind-wide limited claim's.
         self._plain_cursors = _Cursors()
         self._limited_cursors = _Cursors()
+        self._fair_cursors = _TenantCursors()
         #: The last claim found no job this host could run waiting at all (a sweep took
         #: nothing, and no job waits for the fair claim): an idle queue.
         self.found_none = False
@@ -335,6 +429,7 @@ class Claimer:
         reaper), and a burst host must not decide it is drained without looking there."""
         self._plain_cursors.owe_sweep()
         self._limited_cursors.owe_sweep()
+        self._fair_cursors.owe_sweep()
 
     @property
     def sweeps(self) -> int:
@@ -418,7 +513,7 @@ class Claimer:
             # The fair claim's jobs are leased from its own start: the plain claim before
             # it took none, however long it waited (for a lock, say).
             leased = time.monotonic()
-            rows = self._fair_order(await self._claim_fair(conn, params))
+            rows = await self._claim_fair(conn, params, queues, limit)
         elif not rows and not self._limited_kinds:
             # A sweep took nothing and nothing waits for the fair claim: no job this host
             # could run is ready at all. (A host with limited kinds never says so: a job a
@@ -550,23 +645,43 @@ class Claimer:
         row = await (await conn.execute(sql.NEEDS_FAIR, params)).fetchone()
         return bool(row and row[0])
 
-    async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object]
-                          ) -> list[tuple]:
-        """Run the fair claim (`sql.CLAIM`, or `sql.CLAIM_CPU`) on ``conn``; after it, the
-        next claim is the plain one if nothing waiting needs the fair one any more (its
-        rows say)."""
+    async def _claim_fair(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                          queues: list[str], limit: int) -> list[tuple]:
+        """Run the fair claim (`sql.CLAIM`, or `sql.CLAIM_CPU`) on ``conn``, from the
+        tenants' cursors or as a sweep, as the plain claim does, and move the cursors on:
+        its rows, in fair order. After it, the next claim is the plain one if nothing
+        waiting needs the fair one any more (its rows say)."""
+        cursors = self._fair_cursors
+        now = time.monotonic()
+        sweep = cursors.sweep_due(now)
+        rows = await self._fair_rows(conn, params, queues, limit, sweep, now)
+        if not sweep and not any(row[0] is not None for row in rows) and cursors.sweep_is_cheap():
+            rows = await self._fair_rows(conn, params, queues, limit, True, time.monotonic())
+        if rows:
+            self.plain = rows[0][14]
+        rows = self._fair_order([row[:14] for row in rows])
+        cursors.move(rows, limit)
+        return rows
+
+    async def _fair_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                         queues: list[str], limit: int, sweep: bool, now: float
+                         ) -> list[tuple]:
+        """The rows of one fair claim started at ``now``, a sweep or from the cursors."""
+        kinds = cast(list[str], params["kinds"])
+        cursors = self._fair_cursors
+        statement = self._fair_claim[sweep]
+        params = {**params, "after": self._after,
+                  **cursors.tenant_params(queues, kinds, self._after, limit, sweep)}
         for tries in range(1, KEY_RACE_TRIES + 1):
             try:
-                cur = await conn.execute(self._fair_claim, {**params, "after": self._after})
-                rows = await cur.fetchall()
+                rows = await (await conn.execute(statement, params)).fetchall()
                 break
             except KEY_RACE_LOST:
                 # Another claim took one of these concurrency keys first; the whole
                 # statement rolled back, so every job it had picked is still ready.
                 if tries == KEY_RACE_TRIES:
                     raise
-        if rows:
-            self.plain = rows[0][9]
+        cursors.ran(sweep, now)
         return rows
 
     def _fair_order(self, rows: list[tuple]) -> list[tuple]:
@@ -577,10 +692,11 @@ class Claimer:
         its round order, where the next walk starts.
         """
         if rows and rows[0][0] is None:
-            # Nothing claimed, and a walk went past `sql.TENANT_SKIPS` tenants that gave
-            # nothing: the one row, with no job, says where it stopped. The next claim goes
+            # Nothing claimed. If a walk went past `sql.TENANT_SKIPS` tenants that gave
+            # nothing, the one row, with no job, says where it stopped: the next claim goes
             # on from there instead of visiting those tenants again.
-            self._after = rows[0][8]
+            if rows[0][8] is not None:
+                self._after = rows[0][8]
             return []
         if not rows:
             return rows

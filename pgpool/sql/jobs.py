@@ -358,17 +358,226 @@ NEEDS_FAIR: Final = "SELECT EXISTS (" + _NEED_FAIR + ")"
 #: `CLAIM_PLAIN`'s cursor parameters for a sweep: every pair from the start.
 SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": None}
 
+#: The ready jobs of the given queues and kinds with a concurrency key, on the partial index
+#: pgpool_jobs_ready_keyed (migration 27), which holds only them. While one waits, the
+#: fair claim reads every tenant from the start, not from its cursor: a job passed over
+#: while its key ran would lie behind the cursor of a tenant whose later jobs were taken.
+_KEYED_WAITING: Final = """
+        SELECT FROM pgpool_jobs
+        WHERE state = 'ready' AND concurrency_key IS NOT NULL
+          AND queue = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+"""
+
+#: What the fair claim's scans (``fair``, ``spare``) take of each job, ``j``.
+_FAIR_COLUMNS: Final = ("j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, "
+                        "j.concurrency_key")
+
+
+def _tenant_from_cursor(c: str, columns: str, limit: str, where: str = "",
+                        lock: str = "", higher: bool = True) -> str:
+    """The ready jobs ``j`` of tenant ``{c}.tenant`` in the pair (``{c}.queue``,
+    ``{c}.kind``) that also meet ``where``, in claim order from the tenant's cursor
+    (``{c}.cur_priority``, ``{c}.cur_run_at``, ``{c}.cur_id``; NULL: from the start), up to
+    ``limit``: ``columns`` of each, every scan with ``lock``. The three scans of
+    `_from_cursor`, chained in claim order, on the ready index's range of the tenant; but
+    the first (higher priorities than the cursor's, from the start) unless ``higher``."""
+    def scan(cond: str, order: str, n: int) -> str:
+        return ("SELECT * FROM (\n            SELECT " + columns + " FROM pgpool_jobs AS j\n"
+                "            WHERE j.state = 'ready' AND j.queue = " + c + ".queue"
+                " AND j.kind = " + c + ".kind\n"
+                "              AND j.tenant = " + c + ".tenant AND j.run_at <= now()\n"
+                "              AND " + cond + (" AND " + where if where else "") + "\n"
+                "            ORDER BY " + order + "\n            LIMIT " + limit + lock
+                + ") AS s" + str(n))
+    by_priority = "j.priority DESC, j.run_at, j.id"
+    return ("\n        "
+            + (scan("j.priority > " + c + ".cur_priority", by_priority, 1)
+               + "\n        UNION ALL\n        " if higher else "")
+            + scan("j.priority = " + c + ".cur_priority AND (j.run_at, j.id) > ("
+                   + c + ".cur_run_at, " + c + ".cur_id)", "j.run_at, j.id", 2)
+            + "\n        UNION ALL\n        "
+            + scan("j.priority <= coalesce(" + c + ".cur_priority - 1, 2147483647)",
+                   by_priority, 3)
+            + "\n        LIMIT " + limit)
+
+
+def _tenant_from_start(c: str, columns: str, limit: str, where: str = "",
+                       lock: str = "") -> str:
+    """`_tenant_from_cursor` for a sweep: one scan of the tenant's range from its start."""
+    return ("\n        SELECT " + columns + " FROM pgpool_jobs AS j\n"
+            "        WHERE j.state = 'ready' AND j.queue = " + c + ".queue AND j.kind = "
+            + c + ".kind\n          AND j.tenant = " + c + ".tenant AND j.run_at <= now()"
+            + ("\n          AND " + where if where else "")
+            + "\n        ORDER BY j.priority DESC, j.run_at, j.id\n        LIMIT " + limit
+            + lock.replace(" FOR", "\n        FOR"))
+
+
+#: The walks' room of tenant ``x.tenant`` under ``--tenant-cap`` (``r.room``): how many
+#: more of its jobs may run now (its running jobs counted on an index, at most the cap's
+#: worth), or ``limit`` when not counted (no cap, jobs without a tenant, or ``{none}``).
+_TENANT_ROOM: Final = """\
+    CROSS JOIN LATERAL (SELECT  -- --tenant-cap: how many more of its jobs may run now
+        CASE WHEN %(tenant_cap)s::int IS NULL OR x.tenant = ''{none} THEN %(limit)s
+             ELSE greatest(0, %(tenant_cap)s::int - (
+                 SELECT count(*) FROM (
+                     SELECT FROM pgpool_jobs AS r
+                     WHERE r.tenant = x.tenant AND r.state = 'running' AND r.tenant <> ''
+                     LIMIT %(tenant_cap)s) AS r))::int END AS room
+        OFFSET 0) AS r  -- not inlined: its subquery runs once, not per use
+"""
+
+#: The fair claim's walk over tenants (see `CLAIM`), as a sweep reads them: each pair's
+#: tenants from the start of its range of the ready index, one descent each.
+_WALK_FROM_START: Final = """WITH RECURSIVE pairs AS (
+    SELECT q.queue, k.kind
+    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
+    SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
+           %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
+    FROM pairs AS p  -- n = 0: the cursor, where the walk starts, not a tenant
+    CROSS JOIN LATERAL (  -- where the walk wraps round to, found once
+        SELECT tenant AS lowest, concurrency_key AS lowest_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS f
+    UNION ALL
+    SELECT t.queue, t.kind, t.lowest, t.lowest_key, coalesce(t.first, x.tenant), x.tenant,
+           t.n + 1, t.skipped + CASE  -- a tenant that gives nothing now: go on past it
+               WHEN r.room = 0 THEN 1 WHEN x.key IS NULL THEN 0
+               WHEN EXISTS (SELECT FROM pgpool_jobs AS k  -- its first job's key runs
+                            WHERE k.concurrency_key = x.key AND k.state = 'running') THEN 1
+               ELSE 0 END,
+           r.room
+    FROM walk AS t
+    LEFT JOIN LATERAL (  -- the next tenant's first job, in claim order
+        SELECT tenant, concurrency_key FROM pgpool_jobs
+        WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
+        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS nx ON true
+    CROSS JOIN LATERAL (SELECT coalesce(nx.tenant, t.lowest) AS tenant,
+        CASE WHEN nx.tenant IS NULL THEN t.lowest_key ELSE nx.concurrency_key END AS key
+        ) AS x
+""" + _TENANT_ROOM.format(none="") + """\
+    WHERE (t.n = 0 OR x.tenant <> t.first)
+      AND t.n - t.skipped < %(limit)s AND t.skipped < """ + str(TENANT_SKIPS) + """
+"""
+
+#: The walk from the tenants' cursors (see `CLAIM`): a tenant with a cursor is reached by a
+#: probe from it (``k``, ``kj``), one without by a descent bounded by the next one with
+#: (``g``). ``pos`` is where the next step looks from (inclusive: after tenant T, T || chr(1),
+#: which no other name falls between in byte order), ``ki`` the next cursor's place in the
+#: ``cursor_*`` arrays; past the pair's last tenant the walk wraps round once to its first
+#: (``wrapped``), and ends at the first tenant it visited before that, or at the end.
+_WALK_FROM_CURSORS: Final = """WITH RECURSIVE pairs AS (
+    SELECT q.queue, k.kind, (q.qn - 1) * cardinality(%(kinds)s::text[]) + k.kn AS pn
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
+    CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS k(kind, kn)
+), known AS (  -- cursors: the tenants with one, by pair (pn) and in tenant order (i)
+    SELECT c.pn, c.tenant COLLATE "C" AS tenant, c.i
+    FROM unnest(%(cursor_pairs)s::int[], %(cursor_tenants)s::text[])
+        WITH ORDINALITY AS c(pn, tenant, i)
+    WHERE NOT EXISTS (""" + _KEYED_WAITING + """)  -- read once: then no cursors
+), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
+    SELECT p.queue, p.kind, p.pn, x.k0, x.ki,
+           (%(after)s::text || chr(1)) COLLATE "C" AS pos, false AS wrapped,
+           NULL::text COLLATE "C" AS first, NULL::text COLLATE "C" AS tenant,
+           0 AS n, 0 AS skipped, 0 AS room, false AS has_job, NULL::int AS cur_priority,
+           NULL::timestamptz AS cur_run_at, NULL::bigint AS cur_id
+    FROM pairs AS p  -- n = 0: where the walk starts, not a tenant
+    CROSS JOIN LATERAL (  -- the pair's first cursor, and its first after the claimer's
+        SELECT min(c.i)::int AS k0,
+               min(c.i) FILTER (WHERE c.tenant > %(after)s::text COLLATE "C")::int AS ki
+        FROM known AS c WHERE c.pn = p.pn) AS x
+    UNION ALL
+    SELECT t.queue, t.kind, t.pn, t.k0,
+           CASE WHEN x.tenant IS NULL THEN t.k0 WHEN x.known THEN t.ki + 1 ELSE t.ki END,
+           CASE WHEN x.tenant IS NULL THEN '' ELSE x.tenant || chr(1) END COLLATE "C",
+           t.wrapped OR x.tenant IS NULL,
+           CASE WHEN t.wrapped THEN t.first ELSE coalesce(t.first, x.tenant) END COLLATE "C",
+           x.tenant COLLATE "C", t.n + (x.tenant IS NOT NULL)::int,
+           t.skipped + CASE  -- a tenant that gives nothing now: go on past it
+               WHEN x.tenant IS NULL THEN 0 WHEN NOT x.has_job OR r.room = 0 THEN 1
+               WHEN x.key IS NULL THEN 0
+               WHEN EXISTS (SELECT FROM pgpool_jobs AS k  -- its first job's key runs
+                            WHERE k.concurrency_key = x.key AND k.state = 'running') THEN 1
+               ELSE 0 END,
+           r.room, x.has_job, x.cur_priority, x.cur_run_at, x.cur_id
+    FROM walk AS t
+    LEFT JOIN LATERAL (  -- the next tenant with a cursor, and its cursor
+        SELECT (%(cursor_tenants)s::text[])[t.ki] COLLATE "C" AS tenant,
+               (%(cursor_priorities)s::int[])[t.ki] AS cur_priority,
+               timestamptz 'epoch' + (%(cursor_run_at_us)s::int8[])[t.ki]
+                   * interval '1 microsecond' AS cur_run_at,
+               (%(cursor_ids)s::bigint[])[t.ki] AS cur_id
+        WHERE (%(cursor_pairs)s::int[])[t.ki] = t.pn) AS k ON true
+    LEFT JOIN LATERAL (  -- the next tenant without one, before k: one index descent
+        -- Bounded by k's name, it stops at k's first entry without reading its row (dead,
+        -- with a pinned horizon, as all of k's before its cursor).
+        SELECT * FROM (
+            SELECT tenant, concurrency_key FROM pgpool_jobs
+            WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant >= t.pos
+              AND tenant < k.tenant  -- with no k, NULL: not read at all
+            ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS g1
+        UNION ALL
+        SELECT * FROM (
+            SELECT tenant, concurrency_key FROM pgpool_jobs
+            WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant >= t.pos
+              AND k.tenant IS NULL
+            ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS g2
+        LIMIT 1) AS g ON true
+    LEFT JOIN LATERAL (  -- else k's first job, from its cursor
+        SELECT true AS found, j.concurrency_key
+        FROM (SELECT t.queue, t.kind, k.tenant, k.cur_priority, k.cur_run_at, k.cur_id) AS kc
+        CROSS JOIN LATERAL (""" + _tenant_from_cursor("kc", "j.concurrency_key", "1",
+                                                      higher=False) + """
+        ) AS j
+        WHERE g.tenant IS NULL AND k.tenant IS NOT NULL) AS kj ON true
+    CROSS JOIN LATERAL (SELECT coalesce(g.tenant, k.tenant) AS tenant,
+        g.tenant IS NULL AND k.tenant IS NOT NULL AS known,
+        g.tenant IS NOT NULL OR kj.found IS NOT NULL AS has_job,
+        CASE WHEN g.tenant IS NULL THEN kj.concurrency_key ELSE g.concurrency_key END AS key,
+        CASE WHEN g.tenant IS NULL THEN k.cur_priority END AS cur_priority,
+        CASE WHEN g.tenant IS NULL THEN k.cur_run_at END AS cur_run_at,
+        CASE WHEN g.tenant IS NULL THEN k.cur_id END AS cur_id
+        ) AS x
+""" + _TENANT_ROOM.format(none=" OR NOT x.has_job") + """\
+    WHERE t.n - t.skipped < %(limit)s AND t.skipped < """ + str(TENANT_SKIPS) + """
+      AND (x.tenant IS NOT NULL OR NOT t.wrapped)  -- past the last once round: the end
+      AND NOT coalesce(t.wrapped AND x.tenant >= t.first, false)  -- round to the first
+      -- (first: the first tenant before the wrap; none there, the walk ends at the end)
+"""
+
+#: The tenants the scans read (see `CLAIM`): those the walk visited, with their cursors.
+_TENANTS_FROM_START: Final = """
+    SELECT queue, kind, tenant, room, NULL::int AS cur_priority,
+           NULL::timestamptz AS cur_run_at, NULL::bigint AS cur_id
+    FROM walk WHERE n > 0"""
+_TENANTS_FROM_CURSORS: Final = """
+    SELECT queue, kind, tenant, room, cur_priority, cur_run_at, cur_id
+    FROM walk WHERE tenant IS NOT NULL AND has_job"""
+
+
 #: The fair claim: up to ``limit`` ready jobs of the given queues and kinds, in fair order,
 #: when something waiting has a tenant or a concurrency key (else `CLAIM_PLAIN` does it).
-#: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s but
-#: the tenth: ``plain``, true when nothing it left behind needs the fair claim (the
-#: claimer's next claim is the plain one then).
+#: Locking and the update as in `CLAIM_PLAIN`. Rows in claim order, as `CLAIM_PLAIN`'s, and
+#: a fifteenth: ``plain``, true when nothing it left behind needs the fair claim (the
+#: claimer's next claim is the plain one then). A claim that takes nothing returns one row
+#: with no job, its ``plain``, and where a walk that went past `TENANT_SKIPS` tenants
+#: stopped (else NULL).
 #:
 #: One LATERAL scan per (queue, kind) pair and tenant, on the ready index (queue, kind,
 #: tenant, priority DESC, run_at, id): each returns rows already in claim order and stops
 #: after its LIMIT, however deep the backlog. (``queue = ANY(...)`` would make PostgreSQL
 #: sort every due row first: 350 ms instead of 1.4 ms per claim with a million jobs due.)
 #: Rows a scan locked but the batch did not take stay ready when the statement ends.
+#:
+#: Cursors, as `CLAIM_PLAIN`'s but per tenant: ``cursor_tenants`` (in tenant order within
+#: each pair, ``cursor_pairs`` numbering the pairs as `CLAIM_PLAIN` does) with the
+#: claim-order key of the last job the claimer took from each (``cursor_priorities``,
+#: ``cursor_run_at_us``, ``cursor_ids``), in `CLAIM_CURSORS` (a sweep is `CLAIM`). The walk
+#: reaches a tenant with a cursor by a probe from its cursor, and one without by an index
+#: descent bounded by the next tenant with one, so that it never lands on a dead head of
+#: entries it has claimed past; the scans read each tenant from its cursor the same way.
+#: While a job with a concurrency key waits (`_KEYED_WAITING`, read once), no cursor is
+#: used: a keyed job passed over while its key ran lies behind a cursor.
 #:
 #: Fairness (docs/guides/fairness.md, docs/concepts/claim.md; the parts marked "fair:" below):
 #: - ``walk``: a loose index scan (one index descent per tenant) lists the tenants with
@@ -398,82 +607,38 @@ SWEEP: Final = {"after_priorities": None, "after_run_at_us": None, "after_ids": 
 #: (``run_at <= now()`` only guards against a ready row written with a future time by a
 #: pgpool older than the scheduled state).
 def _fair_claim(share: str, fair_from: str, spare_from: str, picked_join: str,
-                picked_order: str) -> str:
+                picked_order: str, cursors: bool) -> str:
     """The fair claim's statement: `CLAIM`, or `CLAIM_CPU`, which differ in how the batch
     is shared (``share``: its CTEs), what each (queue, kind, tenant)'s scans are driven by
     (``fair_from``, and ``spare_from`` for the rest of the batch: rows ``t`` or ``f`` with
     its ``queue``, ``kind`` and ``tenant``, ``r.room`` and ``s.share``; ``f`` also with
     ``got`` and ``ids``, what it took) and the order the batch is picked in
-    (``picked_order``, over ``x``, the candidates, and what ``picked_join`` joins)."""
+    (``picked_order``, over ``x``, the candidates, and what ``picked_join`` joins). With
+    ``cursors``, the walk and the scans read each tenant from its cursor (`CLAIM_CURSORS`);
+    else from the start, as a sweep does."""
+    walk, tenants = ((_WALK_FROM_CURSORS, _TENANTS_FROM_CURSORS) if cursors
+                     else (_WALK_FROM_START, _TENANTS_FROM_START))
+    scan = _tenant_from_cursor if cursors else _tenant_from_start
     return """
-WITH RECURSIVE pairs AS (
-    SELECT q.queue, k.kind
-    FROM unnest(%(queues)s::text[]) AS q(queue) CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
-), walk AS (  -- fair: the tenants with ready jobs, from the cursor on, wrapping round
-    SELECT p.queue, p.kind, f.lowest, f.lowest_key, NULL::text COLLATE "C" AS first,
-           %(after)s::text COLLATE "C" AS tenant, 0 AS n, 0 AS skipped, 0 AS room
-    FROM pairs AS p  -- n = 0: the cursor, where the walk starts, not a tenant
-    CROSS JOIN LATERAL (  -- where the walk wraps round to, found once
-        SELECT tenant AS lowest, concurrency_key AS lowest_key FROM pgpool_jobs
-        WHERE state = 'ready' AND queue = p.queue AND kind = p.kind
-        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS f
-    UNION ALL
-    SELECT t.queue, t.kind, t.lowest, t.lowest_key, coalesce(t.first, x.tenant), x.tenant,
-           t.n + 1, t.skipped + CASE  -- a tenant that gives nothing now: go on past it
-               WHEN r.room = 0 THEN 1 WHEN x.key IS NULL THEN 0
-               WHEN EXISTS (SELECT FROM pgpool_jobs AS k  -- its first job's key runs
-                            WHERE k.concurrency_key = x.key AND k.state = 'running') THEN 1
-               ELSE 0 END,
-           r.room
-    FROM walk AS t
-    LEFT JOIN LATERAL (  -- the next tenant's first job, in claim order
-        SELECT tenant, concurrency_key FROM pgpool_jobs
-        WHERE state = 'ready' AND queue = t.queue AND kind = t.kind AND tenant > t.tenant
-        ORDER BY tenant, priority DESC, run_at, id LIMIT 1) AS nx ON true
-    CROSS JOIN LATERAL (SELECT coalesce(nx.tenant, t.lowest) AS tenant,
-        CASE WHEN nx.tenant IS NULL THEN t.lowest_key ELSE nx.concurrency_key END AS key
-        ) AS x
-    CROSS JOIN LATERAL (SELECT  -- --tenant-cap: how many more of its jobs may run now
-        CASE WHEN %(tenant_cap)s::int IS NULL OR x.tenant = '' THEN %(limit)s
-             ELSE greatest(0, %(tenant_cap)s::int - (
-                 SELECT count(*) FROM (
-                     SELECT FROM pgpool_jobs AS r
-                     WHERE r.tenant = x.tenant AND r.state = 'running' AND r.tenant <> ''
-                     LIMIT %(tenant_cap)s) AS r))::int END AS room
-        OFFSET 0) AS r  -- not inlined: its subquery runs once, not per use
-    WHERE (t.n = 0 OR x.tenant <> t.first)
-      AND t.n - t.skipped < %(limit)s AND t.skipped < """ + str(TENANT_SKIPS) + """
-), tenants AS (
-    SELECT queue, kind, tenant, room FROM walk WHERE n > 0
+""" + walk + """), tenants AS (""" + tenants + """
 ), room AS (  -- fair: --tenant-cap, how many more of each tenant's jobs may run now
     SELECT DISTINCT tenant, room FROM tenants
 ), """ + share + """
 ), fair AS MATERIALIZED (
     SELECT c.* FROM """ + fair_from + """
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
-        FROM pgpool_jobs AS j
-        WHERE j.state = 'ready' AND j.queue = t.queue AND j.kind = t.kind
-          AND j.tenant = t.tenant AND j.run_at <= now()
-          AND """ + _KEY_IDLE.format(p="j") + """
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT least(s.share, r.room)
-        FOR NO KEY UPDATE SKIP LOCKED
+    CROSS JOIN LATERAL (""" + scan(
+        "t", _FAIR_COLUMNS, "least(s.share, r.room)", _KEY_IDLE.format(p="j"),
+        " FOR NO KEY UPDATE SKIP LOCKED") + """
     ) AS c
     WHERE r.room > 0
 ), spare AS (  -- fair: the rest of the batch, to the tenants that filled their share
     SELECT c.*
     FROM """ + spare_from + """
     CROSS JOIN (SELECT count(*)::int AS got FROM fair) AS total
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.queue, j.kind, j.tenant, j.priority, j.run_at, j.concurrency_key
-        FROM pgpool_jobs AS j
-        WHERE j.state = 'ready' AND j.queue = f.queue AND j.kind = f.kind
-          AND j.tenant = f.tenant AND j.run_at <= now() AND j.id <> ALL(f.ids)
-          AND """ + _KEY_IDLE.format(p="j") + """
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT least(r.room - f.got, %(limit)s - total.got)
-        FOR NO KEY UPDATE SKIP LOCKED
+    CROSS JOIN LATERAL (""" + scan(
+        "f", _FAIR_COLUMNS, "least(r.room - f.got, %(limit)s - total.got)",
+        "j.id <> ALL(f.ids) AND " + _KEY_IDLE.format(p="j"),
+        " FOR NO KEY UPDATE SKIP LOCKED") + """
     ) AS c
     WHERE f.got = least(s.share, r.room) AND f.got < r.room AND total.got < %(limit)s
 ), one_per_key AS (  -- concurrency_key: at most one job per key in a batch
@@ -481,8 +646,8 @@ WITH RECURSIVE pairs AS (
                                  ORDER BY priority DESC, run_at, id) AS key_rank
     FROM (SELECT * FROM fair UNION ALL SELECT * FROM spare) AS candidates
 ), picked AS (  -- fair: round-robin over tenants, within the cap
-    SELECT x.id FROM (
-        SELECT id, tenant, priority, run_at,
+    SELECT x.id, x.tenant <> '' OR x.concurrency_key IS NOT NULL AS fair FROM (
+        SELECT id, tenant, concurrency_key, priority, run_at,
                row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id)
                    AS tenant_rank
         FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1
@@ -491,8 +656,13 @@ WITH RECURSIVE pairs AS (
     ORDER BY """ + picked_order + """, x.priority DESC, x.run_at, x.id
     LIMIT %(limit)s
 ), plain AS (  -- nothing left that needs the fair claim once this one's jobs are taken
-    SELECT NOT EXISTS (""" + _NEED_FAIR + """
-          AND id <> ALL(ARRAY(SELECT id FROM picked))) AS plain
+    -- Not looked for when a full batch took some that need it (more are most likely
+    -- left): with a pinned horizon the look walks the dead entries of every job with a
+    -- tenant claimed since, and a backlog's claims would pay for it at every claim.
+    SELECT CASE WHEN EXISTS (SELECT FROM picked WHERE fair)
+                     AND (SELECT count(*) FROM picked) = %(limit)s THEN false
+                ELSE NOT EXISTS (""" + _NEED_FAIR + """
+                    AND id <> ALL(ARRAY(SELECT id FROM picked))) END AS plain
 ), claimed AS (  -- as in CLAIM_PLAIN
     UPDATE pgpool_jobs AS j
     SET """ + _CLAIM_SET.format(default="k.max_attempts") + """
@@ -503,25 +673,29 @@ WITH RECURSIVE pairs AS (
               j.run_at, j.snoozes, j.meta, j.group_id
 )
 SELECT c.id, c.kind, c.queue, c.attempts, c.interruptions, c.max_attempts, c.payload,
-       c.waited, coalesce(c.tenant, w.tenant), (SELECT plain FROM plain), c.snoozes, c.meta,
-       c.group_id, """ + _RUN_AT_US.format(table="c") + """
+       c.waited, coalesce(c.tenant, w.tenant), c.priority, c.snoozes, c.meta, c.group_id,
+       """ + _RUN_AT_US.format(table="c") + """, (SELECT plain FROM plain)
 FROM (SELECT coalesce(min(tenant) FILTER (WHERE tenant > %(after)s), min(tenant)) AS tenant
       FROM walk WHERE skipped = """ + str(TENANT_SKIPS) + """) AS w  -- where walks stopped short
-LEFT JOIN claimed AS c ON true
-WHERE c.id IS NOT NULL OR w.tenant IS NOT NULL  -- nothing claimed: that, in a row with no job
+LEFT JOIN claimed AS c ON true  -- nothing claimed: a row with no job, and where walks stopped
 ORDER BY c.priority DESC, c.run_at, c.id  -- claim order: the workers take them in this order
 """
 
 
-CLAIM: Final = _fair_claim(
+_BY_COUNT: Final[dict[str, str]] = dict(
     share="""share AS (  -- fair: the equal share of the batch of each tenant with room
     SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS share
     FROM room WHERE room > 0""",
     fair_from="tenants AS t JOIN room AS r USING (tenant) CROSS JOIN share AS s",
-    spare_from="""(SELECT queue, kind, tenant, count(*)::int AS got, array_agg(id) AS ids
-          FROM fair GROUP BY queue, kind, tenant) AS f
+    spare_from="""(SELECT c.queue, c.kind, c.tenant, t.cur_priority, t.cur_run_at, t.cur_id,
+                 count(*)::int AS got, array_agg(c.id) AS ids
+          FROM fair AS c JOIN tenants AS t USING (queue, kind, tenant)
+          GROUP BY c.queue, c.kind, c.tenant, t.cur_priority, t.cur_run_at, t.cur_id) AS f
     JOIN room AS r USING (tenant) CROSS JOIN share AS s""",
     picked_join="", picked_order="x.tenant_rank")
+CLAIM: Final = _fair_claim(**_BY_COUNT, cursors=False)
+#: `CLAIM` from the tenants' cursors (see `CLAIM`).
+CLAIM_CURSORS: Final = _fair_claim(**_BY_COUNT, cursors=True)
 
 #: Seconds of CPU usage (`RECORD_CPU`) that `CLAIM_CPU` weighs: the recent window
 #: fairness by CPU time evens out over. Usage is recorded in buckets of `CPU_BUCKET`
@@ -558,7 +732,7 @@ RUNNING_COUNTED: Final = 1000
 #: - ``spare``: what the tenants did not fill goes to any tenant with room, a share of 0
 #:   included (a batch is never left short while a job could run), and ``picked`` takes
 #:   the candidates in the order of those starts.
-CLAIM_CPU: Final = _fair_claim(
+_BY_CPU: Final[dict[str, str]] = dict(
     share="""used AS (  -- cpu: each tenant's recent CPU, per attempt, and running jobs
     SELECT r.tenant, r.room, coalesce(u.cpu, 0) AS cpu, u.mean, n.running
     FROM room AS r
@@ -593,19 +767,24 @@ CLAIM_CPU: Final = _fair_claim(
 ), share AS MATERIALIZED (  -- cpu: per (queue, kind, tenant) with room, its share
     -- One relation that the scans are driven by: joined to the walk's tenants in them,
     -- the scans ran for every pair of rows (the CTEs' estimates are a row or so each).
-    SELECT t.queue, t.kind, t.tenant, t.room, x.share
+    SELECT t.queue, t.kind, t.tenant, t.room, t.cur_priority, t.cur_run_at, t.cur_id, x.share
     FROM tenants AS t JOIN starts AS x USING (tenant)""",
     fair_from="""share AS t  -- r and s: where the scans read the room and share
     CROSS JOIN LATERAL (SELECT t.room) AS r(room)
     CROSS JOIN LATERAL (SELECT t.share) AS s(share)""",
-    spare_from="""(SELECT t.queue, t.kind, t.tenant, t.room, t.share, count(c.id)::int AS got,
+    spare_from="""(SELECT t.queue, t.kind, t.tenant, t.room, t.share, t.cur_priority,
+                 t.cur_run_at, t.cur_id, count(c.id)::int AS got,
                  coalesce(array_agg(c.id) FILTER (WHERE c.id IS NOT NULL), '{}') AS ids
           FROM share AS t LEFT JOIN fair AS c USING (queue, kind, tenant)
-          GROUP BY t.queue, t.kind, t.tenant, t.room, t.share) AS f
+          GROUP BY t.queue, t.kind, t.tenant, t.room, t.share, t.cur_priority, t.cur_run_at,
+                   t.cur_id) AS f
     CROSS JOIN LATERAL (SELECT f.room) AS r(room)
     CROSS JOIN LATERAL (SELECT f.share) AS s(share)""",
     picked_join=" JOIN ahead AS a USING (tenant)",
     picked_order="a.ahead + (x.tenant_rank - 1) * a.mean")
+CLAIM_CPU: Final = _fair_claim(**_BY_CPU, cursors=False)
+#: `CLAIM_CPU` from the tenants' cursors (see `CLAIM`).
+CLAIM_CPU_CURSORS: Final = _fair_claim(**_BY_CPU, cursors=True)
 
 #: Add what each tenant's attempts used to the current bucket (`CPU_BUCKET` seconds) of
 #: pgpool_tenant_cpu: ``tenants`` with their ``cpu`` seconds and ``attempts``, the sums of

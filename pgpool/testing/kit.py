@@ -423,7 +423,7 @@ class _Host:
         walked: set[str] = set()
         while True:
             row = self._one(sql.CLAIM, {**params, "after": self._after})
-            if row is None:
+            if row is None or row[8] is None:  # nothing claimed, nor a walk stopped short
                 return None
             # The tenant served; with no job, where a walk past many tenants that gave
             # nothing stopped: the next walk goes on from there.

@@ -117,14 +117,18 @@ def test_the_claimer_takes_the_fair_claim_only_while_tenants_or_keys_wait(db, ds
         tenant = [pgpool.enqueue(db, "k", {}, tenant="t") for _ in range(2)]
         out.append(([j.id for j in await c.claim(2)], c.plain))
         out.append(([j.id for j in await c.claim(2)], c.plain))
-        # The tenant's jobs are all taken: that claim said so, the next one is plain.
+        # The tenant's jobs are all taken, by a full batch: that claim does not look
+        # whether more wait (with a pinned horizon, the look walks every dead entry of a
+        # job with a tenant), the next one does. It takes nothing, and says so.
+        out.append(([j.id for j in await c.claim(2)], c.plain))
         out.append(([j.id for j in await c.claim(2)], c.plain))
         return out, tenant
 
     out, tenant = in_registry(dsn, claims)
     assert out == [([plain[0]], True),
                    ([plain[1], tenant[0]], False),
-                   ([plain[2], tenant[1]], True),
+                   ([plain[2], tenant[1]], False),
+                   ([], True),
                    ([], True)]
 
 
