@@ -1,6 +1,7 @@
 """How fast a host starts, and replaces a worker that died: two figures of issue 34.
 
-    python bench/startup.py [--rounds 10] [--procs 2] [--dsn DSN] [--json]
+    python bench/startup.py [--rounds 10] [--procs 2] [--spare-workers 0,1] [--dsn DSN]
+                            [--json]
 
 In a scratch schema (dropped afterwards), each round:
 
@@ -10,10 +11,13 @@ In a scratch schema (dropped afterwards), each round:
   the interpreter, the imports, the database checks and connections, the workers' own
   start (a fresh interpreter each, importing the handler modules) and the first claim.
   Target: 0.25 s on a warm machine.
-- **replacement**: ``pgpool run --burst --procs 1`` with two jobs due, the first of which
-  ends its worker process (``os._exit``: a crash); the figure runs from that handler
-  starting to the second one starting, in the worker that replaced it. It covers noticing
-  the death, settling the crashed job, starting the new worker and handing it the job.
+- **replacement**: ``pgpool run --burst --procs 1 --spare-workers N`` with two jobs due,
+  the first of which ends its worker process (``os._exit``: a crash) after a second (as in
+  a host that has been up for that long: its spare workers have started); the figure runs
+  from that crash to the second job's handler starting, in the worker that replaced it.
+  It covers noticing the death, settling the crashed job, and starting a new worker (with
+  no spare: a fresh interpreter importing the handler modules) or taking a spare, and
+  handing it the job. Once per ``--spare-workers`` value each round, in turns.
   Target: 50 ms.
 
 It prints the median and the slowest of each over the rounds. Rounds are sequential, on
@@ -32,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import psycopg
 
@@ -45,16 +49,18 @@ from pgpool.db import dsn as dsnlib
 #: How long one host may take to start and drain its jobs before the run fails.
 HOST_TIMEOUT: Final = 120.0
 TARGETS: Final = {"startup": 0.25, "replacement": 0.050}
+#: Seconds the crashing job waits before it ends its worker: the spares have started.
+CRASH_AFTER: Final = 1.0
 
 
-def run_host(dsn: str, procs: int, stamps: Path) -> int:
-    """Start ``pgpool run --burst`` on ``dsn``; wait for it to exit 0. Returns the
-    monotonic time in ns just before it was started."""
+def run_host(dsn: str, procs: int, stamps: Path, *options: str) -> int:
+    """Start ``pgpool run --burst`` on ``dsn`` with ``options``; wait for it to exit 0.
+    Returns the monotonic time in ns just before it was started."""
     env = {**os.environ, STAMPS_ENV: str(stamps), "PGPOOL_DSN": dsn,
            "PGPOOL_LOG_LEVEL": "WARNING"}
     started = time.monotonic_ns()
     done = subprocess.run([sys.executable, "-m", "pgpool", "run", "--burst", "--procs",
-                           str(procs), "--handlers", "pgpool.bench.jobs"],
+                           str(procs), "--handlers", "pgpool.bench.jobs", *options],
                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=HOST_TIMEOUT)
     # The crashed job's failure is logged at WARNING: only the exit status tells.
@@ -71,18 +77,23 @@ def read_stamps(stamps: Path) -> list[int]:
     return values
 
 
-def one_round(conn: psycopg.Connection, dsn: str, procs: int, stamps: Path
-              ) -> tuple[float, float]:
-    """(start-up, replacement) in seconds."""
+def startup(conn: psycopg.Connection, dsn: str, procs: int, stamps: Path) -> float:
+    """Seconds from exec to the first job's handler starting."""
     pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
     started = run_host(dsn, procs, stamps)
     (first,) = read_stamps(stamps)
+    return (first - started) / 1e9
+
+
+def replacement(conn: psycopg.Connection, dsn: str, spares: int, stamps: Path) -> float:
+    """Seconds from a worker's crash to the next job's handler starting, with ``spares``
+    spare workers."""
     with conn.transaction():  # one claim sees both, in this order (id)
-        pgpool.enqueue(conn, KIND, {"do": "exit", "stamp": True})
+        pgpool.enqueue(conn, KIND, {"do": "exit", "stamp": True, "after": CRASH_AFTER})
         pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
-    run_host(dsn, 1, stamps)
+    run_host(dsn, 1, stamps, "--spare-workers", str(spares))
     crashed, replaced = read_stamps(stamps)
-    return (first - started) / 1e9, (replaced - crashed) / 1e9
+    return (replaced - crashed) / 1e9 - CRASH_AFTER
 
 
 def main() -> int:
@@ -90,14 +101,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
     parser.add_argument("--procs", type=int, default=2,
                         help="workers of the start-up's host (default 2)")
+    parser.add_argument("--spare-workers", default="0,1", metavar="N,...",
+                        help="the replacement's --spare-workers values, each timed every "
+                             "round (default 0,1)")
     parser.add_argument("--dsn")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.rounds < 1 or args.procs < 1:
         parser.error("--rounds and --procs must be at least 1")
+    try:
+        spare_counts = [int(n) for n in args.spare_workers.split(",")]
+    except ValueError:
+        parser.error(f"--spare-workers: {args.spare_workers!r} is not a list of integers")
     base = dsnlib.resolve(args.dsn)
     progress = Progress(sys.stderr)
-    startups, replacements = [], []
+    startups: list[float] = []
+    replacements: dict[int, list[float]] = {n: [] for n in spare_counts}
     with dsnlib.connect(base, autocommit=True) as admin, \
             scratch_schema(admin, base, progress) as scratch, \
             dsnlib.connect(scratch.dsn, autocommit=True) as conn, \
@@ -107,24 +126,29 @@ def main() -> int:
         stamps.write_text("")
         for n in range(1, args.rounds + 1):
             progress.step(f"round {n} of {args.rounds}")
-            startup, replacement = one_round(conn, scratch.dsn, args.procs, stamps)
-            startups.append(startup)
-            replacements.append(replacement)
-    figures = {
+            startups.append(startup(conn, scratch.dsn, args.procs, stamps))
+            turn = spare_counts if n % 2 else spare_counts[::-1]
+            for spares in turn:
+                replacements[spares].append(replacement(conn, scratch.dsn, spares, stamps))
+    figures: dict[str, object] = {
         "rounds": args.rounds, "procs": args.procs,
         "startup_s": {"median": statistics.median(startups), "max": max(startups),
                       "target": TARGETS["startup"]},
-        "replacement_s": {"median": statistics.median(replacements),
-                          "max": max(replacements), "target": TARGETS["replacement"]},
+        "replacement_s": {
+            str(spares): {"median": statistics.median(times), "max": max(times),
+                          "target": TARGETS["replacement"]}
+            for spares, times in replacements.items()},
     }
     if args.json:
         print(json.dumps(figures))
         return 0
     print(f"{args.rounds} rounds; start-up with --procs {args.procs}, replacement with "
           "--procs 1")
-    for name, key in (("start-up (exec to first job)", "startup_s"),
-                      ("replacement (crash to next job)", "replacement_s")):
-        f = figures[key]
+    rows = [("start-up (exec to first job)", figures["startup_s"])]
+    rows += [(f"replacement, {spares} spare{'s' * (spares != 1)}",
+              cast(dict, figures["replacement_s"])[str(spares)]) for spares in spare_counts]
+    for name, f in rows:
+        f = cast(dict, f)
         print(f"{name:32s} median {1000 * f['median']:7.1f} ms, slowest "
               f"{1000 * f['max']:7.1f} ms (target {1000 * f['target']:g} ms)")
     return 0

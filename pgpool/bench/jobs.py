@@ -6,7 +6,8 @@ the host); ``{"do": "sleep"}`` sleeps a random 2-5 ms; ``{"do": "exit"}`` ends i
 process at once (``bench/startup.py`` times the worker's replacement). With ``"stamp":
 true`` as well, the job first appends its start time (``time.monotonic_ns()``, one line)
 to the file or FIFO named by the environment variable `STAMPS_ENV`, if set: that is how
-the bench measures queue lag and pickup latency without a database round trip. Workers
+the bench measures queue lag and pickup latency without a database round trip; an
+``"exit"`` job with ``"after": S`` sleeps S seconds after its stamp, then ends. Workers
 import this module as ``pgpool.bench.jobs``: it and the package's ``__init__`` import
 neither psycopg nor asyncio.
 """
@@ -51,6 +52,7 @@ def bench_job(payload: dict[str, Any]) -> None:
     elif action == "sleep":
         time.sleep(random.uniform(SLEEP_MIN, SLEEP_MAX))
     elif action == "exit":  # the worker dies with the job: bench/startup.py's replacement
+        time.sleep(payload.get("after", 0))
         os._exit(1)
     elif action != "noop":
         raise ValueError(f"unknown bench action {action!r}")

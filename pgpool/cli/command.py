@@ -72,6 +72,8 @@ def _number(kind: type, *, minimum: float, inclusive: bool, what: str,
 
 
 positive_int = _number(int, minimum=1, inclusive=True, what="a positive integer")
+spare_workers = _number(int, minimum=0, inclusive=True, maximum=64,
+                        what="a whole number of spare workers from 0 to 64")
 #: --tenant-cap: compared with a count in SQL, as a PostgreSQL integer.
 tenant_cap = _number(int, minimum=1, inclusive=True, maximum=2**31 - 1,
                      what="a positive integer number of running jobs")
@@ -161,6 +163,7 @@ RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("poll", "PGPOOL_POLL", poll_seconds, RunConfig.poll),
     ("idle_poll", "PGPOOL_IDLE_POLL", poll_seconds, RunConfig.idle_poll),
     ("max_tasks_per_child", "PGPOOL_MAX_TASKS_PER_CHILD", positive_int, None),
+    ("spare_workers", "PGPOOL_SPARE_WORKERS", spare_workers, RunConfig.spare_workers),
     ("max_memory", "PGPOOL_MAX_MEMORY", memory_mib, None),
     ("max_claims_per_sec", "PGPOOL_MAX_CLAIMS_PER_SEC", claims_rate, None),
     ("tenant_cap", "PGPOOL_TENANT_CAP", tenant_cap, None),
@@ -268,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "listener is connected; at least --poll (default 30)")
     _add_run_option(run, "--max-tasks-per-child", type=positive_int, metavar="N",
                     help="replace each worker after N jobs (bounds slow leaks)")
+    _add_run_option(run, "--spare-workers", type=spare_workers, metavar="N",
+                    help="workers kept started beside --procs, their handler modules "
+                         "imported: one replaces a worker that ends (a crash, "
+                         "--max-tasks-per-child) at once; 0: none (default "
+                         f"{RunConfig.spare_workers})")
     _add_run_option(run, "--max-memory", type=memory_mib, metavar="MIB",
                     help="cap each worker's memory at MIB mebibytes: a job that needs more "
                          "fails with MemoryError, alone")
@@ -579,6 +587,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             poll=args.poll,
             idle_poll=args.idle_poll,
             max_tasks_per_child=args.max_tasks_per_child,
+            spare_workers=args.spare_workers,
             max_claims_per_sec=args.max_claims_per_sec,
             tenant_cap=args.tenant_cap,
             fair_by=args.fair_by,

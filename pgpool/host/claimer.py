@@ -83,7 +83,7 @@ SWEEP_MAX_GAP = 5.0
 #: cursor claim that took nothing, whatever `SWEEP_COST` says.
 CHEAP_SWEEP = 0.005
 #: The fair claim sweeps every time while a sweep's round trip is at most this many times a
-#: claim from the cursors' (`_TenantCursors.sweep_due`).
+#: claim from the cursors' (`TenantCursors.sweep_due`).
 SWEEPS_AT_CURSORS_COST = 1.0
 #: Seconds a tenant's cursor is kept after the last job taken there: a tenant gone quiet
 #: costs neither memory nor a look at each claim.
@@ -105,7 +105,7 @@ class RawJsonLoader(Loader):
         return bytes(data)
 
 
-class _Cursors:
+class Cursors:
     """A claim's cursors, per (queue, kind) pair, and when it sweeps instead (see the
     module's docstring): the plain claim's, or the kind-wide limited claim's."""
 
@@ -170,9 +170,9 @@ class _Cursors:
             self._keys[pair] = (row[9], row[13], row[0])
 
 
-class _TenantCursors(_Cursors):
+class TenantCursors(Cursors):
     """The fair claim's cursors, per (queue, kind) pair and tenant, on the same sweep policy
-    as `_Cursors`: the claim-order key of the last job taken from each tenant there."""
+    as `Cursors`: the claim-order key of the last job taken from each tenant there."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -186,7 +186,7 @@ class _TenantCursors(_Cursors):
         self._cursor_at = -math.inf
 
     def sweep_due(self, now: float) -> bool:
-        """`_Cursors.sweep_due`; and on a table where sweeps cost no more than claims from
+        """`Cursors.sweep_due`; and on a table where sweeps cost no more than claims from
         the cursors (a clean one: the cursors' probes cost each tenant two more index
         descents and skip nothing; `SWEEPS_AT_CURSORS_COST`), every claim sweeps but one
         every `SWEEP_EVERY` seconds, which measures what the cursors cost."""
@@ -196,7 +196,7 @@ class _TenantCursors(_Cursors):
                 and self._rtt <= SWEEPS_AT_CURSORS_COST * self._cursor_rtt)
 
     def ran(self, sweep: bool, started: float) -> None:
-        """`_Cursors.ran`; a claim from the cursors' round trip is kept too."""
+        """`Cursors.ran`; a claim from the cursors' round trip is kept too."""
         super().ran(sweep, started)
         if not sweep:
             self._cursor_rtt = time.monotonic() - started
@@ -209,7 +209,7 @@ class _TenantCursors(_Cursors):
         `sql.TENANT_SKIPS` after ``after``, wrapping round), in tenant order; none for a
         sweep (`sql.CLAIM` takes none). A tenant left out is read from the start."""
         if sweep:
-            self._owed = False  # as in `_Cursors.params`
+            self._owed = False  # as in `Cursors.params`
             return {}
         most = limit + sql.TENANT_SKIPS
         pns: list[int] = []
@@ -342,9 +342,9 @@ class Claimer:
         #: fair claim saw, no job waiting has a tenant or a concurrency key.
         self.plain = True
         #: The plain claim's cursors, and the kind-wide limited claim's.
-        self._plain_cursors = _Cursors()
-        self._limited_cursors = _Cursors()
-        self._fair_cursors = _TenantCursors()
+        self._plain_cursors = Cursors()
+        self._limited_cursors = Cursors()
+        self._fair_cursors = TenantCursors()
         #: The last claim found no job this host could run waiting at all (a sweep took
         #: nothing, and no job waits for the fair claim): an idle queue.
         self.found_none = False

@@ -61,6 +61,8 @@ class RunConfig:
     idle_poll: float = 30.0
     #: Replace a worker after this many jobs (None: never).
     max_tasks_per_child: int | None = None
+    #: Workers kept started beside ``procs``, to replace one that ends at once.
+    spare_workers: int = 1
     #: Cap each worker's private writable memory at this many bytes (None: no cap).
     max_memory: int | None = None
     #: Claims per second for the whole fleet when ``pgpool budget set`` set none (None:

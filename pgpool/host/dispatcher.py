@@ -336,6 +336,7 @@ class Dispatcher:
             on_long=self._long_message,
             cpus={kind: h.cpus for kind, h in self.handlers.items()},
             on_cpu=self._cpu_used if cfg.fair_by == "cpu" else None,
+            spares=cfg.spare_workers,
         )
 
     def _runnable(self) -> dict[str, Handler]:

@@ -40,7 +40,8 @@ types of `pgpool.worker.ipc`::
      │    _kill_group() (what the handler started dies with it), _drain_results()
      ▼
   _reap(w): _exit_status() ─▶ _forget() ─▶ _fail_running() ─▶ _requeue() ─▶ .exited set
-            ─▶ _settle_startup() ─▶ _replace(): a new worker, by _spawn(), at the same index
+            ─▶ _settle_startup() ─▶ _replace(): a spare (`_spares`, started ahead), or a
+               new worker by _spawn() at the same index
 
 Why one pair of pipes per worker rather than one shared call queue: the pool always knows
 which job each worker is running (the front of its `assigned`). That lets it kill exactly
@@ -93,7 +94,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from ..errors import HandlerError
 from ..logs import event
@@ -167,6 +168,10 @@ class WorkerPool:
     ``on_cpu``, if given, gets each attempt's CPU seconds, as its worker measured them,
     before its outcome (the workers measure them only then: `ipc.Used`); an attempt that
     ends with its worker has none.
+    ``spares``: workers kept started, their handler modules imported, beside the
+    ``procs``, from when `start` is done: a worker that ends (crashed, killed, recycled) is
+    replaced by one of them at once, and another spare is started in the background. A
+    spare takes an index of its own (``procs`` on), which its title and the logs show.
     """
 
     def __init__(
@@ -188,6 +193,7 @@ class WorkerPool:
                           None] | None = None,
         cpus: dict[str, int] | None = None,
         on_cpu: Callable[[Job, float], None] | None = None,
+        spares: int = 0,
     ) -> None:
         self.procs = procs
         self._report_cpu = on_cpu
@@ -209,6 +215,11 @@ class WorkerPool:
         #: adopts it, so that what is left in the caller's dict was never adopted.
         self._launched = launched if launched is not None else {}
         self._workers: dict[int, _Worker] = {}
+        #: Spare workers started ahead of need, by index (`_top_up_spares`), oldest first;
+        #: ``_next_index`` is the index the next one takes.
+        self._spares_wanted = spares
+        self._spares: dict[int, Launched] = {}
+        self._next_index = procs
         self._backlog: deque[Job] = deque()
         self._start_failures = 0
         self._startup: asyncio.Future[None] | None = None
@@ -245,6 +256,7 @@ class WorkerPool:
             raise
         finally:
             self._startup = None
+        self._top_up_spares()  # once the workers are up: not to slow their start
 
     async def stop(self, grace: float) -> None:
         """Let running jobs finish within ``grace`` seconds, then kill what is left.
@@ -254,6 +266,7 @@ class WorkerPool:
         completer does not count such an attempt, up to a bound).
         """
         self.closing = True
+        self._abandon_spares()
         returned = list(self._backlog)
         self._backlog.clear()
         if returned:
@@ -288,6 +301,7 @@ class WorkerPool:
         for launched in self._launched.values():  # never adopted: a start cut short
             abandon(launched)
         self._launched.clear()
+        self._abandon_spares()
         if waits:
             await asyncio.wait(waits, timeout=10)
 
@@ -487,14 +501,16 @@ class WorkerPool:
         os.set_blocking(results, False)
         w = _Worker(index, process, loop.create_future(), _exit_fd(process), results)
         self._workers[index] = w
+        # Its task pipe first: a spare's Ready is in its result pipe already, and read at
+        # once, jobs would be assigned to it with nothing to send them through.
+        w.transport, _ = await loop.connect_write_pipe(
+            asyncio.BaseProtocol, os.fdopen(task, "wb", buffering=0)
+        )
         loop.add_reader(w.results, self._on_readable, w)
         if w.exit_fd >= 0:
             loop.add_reader(w.exit_fd, self._on_exit, w)
         else:
             _wait_in_thread(w, lambda: loop.call_soon_threadsafe(self._on_exit, w))
-        w.transport, _ = await loop.connect_write_pipe(
-            asyncio.BaseProtocol, os.fdopen(task, "wb", buffering=0)
-        )
 
     def _send(self, w: _Worker, message: ipc.ToWorker) -> None:
         if w.transport is not None and not w.transport.is_closing():
@@ -815,8 +831,34 @@ class WorkerPool:
             log.warning("worker %d (pid %s) %s; replacing it", w.index, w.process.pid, cause)
         self.replaced += 1
         self.restarts[restart_reason(w, cause)] += 1
+        if self._spares:
+            index = next(iter(self._spares))  # the oldest: most likely ready
+            self._launched[index] = self._spares.pop(index)
+            await self._spawn(index)
+            self._assign()
+            self._top_up_spares()
+            return
         await self._spawn(w.index)
         self._assign()
+
+    @property
+    def spare_pids(self) -> list[int]:
+        """The process ids of the spare workers, oldest first."""
+        return [cast(int, spare.process.pid) for spare in self._spares.values()]
+
+    def _top_up_spares(self) -> None:
+        """Start spare workers until there are ``spares`` of them."""
+        while len(self._spares) < self._spares_wanted and not self.closing:
+            index = self._next_index
+            self._next_index += 1
+            self._spares[index] = launch(index, self._modules, self._limits, self._log,
+                                         cpu=self._report_cpu is not None)
+
+    def _abandon_spares(self) -> None:
+        """End the spare workers: the pool is closing."""
+        for launched in self._spares.values():
+            abandon(launched)
+        self._spares.clear()
 
     def _start_failed(self, reason: str) -> None:
         self._start_failures += 1

@@ -1,5 +1,6 @@
 """``bench/startup.py``: a real run of two rounds times a host's start-up and a crashed
-worker's replacement, and leaves no scratch schema behind.
+worker's replacement (with no spare worker and with one), and leaves no scratch schema
+behind.
 
 No timing assertions: only that the figures are there and sane.
 """
@@ -20,8 +21,9 @@ def test_startup_times_the_first_job_and_a_replacement(dsn: str, db: psycopg.Con
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout)
     assert (figures["rounds"], figures["procs"]) == (2, 2)
-    for key, target in (("startup_s", 0.25), ("replacement_s", 0.05)):
-        f = figures[key]
+    assert sorted(figures["replacement_s"]) == ["0", "1"]  # without a spare, and with one
+    for f, target in ((figures["startup_s"], 0.25), *(
+            (f, 0.05) for f in figures["replacement_s"].values())):
         # Wall-clock times of real processes: above zero, and below the host's timeout.
         assert 0 < f["median"] <= f["max"] < 120
         assert f["target"] == target

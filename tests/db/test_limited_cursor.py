@@ -81,10 +81,11 @@ def test_behind_a_pinned_horizon_a_limited_claim_from_its_cursor_reads_what_it_d
     for s in statements:
         # Neither grows with the dead rows: its jobs are found within a page per job of
         # what it reads on the clean table (16 and 13 pages against 12 and 9 here), its
-        # slots within a probe per job, one level deeper (102 against 51: the dead rows'
-        # slots are in the index; 2,852 pages when the generic plan read them all)...
+        # slots by a probe per job of a few pages: the index's levels, and the row of a
+        # dead slot's entry the probe meets (51 to 153 pages, clean or pinned, as the
+        # index has one to three levels; 2,852 when the generic plan read them all)...
         assert pinned[s][0] <= clean[s][0] + 50, (s, clean, pinned)
-        assert pinned[s][1] <= clean[s][1] + 100, (s, clean, pinned)
+        assert pinned[s][1] <= 4 * 50, (s, clean, pinned)
         # ...which are there: a claim from the start walks them (it can fail).
         assert swept[s][0] > pinned[s][0] + 500, (s, pinned, swept)
 

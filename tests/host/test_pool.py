@@ -610,6 +610,33 @@ def test_replacements_that_keep_failing_to_start_stop_the_pool(gate: Path) -> No
     assert pool.closing
 
 
+def test_a_spare_worker_takes_a_crashed_ones_place_and_another_is_started(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The spare was started before the crash: the job queued behind the crashing one runs
+    # in it. Another spare is started in its place, and the pool's stop ends it.
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+
+    async def main() -> tuple[Callbacks, WorkerPool, int, list[int]]:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs"], spares=1, depth=2)
+        await pool.start()
+        (spare,) = pool.spare_pids
+        pool.submit([job(1, "crash"), job(2, "whoami")])
+        await calls.wait_for(lambda: len(calls.outcomes) == 2, "both outcomes")
+        after = pool.spare_pids
+        assert all(alive(pid) for pid in after)
+        await pool.stop(grace=10)
+        return calls, pool, spare, after
+
+    calls, pool, spare, after = asyncio.run(main())
+    assert [(o.job.id, o.error) for o in calls.outcomes] == [
+        (1, "worker died: signal 9 (SIGKILL)"), (2, None)]
+    assert [r[2] for r in read_records(record_dir) if r[0] == 2] == [spare]
+    assert pool.replaced == 1
+    assert len(after) == 1 and after[0] != spare
+    assert not alive(after[0])
+
+
 @pytest.mark.usefixtures("pool_path")
 def test_a_hard_stop_kills_running_jobs_without_reporting_or_replacing() -> None:
     async def main() -> tuple[Callbacks, WorkerPool]:
