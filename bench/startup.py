@@ -12,8 +12,8 @@ In a scratch schema (dropped afterwards), each round:
   start (a fresh interpreter each, importing the handler modules) and the first claim.
   Target: 0.25 s on a warm machine.
 - **replacement**: ``pgpool run --burst --procs 1 --spare-workers N`` with two jobs due,
-  the first of which ends its worker process (``os._exit``: a crash) after a second (as in
-  a host that has been up for that long: its spare workers have started); the figure runs
+  the first of which ends its worker process (``os._exit``: a crash) after 6.5 s (as in a
+  host that has been up for that long: its spare workers have started); the figure runs
   from that crash to the second job's handler starting, in the worker that replaced it.
   It covers noticing the death, settling the crashed job, and starting a new worker (with
   no spare: a fresh interpreter importing the handler modules) or taking a spare, and
@@ -45,12 +45,14 @@ from pgpool.bench.jobs import KIND, STAMPS_ENV
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import scratch_schema
 from pgpool.db import dsn as dsnlib
+from pgpool.host.pool import SPARES_AFTER
 
 #: How long one host may take to start and drain its jobs before the run fails.
 HOST_TIMEOUT: Final = 120.0
 TARGETS: Final = {"startup": 0.25, "replacement": 0.050}
-#: Seconds the crashing job waits before it ends its worker: the spares have started.
-CRASH_AFTER: Final = 1.0
+#: Seconds the crashing job waits before it ends its worker: the spares have started
+#: (`SPARES_AFTER` after the pool's start) and imported their modules.
+CRASH_AFTER: Final = SPARES_AFTER + 1.5
 
 
 def run_host(dsn: str, procs: int, stamps: Path, *options: str) -> int:

@@ -104,6 +104,8 @@ from .attempt import AttemptEnd, Job
 
 log = logging.getLogger("pgpool.pool")
 
+#: Seconds from the pool's start to its first spare workers' (`WorkerPool` ``spares``).
+SPARES_AFTER = 5.0
 #: Consecutive replacement workers that may fail to start before the pool gives up.
 MAX_START_FAILURES = 3
 #: How much work, in seconds, to keep queued in each worker's pipe; and the most jobs.
@@ -169,9 +171,10 @@ class WorkerPool:
     before its outcome (the workers measure them only then: `ipc.Used`); an attempt that
     ends with its worker has none.
     ``spares``: workers kept started, their handler modules imported, beside the
-    ``procs``, from when `start` is done: a worker that ends (crashed, killed, recycled) is
-    replaced by one of them at once, and another spare is started in the background. A
-    spare takes an index of its own (``procs`` on), which its title and the logs show.
+    ``procs``, from `SPARES_AFTER` seconds after `start` on: a worker that ends (crashed,
+    killed, recycled) is replaced by one of them at once, and another spare is started in
+    the background. A spare takes an index of its own (``procs`` on), which its title and
+    the logs show.
     """
 
     def __init__(
@@ -256,7 +259,9 @@ class WorkerPool:
             raise
         finally:
             self._startup = None
-        self._top_up_spares()  # once the workers are up: not to slow their start
+        # Not at once: a spare's start (an interpreter importing the handler modules) takes
+        # a core for a few tenths of a second, which a host's first seconds of work need.
+        asyncio.get_running_loop().call_later(SPARES_AFTER, self._top_up_spares)
 
     async def stop(self, grace: float) -> None:
         """Let running jobs finish within ``grace`` seconds, then kill what is left.

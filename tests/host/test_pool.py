@@ -25,6 +25,7 @@ from processes import HOST_PATHS, alive
 from records import read_records
 
 from pgpool.errors import HandlerError
+from pgpool.host import pool as pool_module
 from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.pool import MAX_START_FAILURES, WorkerPool
 from pgpool.worker import ipc, portable
@@ -615,11 +616,14 @@ def test_a_spare_worker_takes_a_crashed_ones_place_and_another_is_started(
     # The spare was started before the crash: the job queued behind the crashing one runs
     # in it. Another spare is started in its place, and the pool's stop ends it.
     monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    monkeypatch.setattr(pool_module, "SPARES_AFTER", 0)  # not 5 s after the start
 
     async def main() -> tuple[Callbacks, WorkerPool, int, list[int]]:
         calls = Callbacks()
         pool = new_pool(calls, ["testjobs"], spares=1, depth=2)
         await pool.start()
+        while not pool.spare_pids:  # started by a timer, SPARES_AFTER after the start
+            await asyncio.sleep(0.01)
         (spare,) = pool.spare_pids
         pool.submit([job(1, "crash"), job(2, "whoami")])
         await calls.wait_for(lambda: len(calls.outcomes) == 2, "both outcomes")
