@@ -656,6 +656,7 @@ class Claimer:
         sweep = cursors.sweep_due(now)
         rows = await self._fair_rows(conn, params, queues, limit, sweep, now)
         if not sweep and not any(row[0] is not None for row in rows) and cursors.sweep_is_cheap():
+            # Its jobs are leased from the first claim's start, before this: on the safe side.
             rows = await self._fair_rows(conn, params, queues, limit, True, time.monotonic())
         if rows:
             self.plain = rows[0][14]

@@ -45,3 +45,35 @@ def test_a_tenant_quiet_for_a_minute_loses_its_cursor(monkeypatch: pytest.Monkey
     params = cursors.tenant_params(["default"], ["k"], "", 50, sweep=False)
     assert params["cursor_tenants"] == ["b", "c"]
     assert params["cursor_ids"] == "{3,4}"
+
+
+def test_claims_sweep_while_sweeps_cost_no_more_than_claims_from_the_cursors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(claimer.time, "monotonic", lambda: clock[0])
+    cursors = claimer.TenantCursors()
+
+    def claim(took: float) -> bool:
+        """One claim that took ``took`` seconds, full: whether it swept."""
+        started = clock[0]
+        sweep = cursors.sweep_due(started)
+        clock[0] += took
+        cursors.ran(sweep, started)
+        cursors.move([row(int(clock[0] * 1000), "a")], limit=1)
+        clock[0] += 0.001
+        return sweep
+
+    # The first claim sweeps (no cursor yet), the second reads from the cursors (what do
+    # they cost?), and the third sweeps again (what does a sweep cost? its first round
+    # trip, which prepared the statement, is not counted).
+    assert [claim(0.004), claim(0.005), claim(0.004)] == [True, False, True]
+    # A clean table: sweeps cost no more, so every claim sweeps, but one a second
+    # (SWEEP_EVERY) from the cursors, to know what those cost now.
+    swept = [claim(0.004) for _ in range(300)]
+    assert 1 <= swept.count(False) <= 3 and swept[0]
+    # Behind a pin, sweeps cost more with every dead row: claims go by the cursors, and a
+    # sweep comes once a second while they come back full.
+    clock[0] += 1
+    claim(0.040)  # a sweep, due (a second since the last): it costs ten times more now
+    from_cursors = [claim(0.004) for _ in range(150)]
+    assert from_cursors.count(True) <= 1
