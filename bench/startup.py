@@ -11,10 +11,11 @@ In a scratch schema (dropped afterwards), each round:
   the interpreter, the imports, the database checks and connections, the workers' own
   start (a fresh interpreter each, importing the handler modules) and the first claim.
   Target: 0.25 s on a warm machine.
-- **replacement**: ``pgpool run --burst --procs 1 --spare-workers N`` with two jobs due,
-  the first of which ends its worker process (``os._exit``: a crash) after 6.5 s (as in a
-  host that has been up for that long: its spare workers have started); the figure runs
-  from that crash to the second job's handler starting, in the worker that replaced it.
+- **replacement**: ``pgpool run --burst --procs 1 --spare-workers N`` with one job due,
+  which ends its worker process (``os._exit``: a crash) after 6.5 s (as in a host that has
+  been up for that long: its spare workers have started), and a second one enqueued once
+  the first runs; the figure runs from that crash to the second job's handler starting, in
+  the worker that replaced it.
   It covers noticing the death, settling the crashed job, and starting a new worker (with
   no spare: a fresh interpreter importing the handler modules) or taking a spare, and
   handing it the job. Once per ``--spare-workers`` value each round, in turns.
@@ -55,21 +56,35 @@ TARGETS: Final = {"startup": 0.25, "replacement": 0.050}
 CRASH_AFTER: Final = SPARES_AFTER + 1.5
 
 
-def run_host(dsn: str, procs: int, stamps: Path, *options: str) -> int:
-    """Start ``pgpool run --burst`` on ``dsn`` with ``options``; wait for it to exit 0.
-    Returns the monotonic time in ns just before it was started."""
+def start_host(dsn: str, procs: int, stamps: Path, *options: str) -> subprocess.Popen[str]:
+    """Start ``pgpool run --burst`` on ``dsn`` with ``options``."""
     env = {**os.environ, STAMPS_ENV: str(stamps), "PGPOOL_DSN": dsn,
            "PGPOOL_LOG_LEVEL": "WARNING"}
-    started = time.monotonic_ns()
-    done = subprocess.run([sys.executable, "-m", "pgpool", "run", "--burst", "--procs",
-                           str(procs), "--handlers", "pgpool.bench.jobs", *options],
-                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=HOST_TIMEOUT)
+    return subprocess.Popen([sys.executable, "-m", "pgpool", "run", "--burst", "--procs",
+                             str(procs), "--handlers", "pgpool.bench.jobs", *options],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_host(host: subprocess.Popen[str]) -> None:
+    """Wait for ``host`` to exit 0 (within `HOST_TIMEOUT`)."""
+    try:
+        _, stderr = host.communicate(timeout=HOST_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        host.kill()
+        host.wait()
+        raise SystemExit(f"pgpool: `pgpool run` did not end within {HOST_TIMEOUT:g}s") from None
     # The crashed job's failure is logged at WARNING: only the exit status tells.
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"pgpool: `pgpool run` exited with status {done.returncode}: {last}")
-    return started
+    if host.returncode != 0:
+        last = (stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"pgpool: `pgpool run` exited with status {host.returncode}: {last}")
+
+
+def wait_for_stamp(stamps: Path, host: subprocess.Popen[str]) -> None:
+    """Wait until a handler has written its start time, or the host has ended."""
+    deadline = time.monotonic() + HOST_TIMEOUT
+    while not stamps.read_text() and host.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def read_stamps(stamps: Path) -> list[int]:
@@ -82,7 +97,8 @@ def read_stamps(stamps: Path) -> list[int]:
 def startup(conn: psycopg.Connection, dsn: str, procs: int, stamps: Path) -> float:
     """Seconds from exec to the first job's handler starting."""
     pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
-    started = run_host(dsn, procs, stamps)
+    started = time.monotonic_ns()
+    wait_host(start_host(dsn, procs, stamps))
     (first,) = read_stamps(stamps)
     return (first - started) / 1e9
 
@@ -90,10 +106,13 @@ def startup(conn: psycopg.Connection, dsn: str, procs: int, stamps: Path) -> flo
 def replacement(conn: psycopg.Connection, dsn: str, spares: int, stamps: Path) -> float:
     """Seconds from a worker's crash to the next job's handler starting, with ``spares``
     spare workers."""
-    with conn.transaction():  # one claim sees both, in this order (id)
-        pgpool.enqueue(conn, KIND, {"do": "exit", "stamp": True, "after": CRASH_AFTER})
-        pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
-    run_host(dsn, 1, stamps, "--spare-workers", str(spares))
+    pgpool.enqueue(conn, KIND, {"do": "exit", "stamp": True, "after": CRASH_AFTER})
+    host = start_host(dsn, 1, stamps, "--spare-workers", str(spares))
+    # The next job only once the crashing one runs: enqueued together, the host's two claim
+    # loops could each take one, and the one that answered first would run first.
+    wait_for_stamp(stamps, host)
+    pgpool.enqueue(conn, KIND, {"do": "noop", "stamp": True})
+    wait_host(host)
     crashed, replaced = read_stamps(stamps)
     return (replaced - crashed) / 1e9 - CRASH_AFTER
 
