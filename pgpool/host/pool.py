@@ -836,15 +836,14 @@ class WorkerPool:
             log.warning("worker %d (pid %s) %s; replacing it", w.index, w.process.pid, cause)
         self.replaced += 1
         self.restarts[restart_reason(w, cause)] += 1
-        if self._spares:
+        index = w.index
+        if self._spares:  # a spare takes its place, with the spare's own index
             index = next(iter(self._spares))  # the oldest: most likely ready
             self._launched[index] = self._spares.pop(index)
-            await self._spawn(index)
-            self._assign()
-            self._top_up_spares()
-            return
-        await self._spawn(w.index)
+        await self._spawn(index)
         self._assign()
+        if index != w.index:
+            self._top_up_spares()
 
     @property
     def spare_pids(self) -> list[int]:
