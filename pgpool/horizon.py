@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Final
-
-import psycopg
+from typing import TYPE_CHECKING, Any, Final
 
 from .sql import observe as sql
 from .sql.fleet import STALE_AFTER_LEASES
+
+if TYPE_CHECKING:
+    import psycopg
 
 #: Dead rows of ``pgpool_jobs`` (row versions: a job claimed and acked leaves two) from
 #: which claims slow, so that the vacuum keeper (`pgpool.host.parts.vacuum`) vacuums, and the

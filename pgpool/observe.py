@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from . import horizon as horizon_
 from . import schedules
@@ -23,6 +21,9 @@ from .ops import TOP_SCOPES, limit_uses
 from .sql import observe as sql
 from .sql.fleet import COUNTED_LEASES, FLEET_BUDGET, STALE_AFTER_LEASES
 from .sql.ops import LIMITS, PAUSED
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def collect(conn: psycopg.Connection, horizon_warn: float | None = horizon_.HORIZON_WARN

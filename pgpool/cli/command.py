@@ -475,9 +475,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .passwords import hide_passwords
 
         hide_passwords()
-    import psycopg
-    import psycopg_pool
-
     args = build_parser().parse_args(argv)
     level, log_format = _log_settings(args)
     if level not in LOG_LEVELS:
@@ -497,26 +494,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except psycopg.errors.InsufficientPrivilege as exc:
+    except Exception as exc:
+        if (status := _database_failure(exc)) is not None:
+            return status
+        if os.environ.get("PGPOOL_DEBUG"):
+            raise
+        # The last line of defence: users never see a traceback.
+        print(f"pgpool: internal error: {type(exc).__name__}: {exc} (set PGPOOL_DEBUG=1 to "
+              "see the traceback, and please report it)", file=sys.stderr)
+        return 1
+
+
+def _database_failure(exc: Exception) -> int | None:
+    """Print what a failure of the database means and return the exit status, or None if
+    ``exc`` is not one. psycopg is imported here, on the way out, and not before the command
+    runs: `pgpool run` starts its workers before it pays for that import."""
+    import psycopg
+    import psycopg_pool
+
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         print(f"pgpool: error: the database refused: {first_line(exc)}: grant this role "
               "the privileges pgpool needs (migrations need CREATE on the schema; `pgpool "
               "grants` prints an application's and a worker's)", file=sys.stderr)
         return 2
-    except psycopg_pool.PoolTimeout as exc:
+    if isinstance(exc, psycopg_pool.PoolTimeout):
         print(f"pgpool: error: could not open database connections ({first_line(exc)}): "
               "check that the server accepts more connections (max_connections)",
               file=sys.stderr)
         return 2
-    except psycopg.OperationalError as exc:
+    if isinstance(exc, psycopg.OperationalError):
         print(f"pgpool: error: lost the database: {first_line(exc)}: check that the server "
               "is up and reachable, then run the command again", file=sys.stderr)
         return 2
-    except Exception as exc:  # the last line of defence: users never see a traceback
-        if os.environ.get("PGPOOL_DEBUG"):
-            raise
-        print(f"pgpool: internal error: {type(exc).__name__}: {exc} (set PGPOOL_DEBUG=1 to "
-              "see the traceback, and please report it)", file=sys.stderr)
-        return 1
+    return None
 
 
 _early_signals: list[int] = []
@@ -563,19 +573,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     found = registry.entry_point_modules()
     procs = _resolve_procs(args.procs, args.max_memory)
     log_level, log_format = _log_settings(args)  # checked by main
-    dsn = dsnlib.resolve(args.dsn)
+    dsn, source = dsnlib.locate(args.dsn)
     max_memory = args.max_memory * 2**20 if args.max_memory else None
     # The workers start now (a fresh interpreter each, importing the handler modules) while
-    # this process imports the dispatcher and loads the handler modules itself: start-up
-    # takes the longer of the two, not their sum. Their handlers reach the host's database
-    # through PGPOOL_DSN (a group's callback reading its members), read at their start.
+    # this process imports psycopg and the dispatcher, checks the DSN and loads the handler
+    # modules itself: start-up takes the longer of the two, not their sum. Their handlers
+    # reach the host's database through PGPOOL_DSN (a group's callback reading its members),
+    # in their environment from their start; an invalid one ends them with this process.
     os.environ["PGPOOL_DSN"] = dsn
     launched = {i: pool.launch(i, (*modules, *found), (args.max_tasks_per_child, max_memory),
                                (log_level, log_format), cpu=args.fair_by == "cpu")
                 for i in range(procs)}
     try:
         return _run_dispatcher(args, RunConfig(
-            dsn=dsn,
+            dsn=dsnlib.normalise(dsn, source),
             modules=(*modules, *found),
             procs=procs,
             queues=tuple(dict.fromkeys(args.queue)),

@@ -10,13 +10,16 @@ database fails with one line instead of quietly starting an empty one.
 from __future__ import annotations
 
 import os
-from typing import Final
-
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from typing import TYPE_CHECKING, Final
 
 from .. import extras
 from ..errors import ConfigError, ConnectError, first_line
+
+# psycopg is imported by the functions that connect or parse, not here: `pgpool run` locates
+# the database and starts its workers before it pays for psycopg's import (about 45 ms), so
+# that both happen at once.
+if TYPE_CHECKING:
+    import psycopg
 
 CONNECT_TIMEOUT: Final = 10
 #: The sources `locate` names besides "--dsn" and "PGPOOL_DSN".
@@ -86,6 +89,9 @@ def _embedded_allowed() -> bool:
 
 def normalise(dsn: str, source: str) -> str:
     """Validate ``dsn``'s syntax and add a connect timeout unless it sets one."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
     if not dsn.strip() and source != PG_ENVIRONMENT:
         raise ConfigError(f"{source} is empty: give a PostgreSQL URI or key=value DSN")
     try:
@@ -108,6 +114,9 @@ def normalise(dsn: str, source: str) -> str:
 
 def describe(dsn: str) -> str:
     """``user@host:port/dbname`` for messages: never the password."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         p = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
@@ -122,6 +131,8 @@ def describe(dsn: str) -> str:
 
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
     """Open a connection, turning libpq's failures into `ConnectError`."""
+    import psycopg
+
     try:
         return psycopg.connect(dsn, **kwargs)
     except psycopg.OperationalError as exc:
@@ -130,6 +141,8 @@ def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
 
 async def connect_async(dsn: str, **kwargs: object) -> psycopg.AsyncConnection:
     """Async twin of `connect`."""
+    import psycopg
+
     try:
         return await psycopg.AsyncConnection.connect(dsn, **kwargs)
     except psycopg.OperationalError as exc:

@@ -258,17 +258,18 @@ async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | Non
     `Lease.statement_timeout` (unless the DSN, role or database sets them): set once per
     connection, not once per statement. With ``claims`` (the claim pool, which runs only
     the claimer's statements), prepared statements keep one generic plan
-    (`sql.GENERIC_PLANS`)."""
+    (`sql.GENERIC_PLANS`).
+
+    All in one round trip (a client-side cursor sends them as one string): a host opens ten
+    connections as it starts, and each round trip of theirs delays its first claim."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
-    await conn.execute(sql.READ_COMMITTED)
-    await conn.execute(sql.NO_JIT)
-    if claims:
-        await conn.execute(sql.GENERIC_PLANS)
+    settings = [sql.READ_COMMITTED, sql.NO_JIT, *([sql.GENERIC_PLANS] if claims else [])]
+    params = {}
     if lease is not None:
-        await conn.execute(sql.SESSION_TIMEOUTS, {
-            "lock": f"{round(lease.lock_timeout * 1000)}ms",
-            "statement": f"{round(lease.statement_timeout * 1000)}ms",
-        })
+        settings.append(sql.SESSION_TIMEOUTS)
+        params = {"lock": f"{round(lease.lock_timeout * 1000)}ms",
+                  "statement": f"{round(lease.statement_timeout * 1000)}ms"}
+    await psycopg.AsyncClientCursor(conn).execute(";".join(settings), params or None)
 
 
 class Claimer:

@@ -194,8 +194,9 @@ class RunningJob(JobInfo):
                 return group_members(conn, self.id)
             import psycopg  # not at import: workers that never call this never load it
 
+            # Empty is a DSN: `pgpool run` on the PG* environment sets it so.
             dsn = os.environ.get("PGPOOL_DSN")
-            if not dsn:
+            if dsn is None:
                 raise ConfigError("current_job().group_members() needs PGPOOL_DSN, which "
                                   "pgpool run sets for its workers: elsewhere, call "
                                   "pgpool.group_members(conn, current_job().id)")
