@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -49,10 +50,13 @@ _STAMP_JOB: Final = {"do": "noop", "stamp": True}
 
 
 def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
-                   progress: Progress) -> dict[str, Any]:
+                   progress: Progress, also: Sequence[str] = (),
+                   warmed: Callable[[], None] | None = None) -> dict[str, Any]:
     """Pickup latency p50/p99/max over min(`PICKUP_SAMPLES`, ``opts.jobs``) jobs (at least
     `PICKUP_MIN`) and the floor's p50/p99, in ms; the FIFO and the subprocess's log go in
-    ``tmp``. Raises `BenchError` if the subprocess fails, stalls or does not stop cleanly."""
+    ``tmp``. The host also serves the handler modules ``also`` (on its PYTHONPATH), and
+    ``warmed`` is called once its first job has run, before the measured ones. Raises
+    `BenchError` if the subprocess fails, stalls or does not stop cleanly."""
     samples = max(PICKUP_MIN, min(PICKUP_SAMPLES, opts.jobs))
     vacuum(conn)
     progress.step(f"pickup latency: starting `pgpool run --procs 1`, then {samples} jobs "
@@ -69,6 +73,7 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
     with open(tmp / "pickup.log", "w+b") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
+             *(arg for module in also for arg in ("--handlers", module)),
              "--procs", "1", "--batch", str(opts.batch)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
         )
@@ -76,6 +81,8 @@ def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: 
             _await_listener(conn, app, proc, log)
             enqueue(conn, KIND, _STAMP_JOB)  # warm-up: the worker's first job
             _read_stamp(reader, proc, log, SUBPROCESS_TIMEOUT)
+            if warmed is not None:
+                warmed()
             latencies = []
             for _ in range(samples):
                 time.sleep(random.uniform(*PICKUP_GAP))

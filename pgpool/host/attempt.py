@@ -50,6 +50,9 @@ class Job:
     group_id: int | None = None
     #: Its tenant ('' for none): whose CPU its attempt used (``pgpool run --fair-by cpu``).
     tenant: str = ""
+    #: Its priority: a job of a higher one leaves the pool's backlog first
+    #: (`pgpool.host.backlog`).
+    priority: int = 0
 
     @property
     def counted(self) -> int:

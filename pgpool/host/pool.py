@@ -7,7 +7,8 @@ types of `pgpool.worker.ipc`::
 
   submit(jobs)
      ▼
-  _backlog: deque[Job]     claimed, not yet sent (stop() hands them back: on_returned)
+  _backlog: Backlog        claimed, not yet sent (stop() hands them back: on_returned), by
+     │                       priority, then in turns across kinds (`pgpool.host.backlog`)
      │ _assign(): top each open worker up to `depth` jobs (about QUEUED_SECONDS of work)
      │   once it is half drained, dealt in rounds: one Jobs frame per hand-off
      ▼
@@ -101,6 +102,7 @@ from ..logs import event
 from ..worker import fence, ipc, portable
 from ..worker import main as worker
 from .attempt import AttemptEnd, Job
+from .backlog import Backlog
 
 log = logging.getLogger("pgpool.pool")
 
@@ -223,7 +225,7 @@ class WorkerPool:
         self._spares_wanted = spares
         self._spares: dict[int, Launched] = {}
         self._next_index = procs
-        self._backlog: deque[Job] = deque()
+        self._backlog = Backlog()
         self._start_failures = 0
         self._startup: asyncio.Future[None] | None = None
         self.closing = False
@@ -272,8 +274,7 @@ class WorkerPool:
         """
         self.closing = True
         self._abandon_spares()
-        returned = list(self._backlog)
-        self._backlog.clear()
+        returned = self._backlog.take_all()
         if returned:
             self._report_returned(returned)
         for w in self._workers.values():
@@ -318,10 +319,10 @@ class WorkerPool:
         while it waits here, so it goes next."""
         if ahead:
             first = {id(job) for job in ahead}
-            self._backlog.extendleft(reversed(ahead))
-            self._backlog.extend(job for job in jobs if id(job) not in first)
+            self._backlog.add_first(list(ahead))
+            self._backlog.add(job for job in jobs if id(job) not in first)
         else:
-            self._backlog.extend(jobs)
+            self._backlog.add(jobs)
         self._assign()
 
     @property
@@ -344,7 +345,7 @@ class WorkerPool:
         running one is killed, and one waiting in a worker's pipe is dropped there: the
         worker skips it (or ends at once if it has just started it, `ipc.Drop`), and the job
         running ahead of it runs on."""
-        self._backlog = deque(j for j in self._backlog if not j.lost)
+        self._backlog.keep(lambda job: not job.lost)
         for w in list(self._workers.values()):
             if w.kill_reason is not None or not any(job.lost for job in w.assigned):
                 continue
@@ -459,11 +460,11 @@ class WorkerPool:
         start_by = time.monotonic() + self._min_left_to_start
         now = asyncio.get_running_loop().time()
         for w in idle:
-            while self._backlog and self._backlog[0].deadline < start_by:
+            while self._backlog and self._backlog.peek().deadline < start_by:
                 late.append(self._backlog.popleft())
             if not self._backlog:
                 break
-            job = self._backlog[0]
+            job = self._backlog.peek()
             slots = self._wide.get(job.kind, 1)
             if used + slots > self.procs:
                 break
@@ -802,7 +803,7 @@ class WorkerPool:
             if self.closing:
                 self._report_returned(unstarted)
             else:
-                self._backlog.extendleft(reversed(unstarted))
+                self._backlog.add_first(unstarted)
 
     def _settle_startup(self, w: _Worker, cause: str) -> bool:
         """Account for a worker that ended before it was ready. During `start` that fails

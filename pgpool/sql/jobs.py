@@ -335,15 +335,19 @@ UPDATE pgpool_jobs AS j
 SET """ + _CLAIM_SET.format(default="""(%(kind_max_attempts)s::int[])[
         array_position(%(kinds)s::text[], j.kind)]""") + """
 WHERE j.id = ANY(ARRAY(
-    SELECT c.id
+    SELECT t.id
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
     CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS k(kind, kn)
     CROSS JOIN LATERAL (
         SELECT (q.qn - 1) * cardinality(%(kinds)s::text[]) + k.kn AS n
     ) AS pair
-    CROSS JOIN """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
+    CROSS JOIN LATERAL (  -- turn: the job's place in its pair, within its priority
+        SELECT c.id, c.priority, c.run_at,
+               row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) AS turn
+        FROM """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
+    ) AS t
     WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
-    ORDER BY c.priority DESC, c.run_at, c.id
+    ORDER BY t.priority DESC, t.turn, t.run_at, t.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,

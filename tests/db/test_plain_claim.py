@@ -167,6 +167,29 @@ def test_the_plain_claim_takes_the_kinds_it_serves_in_claim_order(db, dsn):
     assert in_registry(dsn, claim) == [b5, a3, a3_later, a1]
 
 
+def test_within_a_priority_the_plain_claim_takes_the_kinds_in_turns(db, dsn):
+    # Seed 004's flood: a kind's backlog due ahead of another kind's jobs, same priority.
+    # A claim takes one of each kind's, then the next of each: the later kind's jobs are
+    # not left for after the flood.
+    flood = [pgpool.enqueue(db, "a", {}) for _ in range(30)]
+    quiet = [pgpool.enqueue(db, "b", {}) for _ in range(2)]
+    urgent = pgpool.enqueue(db, "a", {}, priority=1)
+
+    async def claim(pool: AsyncConnectionPool) -> list[int]:
+        return [j.id for j in await claimer(pool, "a", "b").claim(5)]
+
+    assert in_registry(dsn, claim) == [urgent, flood[0], quiet[0], flood[1], quiet[1]]
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_the_claims_turns_hold_in_both_plans(db, mode):
+    flood = [pgpool.enqueue(db, "a", {}) for _ in range(30)]
+    quiet = pgpool.enqueue(db, "b", {})
+    db.execute(f"SET plan_cache_mode = {mode}")
+    rows = db.execute(sql.CLAIM_PLAIN, claim_params("a", "b", limit=2), prepare=True).fetchall()
+    assert sorted(row[0] for row in rows) == [flood[0], quiet]
+
+
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_the_plain_claim_costs_what_a_hand_written_one_does(db, mode):
     # Buffers per claim of 50, both plans, on a vacuumed table and behind a dead head of

@@ -682,7 +682,8 @@ def test_with_on_cpu_each_attempt_reports_the_cpu_it_and_its_waited_children_use
         return cpu, ended
 
     cpu, ended = asyncio.run(main())
-    assert ended == [(1, True), (2, True), (3, True), (4, True)]
+    # In turns across kinds (`pgpool.host.backlog`): the "fail" job runs second.
+    assert sorted(ended) == [(1, True), (2, True), (3, True), (4, True)]
     assert cpu[1] >= 0.2, cpu  # its own spin
     assert cpu[2] < 0.1, cpu  # a sleep uses next to none
     assert cpu[3] >= 0.2, cpu  # its child's spin
