@@ -50,7 +50,10 @@ def test_status_names_the_session_that_holds_the_horizon_and_how_to_end_it(db, d
     assert quiet["warning"] is None and quiet["piling_up"] is True
     assert quiet["holders"][0]["pid"] == pid_of(holder)
 
-    h = warned(dsn, "--horizon-warn", "1s")
+    # Warned once the transaction is 1 s old; its query started a moment after its BEGIN
+    # (the snapshot's), so wait for that one to be 1 s old too.
+    h = wait_until(lambda: (h := warned(dsn, "--horizon-warn", "1s"))["holders"][0][
+        "query_seconds"] >= 1 and h, "the holder's query to have run for 1 s")
     first = h["holders"][0]
     pid = pid_of(holder)
     assert first["kind"] == "backend" and first["pid"] == pid
