@@ -412,6 +412,12 @@ class Claimer:
         }
 
     @property
+    def pairs(self) -> int:
+        """The (queue, kind) pairs a claim reads now: a claim of that many takes the first
+        job of each in turn (`in_turns`)."""
+        return len(self._serving) * len(self._all_kinds)
+
+    @property
     def limited_kinds(self) -> frozenset[str]:
         """The kinds claimed with a limit now: their jobs hold a slot or a rate's row."""
         return self._limited_set
@@ -466,9 +472,11 @@ class Claimer:
                 count += (await cur.fetchone())[0]
         return count, left.total_seconds() if left is not None else 0.0
 
-    async def claim(self, limit: int) -> list[Job]:
+    async def claim(self, limit: int, *, prompt: bool = False) -> list[Job]:
         """Claim up to ``limit`` ready jobs: one statement and transaction, two when a
-        plain claim takes nothing and the fair claim follows it.
+        plain claim takes nothing and the fair claim follows it. A ``prompt`` claim (of a
+        few jobs, out of turn: `pgpool.host.scheduler`) is left out of `rtt`, which sizes
+        the batches.
 
         Each job's deadline counts from the moment the claim was started (waiting for a
         connection included), not from its answer: a slow claim hands out the lease that is
@@ -499,7 +507,8 @@ class Claimer:
                     leased = more_leased
                 rows += more
         rtt = time.monotonic() - started
-        self.rtts.append(rtt)
+        if not prompt:
+            self.rtts.append(rtt)
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts

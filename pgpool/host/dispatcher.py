@@ -6,7 +6,7 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
   enqueue(): INSERT + pg_notify ──▶ pgpool_jobs ◀── reaper.run(): expired leases to ready
                                         │    ▲
   listener.run() ◀──── NOTIFY ──────────┘    ├── heartbeat.run(): HEARTBEAT of _held() =
-     │ scheduler.work_ready()                │     pool.held_jobs() + completer.pending_jobs()
+     │ scheduler.notified()                  │     pool.held_jobs() + completer.pending_jobs()
      ▼                                       │     every lease.beat_interval; attempts not kept:
   scheduler.run(): CLAIM_LOOPS claim loops   │     job.lost = True, then pool.drop_lost();
      │                                       │     kept: job.deadline moved on, then
@@ -416,7 +416,7 @@ class Dispatcher:
                          Pruner(fenced, self.lease.beat_interval),
                          *([self.vacuum] if self.vacuum is not None else [])],
                         self.leadership)
-        self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.work_ready,
+        self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.notified,
                                  self.control.wake, elected[1].wake, self.leadership.wake)
         self.side = [self.heartbeat, self.listener, self.hosts, self.control,
                      self.leadership, *elected,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pgpool.host import scheduler as scheduler_module
 from pgpool.host.attempt import Job
 from pgpool.host.budget import ClaimBudget
 from pgpool.host.scheduler import CLAIM_LOOPS, ClaimScheduler, Step, Wait, ack_high_water, capacity
@@ -43,8 +44,13 @@ class FakeClaimer:
         self.elsewhere = 0
         #: The last claim found nothing ready at all.
         self.found_none = False
+        #: The (queue, kind) pairs a claim reads: a prompt claim's size.
+        self.pairs = 2
+        self.prompts: list[int] = []  # the claims made prompt, by their place in ``limits``
 
-    async def claim(self, limit: int) -> list[Job]:
+    async def claim(self, limit: int, *, prompt: bool = False) -> list[Job]:
+        if prompt:
+            self.prompts.append(len(self.limits))
         self.limits.append(limit)
         self.in_flight += 1
         try:
@@ -238,6 +244,55 @@ def test_a_host_at_capacity_waits_for_room_and_an_outcome_wakes_it() -> None:
     run(test)
 
 
+def test_a_notification_while_full_makes_one_prompt_claim_of_a_job_per_pair(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", 0.0)  # full claims come far apart
+
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
+        claims, held = len(host.claimer.limits), host.workers.held
+        host.scheduler.notified()
+        await host.settle()
+        # One claim past what the loops would claim, of a job per pair, not a batch.
+        assert host.claimer.limits[claims:] == [2]
+        assert host.claimer.prompts == [claims]
+        assert host.workers.held == held + 2
+        host.scheduler.notified()  # none again before a full claim
+        await host.settle()
+        assert len(host.claimer.limits) == claims + 1
+        host.finish(2 + 10)  # room for a batch: a full claim
+        await host.settle()
+        assert host.claimer.limits[claims + 1:] == [10]
+        host.scheduler.notified()  # and the next notification may claim promptly again
+        await host.settle()
+        assert host.claimer.limits[claims + 2:] == [2]
+        assert host.claimer.prompts == [claims, claims + 2]
+        await host.stop()
+
+    run(test)
+
+
+def test_no_prompt_claim_while_the_next_full_claim_comes_soon_anyway(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", HOUR)  # full claims come sooner
+
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        claims = len(host.claimer.limits)
+        host.scheduler.notified()
+        await host.settle()
+        assert len(host.claimer.limits) == claims
+        assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
+        await host.stop()
+
+    run(test)
+
+
 def test_an_empty_queue_waits_for_work_and_outcomes_do_not_wake_it() -> None:
     async def test() -> None:
         host = Host(procs=2, batch=10, ready=15)
@@ -333,6 +388,33 @@ def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
         assert await host.scheduler.claim_step() is Step.AGAIN
         assert host.claimer.limits == [10, 10, 10]
         assert (budget.throttles, budget.held_back) == (1, False)
+
+    run(test)
+
+
+def test_a_notification_while_the_budget_holds_the_host_back_makes_a_prompt_claim(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", 0.0)
+
+    async def test() -> None:
+        now = [0.0]
+        budget = ClaimBudget(20, clock=lambda: now[0])  # a bucket of 20 jobs, none refilled
+        host = Host(procs=2, batch=10, ready=100, budget=budget, poll=HOUR)
+        host.start()
+        await host.settle(lambda: len(host.claimer.limits) == 2
+                          and host.claimer.in_flight == 0)
+        await host.settle(lambda: budget.throttles >= 2)  # both loops held back
+        host.scheduler.notified()
+        await host.settle(lambda: len(host.claimer.limits) == 3)
+        # A job per pair, past the budget: its tokens are owed by the next claims.
+        assert host.claimer.limits == [10, 10, 2]
+        assert host.claimer.prompts == [2]
+        assert budget.available() < 0
+        host.scheduler.notified()  # none again before a full claim
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert len(host.claimer.limits) == 3
+        await host.stop()
 
     run(test)
 
