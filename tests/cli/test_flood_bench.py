@@ -1,0 +1,44 @@
+"""``bench/flood.py --serve-flood`` and ``bench/notified_drain.py``: real runs, small, that
+print their figures and leave no scratch schema behind.
+
+No timing assertions: only that the figures are there and sane.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+from bench_scripts import BENCH_SCHEMAS, run_bench_script
+
+
+@pytest.mark.soak  # a host per depth, draining a flood: `make soak-test`
+def test_flood_measures_a_host_that_drains_the_flood_itself(dsn: str, db: psycopg.Connection
+                                                             ) -> None:
+    done = run_bench_script("flood.py", dsn, "--quick", "--serve-flood", "--batch", "20")
+    assert done.returncode == 0, done.stderr
+    assert "this host drains it" in done.stdout
+    rows = re.findall(r"^\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", done.stdout, re.M)
+    assert [depth for depth, *_ in rows] == ["0", "2,000", "20,000"]
+    assert all(0 < float(p50) <= float(p99) < 10_000 for _, p50, p99, _ in rows)
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []
+
+
+@pytest.mark.soak  # a host draining while a producer enqueues: `make soak-test`
+def test_notified_drain_reports_the_drain_and_the_other_commits(dsn: str,
+                                                                db: psycopg.Connection) -> None:
+    done = run_bench_script("notified_drain.py", dsn, "--jobs", "3000", "--rounds", "1")
+    assert done.returncode == 0, done.stderr
+    (rate, commits), = re.findall(r"^round 1: ([\d,]+) jobs/s, ([\d,]+) other commits/s",
+                                  done.stdout, re.M)
+    assert int(rate.replace(",", "")) > 0 and int(commits.replace(",", "")) > 0
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []
+
+
+def test_notified_drain_refuses_a_bad_option_in_one_line(dsn: str) -> None:
+    done = run_bench_script("notified_drain.py", dsn, "--jobs", "10")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "notified_drain.py: error: --jobs must be at least 1000, --rounds at least 1, "
+        "--every-ms above 0")
