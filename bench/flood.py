@@ -87,6 +87,8 @@ def main() -> int:
         depths = sorted({int(d) for d in args.depths.split(",")})
     except ValueError:
         parser.error(f"--depths {args.depths!r}: give whole numbers, comma-separated")
+    if args.batch is not None and args.batch < 1:
+        parser.error(f"--batch {args.batch}: give a batch of at least 1, or leave it out (auto)")
     if args.quick:
         depths, args.samples = [0, 2000, 20_000], 20
     if depths[0] != 0:
