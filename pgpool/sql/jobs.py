@@ -649,12 +649,15 @@ def _fair_claim(share: str, fair_from: str, spare_from: str, picked_join: str,
     SELECT *, row_number() OVER (PARTITION BY concurrency_key
                                  ORDER BY priority DESC, run_at, id) AS key_rank
     FROM (SELECT * FROM fair UNION ALL SELECT * FROM spare) AS candidates
-), picked AS (  -- fair: round-robin over tenants, within the cap
+), picked AS (  -- fair: round-robin over tenants, within the cap; in a tenant, by
+    -- priority, then its (queue, kind) pairs in turns (as CLAIM_PLAIN's), then due time
     SELECT x.id, x.tenant <> '' OR x.concurrency_key IS NOT NULL AS fair FROM (
         SELECT id, tenant, concurrency_key, priority, run_at,
-               row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id)
-                   AS tenant_rank
-        FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1
+               row_number() OVER (PARTITION BY tenant
+                                  ORDER BY priority DESC, turn, run_at, id) AS tenant_rank
+        FROM (SELECT *, row_number() OVER (PARTITION BY tenant, queue, kind, priority
+                                           ORDER BY run_at, id) AS turn
+              FROM one_per_key WHERE concurrency_key IS NULL OR key_rank = 1) AS k
     ) AS x JOIN room AS r USING (tenant)""" + picked_join + """
     WHERE x.tenant_rank <= r.room
     ORDER BY """ + picked_order + """, x.priority DESC, x.run_at, x.id

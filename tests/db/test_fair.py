@@ -32,6 +32,7 @@ import pgpool
 from pgpool.host.claimer import Claimer
 from pgpool.host.lease import Lease
 from pgpool.registry import Handler
+from pgpool.sql import jobs as sql
 
 FLOOD = 50_000
 
@@ -107,6 +108,19 @@ def test_a_claim_interleaves_tenants_and_gives_the_rest_to_the_flood(db, dsn):
 
     jobs = in_registry(dsn, lambda pool: claimer(pool).claim(10))
     assert tenants_of(jobs, db) == {"flood": 10}  # alone, it gets whole batches
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_within_a_tenant_the_fair_claim_takes_its_kinds_in_turns(db, mode):
+    # One tenant's flood of a kind, due ahead of its job of another kind: a claim takes one
+    # of each in turn, as the plain claim does across kinds (seed 004, with tenants).
+    flood(db, "k", 30, tenant="t1")
+    quiet = pgpool.enqueue(db, "q", {}, tenant="t1")
+    db.execute(f"SET plan_cache_mode = {mode}")
+    params = {"queues": ["default"], "kinds": ["k", "q"], "kind_max_attempts": [5, 5],
+              "owner": "h", "lease": 30, "limit": 3, "after": "", "tenant_cap": None}
+    rows = db.execute(sql.CLAIM, params, prepare=True).fetchall()
+    assert len(rows) == 3 and quiet in [row[0] for row in rows]
 
 
 def test_a_small_batch_still_serves_every_tenant_in_turn(db, dsn):
