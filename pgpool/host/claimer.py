@@ -98,20 +98,6 @@ def _claim_order(row: tuple) -> tuple[int, int, int]:
     return (-row[9], row[13], row[0])
 
 
-def in_turns(rows: list[tuple]) -> list[tuple]:
-    """The plain claim's ``rows`` (in claim order, of several (queue, kind) pairs) in the
-    order it chose them in: by priority, then in turns across the pairs (each pair's first
-    job, then each one's second...), then by due time and id. A flood of one kind then
-    waits its turn behind another kind's job, not the other way round."""
-    turns: Counter[tuple[str, str, int]] = Counter()
-    turn = {}
-    for row in rows:
-        at = (row[2], row[1], row[9])
-        turns[at] += 1
-        turn[row[0]] = turns[at]
-    return sorted(rows, key=lambda row: (-row[9], turn[row[0]], row[13], row[0]))
-
-
 class RawJsonLoader(Loader):
     """Load jsonb as its raw text bytes: the dispatcher never parses payloads."""
 
@@ -414,7 +400,7 @@ class Claimer:
     @property
     def pairs(self) -> int:
         """The (queue, kind) pairs a claim reads now: a claim of that many takes the first
-        job of each in turn (`in_turns`)."""
+        job of each (`sql.CLAIM_PLAIN` takes them in turns)."""
         return len(self._serving) * len(self._all_kinds)
 
     @property
@@ -638,8 +624,9 @@ class Claimer:
                            ) -> tuple[list[tuple], float]:
         """Run the plain claim (`sql.CLAIM_PLAIN`) on ``conn``, from the cursors or as a
         sweep (see the module's docstring), and move the cursors on: its rows in claim
-        order (priority, then due time, then id; in turns across pairs: `in_turns`), and
-        when the statement that took them started (their lease counts from it). No rows
+        order (priority, then due time, then id: the pool's backlog hands them out in turns
+        across pairs), and when the statement that took them started (their lease counts
+        from it). No rows
         when nothing waits, or when a job with a tenant or a concurrency key does: the fair
         claim, run next, tells which."""
         cursors = self._plain_cursors
@@ -651,8 +638,6 @@ class Claimer:
             now = time.monotonic()
             rows = await self._plain_rows(conn, params, queues, True, now)
         rows.sort(key=_claim_order)
-        if len(queues) * len(cast(list[str], params["kinds"])) > 1:
-            rows = in_turns(rows)
         cursors.move(rows, limit)
         return rows, now
 

@@ -302,7 +302,9 @@ _CLAIM_SET: Final = """state = 'running',
 #: hand-written loop sends, plus that look, ``max_attempts`` and a cursor.
 #:
 #: - One LATERAL scan per (queue, kind) pair on the ready index, in claim order (priority,
-#:   due time, id), stopped by its LIMIT; then the pairs' rows merged in that order. SKIP
+#:   due time, id), stopped by its LIMIT; then the pairs' rows merged by priority, then
+#:   in turns across the pairs (each one's first job, then each one's second...), then due
+#:   time and id: a flood of one kind does not fill the batch ahead of another's. SKIP
 #:   LOCKED makes concurrent claimers take disjoint rows; NO KEY UPDATE does not block
 #:   foreign keys that reference a job. Rows a scan locked but the batch did not take stay
 #:   ready when the statement ends.

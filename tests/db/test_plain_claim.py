@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from waits import wait_until
 
 import pgpool
+from pgpool.host.backlog import Backlog
 from pgpool.host.claimer import Claimer
 from pgpool.host.lease import Lease
 from pgpool.registry import Handler
@@ -176,7 +177,9 @@ def test_within_a_priority_the_plain_claim_takes_the_kinds_in_turns(db, dsn):
     urgent = pgpool.enqueue(db, "a", {}, priority=1)
 
     async def claim(pool: AsyncConnectionPool) -> list[int]:
-        return [j.id for j in await claimer(pool, "a", "b").claim(5)]
+        backlog = Backlog()  # as the pool queues them for its workers
+        backlog.add(await claimer(pool, "a", "b").claim(5))
+        return [backlog.popleft().id for _ in range(len(backlog))]
 
     assert in_registry(dsn, claim) == [urgent, flood[0], quiet[0], flood[1], quiet[1]]
 

@@ -1,6 +1,6 @@
 """The order claimed jobs leave the pool's backlog for the workers
-(`pgpool.host.backlog.Backlog`, and the claimer's `in_turns` for the rows of one claim):
-by priority, then in turns across (queue, kind) pairs, then first in first out."""
+(`pgpool.host.backlog.Backlog`): by priority, then in turns across (queue, kind) pairs,
+then first in first out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from pgpool.host.attempt import Job
 from pgpool.host.backlog import Backlog
-from pgpool.host.claimer import in_turns
 
 
 def job(id_: int, kind: str = "flood", priority: int = 0, queue: str = "default") -> Job:
@@ -77,14 +76,3 @@ def test_take_all_empties_it() -> None:
         backlog.popleft()
     with pytest.raises(IndexError):
         backlog.peek()
-
-
-def row(id_: int, kind: str, priority: int = 0, run_at: int = 0) -> tuple:
-    """A plain claim's row: (id, kind, queue, ..., tenant, priority, ..., run_at in µs)."""
-    return (id_, kind, "default", 1, 0, 5, b"{}", 0.0, "", priority, 0, None, None, run_at)
-
-
-def test_a_claims_rows_are_put_in_turns_across_pairs_within_each_priority() -> None:
-    rows = [row(1, "a", run_at=1), row(2, "a", run_at=2), row(3, "a", run_at=3),
-            row(4, "b", run_at=9), row(5, "b", priority=1, run_at=10)]
-    assert [r[0] for r in in_turns(rows)] == [5, 1, 4, 2, 3]
