@@ -648,7 +648,8 @@ class Claimer:
         kinds = cast(list[str], params["kinds"])
         cursors = self._plain_cursors
         rows = await (await conn.execute(
-            sql.CLAIM_PLAIN, {**params, **cursors.params(queues, kinds, sweep)})).fetchall()
+            sql.CLAIM_PLAIN if len(queues) * len(kinds) > 1 else sql.CLAIM_PLAIN_ONE,
+            {**params, **cursors.params(queues, kinds, sweep)})).fetchall()
         cursors.ran(sweep, now)
         return rows
 

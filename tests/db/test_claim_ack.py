@@ -355,7 +355,7 @@ def _index_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM"])
 @pytest.mark.parametrize("queues", [["default"], ["default", "other"]])
 def test_claim_reads_only_a_batch_of_a_deep_backlog(db, queues, statement):
     # Claim cost must not grow with the backlog: the ready index is read in claim order and

@@ -193,15 +193,20 @@ def test_the_claims_turns_hold_in_both_plans(db, mode):
     assert sorted(row[0] for row in rows) == [flood[0], quiet]
 
 
+#: The plain claim, and its twin without turns for a host of one (queue, kind) pair.
+PLAIN_CLAIMS = ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE"]
+
+
+@pytest.mark.parametrize("statement", PLAIN_CLAIMS)
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-def test_the_plain_claim_costs_what_a_hand_written_one_does(db, mode):
+def test_the_plain_claim_costs_what_a_hand_written_one_does(db, mode, statement):
     # Buffers per claim of 50, both plans, on a vacuumed table and behind a dead head of
     # 5,000 jobs: the plain claim adds its look at the fair index and nothing else. The
     # fair claim walks the dead head twice (where its tenant walk starts, then the jobs).
     params = claim_params("k", limit=50)
     for dead in (0, 5000):
         (hand, hand_claimed), (plain, plain_claimed) = fewest_buffers(
-            db, [(HAND_CLAIM, params), (sql.CLAIM_PLAIN, params)], mode, dead=dead)
+            db, [(HAND_CLAIM, params), (getattr(sql, statement), params)], mode, dead=dead)
         assert hand_claimed == plain_claimed == 50
         assert plain <= hand + 10, (dead, hand, plain)
     fair, fair_claimed = statement_buffers(db, sql.CLAIM, params, mode, dead=5000)
@@ -230,20 +235,22 @@ def scan_buffers(node: dict[str, Any]) -> int:
     return sum(scan_buffers(child) for child in node.get("Plans", []))
 
 
+@pytest.mark.parametrize("statement", PLAIN_CLAIMS)
 def test_behind_a_pinned_horizon_a_claim_from_its_cursor_reads_what_it_does_on_a_clean_table(
-        db, dsn):
+        db, dsn, statement):
     # A transaction holds a snapshot, so no vacuum can remove the 100,000 jobs claimed and
     # acked since: their ready-index entries stay ahead of the jobs still ready. A claim
     # from the cursor (after the last job taken) starts past them; a sweep, from the
     # start, walks them all (what this test would catch if the cursor were lost).
     params, mode = claim_params("k", limit=50), "force_generic_plan"  # a dispatcher's
+    claim = getattr(sql, statement)
     db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
     try:
         db.execute("TRUNCATE pgpool_jobs")
         pgpool.enqueue_many(db, "k", ({"n": i} for i in range(100_200)))
         db.execute("VACUUM ANALYZE pgpool_jobs")
         with db.transaction(force_rollback=True):
-            clean = scan_buffers(explain_prepared(db, sql.CLAIM_PLAIN, params, mode,
+            clean = scan_buffers(explain_prepared(db, claim, params, mode,
                                                   "ANALYZE, BUFFERS, FORMAT JSON"))
         with psycopg.connect(dsn) as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -251,12 +258,12 @@ def test_behind_a_pinned_horizon_a_claim_from_its_cursor_reads_what_it_does_on_a
             cursor = acked_but_the_last(db, 200)
             with db.transaction(force_rollback=True):
                 pinned = scan_buffers(explain_prepared(
-                    db, sql.CLAIM_PLAIN, {**params, **cursor}, mode,
+                    db, claim, {**params, **cursor}, mode,
                     "ANALYZE, BUFFERS, FORMAT JSON"))
                 assert one(db, "SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
                            ) == (50,)
             with db.transaction(force_rollback=True):
-                swept = scan_buffers(explain_prepared(db, sql.CLAIM_PLAIN, params, mode,
+                swept = scan_buffers(explain_prepared(db, claim, params, mode,
                                                       "ANALYZE, BUFFERS, FORMAT JSON"))
     finally:
         db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")

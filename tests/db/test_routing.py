@@ -59,7 +59,8 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
 # prepared claim switches to, must be as good (joining the picked rows to a scan of the
 # whole table took 2 s a claim with a million jobs).
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS", "CLAIM_LIMITED"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
+                                  "CLAIM_LIMITED"])
 def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg.Connection,
                                                                     mode: str,
                                                                     statement: str) -> None:
@@ -102,7 +103,8 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
     urgent = pgpool.enqueue(db, "urgent", {})
     db.execute("VACUUM ANALYZE pgpool_jobs")
     plans = [(mode, statement) for mode in ("force_custom_plan", "force_generic_plan")
-             for statement in ("CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS", "CLAIM_LIMITED")]
+             for statement in ("CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
+                                  "CLAIM_LIMITED")]
     alone = {}
     for mode, statement in plans:
         alone[mode, statement], claimed = claim_buffers(db, "urgent", mode=mode,
@@ -121,7 +123,8 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
         assert flooded <= alone[mode, statement] + 25, (mode, statement, alone, flooded)
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM", "CLAIM_SLOTS", "CLAIM_LIMITED"])
+@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
+                                  "CLAIM_LIMITED"])
 def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection,
                                                            statement: str) -> None:
     ids = {(kind, prio): pgpool.enqueue(db, kind, {}, priority=prio)
