@@ -6,10 +6,13 @@ In a scratch schema (dropped afterwards), each round: ``--jobs`` no-op jobs are 
 ``pgpool run --procs 2`` drains them while a producer enqueues one more job every
 ``--every-ms`` in its own transaction, each sending the host a notification while it is
 busy (the case where a notification may start a prompt claim: `pgpool.host.scheduler`).
-It prints the drain's jobs/s and the server's other commits per second (claims, acks,
-heartbeats: every commit but the producer's). Only pgpool's public API and bench package
-are used, so ``PYTHONPATH=<an older checkout> python bench/notified_drain.py`` measures
-that pgpool side by side with this one (run from outside the checkout).
+It prints the drain's jobs/s and the server's other write transactions per second (claims,
+acks, heartbeats: every transaction but the producer's that was given a transaction id). They
+are read from the transaction id counter, which is exact at once; ``pg_stat_database``'s
+commit count lags by up to a second per backend, too long for a short round. Only pgpool's
+public API and bench package are used, so ``PYTHONPATH=<an older checkout> python
+bench/notified_drain.py`` measures that pgpool side by side with this one (run from
+outside the checkout).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ INSERT INTO pgpool_jobs (kind, payload)
 SELECT %(kind)s, '{"do": "noop"}' FROM generate_series(1, %(jobs)s)
 """
 LEFT: Final = "SELECT count(*) FROM pgpool_jobs WHERE state IN ('ready', 'running')"
-COMMITS: Final = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+#: The next transaction id, read without taking one.
+NEXT_XID: Final = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 #: How long the drain may take before the run fails.
 TIMEOUT: Final = 600.0
 #: The drain ends when fewer jobs than this are left: the producer's trickle.
@@ -44,8 +48,9 @@ REST: Final = 100
 
 
 def drain(dsn: str, conn: psycopg.Connection, jobs: int, every: float) -> tuple[float, float]:
-    """(jobs/s, other commits/s) of one drain of ``jobs`` while a producer enqueues one job
-    every ``every`` seconds, timed from the host's first claim to fewer than `REST` left."""
+    """(jobs/s, other write transactions/s) of one drain of ``jobs`` while a producer
+    enqueues one job every ``every`` seconds, timed from the host's first claim to fewer
+    than `REST` left."""
     conn.execute(SEED, {"kind": KIND, "jobs": jobs})
     conn.execute("VACUUM ANALYZE pgpool_jobs")
     host = subprocess.Popen(
@@ -74,7 +79,7 @@ def drain(dsn: str, conn: psycopg.Connection, jobs: int, every: float) -> tuple[
         deadline = time.monotonic() + TIMEOUT
         while (first := left()) == jobs:  # until the host claims
             time.sleep(0.005)
-        commits = conn.execute(COMMITS).fetchone()[0]
+        xid = conn.execute(NEXT_XID).fetchone()[0]
         started = time.monotonic()
         producer.start()
         while (last := left()) >= REST:
@@ -84,7 +89,7 @@ def drain(dsn: str, conn: psycopg.Connection, jobs: int, every: float) -> tuple[
         elapsed = time.monotonic() - started
         stop.set()
         producer.join()
-        others = conn.execute(COMMITS).fetchone()[0] - commits - produced
+        others = conn.execute(NEXT_XID).fetchone()[0] - xid - produced
     finally:
         stop.set()
         host.terminate()
@@ -112,7 +117,7 @@ def main() -> int:
         for n in range(1, args.rounds + 1):
             progress.step(f"round {n} of {args.rounds}")
             rate, others = drain(scratch.dsn, conn, args.jobs, args.every_ms / 1000)
-            print(f"round {n}: {rate:,.0f} jobs/s, {others:,.0f} other commits/s "
+            print(f"round {n}: {rate:,.0f} jobs/s, {others:,.0f} other write transactions/s "
                   f"(pgpool {pgpool.__version__})")
     return 0
 
