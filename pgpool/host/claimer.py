@@ -48,6 +48,7 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool
 
+from ..db import statements
 from ..limits import Limit
 from ..registry import Handler
 from ..sql import jobs as sql
@@ -576,7 +577,7 @@ class Claimer:
                 # with a concurrency limit per tenant (50 tenants), 14.5 against 8.4 with a
                 # rate per tenant; still so with the plan made on an empty ring table and
                 # 500,000 rows of rings added since, unanalyzed.
-                cur = await conn.execute(statement, params, prepare=True)
+                cur = await statements.execute(conn, statement, params, prepare=True)
                 return await cur.fetchall()
             except KEY_RACE_LOST:
                 # Another claim took one of these slots first; the whole statement rolled
@@ -689,7 +690,7 @@ class Claimer:
                   **cursors.tenant_params(queues, kinds, self._after, limit, sweep)}
         for tries in range(1, KEY_RACE_TRIES + 1):
             try:
-                rows = await (await conn.execute(statement, params)).fetchall()
+                rows = await (await statements.execute(conn, statement, params)).fetchall()
                 break
             except KEY_RACE_LOST:
                 # Another claim took one of these concurrency keys first; the whole

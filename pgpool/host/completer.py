@@ -71,6 +71,7 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from ..db import statements
 from ..db.outage import Failures, backoff
 from ..errors import first_line
 from ..horizon import run_time
@@ -671,11 +672,11 @@ class Completer:
         async with self._pool.connection() as conn:
             if query in RECORDING:
                 async with conn.transaction():
-                    row = await (await conn.execute(query, params)).fetchone()
+                    row = await (await statements.execute(conn, query, params)).fetchone()
                     for group in follow_up_groups(acks, row[-1]):
                         await conn.execute(sql.ENQUEUE_GROUP, group)
                 return row[:6]
-            cur = await conn.execute(query, params)
+            cur = await statements.execute(conn, query, params)
             if query is sql.ACK_DONE:  # the jobs it deleted are its rowcount
                 return cur.rowcount, 0, 0, 0, 0, 0
             row = await cur.fetchone()

@@ -94,6 +94,26 @@ def test_racing_claimers_never_take_more_than_the_limit(db: psycopg.Connection,
     assert slots == [1, 2, 3]
 
 
+@pytest.mark.parametrize(("rate", "by"), [(None, None), (100, None), (None, "tenant")],
+                         ids=["slots", "slots and a rate", "by tenant"])
+def test_a_host_of_several_queues_takes_no_more_than_the_limit_in_all(
+        db: psycopg.Connection, dsn: str, rate: int | None, by: str | None) -> None:
+    for queue in ("a", "b", "c"):
+        pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(5)], queue=queue,
+                            tenant="t" if by else None)
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = Claimer(pools[0], "host-a:1:aa", queues=("a", "b", "c"),
+                    handlers=handlers(2, rate=rate, by=by), lease=Lease(30),
+                    max_attempts=20, timeout=None)
+        return [len(await c.claim(10)) for _ in range(2)]
+
+    # Each queue's scan may find the kind's whole room: the claim takes it once in all.
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [2, 0]
+    assert running(db) == 2
+
+
 def test_a_slot_is_free_again_however_its_job_stops_running(db: psycopg.Connection,
                                                              dsn: str) -> None:
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])

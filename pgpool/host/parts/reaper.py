@@ -21,6 +21,7 @@ import asyncio
 import logging
 from typing import Final
 
+from ...db import statements
 from ...errors import first_line
 from ...logs import event
 from ...retry import FREE_INTERRUPTIONS
@@ -80,7 +81,7 @@ class Reaper(LoopPart):
         params = {"limit": BATCH, "ids": None if ids is None else int_array(ids),
                   "max_interruptions": FREE_INTERRUPTIONS}
         async with self._pool.connection() as conn:
-            cur = await conn.execute(sql.REAP, params)
+            cur = await statements.execute(conn, sql.REAP, params)
             r, d, _, _, _ = await cur.fetchone()
         return r, d
 
