@@ -46,6 +46,7 @@ from drains import Parser, at_least, pinned, script_main, session  # bench/ is o
 
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
+from pgpool.db import statements as converted
 from pgpool.host.claimer import configure_connection
 from pgpool.host.lease import Lease
 from pgpool.sql import jobs as sql
@@ -106,7 +107,9 @@ async def claim_in_turns(dsn: str, batch: int) -> tuple[dict[str, list[float]],
                 params = {**params, **cursors[way]}
                 started = time.perf_counter()
                 if prepared:
-                    cur = await conns[way].execute(statement, params, prepare=True)
+                    # As the claimer runs its limited claims: converted once.
+                    cur = await converted.execute(conns[way], statement, params,
+                                                  prepare=True)
                     rows = await cur.fetchall()
                 else:
                     async with psycopg.AsyncClientCursor(conns[way]) as client:
