@@ -50,6 +50,12 @@ class Backlog:
             for jobs in level.values():
                 yield from jobs
 
+    def kinds(self) -> frozenset[str]:
+        """The kinds with a job waiting."""
+        waiting = {kind for level in self._levels.values() for _, kind in level}
+        waiting.update(job.kind for job in self._first)
+        return frozenset(waiting)
+
     def add(self, jobs: Iterable[Job]) -> None:
         """Queue ``jobs``, each behind the jobs of its (queue, kind) pair and priority."""
         levels = self._levels

@@ -41,7 +41,7 @@ import itertools
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import cast
 
 import psycopg
@@ -166,6 +166,11 @@ class Cursors:
         """Move the cursors on past ``rows`` (claimed jobs without a tenant, in claim
         order, of a claim of ``limit``): each pair's last row is its cursor."""
         self._wanted = len(rows) < limit
+        self.advance(rows)
+
+    def advance(self, rows: list[tuple]) -> None:
+        """`move` the cursors of the pairs of ``rows`` only: a claim that says nothing of
+        the others (a prompt claim's)."""
         last = {(row[2], row[1]): row for row in rows}
         for pair, row in last.items():
             self._keys[pair] = (row[9], row[13], row[0])
@@ -399,10 +404,9 @@ class Claimer:
         }
 
     @property
-    def pairs(self) -> int:
-        """The (queue, kind) pairs a claim reads now: a claim of that many takes the first
-        job of each (`sql.CLAIM_PLAIN` takes them in turns)."""
-        return len(self._serving) * len(self._all_kinds)
+    def prompt_kinds(self) -> list[str]:
+        """The kinds a prompt claim may take (`claim_prompt`): those without a limit."""
+        return cast(list[str], self._params["kinds"])
 
     @property
     def limited_kinds(self) -> frozenset[str]:
@@ -459,11 +463,9 @@ class Claimer:
                 count += (await cur.fetchone())[0]
         return count, left.total_seconds() if left is not None else 0.0
 
-    async def claim(self, limit: int, *, prompt: bool = False) -> list[Job]:
+    async def claim(self, limit: int) -> list[Job]:
         """Claim up to ``limit`` ready jobs: one statement and transaction, two when a
-        plain claim takes nothing and the fair claim follows it. A ``prompt`` claim (of a
-        few jobs, out of turn: `pgpool.host.scheduler`) is left out of `rtt`, which sizes
-        the batches.
+        plain claim takes nothing and the fair claim follows it.
 
         Each job's deadline counts from the moment the claim was started (waiting for a
         connection included), not from its answer: a slow claim hands out the lease that is
@@ -494,8 +496,35 @@ class Claimer:
                     leased = more_leased
                 rows += more
         rtt = time.monotonic() - started
-        if not prompt:
-            self.rtts.append(rtt)
+        self.rtts.append(rtt)
+        return self._jobs(rows, rtt, leased)
+
+    async def claim_prompt(self, kinds: Collection[str]) -> list[Job]:
+        """A prompt claim (`pgpool.host.scheduler`): the first ready job of each (queue,
+        kind) pair the host serves of ``kinds`` (of `prompt_kinds`), by the plain claim,
+        from the cursors. Small and out of turn: it is left out of `rtt`, which sizes the
+        batches, and of the sweeps' timing, and moves only its pairs' cursors. It takes
+        nothing where a job waiting needs the fair claim (a tenant, a concurrency key):
+        the full claims take those."""
+        queues = self._serving
+        chosen = [kind for kind in self.prompt_kinds if kind in kinds]
+        if not queues or not chosen:
+            return []
+        started = time.monotonic()
+        params = {**self._params, "kinds": chosen, "limit": len(queues) * len(chosen),
+                  "kind_max_attempts": int_array(self._max_attempts[k] for k in chosen),
+                  **self._plain_cursors.params(queues, chosen, False)}
+        async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
+            rows = await (await conn.execute(
+                sql.CLAIM_PLAIN if len(queues) * len(chosen) > 1 else sql.CLAIM_PLAIN_ONE,
+                params)).fetchall()
+        rows.sort(key=_claim_order)
+        self._plain_cursors.advance(rows)
+        return self._jobs(rows, time.monotonic() - started, started)
+
+    def _jobs(self, rows: list[tuple], rtt: float, leased: float) -> list[Job]:
+        """The claimed ``rows`` as jobs, leased from ``leased`` (monotonic seconds), and the
+        claim counted and told (``on_claimed``)."""
         self.claims += 1
         self.claimed += len(rows)
         timeouts = self._timeouts

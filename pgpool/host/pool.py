@@ -334,6 +334,18 @@ class WorkerPool:
     def backlog(self) -> int:
         return len(self._backlog)
 
+    def idle_kinds(self, kinds: Iterable[str]) -> set[str]:
+        """Those of ``kinds`` this host holds no job of: none waits in the backlog, and
+        no worker has one (queued or running). Stops reading as soon as none is left: a
+        busy host of one kind answers at its first job."""
+        idle = set(kinds).difference(self._backlog.kinds())
+        for w in self._workers.values():
+            if not idle:
+                break
+            for job in w.assigned:
+                idle.discard(job.kind)
+        return idle
+
     def held_jobs(self) -> Iterator[Job]:
         yield from self._backlog
         for w in self._workers.values():

@@ -31,12 +31,23 @@ other's, which doubles what a fixed batch can claim per second. Each loop repeat
 A prompt claim: a job notified while the host is busy (its loops wait for room or for the
 budget) would otherwise wait for the next claim, a batch of work away (100 ms of no-op
 jobs at a batch of 1,000), however urgent. The notification (`notified`) starts one claim
-of one job per (queue, kind) pair instead (the claim takes them in turns: the notified
-job's pair gives its first), past `capacity` and the budget by that much (the budget's
-next claims pay it back), at most once between two full claims, and only while full
-claims come `PROMPT_AFTER` or more apart: a host whose producers notify all the time pays
-at most one more small claim per batch, and none when its batches come quickly anyway.
-Its jobs go to the workers in the backlog's turns (`pgpool.host.backlog`).
+of one job per (queue, kind) pair instead (`Claimer.claim_prompt`), for the kinds the host
+holds no job of (`Workers.idle_kinds`): a job of one of those claimed now goes to the next
+free worker (the backlog takes its pairs in turns: `pgpool.host.backlog`), while a kind
+the host is busy with gets its next jobs from the full claims, soon enough. (The
+notification does not say its kind: the claim asks for each idle one.) Bounds, so that a
+host whose producers notify all the time pays little:
+
+- none for a kind the host is busy with, nor for one the last full claim took more than
+  one job of: the full claims keep bringing that one (a host draining a backlog of one
+  kind never makes any, whether it holds jobs or waits for the budget);
+- at most one every `PROMPT_EVERY`: a notification sooner than that is put off until
+  then, not dropped;
+- a kind a prompt claim found nothing of is left to the full claims until the next one
+  starts (`_quiet`): a flood of notifications for kinds with nothing ready costs one empty
+  prompt claim per batch, not one per notification;
+- past `capacity` and the budget by the jobs it takes; the budget's next claims pay them
+  back.
 
 Room and budget are reserved before each round trip (`_claiming`), because the other loop
 claims meanwhile. With ``batch="auto"`` the batch is re-derived after every claim from the
@@ -51,8 +62,10 @@ import contextlib
 import enum
 import logging
 import math
+import operator
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Final, Literal, Protocol
 
 import psycopg
@@ -64,13 +77,15 @@ from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.scheduler")
 
+_kind = operator.attrgetter("kind")
+
 #: Claim loops, each with at most one claim in flight.
 CLAIM_LOOPS: Final = 2
-#: A notification makes a prompt claim only while full claims come this far apart,
-#: seconds: below it the next one comes soon enough. (At 10 ms, the flood bench's pickup
-#: p50 was 12-13 ms against 16-22: not worth up to twice the claims of a host whose
-#: batches come 10 to 25 ms apart.)
-PROMPT_AFTER: Final = 0.025
+#: Prompt claims come at most this often, seconds: two hundred a second, each a job per
+#: (queue, kind) pair of the kinds that have none waiting, and each charged to the budget.
+#: (At 10 ms, and notifications sooner dropped rather than put off, the flood bench's p99
+#: was still a full claim's cycle, 80 ms: a quarter of its jobs came sooner.)
+PROMPT_EVERY: Final = 0.005
 
 
 def capacity(procs: int, batch: int) -> int:
@@ -117,8 +132,9 @@ class ClaimSource(Protocol):
     @property
     def limited_kinds(self) -> frozenset[str]: ...
     @property
-    def pairs(self) -> int: ...
-    async def claim(self, limit: int, *, prompt: bool = False) -> list[Job]: ...
+    def prompt_kinds(self) -> Sequence[str]: ...
+    async def claim(self, limit: int) -> list[Job]: ...
+    async def claim_prompt(self, kinds: Collection[str]) -> list[Job]: ...
     def sweep_next(self) -> None: ...
     async def running(self) -> tuple[int, float]: ...
 
@@ -128,6 +144,7 @@ class Workers(Protocol):
     def held(self) -> int: ...
     @property
     def job_seconds(self) -> float: ...
+    def idle_kinds(self, kinds: Iterable[str]) -> set[str]: ...
     def submit(self, jobs: list[Job], ahead: Sequence[Job] = ()) -> None: ...
 
 
@@ -190,15 +207,19 @@ class ClaimScheduler:
         self._reaped_for_burst = False
         #: The last claim came back full: more jobs are likely waiting.
         self._backlog = False
-        #: A notification asked for a prompt claim (and woke a loop held by the budget, if
-        #: any); one was made since the last full claim.
-        self._prompt = False
+        #: The kinds a notification asked a prompt claim for (it woke a loop held by the
+        #: budget, if any), when the last one started, the kinds one found nothing of
+        #: since the last full claim, and the full claims started (a prompt claim that
+        #: overlapped one may have found nothing because that one took it).
+        self._prompt: frozenset[str] = frozenset()
         self._prompt_wake = asyncio.Event()
-        self._prompted = False
-        #: When the last full claim started, and the time since the one before: how long a
-        #: job notified while the host is full waits for the next (`notified`).
-        self._claimed_at = -math.inf
-        self._claim_gap = math.inf
+        self._prompted_at = -math.inf
+        self._quiet: set[str] = set()
+        self._full_claims = 0
+        #: The kinds the last full claim took more than one job of.
+        self._bulk: set[str] = set()
+        #: A notification put off until `PROMPT_EVERY` has passed since the last prompt.
+        self._put_off: asyncio.TimerHandle | None = None
         #: A burst host found nothing to claim while other hosts ran jobs it could run.
         self._waiting_for_others = False
         self._stopping = False
@@ -264,22 +285,40 @@ class ClaimScheduler:
                     wake.set()
 
     def notified(self) -> None:
-        """A notification: a job may be ready (`work_ready`). While the host is busy (no
-        loop waits for work: they wait for room, for the budget, or claim), one prompt
-        claim as well, unless one was made since the last full claim or the next comes
-        soon anyway (see the module's docstring)."""
-        if (Wait.WORK not in self._waiting.values() and not self._prompted
-                and self._claim_gap >= PROMPT_AFTER):
-            self._prompt = True
-            self._prompt_wake.set()  # a loop held by the budget
-            full = [wake for wake, reason in self._waiting.items() if reason is Wait.ROOM]
-            if full:
-                full[0].set()
+        """A notification: a job may be ready (`work_ready`). A prompt claim as well, of
+        the kinds the host holds no job of, within its bounds, unless a full claim can be
+        made (see the module's docstring)."""
+        # Asked for even when a loop waits for work: the claim it makes may find the budget
+        # spent. A loop that can make a full claim makes it instead (`claim_step`).
+        since = time.monotonic() - self._prompted_at
+        if since < PROMPT_EVERY:
+            if self._put_off is None:  # asked again then, of the kinds idle then
+                self._put_off = asyncio.get_running_loop().call_later(
+                    PROMPT_EVERY - since, self._notified_again)
+        else:
+            kinds = frozenset(self.workers.idle_kinds(
+                kind for kind in self.claimer.prompt_kinds
+                if kind not in self._quiet and kind not in self._bulk))
+            if kinds:
+                self._prompt = kinds
+                self._prompt_wake.set()  # a loop held by the budget
+                full = [wake for wake, reason in self._waiting.items()
+                        if reason is Wait.ROOM]
+                if full:
+                    full[0].set()
         self.work_ready()
+
+    def _notified_again(self) -> None:
+        self._put_off = None
+        if not self._stopping:
+            self.notified()
 
     def stop(self) -> None:
         """Stop claiming: every loop returns after its claim in flight, if any."""
         self._stopping = True
+        if self._put_off is not None:
+            self._put_off.cancel()
+            self._put_off = None
         self._wake_all()
 
     # --- the loops ------------------------------------------------------------------------
@@ -341,7 +380,7 @@ class ClaimScheduler:
     async def claim_step(self) -> Step | Wait:
         """Claim if there is room (or a prompt claim is owed), and say what the loop does
         next."""
-        prompt, self._prompt = self._prompt, False
+        prompt, self._prompt = self._prompt, frozenset()
         self._prompt_wake.clear()
         room = self.has_room()
         if not (room or prompt):
@@ -353,30 +392,21 @@ class ClaimScheduler:
         # Under the claim budget, wait for a whole batch (or a bucketful) rather than
         # claiming whatever trickled in: many small claims cost more than a few full ones.
         want = min(self.want(), int(self.budget.burst)) if room else 0
-        if room and self.budget.take(want, backlog=self._backlog):
-            prompt = False  # a full claim, which takes the notified job as well
-            now = time.monotonic()
-            self._claim_gap, self._claimed_at = now - self._claimed_at, now
-        elif prompt:
-            want = max(1, self.claimer.pairs)
-            self.budget.spend(want)  # past the budget, and capacity, by a job per pair
-            self._prompted = True
-        else:
+        if not (room and self.budget.take(want, backlog=self._backlog)):
+            if prompt:
+                return await self._claim_prompt(prompt)
             return Step.THROTTLED
+        # A full claim, which takes the notified jobs as well.
+        self._full_claims += 1
+        self._quiet.clear()
         self._claiming += want
         try:
-            jobs = await self.claimer.claim(want, prompt=prompt)
+            jobs = await self.claimer.claim(want)
         finally:
             self._claiming -= want
         self.budget.spend(len(jobs) - want)  # give back what the claim did not take
-        if jobs:
-            limited = self.claimer.limited_kinds
-            self.workers.submit(jobs, [job for job in jobs if job.kind in limited]
-                                if limited else ())
-            self._reaped_for_burst = self._waiting_for_others = False
-        if prompt:  # not a batch: it sizes nothing, and says nothing of the backlog
-            return Step.AGAIN if self.has_room() else Wait.ROOM
-        self._prompted = False
+        self._submit(jobs)
+        self._bulk = {kind for kind, n in Counter(map(_kind, jobs)).items() if n > 1}
         if self.sizer is not None:
             self.acks.max_batch = self.sizer.update(self.claimer.rtt,
                                                     self.workers.job_seconds)
@@ -387,6 +417,26 @@ class ClaimScheduler:
             return await self._check_drained()
         self._reaped_for_burst = False
         return Wait.WORK
+
+    async def _claim_prompt(self, kinds: frozenset[str]) -> Step | Wait:
+        """A prompt claim of ``kinds``, past the budget and capacity by the jobs it takes:
+        not a batch, it sizes nothing and says nothing of the backlog."""
+        self._prompted_at = time.monotonic()
+        full_claims = self._full_claims
+        jobs = await self.claimer.claim_prompt(kinds)
+        self.budget.spend(len(jobs))
+        if self._full_claims == full_claims:  # else that claim may have taken them
+            self._quiet.update(kinds.difference(job.kind for job in jobs))
+        self._submit(jobs)
+        return Step.AGAIN if self.has_room() else Wait.ROOM
+
+    def _submit(self, jobs: list[Job]) -> None:
+        """Hand claimed ``jobs`` to the workers, those holding a limit's slot first."""
+        if jobs:
+            limited = self.claimer.limited_kinds
+            self.workers.submit(jobs, [job for job in jobs if job.kind in limited]
+                                if limited else ())
+            self._reaped_for_burst = self._waiting_for_others = False
 
     def _nothing_in_flight(self) -> bool:
         return self.workers.held == 0 and self._claiming == 0 and self.acks.backlog == 0

@@ -184,6 +184,27 @@ def test_within_a_priority_the_plain_claim_takes_the_kinds_in_turns(db, dsn):
     assert in_registry(dsn, claim) == [urgent, flood[0], quiet[0], flood[1], quiet[1]]
 
 
+def test_a_prompt_claim_takes_the_first_job_of_the_kinds_asked_for_and_no_other(db, dsn):
+    flood = [pgpool.enqueue(db, "a", {}) for _ in range(5)]
+    quiet = [pgpool.enqueue(db, "b", {}) for _ in range(2)]
+
+    async def prompts(pool: AsyncConnectionPool) -> list[list[int]]:
+        c = claimer(pool, "a", "b")
+        return [[j.id for j in await c.claim_prompt({"b"})] for _ in range(3)]
+
+    # One job of "b" a prompt claim, from its cursor; none of "a"'s, though due first.
+    assert in_registry(dsn, prompts) == [[quiet[0]], [quiet[1]], []]
+    # A job waiting in "b" with a tenant is the fair claim's: a prompt claim takes none
+    # there, and leaves "b"'s to the full claims.
+    later = pgpool.enqueue(db, "b", {})
+    pgpool.enqueue(db, "b", {}, tenant="t")
+    assert in_registry(dsn, prompts) == [[], [], []]
+    assert db.execute("SELECT count(*) FROM pgpool_jobs WHERE state = 'running'"
+                      ).fetchone()[0] == 2
+    assert db.execute("SELECT state FROM pgpool_jobs WHERE id = ANY(%s)",
+                      ([*flood, later],)).fetchall() == [("ready",)] * 6
+
+
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_the_claims_turns_hold_in_both_plans(db, mode):
     flood = [pgpool.enqueue(db, "a", {}) for _ in range(30)]

@@ -76,3 +76,13 @@ def test_take_all_empties_it() -> None:
         backlog.popleft()
     with pytest.raises(IndexError):
         backlog.peek()
+
+
+def test_it_says_which_kinds_have_a_job_waiting() -> None:
+    backlog = Backlog()
+    assert backlog.kinds() == frozenset()
+    backlog.add([job(1), job(2, "urgent", priority=3)])
+    backlog.add_first([job(3, "held")])
+    assert backlog.kinds() == {"flood", "urgent", "held"}
+    assert taken(backlog) == [3, 2, 1]
+    assert backlog.kinds() == frozenset()

@@ -9,7 +9,7 @@ backstop is set to an hour, so a loop that claims did so because something woke 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -22,8 +22,8 @@ from pgpool.host.scheduler import CLAIM_LOOPS, ClaimScheduler, Step, Wait, ack_h
 HOUR = 3600.0
 
 
-def job(i: int) -> Job:
-    return Job(i, "k", "default", 1, 0, 3, b"{}", None)
+def job(i: int, kind: str = "k") -> Job:
+    return Job(i, kind, "default", 1, 0, 3, b"{}", None)
 
 
 class FakeClaimer:
@@ -44,13 +44,23 @@ class FakeClaimer:
         self.elsewhere = 0
         #: The last claim found nothing ready at all.
         self.found_none = False
-        #: The (queue, kind) pairs a claim reads: a prompt claim's size.
-        self.pairs = 2
-        self.prompts: list[int] = []  # the claims made prompt, by their place in ``limits``
+        #: The kinds a prompt claim may take, and the ready jobs of kind "u" (``ready`` is
+        #: of kind "k"), which only a prompt claim takes here.
+        self.prompt_kinds = ["k", "u"]
+        self.urgent: list[Job] = []
+        #: The kinds of each prompt claim, and the full claims made before it.
+        self.prompts: list[tuple[frozenset[str], int]] = []
 
-    async def claim(self, limit: int, *, prompt: bool = False) -> list[Job]:
-        if prompt:
-            self.prompts.append(len(self.limits))
+    async def claim_prompt(self, kinds: frozenset[str]) -> list[Job]:
+        self.prompts.append((kinds, len(self.limits)))
+        taken = []
+        if "k" in kinds and self.ready:
+            taken.append(self.ready.pop(0))
+        if "u" in kinds and self.urgent:
+            taken.append(self.urgent.pop(0))
+        return taken
+
+    async def claim(self, limit: int) -> list[Job]:
         self.limits.append(limit)
         self.in_flight += 1
         try:
@@ -76,10 +86,15 @@ class FakeWorkers:
     def __init__(self) -> None:
         self.jobs: list[Job] = []
         self.job_seconds = 0.0
+        #: Kinds held besides those of ``jobs``: as if in the backlog.
+        self.busy: set[str] = set()
 
     @property
     def held(self) -> int:
         return len(self.jobs)
+
+    def idle_kinds(self, kinds: Iterable[str]) -> set[str]:
+        return set(kinds) - self.busy - {job.kind for job in self.jobs}
 
     def submit(self, jobs: list[Job], ahead: Sequence[Job] = ()) -> None:
         self.jobs.extend(jobs)
@@ -244,50 +259,72 @@ def test_a_host_at_capacity_waits_for_room_and_an_outcome_wakes_it() -> None:
     run(test)
 
 
-def test_a_notification_while_full_makes_one_prompt_claim_of_a_job_per_pair(
+def test_a_notification_while_full_prompt_claims_the_kinds_the_host_holds_none_of(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", 0.0)  # full claims come far apart
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
         host = Host(procs=2, batch=10, ready=1000)
+        host.workers.busy = {"k"}  # it holds jobs of "k", none of "u"
         host.start()
         await host.settle()
         assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
         claims, held = len(host.claimer.limits), host.workers.held
+        host.claimer.urgent = [job(5000, "u")]
         host.scheduler.notified()
         await host.settle()
-        # One claim past what the loops would claim, of a job per pair, not a batch.
-        assert host.claimer.limits[claims:] == [2]
-        assert host.claimer.prompts == [claims]
-        assert host.workers.held == held + 2
-        host.scheduler.notified()  # none again before a full claim
+        # One claim past what the loops would claim, of "u" alone: one more "k" job would
+        # wait behind those in the backlog anyway.
+        assert host.claimer.prompts == [(frozenset({"u"}), claims)]
+        assert len(host.claimer.limits) == claims
+        assert host.workers.held == held + 1
+        host.scheduler.notified()  # the host holds a job of "u" now: none
         await host.settle()
-        assert len(host.claimer.limits) == claims + 1
-        host.finish(2 + 10)  # room for a batch: a full claim
+        assert len(host.claimer.prompts) == 1
+        host.finish(1)  # the job of "u" done
         await host.settle()
-        assert host.claimer.limits[claims + 1:] == [10]
-        host.scheduler.notified()  # and the next notification may claim promptly again
+        assert len(host.claimer.limits) == claims  # no room for a batch yet
+        host.scheduler.notified()  # "u" again: nothing ready, so "u" is quiet...
         await host.settle()
-        assert host.claimer.limits[claims + 2:] == [2]
-        assert host.claimer.prompts == [claims, claims + 2]
+        host.scheduler.notified()  # ...and not asked for again before a full claim
+        await host.settle()
+        assert host.claimer.prompts[1:] == [(frozenset({"u"}), claims)]
+        host.finish(10)  # room for a batch: a full claim
+        await host.settle()
+        assert host.claimer.limits[claims:] == [10]
+        host.scheduler.notified()  # and the next notification may ask for "u" again
+        await host.settle()
+        assert host.claimer.prompts[2:] == [(frozenset({"u"}), claims + 1)]
         await host.stop()
 
     run(test)
 
 
-def test_no_prompt_claim_while_the_next_full_claim_comes_soon_anyway(
+def test_no_prompt_claim_for_kinds_the_host_is_busy_with_nor_sooner_than_prompt_every(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", HOUR)  # full claims come sooner
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.05)
 
     async def test() -> None:
         host = Host(procs=2, batch=10, ready=1000)
+        host.workers.busy = {"k", "u"}
         host.start()
         await host.settle()
-        claims = len(host.claimer.limits)
+        host.scheduler.notified()  # busy with every kind: the full claims take them
+        await host.settle()
+        assert host.claimer.prompts == []
+        host.workers.busy = {"k"}
+        host.claimer.urgent = [job(5000, "u"), job(5001, "u")]
         host.scheduler.notified()
         await host.settle()
-        assert len(host.claimer.limits) == claims
-        assert host.scheduler.waiting == [Wait.ROOM, Wait.ROOM]
+        host.finish(1)  # that job of "u" done: "u" is idle again
+        host.scheduler.notified()  # within PROMPT_EVERY of the last: put off until then
+        host.scheduler.notified()  # (once)
+        await host.settle()
+        assert [kinds for kinds, _ in host.claimer.prompts] == [frozenset({"u"})]
+        await asyncio.sleep(0.06)
+        await host.settle()
+        assert [kinds for kinds, _ in host.claimer.prompts] == [frozenset({"u"})] * 2
+        assert host.claimer.urgent == []
         await host.stop()
 
     run(test)
@@ -392,9 +429,34 @@ def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
     run(test)
 
 
+def test_no_prompt_claim_of_a_kind_the_last_full_claim_took_a_backlog_of(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
+
+    async def test() -> None:
+        now = [0.0]
+        budget = ClaimBudget(20, clock=lambda: now[0])  # a bucket of 20 jobs, none refilled
+        host = Host(procs=2, batch=10, ready=100, budget=budget, poll=HOUR)
+        host.start()
+        await host.settle(lambda: budget.throttles >= 2)  # both loops held back
+        for _ in range(3):
+            host.finish(host.workers.held)  # it holds nothing: the budget holds it back
+            host.scheduler.notified()
+            await host.settle(lambda: host.claimer.in_flight == 0)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        # Never "k": the full claims bring it ten at a time. "u" once: it had nothing ready,
+        # and is quiet until the next full claim.
+        assert host.claimer.prompts == [(frozenset({"u"}), 2)]
+        assert host.claimer.limits == [10, 10]
+        await host.stop()
+
+    run(test)
+
+
 def test_a_notification_while_the_budget_holds_the_host_back_makes_a_prompt_claim(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "PROMPT_AFTER", 0.0)
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
         now = [0.0]
@@ -404,16 +466,19 @@ def test_a_notification_while_the_budget_holds_the_host_back_makes_a_prompt_clai
         await host.settle(lambda: len(host.claimer.limits) == 2
                           and host.claimer.in_flight == 0)
         await host.settle(lambda: budget.throttles >= 2)  # both loops held back
+        host.claimer.urgent = [job(5000, "u"), job(5001, "u")]
         host.scheduler.notified()
-        await host.settle(lambda: len(host.claimer.limits) == 3)
-        # A job per pair, past the budget: its tokens are owed by the next claims.
-        assert host.claimer.limits == [10, 10, 2]
-        assert host.claimer.prompts == [2]
+        await host.settle(lambda: len(host.claimer.prompts) == 1)
+        await host.settle(lambda: host.workers.held == 21)
+        host.finish(1)  # that job of "u" done: "u" is idle again
+        host.scheduler.notified()
+        await host.settle(lambda: len(host.claimer.prompts) == 2)
+        await host.settle(lambda: host.workers.held == 21)
+        # A job of "u" each (the host holds jobs of "k"), past the budget: its tokens are
+        # owed by the next claims.
+        assert host.claimer.limits == [10, 10]
+        assert host.claimer.prompts == [(frozenset({"u"}), 2)] * 2
         assert budget.available() < 0
-        host.scheduler.notified()  # none again before a full claim
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert len(host.claimer.limits) == 3
         await host.stop()
 
     run(test)
