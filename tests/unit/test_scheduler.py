@@ -429,16 +429,23 @@ def test_over_budget_a_loop_is_throttled_without_claiming() -> None:
     run(test)
 
 
+async def held_back_by_the_budget() -> tuple[Host, ClaimBudget]:
+    """A host that made two full claims of 10 and whose budget, a bucket of 20 jobs never
+    refilled, holds both its loops back."""
+    budget = ClaimBudget(20, clock=lambda: 0.0)
+    host = Host(procs=2, batch=10, ready=100, budget=budget, poll=HOUR)
+    host.start()
+    await host.settle(lambda: len(host.claimer.limits) == 2 and host.claimer.in_flight == 0)
+    await host.settle(lambda: budget.throttles >= 2)
+    return host, budget
+
+
 def test_no_prompt_claim_of_a_kind_the_last_full_claim_took_a_backlog_of(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
-        now = [0.0]
-        budget = ClaimBudget(20, clock=lambda: now[0])  # a bucket of 20 jobs, none refilled
-        host = Host(procs=2, batch=10, ready=100, budget=budget, poll=HOUR)
-        host.start()
-        await host.settle(lambda: budget.throttles >= 2)  # both loops held back
+        host, _ = await held_back_by_the_budget()
         for _ in range(3):
             host.finish(host.workers.held)  # it holds nothing: the budget holds it back
             host.scheduler.notified()
@@ -459,13 +466,7 @@ def test_a_notification_while_the_budget_holds_the_host_back_makes_a_prompt_clai
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
-        now = [0.0]
-        budget = ClaimBudget(20, clock=lambda: now[0])  # a bucket of 20 jobs, none refilled
-        host = Host(procs=2, batch=10, ready=100, budget=budget, poll=HOUR)
-        host.start()
-        await host.settle(lambda: len(host.claimer.limits) == 2
-                          and host.claimer.in_flight == 0)
-        await host.settle(lambda: budget.throttles >= 2)  # both loops held back
+        host, budget = await held_back_by_the_budget()
         host.claimer.urgent = [job(5000, "u"), job(5001, "u")]
         host.scheduler.notified()
         await host.settle(lambda: len(host.claimer.prompts) == 1)
