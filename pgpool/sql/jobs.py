@@ -916,10 +916,13 @@ _FREE_SLOTS: Final = """
     SELECT l.kind{scope}, NULL, generate_series(1, {n}) FROM {source} AS l
     WHERE l.concurrency IS NULL"""
 
-#: How many rows of a ring ``l`` give ``{n}`` jobs when each is free whole: ``n`` over its
-#: rows' smallest cap, rounded up (one row a job for a ring of caps 1).
-_ROWS_FOR: Final = ("({n} + l.rate / " + _tick(_RING) + " - 1) / (l.rate / " + _tick(_RING)
-                    + ")")
+#: How many rows of a ring ``l`` give ``{n}`` jobs: ``n`` over its rows' smallest cap,
+#: rounded up (one row a job for a ring of caps 1), and one more when a row holds more than
+#: one job: the first row read may be part used. (Without it, a claim of 50 under
+#: ``rate=100_000`` came back short once in 31, its row nearly spent, and its claim loop
+#: then waited for work.)
+_ROWS_FOR: Final = ("(({n} + l.rate / " + _tick(_RING) + " - 1) / (l.rate / " + _tick(_RING)
+                    + ") + (l.rate / " + _tick(_RING) + " > 1)::int)")
 
 #: The room of each ``source`` row's rate ring (``ring``: its scope), for up to ``n`` jobs,
 #: numbered 1.. in ``rank``: one row per job, each with ``slot``, the ring's row that lets

@@ -321,6 +321,23 @@ def test_a_rate_above_the_ring_holds_in_every_real_window_while_claims_race(
     assert claimed > 260, claimed
 
 
+def test_a_claim_reads_one_more_ring_row_than_whole_rows_would_need(db: psycopg.Connection,
+                                                                     dsn: str) -> None:
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[int]:
+        c = claimer(pools[0], "host-a:1:aa", None, rate=128, per=3600)  # 64 rows of 2
+        got = [len(await c.claim(1))]  # makes the ring
+        # Every row half used in this window: one job left in each.
+        db.execute("UPDATE pgpool_limit_ticks SET n = 1, used_at = now() WHERE kind = 'lim'")
+        db.commit()
+        got.append(len(await c.claim(2)))  # a whole row would do: two part-used ones do
+        return got
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [1, 2]
+
+
 def test_a_kind_with_a_rate_and_a_concurrency_limit_keeps_both(db: psycopg.Connection,
                                                                 dsn: str) -> None:
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(10)])
