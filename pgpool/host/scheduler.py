@@ -49,6 +49,9 @@ host whose producers notify all the time pays little:
 - past `capacity` and the budget by the jobs it takes; the budget's next claims pay them
   back.
 
+A loop that could make a full claim makes it instead, unless the other loop's is in
+flight: then the prompt claim goes first, and the batch after it.
+
 Room and budget are reserved before each round trip (`_claiming`), because the other loop
 claims meanwhile. With ``batch="auto"`` the batch is re-derived after every claim from the
 measured claim round trip and job time (`pgpool.host.sizing`), and the completer's ack batch
@@ -389,6 +392,10 @@ class ClaimScheduler:
             return Wait.ACKS
         if self.lease.at_risk:  # the database is not answering: poll until it does
             return Wait.WORK
+        if prompt and self._claiming:
+            # The other loop's full claim is in flight (a big one takes tens of ms): the
+            # notified job waits neither for it nor for a second one. The batch follows.
+            return await self._claim_prompt(prompt)
         # Under the claim budget, wait for a whole batch (or a bucketful) rather than
         # claiming whatever trickled in: many small claims cost more than a few full ones.
         want = min(self.want(), int(self.budget.burst)) if room else 0

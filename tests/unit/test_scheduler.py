@@ -300,6 +300,32 @@ def test_a_notification_while_full_prompt_claims_the_kinds_the_host_holds_none_o
     run(test)
 
 
+def test_a_prompt_claim_does_not_wait_for_the_other_loops_full_claim_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
+
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        claims = len(host.claimer.limits)
+        host.claimer.gate = asyncio.Event()  # the next full claim is slow
+        host.finish(10)
+        await host.settle(lambda: host.claimer.in_flight == 1)
+        del host.workers.jobs[-10:]  # room for a second batch, untold: the loop waits
+        host.claimer.urgent = [job(5000, "u")]
+        host.scheduler.notified()
+        await host.settle(lambda: len(host.claimer.prompts) == 1)
+        # The prompt claim while the first batch is on its way, not a second batch: that
+        # one comes after it.
+        assert host.claimer.prompts == [(frozenset({"u"}), claims + 1)]
+        host.claimer.gate.set()
+        await host.settle()
+        await host.stop()
+
+    run(test)
+
+
 def test_no_prompt_claim_for_kinds_the_host_is_busy_with_nor_sooner_than_prompt_every(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.05)
