@@ -213,7 +213,8 @@ class ClaimScheduler:
         #: The kinds a notification asked a prompt claim for (it woke a loop held by the
         #: budget, if any), when the last one started, the kinds one found nothing of
         #: since the last full claim, and the full claims started (a prompt claim that
-        #: overlapped one may have found nothing because that one took it).
+        #: overlapped one, started during it or before it, may have found nothing because
+        #: that one took it).
         self._prompt: frozenset[str] = frozenset()
         self._prompt_wake = asyncio.Event()
         self._prompted_at = -math.inf
@@ -429,10 +430,11 @@ class ClaimScheduler:
         """A prompt claim of ``kinds``, past the budget and capacity by the jobs it takes:
         not a batch, it sizes nothing and says nothing of the backlog."""
         self._prompted_at = time.monotonic()
-        full_claims = self._full_claims
+        full_claims, overlapped = self._full_claims, self._claiming > 0
         jobs = await self.claimer.claim_prompt(kinds)
         self.budget.spend(len(jobs))
-        if self._full_claims == full_claims:  # else that claim may have taken them
+        if self._full_claims == full_claims and not overlapped:
+            # Nothing ready of those: not a full claim's taking them first.
             self._quiet.update(kinds.difference(job.kind for job in jobs))
         self._submit(jobs)
         return Step.AGAIN if self.has_room() else Wait.ROOM

@@ -326,6 +326,31 @@ def test_a_prompt_claim_does_not_wait_for_the_other_loops_full_claim_in_flight(
     run(test)
 
 
+def test_a_prompt_claim_that_found_nothing_beside_a_full_claim_leaves_the_kind_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
+
+    async def test() -> None:
+        host = Host(procs=2, batch=10, ready=1000)
+        host.start()
+        await host.settle()
+        host.claimer.gate = asyncio.Event()
+        host.finish(10)
+        await host.settle(lambda: host.claimer.in_flight == 1)
+        host.scheduler.notified()  # nothing of "u" ready: that full claim may have it
+        await host.settle(lambda: len(host.claimer.prompts) == 1)
+        host.claimer.gate.set()
+        host.claimer.gate = None
+        await host.settle()
+        host.claimer.urgent = [job(5000, "u")]
+        host.scheduler.notified()  # "u" was not made quiet: asked for again
+        await host.settle(lambda: len(host.claimer.prompts) == 2)
+        assert host.claimer.urgent == []
+        await host.stop()
+
+    run(test)
+
+
 def test_no_prompt_claim_for_kinds_the_host_is_busy_with_nor_sooner_than_prompt_every(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.05)
