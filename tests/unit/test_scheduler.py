@@ -300,18 +300,25 @@ def test_a_notification_while_full_prompt_claims_the_kinds_the_host_holds_none_o
     run(test)
 
 
+async def with_a_full_claim_in_flight() -> Host:
+    """A host full of jobs of "k", one of its loops making a full claim held open (its
+    ``claimer.gate``), the other waiting for room."""
+    host = Host(procs=2, batch=10, ready=1000)
+    host.start()
+    await host.settle()
+    host.claimer.gate = asyncio.Event()
+    host.finish(10)
+    await host.settle(lambda: host.claimer.in_flight == 1)
+    return host
+
+
 def test_a_prompt_claim_does_not_wait_for_the_other_loops_full_claim_in_flight(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
-        host = Host(procs=2, batch=10, ready=1000)
-        host.start()
-        await host.settle()
-        claims = len(host.claimer.limits)
-        host.claimer.gate = asyncio.Event()  # the next full claim is slow
-        host.finish(10)
-        await host.settle(lambda: host.claimer.in_flight == 1)
+        host = await with_a_full_claim_in_flight()
+        claims = len(host.claimer.limits) - 1
         del host.workers.jobs[-10:]  # room for a second batch, untold: the loop waits
         host.claimer.urgent = [job(5000, "u")]
         host.scheduler.notified()
@@ -331,12 +338,7 @@ def test_a_prompt_claim_that_found_nothing_beside_a_full_claim_leaves_the_kind_a
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
 
     async def test() -> None:
-        host = Host(procs=2, batch=10, ready=1000)
-        host.start()
-        await host.settle()
-        host.claimer.gate = asyncio.Event()
-        host.finish(10)
-        await host.settle(lambda: host.claimer.in_flight == 1)
+        host = await with_a_full_claim_in_flight()
         host.scheduler.notified()  # nothing of "u" ready: that full claim may have it
         await host.settle(lambda: len(host.claimer.prompts) == 1)
         host.claimer.gate.set()
