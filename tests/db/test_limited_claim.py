@@ -118,18 +118,19 @@ def test_a_host_of_several_queues_takes_no_more_than_the_limit_in_all(
     assert running(db) == 2
 
 
-def most_rows(node: dict) -> int:
-    """The most rows any node of a plan handed on, over all its loops."""
-    return max([node["Actual Rows"] * node["Actual Loops"],
-                *(most_rows(child) for child in node.get("Plans", ()))])
+def busiest(node: dict) -> tuple[float, str]:
+    """The most rows any node of a plan handed on over all its loops, and which node."""
+    here = (node["Actual Rows"] * node["Actual Loops"],
+            f"{node['Node Type']} {node.get('Relation Name', node.get('CTE Name', ''))}")
+    return max([here, *(busiest(child) for child in node.get("Plans", ()))])
 
 
 @pytest.mark.parametrize("statement", ["CLAIM_SLOTS", "CLAIM_LIMITED"])
-def test_a_generic_plan_made_on_a_near_empty_table_claims_a_thousand_in_linear_steps(
+def test_a_generic_plan_made_with_next_to_nothing_waiting_claims_a_thousand_in_linear_steps(
         db: psycopg.Connection, statement: str) -> None:
-    # The plan a host's prepared claim keeps was made when its queue was nearly empty;
-    # then a thousand jobs come. Joined to what it picked, the update rescanned the jobs
-    # once per job: a million rows handed on for a claim of a thousand (14 ms more).
+    # The plan a host's prepared claim keeps was made when its kind had next to nothing
+    # waiting; then a thousand jobs come. Joined to what it picked, the update rescanned
+    # the jobs once per job: half a million rows handed on for a claim of a thousand.
     query, names = statements.convert(getattr(sql, statement))
     params = {"limited_kinds": ["lim"], "limited_concurrency": "{1000000}",
               "limited_rate": "{NULL}", "limited_per": [1.0], "limited_max_attempts": "{5}",
@@ -142,6 +143,9 @@ def test_a_generic_plan_made_on_a_near_empty_table_claims_a_thousand_in_linear_s
     db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
     db.execute("SET plan_cache_mode = force_generic_plan")
     try:
+        # Another kind's backlog, so that the plan reads the ready index in claim order
+        # (on a table of two rows it reads the whole table: not this test's business).
+        pgpool.enqueue_many(db, "other", [{"i": i} for i in range(5000)])
         pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2)])
         db.execute("ANALYZE pgpool_jobs")
         db.execute(pgsql.SQL("PREPARE pgpool_q AS {}").format(pgsql.SQL(query.decode())))
@@ -156,7 +160,8 @@ def test_a_generic_plan_made_on_a_near_empty_table_claims_a_thousand_in_linear_s
         db.execute("RESET plan_cache_mode")
         db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
     assert plan["Plan"]["Actual Rows"] == 1000
-    assert most_rows(plan["Plan"]) <= 2 * 1000  # the window of free slots: twice the batch
+    rows, node = busiest(plan["Plan"])
+    assert rows <= 2 * 1000, (rows, node)  # the window of free slots: twice the batch
 
 
 def test_a_slot_is_free_again_however_its_job_stops_running(db: psycopg.Connection,
