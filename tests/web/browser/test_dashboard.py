@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from commands import MARKER, RUN, run_pgpool
-from dbtools import one, queue_counts
+from dbtools import listeners, one, queue_counts
 from horizon_holds import hold_horizon, pile_dead_rows
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
@@ -320,6 +320,9 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
                           *LEASE, record_dir=record_dir) for _ in range(2)]
     for host in hosts:
         host.event("started")
+    # Both listening before the jobs come ("started" is logged before the listener has
+    # connected): a host that misses the notifications waits for its idle poll.
+    wait_until(lambda: len(listeners(db)) == 2, "both hosts to LISTEN")
     # Jobs of 0.2 s, one at a time per host: a host holds at most a few (procs plus a
     # batch per claim loop), so both take some of the ten.
     first = [pgpool.enqueue(db, "record", {"sleep": 0.2}, queue="pq") for _ in range(10)]
