@@ -515,9 +515,7 @@ class Claimer:
                   "kind_max_attempts": int_array(self._max_attempts[k] for k in chosen),
                   **self._plain_cursors.params(queues, chosen, False)}
         async with self._pool.connection(timeout=self._lease.at_risk_after) as conn:
-            rows = await (await conn.execute(
-                sql.CLAIM_PLAIN if len(queues) * len(chosen) > 1 else sql.CLAIM_PLAIN_ONE,
-                params)).fetchall()
+            rows = await (await conn.execute(sql.CLAIM_PROMPT, params)).fetchall()
         rows.sort(key=_claim_order)
         self._plain_cursors.advance(rows)
         return self._jobs(rows, time.monotonic() - started, started)

@@ -220,8 +220,11 @@ class ClaimScheduler:
         self._prompted_at = -math.inf
         self._quiet: set[str] = set()
         self._full_claims = 0
-        #: The kinds the last full claim took more than one job of.
-        self._bulk: set[str] = set()
+        #: The kinds the last full claim took more than one job of; None until the first
+        #: full claim answers: a host that has not claimed yet knows of no kind that would
+        #: be worth a claim of its own (at start, a prompt beside the first claim would only
+        #: take more of what that one brings, past capacity).
+        self._bulk: set[str] | None = None
         #: A notification put off until `PROMPT_EVERY` has passed since the last prompt.
         self._put_off: asyncio.TimerHandle | None = None
         #: A burst host found nothing to claim while other hosts ran jobs it could run.
@@ -299,10 +302,11 @@ class ClaimScheduler:
             if self._put_off is None:  # asked again then, of the kinds idle then
                 self._put_off = asyncio.get_running_loop().call_later(
                     PROMPT_EVERY - since, self._notified_again)
-        else:
+        elif self._bulk is not None:
+            bulk = self._bulk
             kinds = frozenset(self.workers.idle_kinds(
                 kind for kind in self.claimer.prompt_kinds
-                if kind not in self._quiet and kind not in self._bulk))
+                if kind not in self._quiet and kind not in bulk))
             if kinds:
                 self._prompt = kinds
                 self._prompt_wake.set()  # a loop held by the budget

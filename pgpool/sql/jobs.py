@@ -332,14 +332,14 @@ _CLAIM_SET: Final = """state = 'running',
 #: order: the claimer puts them in claim order.
 #: None when something waiting needs the fair claim, and none when nothing waits: then the
 #: claimer claims with `CLAIM`, which tells the two apart.
-def _plain_claim(turns: bool) -> str:
+def _plain_claim(turns: bool, pair_limit: str = "%(limit)s") -> str:
     """`CLAIM_PLAIN`, or with ``turns`` false `CLAIM_PLAIN_ONE`: the same without the turns,
-    for a host of one (queue, kind) pair."""
+    for a host of one (queue, kind) pair; ``pair_limit``: the most each pair gives."""
     ranked = ("""CROSS JOIN LATERAL (  -- turn: the job's place in its pair, within its priority
         SELECT c.id, c.priority, c.run_at,
                row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) AS turn
-        FROM """ + _from_cursor("pair.n", "k.kind", "%(limit)s") + """
-    ) AS c""") if turns else "CROSS JOIN " + _from_cursor("pair.n", "k.kind", "%(limit)s")
+        FROM """ + _from_cursor("pair.n", "k.kind", pair_limit) + """
+    ) AS c""") if turns else "CROSS JOIN " + _from_cursor("pair.n", "k.kind", pair_limit)
     return """
 UPDATE pgpool_jobs AS j
 SET """ + _CLAIM_SET.format(default="""(%(kind_max_attempts)s::int[])[
@@ -365,6 +365,9 @@ CLAIM_PLAIN: Final = _plain_claim(turns=True)
 #: `CLAIM_PLAIN` for a host of one (queue, kind) pair: no turns to take, and without their
 #: window a claim of 50 costs 25 µs less (3.6% of the statement, measured interleaved).
 CLAIM_PLAIN_ONE: Final = _plain_claim(turns=False)
+#: A prompt claim (`pgpool.host.scheduler`): `CLAIM_PLAIN` of one job per (queue, kind)
+#: pair at most, however many one pair has waiting (``limit``: the pairs).
+CLAIM_PROMPT: Final = _plain_claim(turns=False, pair_limit="1")
 
 #: Whether anything waiting in the given queues and kinds needs the fair claim: asked after
 #: a plain claim that took nothing, instead of running the fair claim blindly (which reads

@@ -194,6 +194,13 @@ def test_a_prompt_claim_takes_the_first_job_of_the_kinds_asked_for_and_no_other(
 
     # One job of "b" a prompt claim, from its cursor; none of "a"'s, though due first.
     assert in_registry(dsn, prompts) == [[quiet[0]], [quiet[1]], []]
+
+    async def both(pool: AsyncConnectionPool) -> list[int]:
+        return [j.id for j in await claimer(pool, "a", "b").claim_prompt({"a", "b"})]
+
+    # Asked for both kinds, of which only "a" has jobs: one job, not one per kind asked.
+    assert in_registry(dsn, both) == [flood[0]]
+    db.execute("UPDATE pgpool_jobs SET state = 'ready' WHERE id = %s", (flood[0],))
     # A job waiting in "b" with a tenant is the fair claim's: a prompt claim takes none
     # there, and leaves "b"'s to the full claims.
     later = pgpool.enqueue(db, "b", {})

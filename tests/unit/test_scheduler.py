@@ -353,6 +353,33 @@ def test_a_prompt_claim_that_found_nothing_beside_a_full_claim_leaves_the_kind_a
     run(test)
 
 
+def test_no_prompt_claim_before_the_first_full_claim_has_answered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.0)
+
+    async def test() -> None:
+        budget = ClaimBudget(10, clock=lambda: 0.0)  # one batch: the other loop held back
+        host = Host(procs=2, batch=10, ready=1000, budget=budget)
+        host.claimer.gate = asyncio.Event()  # the first claim is slow
+        host.start()
+        await host.settle(lambda: host.claimer.in_flight == 1)
+        for _ in range(20):  # the other loop finds the budget spent
+            await asyncio.sleep(0)
+        host.claimer.urgent = [job(5000, "u")]
+        host.scheduler.notified()  # it knows of no kind yet that those claims do not bring
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert host.claimer.prompts == []
+        host.claimer.gate.set()
+        host.claimer.gate = None
+        await host.settle(lambda: host.claimer.in_flight == 0 and len(host.claimer.limits) == 1)
+        host.scheduler.notified()  # now it does, and the budget holds the host back
+        await host.settle(lambda: len(host.claimer.prompts) == 1)
+        await host.stop()
+
+    run(test)
+
+
 def test_no_prompt_claim_for_kinds_the_host_is_busy_with_nor_sooner_than_prompt_every(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduler_module, "PROMPT_EVERY", 0.05)
