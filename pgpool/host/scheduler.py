@@ -40,7 +40,9 @@ host whose producers notify all the time pays little:
 
 - none for a kind the host is busy with, nor for one the last full claim took more than
   one job of: the full claims keep bringing that one (a host draining a backlog of one
-  kind never makes any, whether it holds jobs or waits for the budget);
+  kind never makes any, whether it holds jobs or waits for the budget); none before the
+  host's first full claim has answered;
+- one job per (queue, kind) pair at most (`sql.CLAIM_PROMPT`);
 - at most one every `PROMPT_EVERY`: a notification sooner than that is put off until
   then, not dropped;
 - a kind a prompt claim found nothing of is left to the full claims until the next one

@@ -321,8 +321,14 @@ def test_pausing_a_queue_stops_both_hosts_claiming_from_it(db, dsn, record_dir, 
     for host in hosts:
         host.event("started")
     # Both listening before the jobs come ("started" is logged before the listener has
-    # connected): a host that misses the notifications waits for its idle poll.
-    wait_until(lambda: len(listeners(db)) == 2, "both hosts to LISTEN")
+    # connected): a host that misses the notifications waits for its idle poll. (A
+    # dashboard LISTENs too, under its own application_name.)
+    def hosts_listening() -> int:
+        web = {pid for (pid,) in db.execute("SELECT pid FROM pg_stat_activity "
+                                            "WHERE application_name = 'pgpool web'")}
+        return len(set(listeners(db)) - web)
+
+    wait_until(lambda: hosts_listening() == 2, "both hosts to LISTEN")
     # Jobs of 0.2 s, one at a time per host: a host holds at most a few (procs plus a
     # batch per claim loop), so both take some of the ten.
     first = [pgpool.enqueue(db, "record", {"sleep": 0.2}, queue="pq") for _ in range(10)]
