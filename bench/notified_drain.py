@@ -26,13 +26,12 @@ import time
 from typing import Final
 
 import psycopg
+from drains import session
 
 import pgpool
 from pgpool.bench import jobs as bench_jobs
 from pgpool.bench.jobs import KIND
 from pgpool.bench.progress import Progress
-from pgpool.bench.scratch import scratch_schema
-from pgpool.db import dsn as dsnlib
 
 SEED: Final = """
 INSERT INTO pgpool_jobs (kind, payload)
@@ -108,15 +107,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.jobs < 1000 or args.rounds < 1 or args.every_ms <= 0:
         parser.error("--jobs must be at least 1000, --rounds at least 1, --every-ms above 0")
-    base = dsnlib.resolve(args.dsn)
     progress = Progress(sys.stderr)
-    with dsnlib.connect(base, autocommit=True) as admin, \
-            scratch_schema(admin, base, progress) as scratch, \
-            dsnlib.connect(scratch.dsn, autocommit=True) as conn:
-        pgpool.migrate(conn)
+    with session(args.dsn, progress) as s:
         for n in range(1, args.rounds + 1):
             progress.step(f"round {n} of {args.rounds}")
-            rate, others = drain(scratch.dsn, conn, args.jobs, args.every_ms / 1000)
+            rate, others = drain(s.scratch.dsn, s.conn, args.jobs, args.every_ms / 1000)
             print(f"round {n}: {rate:,.0f} jobs/s, {others:,.0f} other write transactions/s "
                   f"(pgpool {pgpool.__version__})")
     return 0

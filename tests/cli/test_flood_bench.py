@@ -1,4 +1,5 @@
-"""``bench/flood.py --serve-flood`` and ``bench/notified_drain.py``: real runs, small, that
+"""``bench/flood.py --serve-flood``, ``bench/notified_drain.py`` and
+``bench/burst_after_idle.py``: real runs, small, that
 print their figures and leave no scratch schema behind.
 
 No timing assertions: only that the figures are there and sane.
@@ -42,3 +43,21 @@ def test_notified_drain_refuses_a_bad_option_in_one_line(dsn: str) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         "notified_drain.py: error: --jobs must be at least 1000, --rounds at least 1, "
         "--every-ms above 0")
+
+
+@pytest.mark.soak  # a host that idles, then drains a burst: `make soak-test`
+def test_burst_after_idle_reports_the_drain(dsn: str, db: psycopg.Connection) -> None:
+    done = run_bench_script("burst_after_idle.py", dsn, "--jobs", "3000", "--rounds", "1")
+    assert done.returncode == 0, done.stderr
+    (rate, _), = re.findall(
+        r"^round 1: ([\d,]+) jobs/s, autovacuum analyzed the table during the drain: "
+        r"(yes|no)", done.stdout, re.M)
+    assert int(rate.replace(",", "")) > 0
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []
+
+
+def test_burst_after_idle_refuses_a_bad_option_in_one_line(dsn: str) -> None:
+    done = run_bench_script("burst_after_idle.py", dsn, "--rounds", "0")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "burst_after_idle.py: error: --jobs must be at least 1000, --rounds at least 1")

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 
 import psycopg
 import pytest
-from dbtools import with_pools
-from psycopg import sql as pgsql
+from dbtools import busiest, explain_kept_plan, with_pools
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
-from pgpool.db import statements
 from pgpool.host.claimer import Claimer, configure_connection
 from pgpool.host.lease import Lease
 from pgpool.host.parts.retention import Retention
@@ -118,49 +115,25 @@ def test_a_host_of_several_queues_takes_no_more_than_the_limit_in_all(
     assert running(db) == 2
 
 
-def busiest(node: dict) -> tuple[float, str]:
-    """The most rows any node of a plan handed on over all its loops, and which node."""
-    here = (node["Actual Rows"] * node["Actual Loops"],
-            f"{node['Node Type']} {node.get('Relation Name', node.get('CTE Name', ''))}")
-    return max([here, *(busiest(child) for child in node.get("Plans", ()))])
-
-
 @pytest.mark.parametrize("statement", ["CLAIM_SLOTS", "CLAIM_LIMITED"])
 def test_a_generic_plan_made_with_next_to_nothing_waiting_claims_a_thousand_in_linear_steps(
         db: psycopg.Connection, statement: str) -> None:
     # The plan a host's prepared claim keeps was made when its kind had next to nothing
     # waiting; then a thousand jobs come. Joined to what it picked, the update rescanned
     # the jobs once per job: half a million rows handed on for a claim of a thousand.
-    query, names = statements.convert(getattr(sql, statement))
     params = {"limited_kinds": ["lim"], "limited_concurrency": "{1000000}",
               "limited_rate": "{NULL}", "limited_per": [1.0], "limited_max_attempts": "{5}",
               "queues": ["default"], "limit": 1000, "owner": "host-a:1:aa", "lease": 30.0,
               "after_priorities": None, "after_run_at_us": None, "after_ids": None}
-    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", getattr(sql, statement)))
-    args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
-                                                          pgsql.SQL(casts.get(n, "")))
-                                for n in names)
-    db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
-    db.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        # Another kind's backlog, so that the plan reads the ready index in claim order
-        # (on a table of two rows it reads the whole table: not this test's business).
-        pgpool.enqueue_many(db, "other", [{"i": i} for i in range(5000)])
-        pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2)])
-        db.execute("ANALYZE pgpool_jobs")
-        db.execute(pgsql.SQL("PREPARE pgpool_q AS {}").format(pgsql.SQL(query.decode())))
-        with db.transaction(force_rollback=True):  # the plan is made and kept
-            db.execute(pgsql.SQL("EXECUTE pgpool_q({})").format(args))
-        pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(1000)])
-        with db.transaction(force_rollback=True):
-            (plan,) = db.execute(pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE "
-                                           "pgpool_q({})").format(args)).fetchone()[0]
-    finally:
-        db.execute("DEALLOCATE ALL")
-        db.execute("RESET plan_cache_mode")
-        db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
-    assert plan["Plan"]["Actual Rows"] == 1000
-    rows, node = busiest(plan["Plan"])
+    # Another kind's backlog, so that the plan reads the ready index in claim order
+    # (tests/db/test_kept_plans.py checks a table of two rows).
+    pgpool.enqueue_many(db, "other", [{"i": i} for i in range(5000)])
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2)])
+    db.execute("ANALYZE pgpool_jobs")
+    plan = explain_kept_plan(db, getattr(sql, statement), params, lambda: pgpool.enqueue_many(
+        db, "lim", [{"i": i} for i in range(1000)]))
+    assert plan["Actual Rows"] == 1000
+    rows, node = busiest(plan)
     assert rows <= 2 * 1000, (rows, node)  # the window of free slots: twice the batch
 
 

@@ -14,6 +14,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgpool.sql import common as sql
+from pgpool.sql import jobs as jobs_sql
 from pgpool.sql.common import listen_statement
 
 
@@ -58,6 +59,44 @@ def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
         db.execute("DEALLOCATE pgpool_q")
         db.execute("RESET plan_cache_mode")
     return plan["Plan"]
+
+
+def explain_kept_plan(db: psycopg.Connection, query: str, params: dict[str, Any],
+                      between: Callable[[], None]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, FORMAT JSON) of ``query`` run as a prepared statement whose generic
+    plan was made before ``between`` ran (it adds jobs, say), under the claim pool's
+    settings (`pgpool.host.claimer.configure_connection`): what a host that prepared its
+    claim on the table as it was then runs now. Both runs rolled back; autovacuum kept off
+    the jobs table meanwhile, so that nothing replans it. Returns the top plan node."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}",
+                      query).replace("%%", "%")
+    args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
+                                                          pgsql.SQL(casts.get(n, "")))
+                                for n in names)
+    db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
+    db.execute(f"{jobs_sql.GENERIC_PLANS}; {jobs_sql.NO_SEQ_SCANS}")
+    db.execute(f"PREPARE pgpool_q AS {numbered}")
+    try:
+        with db.transaction(force_rollback=True):  # the plan is made and kept
+            db.execute(pgsql.SQL("EXECUTE pgpool_q({})").format(args))
+        between()
+        with db.transaction(force_rollback=True):
+            (plan,) = db.execute(pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE "
+                                           "pgpool_q({})").format(args)).fetchone()[0]
+    finally:
+        db.execute("DEALLOCATE pgpool_q")
+        db.execute("RESET plan_cache_mode; RESET enable_seqscan")
+        db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
+    return plan["Plan"]
+
+
+def busiest(node: dict[str, Any]) -> tuple[float, str]:
+    """The most rows any node of a plan handed on over all its loops, and which node."""
+    here = (node["Actual Rows"] * node["Actual Loops"],
+            f"{node['Node Type']} {node.get('Relation Name', node.get('CTE Name', ''))}")
+    return max([here, *(busiest(child) for child in node.get("Plans", ()))])
 
 
 def queue_counts(db: psycopg.Connection, queue: str) -> dict[str, int]:
