@@ -154,6 +154,9 @@ class Hub:
                 await asyncio.sleep(max(DEBOUNCE, last + MIN_GAP - time.monotonic()))
             self._poke.clear()
             last = time.monotonic()
+            # Stamped before it reads: it shows every commit made before then. (Stamped
+            # once read, a snapshot that began before a commit could look newer than it.)
+            taken = time.time()
             try:
                 report = await asyncio.to_thread(self._collect)
             except (psycopg.Error, OSError, PgpoolError) as exc:
@@ -162,7 +165,7 @@ class Hub:
                 await asyncio.sleep(backoff(failures.count, 0.2, PERIOD))
                 continue
             failures.succeeded()
-            await self._publish(report, None)
+            await self._publish(report, None, taken)
 
     def _collect(self) -> dict[str, Any]:
         """One snapshot, on the hub's connection (in a thread); a failed connection is
@@ -188,16 +191,18 @@ class Hub:
             self._conn.close()
         self._conn = None
 
-    async def _publish(self, report: dict[str, Any] | None, error: str | None) -> None:
+    async def _publish(self, report: dict[str, Any] | None, error: str | None,
+                       taken: float = 0.0) -> None:
+        """Publish ``report`` (None: ``error`` instead), a snapshot that began reading at
+        ``taken`` (Unix time)."""
         async with self._changed:
             if report is not None:
-                now = time.time()
-                self._record_lag(report, now)
+                self._record_lag(report, taken)
                 self._trend.add(report["horizon"])
                 report["horizon"] = horizon.for_dashboard(
                     report["horizon"], allow_payloads=self._allow_payloads)
                 report["lag_history"] = {q: list(h) for q, h in self._history.items()}
-                report["taken_at"] = now
+                report["taken_at"] = taken
                 self.latest = orjson.dumps(report)
                 self.taken_at = time.monotonic()
                 self.snapshots += 1
