@@ -28,7 +28,8 @@ jobs back, or a burst host reaped before it decides it is drained).
 On a clean table a sweep costs what a cursor claim does, so a job committed behind a cursor
 waits for no poll, as before cursors; with a pinned horizon, sweeps are few and the cursor
 claims stay cheap. The kind-wide limited claim reads its kinds from cursors of its own, on
-the same terms, while none of their waiting jobs has a tenant or a concurrency key. The fair
+the same terms, while none of their waiting jobs has a tenant or a concurrency key (then
+by its plain twin, `sql.CLAIM_SLOTS_PLAIN` or `sql.CLAIM_LIMITED_PLAIN`). The fair
 claim has a cursor per tenant (`sql.CLAIM_CURSORS`), on the same terms, but that it sweeps
 at every claim while sweeps cost no more than claims from its cursors (a clean table: the
 cursors cost each tenant two more index descents there, and skip nothing).
@@ -342,6 +343,10 @@ class Claimer:
         #: Whether no kind-wide limit has a rate: they are claimed by `sql.CLAIM_SLOTS`,
         #: which reads no ring, else by `sql.CLAIM_LIMITED`.
         self._slots_only = True
+        #: Whether the next kind-wide limited claim is `sql.CLAIM_SLOTS_PLAIN` (or
+        #: `sql.CLAIM_LIMITED_PLAIN`): as far as the last one saw, no job waiting in its
+        #: kinds has a tenant or a concurrency key.
+        self._limited_plain = True
         self._lease = lease
         self.set_limits({k: h.limit for k, h in handlers.items() if h.limit is not None})
         #: The fair claim's cursor: its loose scan over tenants starts after this one, so
@@ -618,7 +623,11 @@ class Claimer:
     async def _claim_whole(self, conn: psycopg.AsyncConnection, queues: list[str],
                            limit: int) -> list[tuple]:
         """Run the kind-wide limited claim (`sql.CLAIM_LIMITED`, or `sql.CLAIM_SLOTS` with
-        no rate) on ``conn``, its rings made first: its rows."""
+        no rate) on ``conn``, its rings made first: its rows. As for the kinds without a
+        limit, its plain twin (`sql.CLAIM_LIMITED_PLAIN`, `sql.CLAIM_SLOTS_PLAIN`) goes
+        while no job waiting in its kinds has a tenant or a concurrency key: one that takes
+        nothing is followed by a look (`sql.NEEDS_FAIR`), and by the whole claim if one
+        has, whose rows say whether the next claim can be plain again."""
         if self._ticks is not None:
             added = await conn.execute(sql.ENSURE_TICKS, self._ticks)
             if added.rowcount:
@@ -628,10 +637,36 @@ class Claimer:
                 # not own the table is told no, with a warning, and waits for that.
                 await conn.execute(sql.ANALYZE_TICKS)
             self._ticks = None
-        statement = sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED
         params = {**self._limited, "queues": queues, "limit": limit}
+        plain = self._limited_plain
+        rows = await self._whole_rows(conn, params, plain)
+        if plain and not rows and await self._needs_fair(conn, {
+                "queues": queues, "kinds": params["limited_kinds"]}):
+            plain = False  # its jobs are leased from the claim's start, before this
+            rows = await self._whole_rows(conn, params, plain)
+        if not plain:
+            if rows:  # each row says whether the next claim may be plain again
+                self._limited_plain = bool(rows[0][14])
+                rows = [row[:14] for row in rows]
+            else:  # nothing this claim could take: the next one looks again
+                self._limited_plain = False
+        rows.sort(key=_claim_order)
+        # Jobs with a tenant came from the start, in tenant order: no cursor's business.
+        self._limited_cursors.move([row for row in rows if not row[8]], limit)
+        return rows
+
+    async def _whole_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                          plain: bool) -> list[tuple]:
+        """The rows of one kind-wide limited claim of ``params``, the plain one
+        (`sql.CLAIM_SLOTS_PLAIN`, `sql.CLAIM_LIMITED_PLAIN`) or not, from the cursors,
+        then as a sweep if that took nothing and sweeps are cheap."""
+        if self._slots_only:
+            statement = sql.CLAIM_SLOTS_PLAIN if plain else sql.CLAIM_SLOTS
+        else:
+            statement = sql.CLAIM_LIMITED_PLAIN if plain else sql.CLAIM_LIMITED
         # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
         kinds = cast(list[str], params["limited_kinds"])
+        queues = cast(list[str], params["queues"])
         cursors = self._limited_cursors
         now = time.monotonic()
         sweep = cursors.sweep_due(now)
@@ -644,9 +679,6 @@ class Claimer:
             rows = await self._run_limited(conn, statement,
                                            {**params, **cursors.params(queues, kinds, True)})
             cursors.ran(True, now)
-        rows.sort(key=_claim_order)
-        # Jobs with a tenant came from the start, in tenant order: no cursor's business.
-        cursors.move([row for row in rows if not row[8]], limit)
         return rows
 
     async def _claim_plain(self, conn: psycopg.AsyncConnection, params: dict[str, object],

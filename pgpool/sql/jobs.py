@@ -1071,7 +1071,8 @@ _LIMITED_NEED_FAIR: Final = _NEED_FAIR.replace("%(kinds)s", "%(limited_kinds)s")
 #: run_at, and their rank in the kind, 1..): per (queue, kind), as many as the kind has
 #: room (``rooms``: kind, room). With several queues each pair may find the whole room:
 #: the claim takes the ranks up to it. Two ways, as the plain and fair claims
-#: for the kinds without a limit, told apart once per claim (`_LIMITED_NEED_FAIR`):
+#: for the kinds without a limit, told apart once per claim (`_LIMITED_NEED_FAIR`, in
+#: ``fair``, which `_PLAIN_NEXT` reads too):
 #:
 #: - while no job waiting in these kinds has a tenant or a concurrency key, from each
 #:   pair's cursor (``after_*``, one per (queue, limited kind) pair, queues outer; NULL: a
@@ -1082,7 +1083,9 @@ _LIMITED_NEED_FAIR: Final = _NEED_FAIR.replace("%(kinds)s", "%(limited_kinds)s")
 #:   as in `CLAIM`.
 #:
 #: Format with ``rooms``.
-_LIMITED_CANDIDATES: Final = """candidates AS (
+_LIMITED_CANDIDATES: Final = """fair AS MATERIALIZED (  -- read once: the branches, _PLAIN_NEXT
+    SELECT EXISTS (""" + _LIMITED_NEED_FAIR + """) AS needed
+), candidates AS (
     SELECT c.id, c.kind, c.priority, c.run_at,
            row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id)
                AS rank
@@ -1096,7 +1099,7 @@ _LIMITED_CANDIDATES: Final = """candidates AS (
                    + array_position(%(limited_kinds)s::text[], r.kind) AS n
         ) AS pair
         CROSS JOIN """ + _from_cursor("pair.n", "r.kind", "r.room") + """
-        WHERE NOT EXISTS (""" + _LIMITED_NEED_FAIR + """)  -- read once
+        WHERE NOT (SELECT needed FROM fair)
         UNION ALL
         SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
                                        ORDER BY c.priority DESC, c.run_at, c.id) AS key_rank
@@ -1111,10 +1114,48 @@ _LIMITED_CANDIDATES: Final = """candidates AS (
             LIMIT r.room
             FOR NO KEY UPDATE SKIP LOCKED
         ) AS c
-        WHERE EXISTS (""" + _LIMITED_NEED_FAIR + """)  -- read once
+        WHERE (SELECT needed FROM fair)
     ) AS c
     WHERE c.concurrency_key IS NULL OR c.key_rank = 1
 )"""
+
+#: ``picked`` of a kind-wide limited claim while no job waiting in its kinds has a tenant
+#: or a concurrency key (`_LIMITED_NEED_FAIR`, read once: else it is empty, and the
+#: claimer runs the claim with ``candidates``): per kind (``rooms``: kind, room and what
+#: ``columns`` reads of it, alias ``r``), up to its room of ready jobs, its pairs' scans
+#: from their cursors merged in claim order, each job numbered 1.. in ``n``; then
+#: ``limit`` in all, in claim order, with ``columns``, each job's n-th slot and tick (any
+#: one each job, so long as no two take the same). Without the fair branch, its window
+#: over every kind's candidates and the join to the rooms, a claim of 50 far from a
+#: concurrency limit costs 50 to 80 µs less (1,069 against 1,146, interleaved), and such
+#: a kind drains at 0.905 of an unlimited one against 0.865 (medians of six rounds, in
+#: turns); with a rate, the ring's rows are most of the cost (0.86 either way). Format
+#: with ``rooms`` and ``columns``.
+_LIMITED_PLAIN_PICKED: Final = """picked AS MATERIALIZED (
+    SELECT c.id, {columns}
+    FROM {rooms} AS r CROSS JOIN LATERAL (
+        SELECT c.*, row_number() OVER () AS n FROM (
+            SELECT c.id, c.priority, c.run_at
+            FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, qn)
+            CROSS JOIN LATERAL (
+                SELECT (q.qn - 1) * cardinality(%(limited_kinds)s::text[])
+                       + array_position(%(limited_kinds)s::text[], r.kind) AS n
+            ) AS pair
+            CROSS JOIN """ + _from_cursor("pair.n", "r.kind", "r.room") + """
+            ORDER BY c.priority DESC, c.run_at, c.id
+            LIMIT r.room) AS c  -- several queues' scans may each find the whole room
+    ) AS c
+    WHERE NOT EXISTS (""" + _LIMITED_NEED_FAIR + """)  -- read once
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+)"""
+
+#: The last column of each row of `CLAIM_SLOTS` and `CLAIM_LIMITED`: whether no job
+#: waiting in their kinds had a tenant or a concurrency key as the claim began (its
+#: snapshot: the jobs it took count), so that the next claim may be `CLAIM_SLOTS_PLAIN`
+#: or `CLAIM_LIMITED_PLAIN`. On the safe side: after the claim that took the last such
+#: job, one more whole claim.
+_PLAIN_NEXT: Final = ",\n          NOT (SELECT needed FROM fair)\n"
 
 #: The free slots of a kind-wide concurrency limit ``l`` (its kind, ``concurrency`` and
 #: random ``start``), up to ``limit``, in ``slots``, in order. Far from the limit, from one
@@ -1144,6 +1185,33 @@ _SLOTS_OF: Final = """
             OFFSET 0) AS h  -- read once, not once per slot
         OFFSET 0) AS w
     OFFSET 0"""  # each subquery run once: inlined, its array was built once per use
+
+#: The first CTEs of `CLAIM_LIMITED` and `CLAIM_LIMITED_PLAIN`, ``lim`` to ``room``.
+_LIMITED_ROOM: Final = """
+WITH lim AS MATERIALIZED (
+    SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
+           floor(random() * l.concurrency)::int AS start,
+           floor(random() * """ + _tick(_RING) + """)::int + 1
+               AS tick_start  -- once: lim is materialized
+    FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
+                %(limited_rate)s::int[], %(limited_per)s::float8[],
+                %(limited_max_attempts)s::int[])
+         AS l(kind, concurrency, rate, per, max_attempts)
+    WHERE l.concurrency IS NULL OR """ + _SLOTS_CLEAR + """
+), free AS MATERIALIZED (  -- a row per kind: its free slots (NULL: no concurrency limit)
+    SELECT l.kind, l.max_attempts, CASE WHEN l.concurrency IS NOT NULL THEN f.slots END AS slots
+    FROM lim AS l CROSS JOIN LATERAL (""" + _SLOTS_OF + """) AS f
+), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
+    scope="", source="lim", ring="''", n="%(limit)s") + """
+), room AS MATERIALIZED (  -- a row per kind: the n-th free slot and tick for its n-th job
+    SELECT f.kind, f.max_attempts, f.slots, t.ticks, t.bases,
+           least(coalesce(cardinality(t.ticks), 0),  -- none free: no rows to aggregate
+                 coalesce(cardinality(f.slots), %(limit)s)) AS room
+    FROM free AS f CROSS JOIN LATERAL (
+        SELECT array_agg(t.slot ORDER BY t.rank) AS ticks,
+               array_agg(t.base ORDER BY t.rank) AS bases
+        FROM ticks AS t WHERE t.kind = f.kind) AS t
+)"""
 
 #: The claim of the kinds with a kind-wide limit (`pgpool.limits`): up to ``limit`` ready
 #: jobs of the given queues and of ``limited_kinds``, each taking a free slot of its kind's
@@ -1183,32 +1251,12 @@ _SLOTS_OF: Final = """
 #:   plan merged those on the kind alone, every job against every slot (4.6 ms a claim of
 #:   200, where this takes 1.2).
 #:
-#: The claimer prepares it: planned at each claim, planning was most of its cost.
-CLAIM_LIMITED: Final = """
-WITH lim AS MATERIALIZED (
-    SELECT l.kind, l.concurrency, l.rate, l.per, l.max_attempts,
-           floor(random() * l.concurrency)::int AS start,
-           floor(random() * """ + _tick(_RING) + """)::int + 1
-               AS tick_start  -- once: lim is materialized
-    FROM unnest(%(limited_kinds)s::text[], %(limited_concurrency)s::int[],
-                %(limited_rate)s::int[], %(limited_per)s::float8[],
-                %(limited_max_attempts)s::int[])
-         AS l(kind, concurrency, rate, per, max_attempts)
-    WHERE l.concurrency IS NULL OR """ + _SLOTS_CLEAR + """
-), free AS MATERIALIZED (  -- a row per kind: its free slots (NULL: no concurrency limit)
-    SELECT l.kind, l.max_attempts, CASE WHEN l.concurrency IS NOT NULL THEN f.slots END AS slots
-    FROM lim AS l CROSS JOIN LATERAL (""" + _SLOTS_OF + """) AS f
-), ticks AS MATERIALIZED (""" + _FREE_TICKS.format(
-    scope="", source="lim", ring="''", n="%(limit)s") + """
-), room AS MATERIALIZED (  -- a row per kind: the n-th free slot and tick for its n-th job
-    SELECT f.kind, f.max_attempts, f.slots, t.ticks, t.bases,
-           least(coalesce(cardinality(t.ticks), 0),  -- none free: no rows to aggregate
-                 coalesce(cardinality(f.slots), %(limit)s)) AS room
-    FROM free AS f CROSS JOIN LATERAL (
-        SELECT array_agg(t.slot ORDER BY t.rank) AS ticks,
-               array_agg(t.base ORDER BY t.rank) AS bases
-        FROM ticks AS t WHERE t.kind = f.kind) AS t
-), """ + _LIMITED_CANDIDATES.format(rooms="room") + """, picked AS MATERIALIZED (
+#: The claimer prepares it: planned at each claim, planning was most of its cost. It
+#: runs it while a job waiting in its kinds has a tenant or a concurrency key, and
+#: `CLAIM_LIMITED_PLAIN` (the same first CTEs, `_LIMITED_ROOM`) while none has: each row
+#: ends with whether none has now (`_PLAIN_NEXT`).
+CLAIM_LIMITED: Final = _LIMITED_ROOM + """, """ + _LIMITED_CANDIDATES.format(
+    rooms="room") + """, picked AS MATERIALIZED (
     SELECT c.id, c.kind, ''::text AS scope,  -- the kind-wide scope
            r.slots[c.rank] AS slot, r.ticks[c.rank] AS tick, r.bases[c.rank] AS base,
            r.max_attempts
@@ -1217,16 +1265,19 @@ WITH lim AS MATERIALIZED (
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 ), """ + _TICKS_USED.format(rows=_TAKEN_KIND_WIDE) + """
+""" + _CLAIM_PICKED + _PLAIN_NEXT
+
+#: `CLAIM_LIMITED` while no job waiting in its kinds has a tenant or a concurrency key
+#: (`_LIMITED_PLAIN_PICKED`): the claimer's first choice, as `CLAIM_PLAIN` is for the
+#: kinds without a limit.
+CLAIM_LIMITED_PLAIN: Final = _LIMITED_ROOM + """, """ + _LIMITED_PLAIN_PICKED.format(
+    rooms="room", columns="""r.kind, ''::text AS scope, r.slots[c.n] AS slot,
+           r.ticks[c.n] AS tick, r.bases[c.n] AS base, r.max_attempts""") + """, """ + \
+    _TICKS_USED.format(rows=_TAKEN_KIND_WIDE) + """
 """ + _CLAIM_PICKED + "\n"
 
-#: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
-#: (``limited_kinds``, ``limited_concurrency``, ``limited_max_attempts``): the same rows,
-#: without the rate's ring, and leaner: ``free`` is a row per kind, its free slots in an
-#: array (`_SLOTS_OF`) and their count, the room; the n-th job of a kind gets the n-th. A
-#: claim of 50 far from its limit: the plain claim's 863 µs, this one's 1,082 (the slots'
-#: unique index is most of the difference), 1,212 before; side by side, embedded
-#: PostgreSQL 18. Prepared, with a generic plan, as `CLAIM_LIMITED`.
-CLAIM_SLOTS: Final = """
+#: The first CTEs of `CLAIM_SLOTS` and `CLAIM_SLOTS_PLAIN`, ``lim`` and ``free``.
+_SLOTS_ROOM: Final = """
 WITH lim AS MATERIALIZED (
     SELECT l.kind, l.concurrency, l.max_attempts,
            floor(random() * l.concurrency)::int AS start  -- once: lim is materialized
@@ -1236,13 +1287,30 @@ WITH lim AS MATERIALIZED (
 ), free AS MATERIALIZED (  -- a row per kind: its free slots, and how many
     SELECT l.kind, l.max_attempts, f.slots, cardinality(f.slots) AS room
     FROM lim AS l CROSS JOIN LATERAL (""" + _SLOTS_OF + """) AS f
-), """ + _LIMITED_CANDIDATES.format(rooms="free") + """, picked AS MATERIALIZED (
+)"""
+
+#: `CLAIM_LIMITED` for kinds whose kind-wide limits all have a concurrency and no rate
+#: (``limited_kinds``, ``limited_concurrency``, ``limited_max_attempts``): the same rows,
+#: without the rate's ring, and leaner: ``free`` is a row per kind, its free slots in an
+#: array (`_SLOTS_OF`) and their count, the room; the n-th job of a kind gets the n-th. A
+#: claim of 50 far from its limit: the plain claim's 863 µs, this one's 1,082 (the slots'
+#: unique index is most of the difference), 1,212 before; side by side, embedded
+#: PostgreSQL 18. Prepared, with a generic plan, and
+#: told from `CLAIM_SLOTS_PLAIN` by its last column, as `CLAIM_LIMITED`.
+CLAIM_SLOTS: Final = _SLOTS_ROOM + """, """ + _LIMITED_CANDIDATES.format(
+    rooms="free") + """, picked AS MATERIALIZED (
     SELECT c.id, s.slots[c.rank] AS slot, s.max_attempts
     FROM candidates AS c JOIN free AS s USING (kind)
     WHERE c.rank <= s.room  -- several queues' scans may each find the whole room
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 )
+""" + _CLAIM_PICKED + _PLAIN_NEXT
+
+#: `CLAIM_SLOTS` while no job waiting in its kinds has a tenant or a concurrency key, as
+#: `CLAIM_LIMITED_PLAIN` is `CLAIM_LIMITED`'s.
+CLAIM_SLOTS_PLAIN: Final = _SLOTS_ROOM + """, """ + _LIMITED_PLAIN_PICKED.format(
+    rooms="free", columns="r.slots[c.n] AS slot, r.max_attempts") + """
 """ + _CLAIM_PICKED + "\n"
 
 #: The scope of a job ``p`` under a limit ``l`` by tenant or by concurrency key: the

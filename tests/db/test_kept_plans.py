@@ -29,7 +29,8 @@ PARAMS: dict[str, Any] = {
 @pytest.mark.parametrize(("statement", "tenant", "limit"), [
     ("CLAIM_PLAIN", None, BATCH), ("CLAIM_PLAIN_ONE", None, BATCH),
     ("CLAIM_PROMPT", None, 1), ("CLAIM", "t", BATCH), ("CLAIM_SLOTS", None, BATCH),
-    ("CLAIM_LIMITED", None, BATCH)])
+    ("CLAIM_SLOTS_PLAIN", None, BATCH), ("CLAIM_LIMITED", None, BATCH),
+    ("CLAIM_LIMITED_PLAIN", None, BATCH)])
 def test_a_claim_planned_on_a_next_to_empty_table_reads_only_what_it_takes_from_a_burst(
         db: psycopg.Connection, statement: str, tenant: str | None, limit: int) -> None:
     # A host started on an idle queue: two jobs, analyzed. Then 20,000 come, and the plan

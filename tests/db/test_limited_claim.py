@@ -115,7 +115,8 @@ def test_a_host_of_several_queues_takes_no_more_than_the_limit_in_all(
     assert running(db) == 2
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_SLOTS", "CLAIM_LIMITED"])
+@pytest.mark.parametrize("statement", ["CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN", "CLAIM_LIMITED",
+                                       "CLAIM_LIMITED_PLAIN"])
 def test_a_generic_plan_made_with_next_to_nothing_waiting_claims_a_thousand_in_linear_steps(
         db: psycopg.Connection, statement: str) -> None:
     # The plan a host's prepared claim keeps was made when its kind had next to nothing
@@ -196,6 +197,36 @@ def test_jobs_once_limited_are_claimed_as_any_other_without_the_limit(
 
     assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [3, 6]
     assert running(db) == 6
+
+
+@pytest.mark.parametrize("rate", [None, 1000], ids=["slots", "slots and a rate"])
+def test_a_kind_wide_claim_is_whole_while_a_keyed_job_waits_and_plain_again_after(
+        db: psycopg.Connection, dsn: str, rate: int | None) -> None:
+    # The plain twin (CLAIM_SLOTS_PLAIN, CLAIM_LIMITED_PLAIN) takes nothing while a job
+    # with a concurrency key waits; the whole claim takes it, one per key, and says when
+    # the plain one may go again.
+    pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(3)])
+    for i in range(2):
+        pgpool.enqueue(db, "lim", {"k": i}, concurrency_key="key")
+    db.commit()
+
+    async def work(pools: list[AsyncConnectionPool]) -> list[tuple[int, bool]]:
+        c = claimer(pools[0], "host-a:1:aa", 100, rate=rate)
+        got = [(len(await c.claim(10)), c._limited_plain)]  # 3 and the first keyed
+        got.append((len(await c.claim(10)), c._limited_plain))  # its key runs: nothing
+        finish_running(db)
+        db.commit()
+        # The second keyed: it waited as the claim began, so the next one is whole too.
+        got.append((len(await c.claim(10)), c._limited_plain))
+        pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2)])
+        db.commit()
+        got.append((len(await c.claim(10)), c._limited_plain))  # none waits: plain next
+        got.append((len(await c.claim(10)), c._limited_plain))  # and plain it is
+        return got
+
+    assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [
+        (4, False), (0, False), (1, False), (2, True), (0, True)]
+    assert running(db) == 3
 
 
 def test_a_host_claims_its_limited_and_unlimited_kinds_together(db: psycopg.Connection,

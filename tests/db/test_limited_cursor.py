@@ -67,7 +67,8 @@ def test_behind_a_pinned_horizon_a_limited_claim_from_its_cursor_reads_what_it_d
         pgpool.enqueue_many(db, "lim", ({"n": i} for i in range(50_200)))
         db.execute(sql.ENSURE_TICKS, {"rate_kinds": ["lim"], "rates": [100_000]})
         db.execute("VACUUM ANALYZE pgpool_jobs, pgpool_limit_ticks")
-        statements = ("CLAIM_SLOTS", "CLAIM_LIMITED")
+        statements = ("CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN", "CLAIM_LIMITED",
+                      "CLAIM_LIMITED_PLAIN")
         clean = {s: claim_reads(db, s, PARAMS) for s in statements}
         with psycopg.connect(dsn) as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

@@ -22,16 +22,23 @@ CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", *
                 "tenant_cap": None}
 
 
+#: The claims a host sends for jobs without a tenant or a concurrency key (`sql.CLAIM`
+#: finds them too, and is what claims the rest).
+CLAIMS = ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN",
+          "CLAIM_LIMITED", "CLAIM_LIMITED_PLAIN"]
+
+
 def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
                   mode: str = "force_custom_plan", statement: str = "CLAIM_PLAIN"
                   ) -> tuple[int, set[int]]:
     """Shared buffers the real claim ``statement`` (`sql.CLAIM_PLAIN`, `sql.CLAIM`,
     `sql.CLAIM_SLOTS` with ``kinds`` limited to 1,000 at once, none running, or
-    `sql.CLAIM_LIMITED` with them also limited to 100,000 a second) touches when it
-    runs as a prepared statement with a plan of ``mode`` (`explain_prepared`), and the ids
-    it claimed; rolled back, so the jobs stay ready. Buffers, not time: the same rows and
-    plan touch the same pages on every run, on any machine. The fewest of three runs: a
-    catalog reload or a concurrent snapshot can only add buffers."""
+    `sql.CLAIM_LIMITED` with them also limited to 100,000 a second, or their plain twins)
+    touches when it runs as a prepared statement with a plan of ``mode``
+    (`explain_prepared`), and the ids it claimed; rolled back, so the jobs stay ready.
+    Buffers, not time: the same rows and plan touch the same pages on every run, on any
+    machine. The fewest of three runs: a catalog reload or a concurrent snapshot can only
+    add buffers."""
     params = {**CLAIM_PARAMS, "kinds": list(kinds), "kind_max_attempts": [20] * len(kinds),
               "limit": limit, "limited_kinds": list(kinds),
               "limited_concurrency": [1000] * len(kinds),
@@ -40,7 +47,7 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
     runs = []
     for _ in range(3):
         with db.transaction(force_rollback=True):
-            if statement == "CLAIM_LIMITED":  # the rate's ring, as a host makes it
+            if statement.startswith("CLAIM_LIMITED"):  # the rate's ring, as a host makes it
                 db.execute(sql.ENSURE_TICKS, {"rate_kinds": list(kinds),
                                               "rates": [100_000] * len(kinds)})
             top = explain_prepared(db, getattr(sql, statement), params, mode,
@@ -59,8 +66,7 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
 # prepared claim switches to, must be as good (joining the picked rows to a scan of the
 # whole table took 2 s a claim with a million jobs).
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
-                                  "CLAIM_LIMITED"])
+@pytest.mark.parametrize("statement", CLAIMS)
 def test_claim_cost_ignores_other_kinds_backlog_and_jobs_not_yet_due(db: psycopg.Connection,
                                                                     mode: str,
                                                                     statement: str) -> None:
@@ -103,8 +109,7 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
     urgent = pgpool.enqueue(db, "urgent", {})
     db.execute("VACUUM ANALYZE pgpool_jobs")
     plans = [(mode, statement) for mode in ("force_custom_plan", "force_generic_plan")
-             for statement in ("CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
-                                  "CLAIM_LIMITED")]
+             for statement in CLAIMS]
     alone = {}
     for mode, statement in plans:
         alone[mode, statement], claimed = claim_buffers(db, "urgent", mode=mode,
@@ -123,8 +128,7 @@ def test_a_kind_with_one_ready_job_is_claimed_past_a_million_of_another_kind(
         assert flooded <= alone[mode, statement] + 25, (mode, statement, alone, flooded)
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS",
-                                  "CLAIM_LIMITED"])
+@pytest.mark.parametrize("statement", CLAIMS)
 def test_claim_merges_the_kinds_it_serves_in_priority_order(db: psycopg.Connection,
                                                            statement: str) -> None:
     ids = {(kind, prio): pgpool.enqueue(db, kind, {}, priority=prio)
