@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Final
 
 import psycopg
-from drains import with_bench_modules  # bench/ is on the path: this script's directory
+from drains import compile_pgpool, with_bench_modules  # bench/: this script's directory
 
 import pgpool
 from pgpool.bench.jobs import KIND
@@ -95,6 +95,7 @@ def main() -> int:
         depths.insert(0, 0)  # the unflooded figure every ratio is against
     if args.serve_flood:
         os.environ["PYTHONPATH"] = with_bench_modules()  # the host finds floodjobs
+        compile_pgpool()
     base = dsnlib.resolve(args.dsn)
     progress = Progress(sys.stderr)
     opts = BenchOptions(dsn=base, jobs=args.samples, procs=1, batch=args.batch or "auto",

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Final, cast
 
 import psycopg
+from drains import compile_pgpool  # bench/ is on the path: this script's directory
 
 import pgpool
 from pgpool.bench.jobs import KIND, STAMPS_ENV
@@ -142,6 +143,7 @@ def main() -> int:
             scratch_schema(admin, base, progress) as scratch, \
             dsnlib.connect(scratch.dsn, autocommit=True) as conn, \
             tempfile.TemporaryDirectory() as tmp:
+        compile_pgpool()  # start-up as from an installed wheel, not compiling pgpool
         pgpool.migrate(conn)
         stamps = Path(tmp) / "stamps"
         stamps.write_text("")
