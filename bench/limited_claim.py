@@ -12,10 +12,12 @@ as a host's claimer does between its sweeps (the first claim of each is a sweep,
 start). None reaches its limit:
 
 - ``plain``: `sql.CLAIM_PLAIN`, prepared: a kind without a limit;
-- ``concurrency``: `sql.CLAIM_SLOTS`, prepared: ``Limit(concurrency=1_000_000)``, as a
-  host claims a kind-wide concurrency limit without a rate;
-- ``rate``: `sql.CLAIM_LIMITED`, prepared: ``Limit(rate=100_000, per=1)``, as a host
-  claims a kind-wide limit with a rate (its ring made first: `sql.RING_MAX` rows);
+- ``concurrency``: `sql.CLAIM_SLOTS_PLAIN`, prepared: ``Limit(concurrency=1_000_000)``,
+  as a host claims a kind-wide concurrency limit without a rate while no job waiting has
+  a tenant or a concurrency key;
+- ``rate``: `sql.CLAIM_LIMITED_PLAIN`, prepared: ``Limit(rate=100_000, per=1)``, as a
+  host claims a kind-wide limit with a rate, likewise (its ring made first:
+  `sql.RING_MAX` rows);
 - ``concurrency_planned`` and ``rate_planned``: `sql.CLAIM_LIMITED` for the same limits,
   planned for its values at each claim, as hosts claimed them before.
 
@@ -79,8 +81,8 @@ def statements(batch: int) -> dict[str, tuple[str, dict[str, object], bool]]:
     return {
         "plain": (sql.CLAIM_PLAIN, {**common, "kinds": ["k"],
                                     "kind_max_attempts": [20], "after": ""}, True),
-        "concurrency": (sql.CLAIM_SLOTS, concurrency, True),
-        "rate": (sql.CLAIM_LIMITED, rate, True),
+        "concurrency": (sql.CLAIM_SLOTS_PLAIN, concurrency, True),
+        "rate": (sql.CLAIM_LIMITED_PLAIN, rate, True),
         "concurrency_planned": (sql.CLAIM_LIMITED, concurrency, False),
         "rate_planned": (sql.CLAIM_LIMITED, rate, False),
     }

@@ -648,7 +648,7 @@ class Claimer:
             if rows:  # each row says whether the next claim may be plain again
                 self._limited_plain = bool(rows[0][14])
                 rows = [row[:14] for row in rows]
-            else:  # nothing this claim could take: the next one looks again
+            else:  # no row to say so: whole again next time
                 self._limited_plain = False
         rows.sort(key=_claim_order)
         # Jobs with a tenant came from the start, in tenant order: no cursor's business.
