@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from pgpool.host.sizing import CLAIM_SHARE, MAX_BATCH, BatchSizer, batch_for
+from pgpool.host.sizing import CLAIM_SHARE, MAX_BATCH, MIN_WORK, BatchSizer, batch_for
 
 
 def test_short_jobs_get_big_batches_long_jobs_small_ones() -> None:
-    # 2 workers, 2 ms claims: 1 ms jobs need 40 per claim so the claim loop waits 10% of
-    # the time; 1 s jobs need one; 10 us jobs would need 4,000 and get the maximum.
-    assert batch_for(2, 0.002, 0.001) == 40
+    # 2 workers, 2 ms claims: 5 ms jobs need 40 per claim to bring each worker 0.1 s of
+    # work (8 would keep the claim loop at 10% of the time); 1 s jobs need one; 10 us
+    # jobs would need 20,000 and get the maximum.
+    assert batch_for(2, 0.002, 0.005) == 40
     assert batch_for(2, 0.002, 1.0) == 1
     assert batch_for(2, 0.002, 0.00001) == MAX_BATCH
-    assert batch_for(16, 0.002, 0.005) == 64
+    # A slow claim round trip asks for more than the least work: 16 workers, 20 ms.
+    assert batch_for(16, 0.020, 0.005) == 640
 
 
 @pytest.mark.parametrize(("procs", "rtt", "job"), [(1, 0.001, 0.0001), (8, 0.003, 0.002),
@@ -23,10 +25,21 @@ def test_the_batch_keeps_the_claim_loop_within_its_share(procs: int, rtt: float,
     # The claim loop waits rtt for every batch, which the workers take
     # batch * job / procs to run: that share is at most CLAIM_SHARE, and one job less
     # would exceed it (the batch is the smallest that fits).
-    batch = batch_for(procs, rtt, job)
+    batch = batch_for(procs, rtt, job, min_work=0)
     assert rtt / (batch * job / procs) <= CLAIM_SHARE + 1e-9
     if batch > 1:
         assert rtt / ((batch - 1) * job / procs) > CLAIM_SHARE
+
+
+@pytest.mark.parametrize(("procs", "job"), [(2, 0.005), (16, 0.005), (4, 0.03)])
+def test_a_claim_brings_each_worker_the_least_work(procs: int, job: float) -> None:
+    # With fast claims (1 ms), the least work decides: each worker gets MIN_WORK seconds
+    # of jobs from a batch, and one job less would give it less; so a host makes at most
+    # 1 / MIN_WORK claims a second for it, whatever its workers.
+    batch = batch_for(procs, 0.001, job)
+    assert batch * job / procs >= MIN_WORK - 1e-9
+    assert (batch - 1) * job / procs < MIN_WORK
+    assert (procs / job) / batch <= 1 / MIN_WORK + 1e-9  # claims per second
 
 
 def test_before_any_job_finished_one_job_per_worker() -> None:
