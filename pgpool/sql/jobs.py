@@ -1295,8 +1295,9 @@ WITH lim AS MATERIALIZED (
 #: array (`_SLOTS_OF`) and their count, the room; the n-th job of a kind gets the n-th. A
 #: claim of 50 far from its limit: the plain claim's 863 µs, this one's 1,082 (the slots'
 #: unique index is most of the difference), 1,212 before; side by side, embedded
-#: PostgreSQL 18. Prepared, with a generic plan, and
-#: told from `CLAIM_SLOTS_PLAIN` by its last column, as `CLAIM_LIMITED`.
+#: PostgreSQL 18. Prepared, with a generic plan, as `CLAIM_LIMITED` is, and like it run
+#: only while a job waiting in its kinds has a tenant or a concurrency key (its last
+#: column: `_PLAIN_NEXT`); `CLAIM_SLOTS_PLAIN` runs otherwise.
 CLAIM_SLOTS: Final = _SLOTS_ROOM + """, """ + _LIMITED_CANDIDATES.format(
     rooms="free") + """, picked AS MATERIALIZED (
     SELECT c.id, s.slots[c.rank] AS slot, s.max_attempts
