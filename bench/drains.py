@@ -186,7 +186,7 @@ def pinned(dsn: str | None) -> Iterator[None]:
         holder.rollback()
 
 
-def start_pgpool_run(dsn: str, procs: int, batch: int, log: IO[bytes],
+def start_pgpool_run(dsn: str, procs: int, batch: int | str, log: IO[bytes],
                      handlers: Iterable[str] = (), **env: str) -> subprocess.Popen[bytes]:
     """``pgpool run --burst`` of the bench jobs on ``dsn``, its claims unthrottled, its
     output in ``log``, with the handler modules ``handlers`` imported too and ``env``
@@ -285,7 +285,7 @@ class Pgpool:
 
     title = PGPOOL_RUN
 
-    def __init__(self, dsn: str, procs: int, batch: int, log: IO[bytes]) -> None:
+    def __init__(self, dsn: str, procs: int, batch: int | str, log: IO[bytes]) -> None:
         self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
         self.procs: list[subprocess.Popen[bytes]] = []
 

@@ -1,7 +1,8 @@
 """pgpool against a hand-written loop: the same jobs, the same machine, in turns (issue 20).
 
     python bench/vs_loop.py [--dsn DSN] [--profile noop|cpu] [--job-ms 5] [--jobs N] [--procs 2]
-                            [--batch 50] [--rounds 2] [--loop transaction|lease] [--json]
+                            [--batch 50] [--pgpool-batch N|auto] [--rounds 2]
+                            [--loop transaction|lease] [--json]
 
 Why: issue 20 measures what pgpool costs against the simplest loop one could write
 oneself, with targets: a no-op drain at >= 0.8 of the loop's jobs/s; 5 ms CPU jobs at
@@ -29,7 +30,8 @@ and so on, so that neither always goes first.
   loop's crash, which the one transaction's do not only by rolling back: the two commits
   and the UPDATE are what any lease costs the database, pgpool's included.
 - pgpool: a real ``pgpool run --procs P --batch B --burst`` of the bench handlers, its
-  claim budget lifted, until it exits 0.
+  claim budget lifted, until it exits 0; ``--pgpool-batch`` (a number, or ``auto``, its
+  default sizing) gives it a batch of its own.
 
 Timing, the same for both sides and without process start-up: the clock starts when the
 first job starts and stops when the last is done. One job in 64 of the profile's payloads
@@ -129,6 +131,8 @@ def main() -> int:
                         help="the loop's processes and pgpool's workers (default 2)")
     parser.add_argument("--batch", type=drains.at_least(1), default=50,
                         help="jobs per claim (default 50)")
+    parser.add_argument("--pgpool-batch", type=_pgpool_batch,
+                        help="pgpool's --batch, a number or auto (default: --batch)")
     parser.add_argument("--rounds", type=drains.at_least(1), default=2, help="(default 2)")
     parser.add_argument("--loop", choices=LOOP_CYCLES, default="transaction",
                         help="the loop's claim and delete in one transaction, or each "
@@ -158,7 +162,8 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                 with open(tmp / f"{side}.log", "w+b") as log:
                     runner = (Loop(scratch.dsn, args.procs, args.batch, log, args.loop)
                               if side == "loop" else
-                              drains.Pgpool(scratch.dsn, args.procs, args.batch, log))
+                              drains.Pgpool(scratch.dsn, args.procs,
+                                            args.pgpool_batch or args.batch, log))
                     figures[side] = drain(conn, runner, n, job, tmp / f"{side}.stamps")
                 progress.step(f"round {number}, {side}: {figures[side]['jobs_per_s']:,.0f} "
                               "jobs/s")
@@ -171,7 +176,8 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                                  for side in SIDES}
     return {"server": server, "schema": scratch.name,
             "options": {"profile": args.profile, "jobs": n, "procs": args.procs,
-                        "batch": args.batch, "rounds": args.rounds, "loop": args.loop,
+                        "batch": args.batch, "pgpool_batch": args.pgpool_batch or args.batch,
+                        "rounds": args.rounds, "loop": args.loop,
                         "cpu_job_rounds": cpu_rounds, "job_ms": args.job_ms,
                         "max_claims_per_sec": drains.UNTHROTTLED},
             "rounds": rounds, "mean": means,
@@ -352,6 +358,15 @@ def _ratios(loop: dict[str, Any], pgpool: dict[str, Any]) -> dict[str, float | N
             "postgres_cpu_per_job": pg_pgpool / pg_loop if pg_loop and pg_pgpool else None}
 
 
+def _pgpool_batch(text: str) -> int | str:
+    """``auto``, or a batch of 1 to 10000, as `pgpool run --batch` takes."""
+    if text == "auto":
+        return text
+    if text.isdigit() and 1 <= int(text) <= 10_000:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a batch (1 to 10000, or auto)")
+
+
 def _job_ms(text: str) -> float:
     try:
         value = float(text)
@@ -379,8 +394,9 @@ def _command(args: argparse.Namespace, n: int) -> str:
     password)."""
     dsn = " --dsn DSN" if args.dsn else ""
     job_ms = f" --job-ms {args.job_ms:g}" if args.profile == "cpu" else ""
+    own = f" --pgpool-batch {args.pgpool_batch}" if args.pgpool_batch else ""
     return (f"python bench/vs_loop.py{dsn} --profile {args.profile}{job_ms} --jobs {n} "
-            f"--procs {args.procs} --batch {args.batch} --rounds {args.rounds} "
+            f"--procs {args.procs} --batch {args.batch}{own} --rounds {args.rounds} "
             f"--loop {args.loop}")
 
 
@@ -390,7 +406,9 @@ def render(report: dict[str, Any]) -> str:
     s, o, t = report["server"], report["options"], report["targets"]
     lines = [f"pgpool against a hand-written loop ({LOOP_CYCLES[o['loop']]}): {o['jobs']:,} "
              f"{o['profile']} jobs per side and round, {o['procs']} processes each, batch "
-             f"{o['batch']}; PostgreSQL "
+             f"{o['batch']}"
+             + (f" (pgpool {o['pgpool_batch']})" if o['pgpool_batch'] != o['batch'] else "")
+             + "; PostgreSQL "
              f"{s['version']} (fsync={s['fsync']}, "
              f"synchronous_commit={s['synchronous_commit']})"]
     for r in report["rounds"]:

@@ -63,6 +63,10 @@ def test_a_bad_option_is_one_line(dsn: str) -> None:
     assert done.returncode == 2
     assert done.stderr == ("vs_loop: error: argument --job-ms: 'nan' is not a job length in "
                            "ms (above 0, at most 10000)\n")
+    done = vs_loop(dsn, "--pgpool-batch", "0")
+    assert done.returncode == 2
+    assert done.stderr == ("vs_loop: error: argument --pgpool-batch: '0' is not a batch (1 to "
+                           "10000, or auto)\n")
 
 
 @pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
@@ -77,13 +81,15 @@ def test_a_failing_side_ends_the_run_with_one_line(dsn: str, db: psycopg.Connect
 
 @pytest.mark.soak  # calibration and two drains: `make soak-test`
 def test_short_cpu_jobs_are_held_to_their_own_target(dsn: str, db: psycopg.Connection) -> None:
+    # pgpool with its own sizing (--batch auto), the loop with its batch of 50.
     done = vs_loop(dsn, "--profile", "cpu", "--job-ms", "0.5", "--jobs", "200", "--rounds",
-                   "1", "--json")
+                   "1", "--pgpool-batch", "auto", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["command"] == ("python bench/vs_loop.py --profile cpu --job-ms 0.5 "
-                                 "--jobs 200 --procs 2 --batch 50 --rounds 1 "
-                                 "--loop transaction")
+                                 "--jobs 200 --procs 2 --batch 50 --pgpool-batch auto "
+                                 "--rounds 1 --loop transaction")
+    assert (report["options"]["batch"], report["options"]["pgpool_batch"]) == (50, "auto")
     assert report["options"]["job_ms"] == 0.5
     assert report["targets"]["jobs_per_s"] == 0.9  # issue 34's, below 2 ms
     [r] = report["rounds"]
