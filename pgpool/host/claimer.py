@@ -266,13 +266,13 @@ async def configure_connection(conn: psycopg.AsyncConnection, lease: Lease | Non
     connection, not once per statement. With ``claims`` (the claim pool, which runs only
     the claimer's statements), prepared statements keep one generic plan
     (`sql.GENERIC_PLANS`), which reads no table whole where an index can do
-    (`sql.NO_SEQ_SCANS`).
+    (`sql.INDEX_SCANS`).
 
     All in one round trip (a client-side cursor sends them as one string): a host opens ten
     connections as it starts, and each round trip of theirs delays its first claim."""
     conn.adapters.register_loader("jsonb", RawJsonLoader)
     settings = [sql.READ_COMMITTED, sql.NO_JIT,
-                *([sql.GENERIC_PLANS, sql.NO_SEQ_SCANS] if claims else [])]
+                *([sql.GENERIC_PLANS, sql.INDEX_SCANS] if claims else [])]
     params = {}
     if lease is not None:
         settings.append(sql.SESSION_TIMEOUTS)

@@ -204,13 +204,15 @@ NO_JIT: Final = "SET jit = off"
 GENERIC_PLANS: Final = "SET plan_cache_mode = force_generic_plan"
 
 #: Once per connection of a dispatcher's claim pool, with `GENERIC_PLANS`: no sequential
-#: scan where an index can do. A generic plan is made once, from the statistics of that
-#: moment, and kept until they change. Made while the table held next to nothing (a host
-#: that started on an idle queue), every claim read the whole table when a burst came:
-#: 20,002 rows through a Seq Scan for a claim of 1,000, until autovacuum analyzed the
-#: table or the vacuum keeper vacuumed it. Every claim has an index path; a statement with
-#: none still reads its table as before.
-NO_SEQ_SCANS: Final = "SET enable_seqscan = off"
+#: scan and no bitmap scan where a plain index scan can do. A generic plan is made once,
+#: from the statistics of that moment, and kept until they change. Made while the table
+#: held next to nothing (a host that started on an idle queue), every claim read the whole
+#: table when a burst came: 20,002 rows through a Seq Scan for a claim of 1,000, until
+#: autovacuum analyzed the table or the vacuum keeper vacuumed it; with sequential scans
+#: off, the fair claim read them all through a Bitmap Index Scan instead when the table's
+#: pages had held more rows before. Every claim reads in index order, as far as its LIMIT
+#: takes it; a statement with no index path still reads its table as before.
+INDEX_SCANS: Final = "SET enable_seqscan = off; SET enable_bitmapscan = off"
 
 #: Tenants that give nothing now (at --tenant-cap, or their first job waiting on a running
 #: concurrency key) that `CLAIM`'s walk goes past in each (queue, kind) pair, beyond the

@@ -76,7 +76,7 @@ def explain_kept_plan(db: psycopg.Connection, query: str, params: dict[str, Any]
                                                           pgsql.SQL(casts.get(n, "")))
                                 for n in names)
     db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
-    db.execute(f"{jobs_sql.GENERIC_PLANS}; {jobs_sql.NO_SEQ_SCANS}")
+    db.execute(f"{jobs_sql.GENERIC_PLANS}; {jobs_sql.INDEX_SCANS}")
     db.execute(f"PREPARE pgpool_q AS {numbered}")
     try:
         with db.transaction(force_rollback=True):  # the plan is made and kept
@@ -87,7 +87,7 @@ def explain_kept_plan(db: psycopg.Connection, query: str, params: dict[str, Any]
                                            "pgpool_q({})").format(args)).fetchone()[0]
     finally:
         db.execute("DEALLOCATE pgpool_q")
-        db.execute("RESET plan_cache_mode; RESET enable_seqscan")
+        db.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET enable_bitmapscan")
         db.execute("ALTER TABLE pgpool_jobs RESET (autovacuum_enabled)")
     return plan["Plan"]
 
