@@ -40,11 +40,12 @@ def test_progress_is_seen_while_the_job_runs(db, dsn, tmp_path: Path, web):
 
         shown = run_pgpool(dsn, "jobs", "show", str(job_id)).stdout
         # Whole counts in full, however large: 1,026,671/1,000,000,000, not 1.02667e+06/1e+09.
-        assert re.search(r"\n  progress    \d{1,3}(,\d{3})*/1,000,000,000 \(0%\) frame \d+, "
+        # The share is whatever the handler reached by now: 0% or 1% on a fast machine.
+        assert re.search(r"\n  progress    \d{1,3}(,\d{3})*/1,000,000,000 \(\d+%\) frame \d+, "
                          r"[\d.]+m?s ago\n", shown), shown
         listed = run_pgpool(dsn, "jobs", "--state", "running").stdout.splitlines()
         assert listed[0].split()[-1] == "PROGRESS"
-        assert re.search(r"\d{1,3}(,\d{3})*/1,000,000,000 \(0%\) frame \d+, [\d.]+m?s ago$",
+        assert re.search(r"\d{1,3}(,\d{3})*/1,000,000,000 \(\d+%\) frame \d+, [\d.]+m?s ago$",
                          listed[1]), listed[1]
 
         _, base = web()

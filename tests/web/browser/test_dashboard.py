@@ -538,7 +538,9 @@ def test_a_long_jobs_progress_and_checkpoint_are_shown(db, dsn, record_dir, tmp_
         expect(row.get_by_test_id("job-progress")).to_have_attribute("max", str(total))
         row.click()
         detail = page.get_by_test_id("job-detail")
-        expect(detail.get_by_test_id("d-progress")).to_contain_text(f"of {total} (0%)")
+        # The share is whatever the handler reached by now: 0% or 1% on a fast machine.
+        expect(detail.get_by_test_id("d-progress")).to_contain_text(
+            re.compile(rf"of {total} \(\d+%\)"))
         expect(detail.get_by_test_id("d-checkpoint")).to_have_text("none")
         # A later report: the rate and the time left, from the two seen.
         first = pgpool.job_status(db, reporting).progress
