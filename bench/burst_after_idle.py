@@ -19,22 +19,16 @@ from outside the checkout).
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
-from typing import Final
+from typing import IO, Final
 
 import psycopg
-from drains import session
+from drains import session, start_pgpool_run
 
 import pgpool
-from pgpool.bench import jobs as bench_jobs
 from pgpool.bench.jobs import KIND
 from pgpool.bench.progress import Progress
-
-#: The largest `pgpool run --max-claims-per-sec` accepts: the fleet's budget, lifted.
-UNTHROTTLED: Final = 10_000_000
 
 #: ``jobs`` no-op jobs due now, and ``later`` due tomorrow.
 SEED: Final = """
@@ -58,16 +52,14 @@ TRICKLE: Final = 10
 TIMEOUT: Final = 600.0
 
 
-def drain(dsn: str, conn: psycopg.Connection, jobs: int) -> tuple[float, bool]:
-    """(jobs/s, whether autovacuum analyzed the table during the drain) of one round."""
+def drain(dsn: str, conn: psycopg.Connection, jobs: int, log: IO[bytes]
+          ) -> tuple[float, bool]:
+    """(jobs/s, whether autovacuum analyzed the table during the drain) of one round, the
+    host's output in ``log``."""
     conn.execute(SEED, {"kind": KIND, "jobs": 2, "later": LATER})
     conn.execute("VACUUM ANALYZE pgpool_jobs")
     before = conn.execute(ANALYZED).fetchone()[0]
-    host = subprocess.Popen(
-        [sys.executable, "-m", "pgpool", "run", "--procs", "2", "--handlers",
-         bench_jobs.__name__, "--max-claims-per-sec", str(UNTHROTTLED)],
-        env={**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING"},
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    host = start_pgpool_run(dsn, 2, "auto", log, burst=False)
 
     def left() -> int:
         if host.poll() is not None:
@@ -110,7 +102,8 @@ def main() -> int:
     with session(args.dsn, progress) as s:
         for n in range(1, args.rounds + 1):
             progress.step(f"round {n} of {args.rounds}")
-            rate, analyzed = drain(s.scratch.dsn, s.conn, args.jobs)
+            with open(s.tmp / f"round-{n}.log", "wb") as log:
+                rate, analyzed = drain(s.scratch.dsn, s.conn, args.jobs, log)
             print(f"round {n}: {rate:,.0f} jobs/s, autovacuum analyzed the table during the "
                   f"drain: {'yes' if analyzed else 'no'} (pgpool {pgpool.__version__})")
     return 0

@@ -187,16 +187,18 @@ def pinned(dsn: str | None) -> Iterator[None]:
 
 
 def start_pgpool_run(dsn: str, procs: int, batch: int | str, log: IO[bytes],
-                     handlers: Iterable[str] = (), **env: str) -> subprocess.Popen[bytes]:
-    """``pgpool run --burst`` of the bench jobs on ``dsn``, its claims unthrottled, its
-    output in ``log``, with the handler modules ``handlers`` imported too and ``env``
-    added to its environment."""
+                     handlers: Iterable[str] = (), *, burst: bool = True,
+                     **env: str) -> subprocess.Popen[bytes]:
+    """``pgpool run --burst`` (without ``burst``: a host that waits for work until it is
+    stopped) of the bench jobs on ``dsn``, its claims unthrottled, its output in ``log``,
+    with the handler modules ``handlers`` imported too and ``env`` added to its
+    environment."""
     # The DSN goes in the environment: `ps` shows a command line to every user.
     env = {**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING", **env}
     modules = [arg for module in (jobs.__name__, *handlers) for arg in ("--handlers", module)]
     return subprocess.Popen(
         [sys.executable, "-m", "pgpool", "run", *modules,
-         "--procs", str(procs), "--batch", str(batch), "--burst",
+         "--procs", str(procs), "--batch", str(batch), *(["--burst"] if burst else []),
          "--max-claims-per-sec", str(UNTHROTTLED)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
     )

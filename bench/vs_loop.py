@@ -90,6 +90,7 @@ from pgpool.bench.jobs import KIND, STAMPS_ENV
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
 from pgpool.bench.scratch import expect_empty, vacuum
+from pgpool.cli.command import batch_or_auto
 from pgpool.db import dsn as dsnlib
 from pgpool.host.claimer import RawJsonLoader
 
@@ -131,7 +132,7 @@ def main() -> int:
                         help="the loop's processes and pgpool's workers (default 2)")
     parser.add_argument("--batch", type=drains.at_least(1), default=50,
                         help="jobs per claim (default 50)")
-    parser.add_argument("--pgpool-batch", type=_pgpool_batch,
+    parser.add_argument("--pgpool-batch", type=batch_or_auto,
                         help="pgpool's --batch, a number or auto (default: --batch)")
     parser.add_argument("--rounds", type=drains.at_least(1), default=2, help="(default 2)")
     parser.add_argument("--loop", choices=LOOP_CYCLES, default="transaction",
@@ -356,15 +357,6 @@ def _ratios(loop: dict[str, Any], pgpool: dict[str, Any]) -> dict[str, float | N
     pg_loop, pg_pgpool = loop["postgres_us_per_job"], pgpool["postgres_us_per_job"]
     return {"jobs_per_s": pgpool["jobs_per_s"] / loop["jobs_per_s"],
             "postgres_cpu_per_job": pg_pgpool / pg_loop if pg_loop and pg_pgpool else None}
-
-
-def _pgpool_batch(text: str) -> int | str:
-    """``auto``, or a batch of 1 to 10000, as `pgpool run --batch` takes."""
-    if text == "auto":
-        return text
-    if text.isdigit() and 1 <= int(text) <= 10_000:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"{text!r} is not a batch (1 to 10000, or auto)")
 
 
 def _job_ms(text: str) -> float:

@@ -103,6 +103,10 @@ def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | Literal["auto
     return parse_or_auto
 
 
+#: ``--batch``: a batch size, or ``auto`` (`pgpool.host.sizing`).
+batch_or_auto = _or_auto(batch_size)
+
+
 def _queue_list(text: str) -> list[str]:
     return [names.name_arg("queue")(name.strip()) for name in text.split(",")]
 
@@ -154,7 +158,7 @@ def _retention(text: str) -> float:
 #: PGPOOL_HANDLERS (`registry.resolve_modules`) and PGPOOL_DSN (`dsn.locate`) are read there.
 RUN_ENVIRONMENT: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("procs", "PGPOOL_PROCS", _or_auto(procs_count), "auto"),
-    ("batch", "PGPOOL_BATCH", _or_auto(batch_size), "auto"),
+    ("batch", "PGPOOL_BATCH", batch_or_auto, "auto"),
     ("queue", "PGPOOL_QUEUES", _queue_list, ("default",)),
     ("kinds", "PGPOOL_KINDS", _kind_list, None),
     ("lease", "PGPOOL_LEASE", lease_seconds, RunConfig.lease),
@@ -239,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="worker processes, or auto: the usable CPUs, respecting "
                          "affinity and the cgroup CPU quota, and no more than the cgroup "
                          "memory limit holds at --max-memory each (default auto)")
-    _add_run_option(sizing, "--batch", type=_or_auto(batch_size),
+    _add_run_option(sizing, "--batch", type=batch_or_auto,
                     help="jobs claimed per statement, or auto: sized from the measured "
                          "claim round trip and job time (default auto)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,

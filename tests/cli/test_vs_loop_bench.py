@@ -65,8 +65,8 @@ def test_a_bad_option_is_one_line(dsn: str) -> None:
                            "ms (above 0, at most 10000)\n")
     done = vs_loop(dsn, "--pgpool-batch", "0")
     assert done.returncode == 2
-    assert done.stderr == ("vs_loop: error: argument --pgpool-batch: '0' is not a batch (1 to "
-                           "10000, or auto)\n")
+    assert done.stderr == ("vs_loop: error: argument --pgpool-batch: '0' is not a batch size "
+                           "from 1 to 10000\n")
 
 
 @pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test

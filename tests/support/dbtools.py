@@ -36,23 +36,30 @@ def with_options(dsn: str, *settings: str) -> str:
     return make_conninfo(dsn, options=" ".join([options, *(f"-c {s}" for s in settings)]))
 
 
-def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
-                     mode: str, options: str = "ANALYZE, FORMAT JSON") -> dict[str, Any]:
-    """EXPLAIN (``options``, which must include FORMAT JSON) of ``query`` run as a prepared
-    statement under ``plan_cache_mode`` ``mode``: the generic plan is the one a long-running
-    dispatcher ends up using. Returns the top plan node."""
+def _prepared(query: str, params: dict[str, Any]) -> tuple[str, pgsql.Composed]:
+    """``query`` with its ``%(name)s`` placeholders numbered (``$1``...), for PREPARE, and
+    ``params`` as EXECUTE's literal arguments, each cast as the query casts it: EXECUTE
+    cannot infer the types of bound parameters."""
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
     casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
     # Run without parameters, a %% stays as written: it is the modulo operator's %.
     numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}",
                       query).replace("%%", "%")
+    args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
+                                                          pgsql.SQL(casts.get(n, "")))
+                                for n in names)
+    return numbered, args
+
+
+def explain_prepared(db: psycopg.Connection, query: str, params: dict[str, Any],
+                     mode: str, options: str = "ANALYZE, FORMAT JSON") -> dict[str, Any]:
+    """EXPLAIN (``options``, which must include FORMAT JSON) of ``query`` run as a prepared
+    statement under ``plan_cache_mode`` ``mode``: the generic plan is the one a long-running
+    dispatcher ends up using. Returns the top plan node."""
+    numbered, args = _prepared(query, params)
     db.execute(f"SET plan_cache_mode = {mode}")
     db.execute(f"PREPARE pgpool_q AS {numbered}")
     try:
-        # Literal arguments: EXECUTE cannot infer the types of bound parameters.
-        args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
-                                                              pgsql.SQL(casts.get(n, "")))
-                                    for n in names)
         (plan,) = db.execute(pgsql.SQL("EXPLAIN ({}) EXECUTE pgpool_q({})")
                              .format(pgsql.SQL(options), args)).fetchone()[0]
     finally:
@@ -68,13 +75,7 @@ def explain_kept_plan(db: psycopg.Connection, query: str, params: dict[str, Any]
     settings (`pgpool.host.claimer.configure_connection`): what a host that prepared its
     claim on the table as it was then runs now. Both runs rolled back; autovacuum kept off
     the jobs table meanwhile, so that nothing replans it. Returns the top plan node."""
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
-    casts = dict(re.findall(r"%\((\w+)\)s(::[\w\[\]]+)", query))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}",
-                      query).replace("%%", "%")
-    args = pgsql.SQL(", ").join(pgsql.SQL("{}{}").format(pgsql.Literal(params[n]),
-                                                          pgsql.SQL(casts.get(n, "")))
-                                for n in names)
+    numbered, args = _prepared(query, params)
     db.execute("ALTER TABLE pgpool_jobs SET (autovacuum_enabled = false)")
     db.execute(f"{jobs_sql.GENERIC_PLANS}; {jobs_sql.INDEX_SCANS}")
     db.execute(f"PREPARE pgpool_q AS {numbered}")
