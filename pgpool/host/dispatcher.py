@@ -6,8 +6,8 @@ path's modules sit in ``pgpool``, the side parts in ``pgpool.host.parts``)::
   enqueue(): INSERT + pg_notify ──▶ pgpool_jobs ◀── reaper.run(): expired leases to ready
                                         │    ▲
   listener.run() ◀──── NOTIFY ──────────┘    ├── heartbeat.run(): HEARTBEAT of _held() =
-     │ scheduler.notified()                  │     pool.held_jobs() + completer.pending_jobs()
-     ▼                                       │     every lease.beat_interval; attempts not kept:
+     │ scheduler.notified(), .settled() ...  │     pool.held_jobs() + completer.pending_jobs()
+     ▼ (idle: by tier, pgpool.host.settle)   │     every lease.beat_interval; attempts not kept:
   scheduler.run(): CLAIM_LOOPS claim loops   │     job.lost = True, then pool.drop_lost();
      │                                       │     kept: job.deadline moved on, then
      │                                       │     pool.extend(): one ipc.Extend a worker
@@ -105,6 +105,7 @@ from .parts.retention import Retention
 from .parts.stager import Stager
 from .pool import Launched, WorkerPool
 from .scheduler import CLAIM_LOOPS, ClaimScheduler, ack_high_water, largest_batch
+from .settle import Settler
 from .summary import RunTimes, Summary
 from .tasks import stop_tasks
 
@@ -399,6 +400,10 @@ class Dispatcher:
             # keeps it off the rows the leader's pass handles.
             reaper=Reaper(db, interval=self.lease.reaper_interval), burst=cfg.burst,
             poll=cfg.poll, idle_poll=cfg.idle_poll, listening=self._listening,
+            settler=Settler(db, queues=cfg.queues, kinds=list(runnable),
+                            tenant_cap=cfg.tenant_cap, fair_by=cfg.fair_by,
+                            rank=lambda: self.hosts.rank,
+                            peers=lambda: self.hosts.idle_peers),
         )
         if self._stopping.is_set():
             self.scheduler.stop()
@@ -417,7 +422,8 @@ class Dispatcher:
                          *([self.vacuum] if self.vacuum is not None else [])],
                         self.leadership)
         self.listener = Listener(cfg.dsn, cfg.queues, self.scheduler.notified,
-                                 self.control.wake, elected[1].wake, self.leadership.wake)
+                                 self.control.wake, elected[1].wake, self.leadership.wake,
+                                 self.scheduler.settled, self.scheduler.wanted)
         self.side = [self.heartbeat, self.listener, self.hosts, self.control,
                      self.leadership, *elected,
                      *([self.periodic] if self.periodic is not None else [])]
@@ -744,6 +750,7 @@ class Dispatcher:
             ack_flushes=self.completer.stats.flushes, batch=self.scheduler.batch,
             batch_auto=auto, lost=c["lost"], parked=c["parked"], snoozed=c["snoozed"],
             discarded=c["discarded"], cancelled=c["cancelled"],
+            settled_by_others=self.scheduler.settled_by_others,
         )
 
 

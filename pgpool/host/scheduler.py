@@ -16,7 +16,8 @@ other's, which doubles what a fixed batch can claim per second. Each loop repeat
 
 - `Step.AGAIN`: the claim came back full, so more may be ready now: claim again at once,
   and wake the other loop (it may claim the next batch meanwhile);
-- `Step.RECHECK`: a burst host found nothing and ran the reaper: claim once more, alone;
+- `Step.RECHECK`: a burst host found nothing and ran the reaper, or an idle host told its
+  group that it settled a notification (`pgpool.host.settle`): claim once more, alone;
 - `Step.DRAINED`: a burst host is done: nothing ready, nothing held or to ack here, and
   no job it could run is running on another host (one that died holds its jobs until the
   reaper returns them; a burst host waits for that, polling);
@@ -54,6 +55,11 @@ host whose producers notify all the time pays little:
 A loop that could make a full claim makes it instead, unless the other loop's is in
 flight: then the prompt claim goes first, and the batch after it.
 
+An idle host (it holds no job) answers a notification by its tier in its group: the first
+tier at once, the others only if no host of the group has said meanwhile that it took
+every job it saw (`pgpool.host.settle`): a job enqueued into an idle fleet costs a few
+claims, not one per host.
+
 Room and budget are reserved before each round trip (`_claiming`), because the other loop
 claims meanwhile. With ``batch="auto"`` the batch is re-derived after every claim from the
 measured claim round trip and job time (`pgpool.host.sizing`), and the completer's ack batch
@@ -78,6 +84,7 @@ import psycopg
 from ..db.outage import Failures, backoff
 from .attempt import Job
 from .budget import ClaimBudget
+from .settle import settle_wait
 from .sizing import MAX_BATCH, BatchSizer
 
 log = logging.getLogger("pgpool.scheduler")
@@ -169,6 +176,18 @@ class Reaping(Protocol):
     async def reap(self) -> tuple[int, int]: ...
 
 
+class Settling(Protocol):
+    """How an idle host settles notifications with its group (`pgpool.host.settle.Settler`)."""
+    signature: str
+
+    @property
+    def tier(self) -> int: ...
+    @property
+    def standbys(self) -> bool: ...
+    async def announce(self) -> bool: ...
+    async def call_all(self) -> None: ...
+
+
 class ClaimScheduler:
     """Runs the claim loops of one host: `run` until `stop` or, in burst mode, drained."""
 
@@ -187,6 +206,7 @@ class ClaimScheduler:
         poll: float = 1.0,
         idle_poll: float | None = None,
         listening: Callable[[], bool] = bool,
+        settler: Settling | None = None,
     ) -> None:
         self.procs = procs
         self.sizer = BatchSizer(procs) if batch == "auto" else None
@@ -233,6 +253,21 @@ class ClaimScheduler:
         self._waiting_for_others = False
         self._stopping = False
         self.drained = False
+        #: How this host settles notifications with its group while idle (None: it answers
+        #: every one at once; a burst host does, it runs alone).
+        self._settler = None if burst else settler
+        #: A notification this idle host stands by on (`pgpool.host.settle`), until its
+        #: tier's turn or another host's announcement.
+        self._standby: asyncio.TimerHandle | None = None
+        #: The next full claim answers a notification (this host was idle): if it comes back
+        #: short, it is announced; full, the claim after it answers (`_answered_full`).
+        self._answering = False
+        #: A claim answering the notification came back full: a second one calls all.
+        self._answered_full = False
+        #: This host announced: its next full claim is the sweep that makes that true.
+        self._announced = False
+        #: Notifications settled by another host's announcement while this one stood by.
+        self.settled_by_others = 0
 
     # --- formulas ------------------------------------------------------------------------
 
@@ -296,7 +331,50 @@ class ClaimScheduler:
     def notified(self) -> None:
         """A notification: a job may be ready (`work_ready`). A prompt claim as well, of
         the kinds the host holds no job of, within its bounds, unless a full claim can be
-        made (see the module's docstring)."""
+        made (see the module's docstring). An idle host past its group's first tier
+        stands by instead (`pgpool.host.settle`)."""
+        settler = self._settler
+        if settler is not None and self._idle():
+            tier = settler.tier
+            if tier > 0:
+                if self._standby is None:
+                    self._standby = asyncio.get_running_loop().call_later(
+                        tier * settle_wait(self.claimer.rtt), self._stood_by)
+                return
+            self._answering = True
+        self._respond()
+
+    def settled(self, signature: str) -> None:
+        """A host of ``signature``'s group took every job of theirs it saw, and claims once
+        more: a notification this host stands by on is settled, if of its group."""
+        if (self._standby is not None and self._settler is not None
+                and signature == self._settler.signature):
+            self._standby.cancel()
+            self._standby = None
+            self.settled_by_others += 1
+
+    def wanted(self, signature: str) -> None:
+        """A host of ``signature``'s group has more jobs than it takes: if of its group and
+        idle, this host claims now, standing by or not."""
+        if self._settler is None or signature != self._settler.signature:
+            return
+        if self._standby is not None:
+            self._standby.cancel()
+            self._standby = None
+        if self._idle():
+            self._respond()
+
+    def _stood_by(self) -> None:
+        """Its tier's turn came before an announcement: answer the notification."""
+        self._standby = None
+        if not self._stopping:
+            self._answering = True
+            self._respond()
+
+    def _idle(self) -> bool:
+        return self.workers.held == 0 and self._claiming == 0
+
+    def _respond(self) -> None:
         # Asked for even when a loop waits for work: the claim it makes may find the budget
         # spent. A loop that can make a full claim makes it instead (`claim_step`).
         since = time.monotonic() - self._prompted_at
@@ -321,14 +399,15 @@ class ClaimScheduler:
     def _notified_again(self) -> None:
         self._put_off = None
         if not self._stopping:
-            self.notified()
+            self._respond()
 
     def stop(self) -> None:
         """Stop claiming: every loop returns after its claim in flight, if any."""
         self._stopping = True
-        if self._put_off is not None:
-            self._put_off.cancel()
-            self._put_off = None
+        for timer in (self._put_off, self._standby):
+            if timer is not None:
+                timer.cancel()
+        self._put_off = self._standby = None
         self._wake_all()
 
     # --- the loops ------------------------------------------------------------------------
@@ -390,6 +469,16 @@ class ClaimScheduler:
     async def claim_step(self) -> Step | Wait:
         """Claim if there is room (or a prompt claim is owed), and say what the loop does
         next."""
+        step = await self._claim_step()
+        if self._answered_full and step in (Wait.ROOM, Wait.ACKS, Step.THROTTLED):
+            # A claim answering a notification came back full, and this host can take no
+            # more for now: the rest is the group's (`_answered`).
+            assert self._settler is not None
+            self._answered_full = self._answering = False
+            await self._settler.call_all()
+        return step
+
+    async def _claim_step(self) -> Step | Wait:
         prompt, self._prompt = self._prompt, frozenset()
         self._prompt_wake.clear()
         room = self.has_room()
@@ -411,6 +500,7 @@ class ClaimScheduler:
                 return await self._claim_prompt(prompt)
             return Step.THROTTLED
         # A full claim, which takes the notified jobs as well.
+        answering, self._answering = self._answering, False
         self._full_claims += 1
         self._quiet.clear()
         self._claiming += want
@@ -425,12 +515,48 @@ class ClaimScheduler:
             self.acks.max_batch = self.sizer.update(self.claimer.rtt,
                                                     self.workers.job_seconds)
         self._backlog = len(jobs) == want
+        if self._announced:
+            return await self._after_announcing(len(jobs) == want)
+        if answering and self._settler is not None and self._settler.standbys:
+            return await self._answered(len(jobs), want)
         if len(jobs) == want:
             return Step.AGAIN
         if self.burst and not jobs and self._nothing_in_flight():
             return await self._check_drained()
         self._reaped_for_burst = False
         return Wait.WORK
+
+    async def _answered(self, took: int, want: int) -> Step | Wait:
+        """A claim answering a notification for the group (`pgpool.host.settle`) took
+        ``took`` jobs of ``want``. Full, a backlog waits: call the whole group; but a full
+        claim of one job may be a lone one: claim on, and call the group if that claim is
+        full too (or cannot be made: `claim_step`). Short, it took all it saw: tell the
+        group, then claim once more, a sweep, which sees every job notified before the
+        announcement."""
+        assert self._settler is not None
+        if took == want:
+            if want > 1 or self._answered_full:
+                self._answered_full = False
+                await self._settler.call_all()
+            else:
+                self._answered_full = self._answering = True
+            return Step.AGAIN
+        self._answered_full = False
+        if not await self._settler.announce():
+            return Wait.WORK  # the hosts standing by claim at their turn
+        self._announced = True
+        self.claimer.sweep_next()
+        return Step.RECHECK
+
+    async def _after_announcing(self, full: bool) -> Step | Wait:
+        """The claim after an announcement: if it came back full, jobs are left that the
+        group stood down for: call it back."""
+        self._announced = False
+        if not full:
+            return Wait.WORK
+        assert self._settler is not None
+        await self._settler.call_all()
+        return Step.AGAIN
 
     async def _claim_prompt(self, kinds: frozenset[str]) -> Step | Wait:
         """A prompt claim of ``kinds``, past the budget and capacity by the jobs it takes:

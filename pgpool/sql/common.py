@@ -72,6 +72,16 @@ CONTROL: Final = "!control"
 #: rather than at its expiry. No queue name starts with "!".
 LEADER: Final = "!leader"
 
+#: How the payload begins by which a host tells its group that it took every job of theirs
+#: it saw (`pgpool.host.settle`); its group's signature follows. No queue name starts
+#: with "!".
+SETTLED: Final = "!settled "
+
+#: How the payload begins by which a host tells its group that more jobs wait than it
+#: takes (`pgpool.host.settle`): every idle host of the group claims at once. Its group's
+#: signature follows.
+WANTED: Final = "!wanted "
+
 
 #: The CTEs that count the members of groups that finished in a statement, and make a
 #: group's callback ready when its last member did: a data-modifying statement's ``WITH``

@@ -89,8 +89,16 @@ FLEET_BUDGET: Final = "SELECT max_claims_per_sec FROM pgpool_fleet"
 #: The other hosts the budget is shared with: those beaten within ``counted_leases`` of
 #: their own lease (about two beats; a crashed host stops counting after that, long
 #: before it is pruned). NULLs come from rows of a pgpool older than schema version 4.
+#: ``idle_peer``: the host is of this one's group (its queues and kinds, ``queues`` and
+#: ``kinds``, the latter sorted) and claimed no job since its previous beat; ``ahead``: it
+#: comes first by owner. How many idle peers, and how many of them ahead: this host's
+#: rank among the idle hosts that answer a notification (`pgpool.host.settle`).
 BUDGET_PEERS: Final = """
-SELECT claims_demand, claims_share FROM pgpool_hosts
+SELECT claims_demand, claims_share,
+       queues = %(queues)s::text[] AND kinds = %(kinds)s::text[]
+           AND coalesce(claims_per_sec, 0) = 0 AS idle_peer,
+       owner < %(owner)s AS ahead
+FROM pgpool_hosts
 WHERE owner <> %(owner)s
   AND last_seen >= now() - make_interval(secs => %(counted_leases)s * lease)
 """

@@ -23,8 +23,9 @@ from waits import wait_until
 
 import pgpool
 
-#: Hosts killed, frozen and stopped while others wait out their leases: the soak tier.
-pytestmark = pytest.mark.soak
+#: Hosts killed, frozen and stopped while others wait out their leases: the soak tier; one
+#: fleet test at a time on the shared server (eleven connections a host, of 100).
+pytestmark = [pytest.mark.soak, pytest.mark.xdist_group("fleet")]
 
 LEASE = 2.0
 #: An idle poll far past every bound here: the hosts learn of work from notifications.

@@ -37,6 +37,10 @@ from waits import wait_until
 import pgpool
 import pgpool.ops
 
+#: Three hosts of eleven connections each: one fleet test at a time on the shared server
+#: (its max_connections is PostgreSQL's default, 100).
+pytestmark = pytest.mark.xdist_group("fleet")
+
 LEASE = 2
 LIMIT = 3  # chaosjobs.LIMITED_CONCURRENCY
 KIND = "chaos.limited"

@@ -34,6 +34,7 @@ class FakeClaimer:
         self.ready = [job(i) for i in range(ready)]
         self.behind: list[Job] = []
         self.sweep_owed = False
+        self.sweeps = 0  # claims that were sweeps (`sweep_next` before them)
         self.limits: list[int] = []
         self.gate: asyncio.Event | None = None
         self.in_flight = 0
@@ -70,6 +71,7 @@ class FakeClaimer:
             self.in_flight -= 1
         if self.sweep_owed:
             self.sweep_owed = False
+            self.sweeps += 1
             self.ready[:0], self.behind = self.behind, []
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         self.found_none = not taken and not self.behind
@@ -128,13 +130,32 @@ class FakeReaper:
         return len(revived), 0
 
 
+class FakeSettler:
+    """A host's group (`pgpool.host.settle.Settler`): its tier, and what it announced."""
+
+    signature = "ours"
+
+    def __init__(self, tier: int = 0, standbys: bool = True) -> None:
+        self.tier = tier
+        self.standbys = standbys  # some host of the group stands by
+        self.announced = 0  # "!settled" notifications sent
+        self.called_all = 0  # the group called at once: a backlog waits
+
+    async def announce(self) -> bool:
+        self.announced += 1
+        return True
+
+    async def call_all(self) -> None:
+        self.called_all += 1
+
+
 class Host:
     """A scheduler over fake parts, its claim loops running in a task."""
 
     def __init__(self, *, procs: int = 2, batch: int | str = 10, ready: int = 0,
                  burst: bool = False, budget: ClaimBudget | None = None,
                  revive: int = 0, poll: float = HOUR, idle_poll: float | None = None,
-                 listening: bool = False) -> None:
+                 listening: bool = False, settler: FakeSettler | None = None) -> None:
         self.claimer = FakeClaimer(ready)
         self.listening = listening
         self.workers = FakeWorkers()
@@ -146,6 +167,7 @@ class Host:
             workers=self.workers, acks=self.acks, lease=self.lease,
             budget=budget or ClaimBudget(1e9), reaper=self.reaper,
             burst=burst, poll=poll, idle_poll=idle_poll, listening=lambda: self.listening,
+            settler=settler,
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -436,6 +458,241 @@ def test_a_notification_wakes_one_loop_waiting_for_work() -> None:
         await host.settle()
         assert len(host.claimer.limits) == claims + 1  # one claim takes it, not two
         assert host.workers.held == 1
+        await host.stop()
+
+    run(test)
+
+
+# --- settling a notification with the group (pgpool.host.settle) ---------------------------
+
+async def idle_host(settler: FakeSettler, **kwargs: Any) -> Host:
+    """A host with a settler, started, its first claims made (an empty queue)."""
+    host = Host(procs=2, batch=10, settler=settler, **kwargs)
+    host.start()
+    await host.settle()
+    host.claimer.limits.clear()
+    return host
+
+
+async def notified(settler: FakeSettler, ready: int = 1) -> Host:
+    """An `idle_host` told of ``ready`` new jobs (one notification), its loops idle again."""
+    host = await idle_host(settler)
+    host.claimer.ready.extend(job(i) for i in range(1, ready + 1))
+    host.scheduler.notified()
+    await host.settle()
+    return host
+
+
+@pytest.fixture
+def standing_by_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tier past the first stands by for an hour: only an announcement ends it here."""
+    monkeypatch.setattr(scheduler_module, "settle_wait", lambda rtt: HOUR)
+
+
+def test_an_idle_first_tier_host_claims_at_once_then_announces_and_sweeps_once() -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await notified(settler)
+        # The claim took all it saw: announced, then one more claim, a sweep, which
+        # announces nothing (it found nothing: the loops wait for work).
+        assert host.workers.held == 1
+        assert (host.claimer.limits, settler.announced, host.claimer.sweeps) == ([10, 10], 1, 1)
+        assert settler.called_all == 0
+        await host.stop()
+
+    run(test)
+
+
+def test_a_full_claim_answering_a_notification_leaves_the_announcing_to_a_short_one(
+        ) -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = Host(procs=1, batch=1, settler=settler)
+        host.start()
+        await host.settle()
+        host.claimer.ready.append(job(1))
+        host.scheduler.notified()
+        await host.settle()
+        # A full claim of one job, then one that came back short: announced once, after it.
+        assert host.workers.held == 1
+        assert (settler.announced, settler.called_all, host.claimer.sweeps) == (1, 0, 1)
+        await host.stop()
+
+    run(test)
+
+
+def test_a_host_whose_group_has_no_standby_announces_nothing() -> None:
+    """A lone host, or a pair: its first claim is all a notification costs, as before."""
+    async def test() -> None:
+        settler = FakeSettler(tier=0, standbys=False)
+        host = await notified(settler, ready=20)
+        host.claimer.limits.clear()
+        host.workers.jobs.clear()
+        host.claimer.ready.append(job(99))
+        host.scheduler.notified()
+        await host.settle()
+        assert host.claimer.limits == [10]
+        assert (settler.announced, settler.called_all) == (0, 0)
+        await host.stop()
+
+    run(test)
+
+
+def test_a_first_tier_host_that_found_nothing_announces_it_too() -> None:
+    """The job may have gone to a host that holds jobs (those answer at once and announce
+    nothing): the hosts standing by must still hear that nothing is left."""
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await notified(settler, ready=0)
+        assert (len(host.claimer.limits), settler.announced, host.claimer.sweeps) == (2, 1, 1)
+        await host.stop()
+
+    run(test)
+
+
+def test_a_sweep_after_announcing_that_comes_back_full_wakes_the_group_again() -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await idle_host(settler)
+        host.claimer.ready.append(job(1))
+        host.claimer.behind.extend(job(100 + i) for i in range(30))  # only a sweep sees them
+        host.scheduler.notified()
+        await host.settle()
+        assert settler.announced == 1
+        assert settler.called_all == 1  # it took 9 of 30: the others must not stand down
+        await host.stop()
+
+    run(test)
+
+
+def test_a_burst_calls_the_whole_group_at_a_full_claim() -> None:
+    """A claim of ten that comes back full tells a backlog: every host of the group is
+    wanted at once, not tier by tier (a batch of one needs a second full claim: below)."""
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await notified(settler, ready=1000)
+        assert host.claimer.limits[:2] == [10, 10]
+        assert (settler.called_all, settler.announced) == (1, 0)
+        await host.stop()
+
+    run(test)
+
+
+def test_a_lone_full_claim_then_none_for_want_of_budget_calls_the_whole_group() -> None:
+    async def test() -> None:
+        now = [0.0]
+        settler = FakeSettler(tier=0)
+        host = Host(procs=1, batch=1, settler=settler,
+                    budget=ClaimBudget(1, clock=lambda: now[0]))  # a bucket of 1 job
+        host.claimer.ready.extend(job(i) for i in range(5))
+        host.scheduler.notified()  # the loops are not running: the steps are taken here
+        assert await host.scheduler.claim_step() is Step.AGAIN  # one job of one: full
+        assert settler.called_all == 0  # maybe a lone job
+        assert await host.scheduler.claim_step() is Step.THROTTLED
+        assert settler.called_all == 1  # this host takes no more now: the group does
+
+    run(test)
+
+
+@pytest.mark.usefixtures("standing_by_for_good")
+def test_a_standby_claims_at_once_when_its_group_is_wanted() -> None:
+    async def test() -> None:
+        host = await notified(FakeSettler(tier=4), ready=5)
+        assert host.claimer.limits == []
+        host.scheduler.wanted("theirs")
+        await host.settle()
+        assert host.claimer.limits == []
+        host.scheduler.wanted("ours")
+        await host.settle()
+        assert host.workers.held == 5
+        await host.stop()
+
+    run(test)
+
+
+@pytest.mark.usefixtures("standing_by_for_good")
+def test_an_idle_host_past_the_first_tier_stands_by_and_an_announcement_settles_it() -> None:
+    async def test() -> None:
+        host = await notified(FakeSettler(tier=1))
+        host.scheduler.notified()  # one standby for both
+        await host.settle()
+        assert host.claimer.limits == []  # standing by
+        host.scheduler.settled("theirs")  # another group's: not this one's business
+        assert host.scheduler.settled_by_others == 0
+        host.scheduler.settled("ours")
+        await host.settle()
+        assert host.claimer.limits == [] and host.scheduler.settled_by_others == 1
+        host.scheduler.settled("ours")  # nothing to settle any more
+        assert host.scheduler.settled_by_others == 1
+        await host.stop()
+
+    run(test)
+
+
+def test_a_standby_that_no_announcement_settles_claims_at_its_turn_and_announces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first tier died or froze: the next one answers, and settles the rest."""
+    async def test() -> None:
+        waits: list[float] = []
+
+        def wait(rtt: float) -> float:
+            waits.append(rtt)
+            return 0.0
+
+        monkeypatch.setattr(scheduler_module, "settle_wait", wait)
+        settler = FakeSettler(tier=3)
+        host = await notified(settler)
+        await host.settle(lambda: host.workers.held == 1)
+        await host.settle()
+        assert waits == [host.claimer.rtt]  # stood by for its tier's wait first
+        assert (settler.announced, host.claimer.sweeps) == (1, 1)
+        await host.stop()
+
+    run(test)
+
+
+@pytest.mark.usefixtures("standing_by_for_good")
+def test_a_host_holding_jobs_answers_at_once_and_announces_nothing() -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=5)
+        host = await idle_host(settler)
+        host.workers.jobs.append(job(99))  # running a job: not idle
+        host.claimer.ready.append(job(1))
+        host.scheduler.notified()
+        await host.settle()
+        assert host.claimer.limits == [10] and host.workers.held == 2
+        assert settler.announced == 0
+        await host.stop()
+
+    run(test)
+
+
+def test_a_claim_that_answers_no_notification_announces_nothing() -> None:
+    """A poll, or the listener's wake-up after a reconnect: only a notification's first
+    claim speaks for the group, so an idle fleet's polls cost what they did."""
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await idle_host(settler)
+        host.claimer.ready.append(job(1))
+        host.scheduler.work_ready()
+        await host.settle()
+        assert host.workers.held == 1 and settler.announced == 0
+        await host.stop()
+
+    run(test)
+
+
+def test_a_burst_host_answers_every_notification_at_once() -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=7)
+        host = Host(procs=2, batch=10, ready=1, burst=True, settler=settler)
+        host.claimer.elsewhere = 1  # not drained: it waits for work
+        host.start()
+        await host.settle(lambda: host.workers.held == 1)
+        host.claimer.ready.append(job(2))
+        host.scheduler.notified()
+        await host.settle(lambda: host.workers.held == 2)
+        assert settler.announced == 0
         await host.stop()
 
     run(test)

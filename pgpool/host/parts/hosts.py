@@ -13,7 +13,10 @@ the row is pruned.
 
 Each beat is one transaction under `sql.BUDGET_LOCK`: it reads the fleet's budget and the
 other counted hosts' demands and shares, works out this host's share (`budget.share`), and
-writes the row. The share is applied (`ClaimBudget.grant`) once that has committed.
+writes the row. It also counts the idle hosts of its group, and those ahead of it
+(`rank`), which says how soon this host answers a notification while idle
+(`pgpool.host.settle`). The
+share is applied (`ClaimBudget.grant`) once that has committed.
 """
 
 from __future__ import annotations
@@ -110,6 +113,10 @@ class HostRegistry(LoopPart):
         self._closed = False
         self._lock = asyncio.Lock()
         self._overridden: float | None = None  # the fleet budget last warned about
+        #: The other idle hosts of its group (`sql.BUDGET_PEERS`), and how many of them come
+        #: ahead of this one, as of the last beat: whether any host stands by for a
+        #: notification, and how soon this one answers it while idle (`pgpool.host.settle`).
+        self.idle_peers = self.rank = 0
         #: When a beat last reached the database (``clock()``; the dispatcher checked the
         #: database just before building the registry).
         self.last_ok = clock()
@@ -152,12 +159,15 @@ class HostRegistry(LoopPart):
             async with self._pool.connection() as conn, conn.transaction():
                 await self._take_turn(conn)
                 fleet = await (await conn.execute(sql.FLEET_BUDGET)).fetchone()
-                cur = await conn.execute(sql.BUDGET_PEERS, {"owner": self.owner,
-                                                            "counted_leases": COUNTED_LEASES})
+                cur = await conn.execute(sql.BUDGET_PEERS, {
+                    "owner": self.owner, "counted_leases": COUNTED_LEASES,
+                    "queues": self._row["queues"], "kinds": self._row["kinds"]})
                 rows = await cur.fetchall()
                 total = self._fleet_budget(fleet[0] if fleet else None)
                 floor_share = budgets.floor(total, 1 + len(rows))
-                peers = [Peer(floor_share if d is None else d, s or 0.0) for d, s in rows]
+                peers = [Peer(floor_share if d is None else d, s or 0.0)
+                         for d, s, _, _ in rows]
+                idle_peers = [ahead for _, _, idle, ahead in rows if idle]
                 demand = budgets.demand(rate, throttled, floor_share)
                 share, own_floor = budgets.share(total, demand, peers)
                 cur = await conn.execute(sql.HOST_UPSERT, {
@@ -172,6 +182,7 @@ class HostRegistry(LoopPart):
             # the floor unless the next beats renew it (see pgpool.host.budget).
             self.budget.grant(share, floor_rate=own_floor, until=now + GRANT_BEATS * self.interval)
             self.fleet_budget = total
+            self.idle_peers, self.rank = len(idle_peers), sum(idle_peers)
             # After a failed beat the next rate spans both intervals, so no claim is missed.
             self._last = (claimed, throttles, now)
             self._held_back = held_back

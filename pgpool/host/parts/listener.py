@@ -42,17 +42,23 @@ class Listener(LoopPart):
 
     def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[], None],
                  on_control: Callable[[], None], on_stage: Callable[[], None],
-                 on_leader: Callable[[], None]) -> None:
+                 on_leader: Callable[[], None], on_settled: Callable[[str], None],
+                 on_wanted: Callable[[str], None]) -> None:
         """``wake`` on work in one of ``queues``; ``on_control`` on an operator's change
         (`sql.CONTROL`); ``on_stage`` on a newly scheduled job (`sql.STAGE`);
         ``on_leader`` when the fleet's leader resigned (`sql.LEADER`); the first three
-        after every (re)connect, since any sent meanwhile were lost."""
+        after every (re)connect, since any sent meanwhile were lost. ``on_settled`` and
+        ``on_wanted`` with a group's signature when a host says it settled a notification
+        (`sql.SETTLED`) or that its group is wanted (`sql.WANTED`,
+        `pgpool.host.settle`)."""
         self._dsn = dsn
         self._queues = frozenset(queues)
         self._wake = wake
         self._on_control = on_control
         self._on_stage = on_stage
         self._on_leader = on_leader
+        self._on_settled = on_settled
+        self._on_wanted = on_wanted
         #: Whether the connection is up and listening: no notification is lost meanwhile.
         self.listening = False
         # A connection that ends without an error is opened again at once.
@@ -78,6 +84,10 @@ class Listener(LoopPart):
                         self._on_control()
                     elif notify.payload == sql.STAGE:
                         self._on_stage()
+                    elif notify.payload.startswith(sql.SETTLED):
+                        self._on_settled(notify.payload[len(sql.SETTLED):])
+                    elif notify.payload.startswith(sql.WANTED):
+                        self._on_wanted(notify.payload[len(sql.WANTED):])
                     elif notify.payload == sql.LEADER:
                         self._on_leader()
             finally:
