@@ -266,8 +266,10 @@ class ClaimScheduler:
         self._answered_full = False
         #: This host announced: its next full claim is the sweep that makes that true.
         self._announced = False
-        #: Notifications settled by another host's announcement while this one stood by.
+        #: Notifications settled by another host's announcement while this one stood by;
+        #: and announcements of its group heard at all.
         self.settled_by_others = 0
+        self._settles_heard = 0
 
     # --- formulas ------------------------------------------------------------------------
 
@@ -347,8 +349,10 @@ class ClaimScheduler:
     def settled(self, signature: str) -> None:
         """A host of ``signature``'s group took every job of theirs it saw, and claims once
         more: a notification this host stands by on is settled, if of its group."""
-        if (self._standby is not None and self._settler is not None
-                and signature == self._settler.signature):
+        if self._settler is None or signature != self._settler.signature:
+            return
+        self._settles_heard += 1
+        if self._standby is not None:
             self._standby.cancel()
             self._standby = None
             self.settled_by_others += 1
@@ -501,6 +505,7 @@ class ClaimScheduler:
             return Step.THROTTLED
         # A full claim, which takes the notified jobs as well.
         answering, self._answering = self._answering, False
+        heard = self._settles_heard
         self._full_claims += 1
         self._quiet.clear()
         self._claiming += want
@@ -518,7 +523,7 @@ class ClaimScheduler:
         if self._announced:
             return await self._after_announcing(len(jobs) == want)
         if answering and self._settler is not None and self._settler.standbys:
-            return await self._answered(len(jobs), want)
+            return await self._answered(len(jobs), want, heard)
         if len(jobs) == want:
             return Step.AGAIN
         if self.burst and not jobs and self._nothing_in_flight():
@@ -526,13 +531,15 @@ class ClaimScheduler:
         self._reaped_for_burst = False
         return Wait.WORK
 
-    async def _answered(self, took: int, want: int) -> Step | Wait:
+    async def _answered(self, took: int, want: int, heard: int) -> Step | Wait:
         """A claim answering a notification for the group (`pgpool.host.settle`) took
         ``took`` jobs of ``want``. Full, a backlog waits: call the whole group; but a full
         claim of one job may be a lone one: claim on, and call the group if that claim is
         full too (or cannot be made: `claim_step`). Short, it took all it saw: tell the
         group, then claim once more, a sweep, which sees every job notified before the
-        announcement."""
+        announcement; unless another host's announcement came while it claimed (the
+        group had heard ``heard`` before): that one settled what this claim answered,
+        and a job notified since starts the tiers again."""
         assert self._settler is not None
         if took == want:
             if want > 1 or self._answered_full:
@@ -542,6 +549,8 @@ class ClaimScheduler:
                 self._answered_full = self._answering = True
             return Step.AGAIN
         self._answered_full = False
+        if self._settles_heard != heard:
+            return Wait.WORK
         if not await self._settler.announce():
             return Wait.WORK  # the hosts standing by claim at their turn
         self._announced = True

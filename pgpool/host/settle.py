@@ -9,10 +9,12 @@ empty: about 220 transactions per job at 100 hosts, 2,200 at 1,000. Now::
      an idle host, by its tier (`Settler.tier`: its rank among the idle hosts of its group,
      `pgpool.host.parts.hosts`, over `RESPONDERS`):
        tier 0 ─▶ claims at once, and on while its claims come back full;
-                 the first one back short (it took all it saw, maybe nothing):
+                 the first one back short (it took all it saw, maybe nothing), unless
+                 another host's "!settled" came while it claimed:
                    NOTIFY "!settled <signature>" (`Settler.announce`), committed, then
                    one more claim, a sweep (behind the cursors too);
-                 a second one back full, or that sweep back full (a backlog):
+                 one back full (of more than one job, or a second in a row), or that
+                 sweep back full (a backlog):
                    NOTIFY "!wanted <signature>" (`Settler.call_all`)
        tier t ─▶ stands by for t * `settle_wait`, then claims, unless "!settled <its
                  signature>" came first (`ClaimScheduler.settled`: nothing left to do),
@@ -22,12 +24,14 @@ Why it loses no job: notifications reach every listener in commit order. A job c
 before the announcement was notified before it, and the announcer's next claim, which
 begins after the announcement committed, sees that job: it takes it (or, full, calls
 the group back). A job committed after the announcement is notified after it, and
-the tiers start again. A tier-0 host that died or froze costs a pickup one `settle_wait`,
-not the job: the next tier answers then, and its own announcement settles the rest.
+the tiers start again. (So a host that hears another's announcement while it claims
+need not announce: nobody stands by on what came before that one.) A tier-0 host that
+died or froze costs a pickup one `settle_wait`, not the job: the next tier answers then,
+and its own announcement settles the rest.
 
-A burst wants every host: the first tier's second full claim calls the group at once,
-rather than the tiers coming in one by one (a first full claim of a batch of one may be
-a single job: one more claim tells a trickle from a backlog).
+A burst wants every host: a first-tier claim that comes back full calls the group at
+once, rather than the tiers coming in one by one; for a claim of one job, the second
+full one in a row does (one full claim of one may be a lone job).
 
 A group is the hosts that would claim the same jobs: the same queues, kinds, tenant cap
 and fairness (`signature`). Hosts of other groups ignore its announcements; each group

@@ -550,6 +550,27 @@ def test_a_first_tier_host_that_found_nothing_announces_it_too() -> None:
     run(test)
 
 
+def test_a_first_tier_host_that_hears_another_announce_while_it_claims_leaves_it_at_that(
+        ) -> None:
+    """The other host of the first tier announced while this one claimed: nobody stands by
+    on what came before that announcement, and whatever came after starts the tiers
+    again: a second announcement, and its sweep, would add nothing."""
+    async def test() -> None:
+        settler = FakeSettler(tier=0)
+        host = await idle_host(settler)
+        host.claimer.gate = asyncio.Event()
+        host.scheduler.notified()
+        await host.settle(lambda: host.claimer.in_flight == 1)
+        host.scheduler.settled("theirs")  # another group's: no
+        host.scheduler.settled("ours")
+        host.claimer.gate.set()
+        await host.settle()
+        assert (host.claimer.limits, settler.announced, host.claimer.sweeps) == ([10], 0, 0)
+        await host.stop()
+
+    run(test)
+
+
 def test_a_sweep_after_announcing_that_comes_back_full_wakes_the_group_again() -> None:
     async def test() -> None:
         settler = FakeSettler(tier=0)
