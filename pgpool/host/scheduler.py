@@ -183,6 +183,8 @@ class Settling(Protocol):
     @property
     def tier(self) -> int: ...
     @property
+    def last_tier(self) -> int: ...
+    @property
     def standbys(self) -> bool: ...
     async def announce(self) -> bool: ...
     async def call_all(self) -> None: ...
@@ -334,17 +336,31 @@ class ClaimScheduler:
         """A notification: a job may be ready (`work_ready`). A prompt claim as well, of
         the kinds the host holds no job of, within its bounds, unless a full claim can be
         made (see the module's docstring). An idle host past its group's first tier
-        stands by instead (`pgpool.host.settle`)."""
+        stands by instead, and so does, behind every idle one, a host whose every worker
+        is busy with jobs that are not short (`pgpool.host.settle`)."""
         settler = self._settler
-        if settler is not None and self._idle():
-            tier = settler.tier
+        if settler is not None:
+            wait = settle_wait(self.claimer.rtt)
+            if self._idle():
+                tier = settler.tier
+                self._answering = tier == 0
+            elif self._workers_taken(wait) and settler.standbys:
+                tier = settler.last_tier
+            else:
+                tier = 0
             if tier > 0:
                 if self._standby is None:
                     self._standby = asyncio.get_running_loop().call_later(
-                        tier * settle_wait(self.claimer.rtt), self._stood_by)
+                        tier * wait, self._stood_by)
                 return
-            self._answering = True
         self._respond()
+
+    def _workers_taken(self, wait: float) -> bool:
+        """Every worker has a job, and they are not jobs of well under ``wait`` (or not
+        known yet): a job this host claimed now would wait behind one, while a host with a
+        free worker could start it."""
+        job = self.workers.job_seconds
+        return self.workers.held >= self.procs and not 0 < job < wait
 
     def settled(self, signature: str) -> None:
         """A host of ``signature``'s group took every job of theirs it saw, and claims once

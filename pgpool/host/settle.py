@@ -19,6 +19,8 @@ empty: about 220 transactions per job at 100 hosts, 2,200 at 1,000. Now::
        tier t ─▶ stands by for t * `settle_wait`, then claims, unless "!settled <its
                  signature>" came first (`ClaimScheduler.settled`: nothing left to do),
                  or at once on "!wanted <its signature>" (`ClaimScheduler.wanted`)
+     a host whose every worker is busy with jobs that are not short ─▶ stands by in the
+     last tier (`Settler.last_tier`): a job it claimed would wait behind a running one
 
 Why it loses no job: notifications reach every listener in commit order. A job committed
 before the announcement was notified before it, and the announcer's next claim, which
@@ -97,6 +99,12 @@ class Settler:
     def tier(self) -> int:
         """0: answer a notification at once; t: stand by t * `settle_wait` first."""
         return self._rank() // RESPONDERS
+
+    @property
+    def last_tier(self) -> int:
+        """The tier after every idle host's: where a host whose workers are all taken
+        stands by, so that a host with a free worker gets the job first."""
+        return self._peers() // RESPONDERS + 1
 
     @property
     def standbys(self) -> bool:

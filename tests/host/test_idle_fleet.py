@@ -105,6 +105,23 @@ def test_with_the_first_tier_frozen_the_next_one_answers_and_nothing_is_lost(
     assert_each_ran_once(db, record_dir, 5)
 
 
+def test_a_host_busy_with_a_long_job_leaves_a_trickle_to_hosts_with_a_free_worker(
+        db, dsn, record_dir):
+    """Its one worker is taken: a job it claimed would wait behind the running one while
+    other hosts idle. (Before, it answered every notification at once, as one of the two
+    or three hosts that do, and took about every other job.)"""
+    hosts = start_fleet(db, dsn, record_dir)
+    pgpool.enqueue(db, "record", {"sleep": 10})
+    wait_until(lambda: any(r[3] == "start" for r in read_records(record_dir)),
+               "the long job to start", timeout=30)
+    busy = parent(read_records(record_dir)[0][2])
+    trickle(db, record_dir, 4)  # four short jobs, one at a time
+    ran_under = [parent(r[2]) for r in read_records(record_dir) if r[3] == "end"]
+    assert busy not in ran_under, (busy, ran_under)
+    stop_all(hosts)  # the long job finishes within the stop's grace
+    assert_each_ran_once(db, record_dir, 5)
+
+
 def parent(pid: int) -> int:
     """A live process's parent (for a worker, its dispatcher)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -138,6 +138,7 @@ class FakeSettler:
     def __init__(self, tier: int = 0, standbys: bool = True) -> None:
         self.tier = tier
         self.standbys = standbys  # some host of the group stands by
+        self.last_tier = 3  # behind every idle host's
         self.announced = 0  # "!settled" notifications sent
         self.called_all = 0  # the group called at once: a backlog waits
 
@@ -683,6 +684,31 @@ def test_a_host_holding_jobs_answers_at_once_and_announces_nothing() -> None:
         await host.settle()
         assert host.claimer.limits == [10] and host.workers.held == 2
         assert settler.announced == 0
+        await host.stop()
+
+    run(test)
+
+
+@pytest.mark.usefixtures("standing_by_for_good")
+@pytest.mark.parametrize(("job_seconds", "standbys", "stands_by"), [
+    (2 * HOUR, True, True),  # longer than a tier's wait: a host with a free worker
+    (0.0, True, True),  # none finished yet: maybe long
+    (0.001, True, False),  # a worker frees long before a tier's wait: take it now
+    (2 * HOUR, False, False),  # no idle host in the group to leave it to
+])
+def test_a_host_whose_workers_are_all_taken_stands_by_unless_its_jobs_are_short(
+        job_seconds: float, standbys: bool, stands_by: bool) -> None:
+    async def test() -> None:
+        settler = FakeSettler(tier=0, standbys=standbys)
+        host = await idle_host(settler)
+        host.workers.jobs.extend([job(98), job(99)])  # both workers running
+        host.workers.job_seconds = job_seconds
+        host.claimer.ready.append(job(1))
+        host.scheduler.notified()
+        await host.settle()
+        assert host.claimer.limits == ([] if stands_by else [10])
+        host.scheduler.settled("ours")
+        assert host.scheduler.settled_by_others == int(stands_by)
         await host.stop()
 
     run(test)
