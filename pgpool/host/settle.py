@@ -64,6 +64,9 @@ RESPONDERS: Final = 2
 SETTLE_WAIT: Final = 0.05
 #: Round trips of a claim a tier stands by at least.
 SETTLE_RTTS: Final = 4
+#: The longest a claim loop waits for a connection to notify its group, seconds: past it,
+#: it gives up (the hosts standing by claim at their turn) rather than stall its claims.
+SEND_TIMEOUT: Final = 2.0
 
 
 def signature(queues: Sequence[str], kinds: Sequence[str], tenant_cap: int | None,
@@ -123,7 +126,7 @@ class Settler:
 
     async def _send(self, payload: str) -> bool:
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection(timeout=SEND_TIMEOUT) as conn:
                 await conn.execute(sql.NOTIFY_MANY, {"payloads": [payload]})
         except (psycopg.Error, OSError) as exc:
             log.debug("could not notify the group (%s)", type(exc).__name__)
