@@ -340,49 +340,50 @@ class ClaimScheduler:
         is busy with jobs that are not short (`pgpool.host.settle`)."""
         settler = self._settler
         if settler is not None:
-            wait = settle_wait(self.claimer.rtt)
+            tier = 0
             if self._idle():
                 tier = settler.tier
                 self._answering = tier == 0
-            elif self._workers_taken(wait) and settler.standbys:
-                tier = settler.last_tier
-            else:
-                tier = 0
+            elif self.workers.held >= self.procs and settler.standbys:
+                wait = settle_wait(self.claimer.rtt)
+                if not 0 < self.workers.job_seconds < wait:
+                    # Every worker is busy with a job that is not short (or not known yet):
+                    # a job claimed now would wait behind one, while a host with a free
+                    # worker could start it.
+                    tier = settler.last_tier
             if tier > 0:
                 if self._standby is None:
                     self._standby = asyncio.get_running_loop().call_later(
-                        tier * wait, self._stood_by)
+                        tier * settle_wait(self.claimer.rtt), self._stood_by)
                 return
         self._respond()
-
-    def _workers_taken(self, wait: float) -> bool:
-        """Every worker has a job, and they are not jobs of well under ``wait`` (or not
-        known yet): a job this host claimed now would wait behind one, while a host with a
-        free worker could start it."""
-        job = self.workers.job_seconds
-        return self.workers.held >= self.procs and not 0 < job < wait
 
     def settled(self, signature: str) -> None:
         """A host of ``signature``'s group took every job of theirs it saw, and claims once
         more: a notification this host stands by on is settled, if of its group."""
-        if self._settler is None or signature != self._settler.signature:
-            return
-        self._settles_heard += 1
-        if self._standby is not None:
-            self._standby.cancel()
-            self._standby = None
-            self.settled_by_others += 1
+        if self._of_group(signature):
+            self._settles_heard += 1
+            if self._stand_down():
+                self.settled_by_others += 1
 
     def wanted(self, signature: str) -> None:
         """A host of ``signature``'s group has more jobs than it takes: if of its group and
         idle, this host claims now, standing by or not."""
-        if self._settler is None or signature != self._settler.signature:
-            return
-        if self._standby is not None:
-            self._standby.cancel()
-            self._standby = None
-        if self._idle():
-            self._respond()
+        if self._of_group(signature):
+            self._stand_down()
+            if self._idle():
+                self._respond()
+
+    def _of_group(self, signature: str) -> bool:
+        return self._settler is not None and signature == self._settler.signature
+
+    def _stand_down(self) -> bool:
+        """Cancel the standby, if any; whether there was one."""
+        if self._standby is None:
+            return False
+        self._standby.cancel()
+        self._standby = None
+        return True
 
     def _stood_by(self) -> None:
         """Its tier's turn came before an announcement: answer the notification."""
@@ -424,10 +425,10 @@ class ClaimScheduler:
     def stop(self) -> None:
         """Stop claiming: every loop returns after its claim in flight, if any."""
         self._stopping = True
-        for timer in (self._put_off, self._standby):
-            if timer is not None:
-                timer.cancel()
-        self._put_off = self._standby = None
+        if self._put_off is not None:
+            self._put_off.cancel()
+            self._put_off = None
+        self._stand_down()
         self._wake_all()
 
     # --- the loops ------------------------------------------------------------------------

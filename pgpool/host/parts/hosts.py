@@ -15,8 +15,8 @@ Each beat is one transaction under `sql.BUDGET_LOCK`: it reads the fleet's budge
 other counted hosts' demands and shares, works out this host's share (`budget.share`), and
 writes the row. It also counts the idle hosts of its group, and those ahead of it
 (`rank`), which says how soon this host answers a notification while idle
-(`pgpool.host.settle`). The
-share is applied (`ClaimBudget.grant`) once that has committed.
+(`pgpool.host.settle`). The share is applied (`ClaimBudget.grant`) once that has
+committed.
 """
 
 from __future__ import annotations
