@@ -88,11 +88,13 @@ def test_no_takeover_during_a_fenced_transaction_and_a_frozen_one_is_ended(db, d
         async with pools[0].connection() as raw:
             # a's fenced transaction, opened by hand so that it can freeze inside it.
             await raw.execute("BEGIN")
+            # Read before the statement is sent: the server starts its idle timer only after
+            # the statement ends, so this clock can never be ahead of the server's.
+            frozen_at = time.monotonic()
             await raw.execute(
                 "SELECT set_config('idle_in_transaction_session_timeout', '4s', true) "
                 "FROM pgpool_leader WHERE role = 'maintenance' AND holder = 'a' AND token = 1 "
                 "AND expires_at > now() FOR SHARE")
-            frozen_at = time.monotonic()
             await asyncio.sleep(LEASE.seconds + 0.2)  # past the lease, inside the transaction
             assert await b.step() >= 0 and b.term is None  # the row is locked: skipped
             assert leader_row(db) == ("a", 1)
