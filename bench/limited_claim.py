@@ -18,6 +18,9 @@ start). None reaches its limit:
 - ``rate``: `sql.CLAIM_LIMITED_PLAIN`, prepared: ``Limit(rate=100_000, per=1)``, as a
   host claims a kind-wide limit with a rate, likewise (its ring made first:
   `sql.RING_MAX` rows);
+- ``granted``: `sql.CLAIM_GRANTED`, prepared: the same rate, as a host claims it from
+  the tokens a claim from the ring granted it (`pgpool.host.grant`; here a grant that
+  never ends), reading no ring row;
 - ``concurrency_planned`` and ``rate_planned``: `sql.CLAIM_LIMITED` for the same limits,
   planned for its values at each claim, as hosts claimed them before.
 
@@ -41,6 +44,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import psycopg
@@ -54,7 +58,10 @@ from pgpool.host.lease import Lease
 from pgpool.sql import jobs as sql
 from pgpool.sql.common import int_array
 
-WAYS: Final = ("plain", "concurrency", "rate", "concurrency_planned", "rate_planned")
+WAYS: Final = ("plain", "concurrency", "rate", "granted", "concurrency_planned",
+                "rate_planned")
+#: A grant that never ends, for the ``granted`` way.
+FOREVER: Final = datetime(9999, 1, 1, tzinfo=UTC)
 LEASE: Final = Lease(30)
 #: The claims of each way left out of its figures: its first plans, prepares or warms up.
 WARMUP: Final = 2
@@ -77,12 +84,14 @@ def statements(batch: int) -> dict[str, tuple[str, dict[str, object], bool]]:
     limited = {**common, "limited_kinds": ["k"], "limited_max_attempts": [20],
                "limited_per": [1.0]}
     concurrency = {**limited, "limited_concurrency": [1_000_000], "limited_rate": [None]}
-    rate = {**limited, "limited_concurrency": [None], "limited_rate": [100_000]}
+    rate = {**limited, "limited_concurrency": [None], "limited_rate": [100_000],
+            "grant": 0, "hold": 0.05}
     return {
         "plain": (sql.CLAIM_PLAIN, {**common, "kinds": ["k"],
                                     "kind_max_attempts": [20], "after": ""}, True),
         "concurrency": (sql.CLAIM_SLOTS_PLAIN, concurrency, True),
         "rate": (sql.CLAIM_LIMITED_PLAIN, rate, True),
+        "granted": (sql.CLAIM_GRANTED, {**rate, "until": FOREVER}, True),
         "concurrency_planned": (sql.CLAIM_LIMITED, concurrency, False),
         "rate_planned": (sql.CLAIM_LIMITED, rate, False),
     }

@@ -11,7 +11,8 @@ with a concurrency limit (`pgpool.Limit`) are left out of both and claimed by th
 (`sql.CLAIM_SLOTS` when no kind-wide limit has a rate; those limited per tenant
 or per key by `sql.CLAIM_SCOPED`, its twin for scopes): a host without limited kinds never
 runs any of them, and the plain and fair claims are the same statements with or without
-limits elsewhere.
+limits elsewhere. A rate's claim may grant the host tokens that its next claims spend
+without the rate's ring (`sql.CLAIM_GRANTED`, `pgpool.host.grant`).
 
 The plain claim reads each (queue, kind) pair's ready jobs from a cursor: the claim-order
 key of the last job this claimer took there. Before it lie the index entries of the jobs
@@ -56,6 +57,7 @@ from ..sql import jobs as sql
 from ..sql.common import int_array, nullable_int_array
 from .attempt import Job
 from .config import FairBy
+from .grant import Grants
 from .lease import Lease
 
 RTT_SAMPLES = 10_000
@@ -343,6 +345,8 @@ class Claimer:
         #: Whether no kind-wide limit has a rate: they are claimed by `sql.CLAIM_SLOTS`,
         #: which reads no ring, else by `sql.CLAIM_LIMITED`.
         self._slots_only = True
+        #: The tokens of a rate this host was granted (`pgpool.host.grant`).
+        self._grants = Grants(0.0)
         #: Whether the next kind-wide limited claim is `sql.CLAIM_SLOTS_PLAIN` (or
         #: `sql.CLAIM_LIMITED_PLAIN`): as far as the last one saw, no job waiting in its
         #: kinds has a tenant or a concurrency key.
@@ -392,6 +396,7 @@ class Claimer:
         self._ticks = {"rate_kinds": [k for k, _ in rated],
                        "rates": int_array(r for _, r in rated)} if rated else None
         self._slots_only = not rated
+        self._grants = Grants.for_limits([limits[k] for k in whole])
 
     def _limit_params(self, prefix: str, kinds: list[str], limits: dict[str, Limit]
                       ) -> dict[str, object]:
@@ -627,7 +632,9 @@ class Claimer:
         limit, its plain twin (`sql.CLAIM_LIMITED_PLAIN`, `sql.CLAIM_SLOTS_PLAIN`) goes
         while no job waiting in its kinds has a tenant or a concurrency key: one that takes
         nothing is followed by a look (`sql.NEEDS_FAIR`), and by the whole claim if one
-        has, whose rows say whether the next claim can be plain again."""
+        has, whose rows say whether the next claim can be plain again. A grant of a rate's
+        tokens (`pgpool.host.grant`) is spent first, by `sql.CLAIM_GRANTED`; the ring is
+        read for what it does not cover."""
         if self._ticks is not None:
             added = await conn.execute(sql.ENSURE_TICKS, self._ticks)
             if added.rowcount:
@@ -639,31 +646,81 @@ class Claimer:
             self._ticks = None
         params = {**self._limited, "queues": queues, "limit": limit}
         plain = self._limited_plain
-        rows = await self._whole_rows(conn, params, plain)
+        rows, asked = await self._granted_rows(conn, params) if plain else ([], 0)
+        # A grant's claim that took some but not all it asked for found nothing more
+        # ready; one that took all may have had too few tokens left for the batch, and one
+        # that took none may have been past its time, or a job waiting needs the whole
+        # claim: the ring claims the rest.
+        rest = limit - len(rows) if len(rows) in (0, asked) else 0
+        if rest > 0:
+            rows += await self._ring_rows(conn, {**params, "limit": rest}, plain)
+        rows.sort(key=_claim_order)
+        # Jobs with a tenant came from the start, in tenant order: no cursor's business.
+        self._limited_cursors.move([row for row in rows if not row[8]], limit)
+        return rows
+
+    async def _granted_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object]
+                            ) -> tuple[list[tuple], int]:
+        """The rows of a claim from this host's grant (`sql.CLAIM_GRANTED`), up to the
+        tokens left of ``params``' limit, and how many it asked for; none without a grant.
+        The grant ends when the claim comes back with fewer than it asked for (past its
+        time, nothing more ready, or a job waiting needs the whole claim), or spends its
+        last token."""
+        grant = self._grants.current
+        if grant is None:
+            return [], 0
+        now = time.monotonic()
+        asked = grant.take(cast(int, params["limit"]), now)
+        rows: list[tuple] = []
+        if asked:
+            self._grants.claimed(now)
+            try:
+                rows = await self._whole_rows(
+                    conn, {**params, "limit": asked, "until": grant.until}, sql.CLAIM_GRANTED)
+            finally:  # the tokens not spent are still the host's, until they expire
+                grant.give_back(asked - len(rows))
+        if (not asked or len(rows) < asked or not grant.tokens) and self._grants.current is grant:
+            self._grants.current = None
+        return rows, asked
+
+    async def _ring_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
+                         plain: bool) -> list[tuple]:
+        """The rows of a kind-wide limited claim of ``params`` from its ring (and slots):
+        the plain twin while ``plain``, and the whole claim if that takes nothing and a
+        job waiting needs it. A plain claim may grant this host tokens for its next
+        claims (`pgpool.host.grant`)."""
+        if self._slots_only:
+            statement = sql.CLAIM_SLOTS_PLAIN if plain else sql.CLAIM_SLOTS
+        else:
+            statement = sql.CLAIM_LIMITED_PLAIN if plain else sql.CLAIM_LIMITED
+        started = time.monotonic()
+        asked = self._grants.ask(cast(int, params["limit"]), started)
+        granted, until = 0, None
+        try:
+            rows = await self._whole_rows(conn, {**params, "grant": asked,
+                                                 "hold": self._grants.hold}, statement)
+            if plain and not self._slots_only and rows:  # each row: the grant, and its end
+                granted, until = rows[0][14], rows[0][15]
+                rows = [row[:14] for row in rows]
+        finally:
+            self._grants.answered(asked, granted, until, started)
         if plain and not rows and await self._needs_fair(conn, {
-                "queues": queues, "kinds": params["limited_kinds"]}):
+                "queues": params["queues"], "kinds": params["limited_kinds"]}):
             plain = False  # its jobs are leased from the claim's start, before this
-            rows = await self._whole_rows(conn, params, plain)
+            statement = sql.CLAIM_SLOTS if self._slots_only else sql.CLAIM_LIMITED
+            rows = await self._whole_rows(conn, params, statement)
         if not plain:
             if rows:  # each row says whether the next claim may be plain again
                 self._limited_plain = bool(rows[0][14])
                 rows = [row[:14] for row in rows]
             else:  # no row to say so: whole again next time
                 self._limited_plain = False
-        rows.sort(key=_claim_order)
-        # Jobs with a tenant came from the start, in tenant order: no cursor's business.
-        self._limited_cursors.move([row for row in rows if not row[8]], limit)
         return rows
 
     async def _whole_rows(self, conn: psycopg.AsyncConnection, params: dict[str, object],
-                          plain: bool) -> list[tuple]:
-        """The rows of one kind-wide limited claim of ``params``, the plain one
-        (`sql.CLAIM_SLOTS_PLAIN`, `sql.CLAIM_LIMITED_PLAIN`) or not, from the cursors,
-        then as a sweep if that took nothing and sweeps are cheap."""
-        if self._slots_only:
-            statement = sql.CLAIM_SLOTS_PLAIN if plain else sql.CLAIM_SLOTS
-        else:
-            statement = sql.CLAIM_LIMITED_PLAIN if plain else sql.CLAIM_LIMITED
+                          statement: str) -> list[tuple]:
+        """The rows of one kind-wide limited ``statement`` of ``params``, from the
+        cursors, then as a sweep if that took nothing and sweeps are cheap."""
         # The kinds this claim sends (`set_limits` may change the claimer's meanwhile).
         kinds = cast(list[str], params["limited_kinds"])
         queues = cast(list[str], params["queues"])

@@ -1011,6 +1011,39 @@ _TAKEN_KIND_WIDE: Final = """FROM taken AS p
     WHERE t.kind = p.kind AND t.scope = '' AND t.slot = p.tick
       AND t.slot = ANY(ARRAY(SELECT tick FROM taken))"""
 
+#: `_TICKS_USED` for `CLAIM_LIMITED_PLAIN`, which may grant its host tokens
+#: (`pgpool.host.grant`): a claim that came back full, its ring's last row taken with room
+#: left for another claim of ``limit`` or more, grants up to ``grant`` jobs of that room
+#: (0: none asked for) to start by ``now() + hold``, and stamps the row then, not now:
+#: every job of the row's episode starts by its stamp, so its next episode (``per``
+#: seconds after the stamp) shares no window with them. The tokens count in the row's
+#: ``n`` as if they had started. Only the last row taken can have room left: a claim
+#: fills its rows in order.
+_TICKS_GRANTING: Final = """counted AS MATERIALIZED (
+    SELECT kind, tick AS slot, min(base) AS base, count(*)::int AS jobs FROM picked
+    WHERE tick IS NOT NULL GROUP BY kind, tick
+), taken AS MATERIALIZED (
+    SELECT c.kind, c.slot AS tick, c.base, c.jobs,
+           CASE WHEN r.room >= %(limit)s AND (SELECT count(*) FROM picked) = %(limit)s
+                THEN least(r.room, %(grant)s) ELSE 0 END AS granted
+    FROM counted AS c JOIN lim AS l USING (kind)
+    CROSS JOIN LATERAL (SELECT """ + _tick(_TICK_CAP, t="c") + """ - c.base - c.jobs AS room) AS r
+), used AS (
+    UPDATE pgpool_limit_ticks AS t
+    SET used_at = CASE WHEN p.granted > 0 THEN now() + make_interval(secs => %(hold)s)
+                       ELSE now() END,
+        n = p.base + p.jobs + p.granted
+    """ + _TAKEN_KIND_WIDE + """
+)"""
+
+#: The last two columns of each row of `CLAIM_LIMITED_PLAIN`: the tokens it granted its
+#: host (`_TICKS_GRANTING`, 0 for none) and until when (the server's clock), which the
+#: host's `CLAIM_GRANTED` sends back.
+_GRANTED: Final = """,
+          (SELECT coalesce(sum(granted), 0)::int FROM taken),
+          now() + make_interval(secs => %(hold)s)
+"""
+
 #: What the update of a limited claim's jobs returns, as `CLAIM_PLAIN`'s.
 _PICKED_ROWS: Final = """
 RETURNING j.id, j.kind, j.queue, j.attempts, j.interruptions, j.max_attempts, j.payload,
@@ -1273,9 +1306,27 @@ CLAIM_LIMITED: Final = _LIMITED_ROOM + """, """ + _LIMITED_CANDIDATES.format(
 #: (`_LIMITED_PLAIN_PICKED`): the claimer's first choice, as `CLAIM_PLAIN` is for the
 #: kinds without a limit.
 CLAIM_LIMITED_PLAIN: Final = _LIMITED_ROOM + """, """ + _LIMITED_PLAIN_PICKED.format(
-    rooms="room", columns="""r.kind, ''::text AS scope, r.slots[c.n] AS slot,
+    rooms="room", columns="""r.kind, r.slots[c.n] AS slot,
            r.ticks[c.n] AS tick, r.bases[c.n] AS base, r.max_attempts""") + """, """ + \
-    _TICKS_USED.format(rows=_TAKEN_KIND_WIDE) + """
+    _TICKS_GRANTING + """
+""" + _CLAIM_PICKED + _GRANTED
+
+#: The claim of a kind with a kind-wide rate and no concurrency limit (``limited_kinds``:
+#: that one kind) from the tokens its host was granted (`_TICKS_GRANTING`): up to
+#: ``limit`` of its ready jobs (the tokens left, at most the batch), as
+#: `CLAIM_LIMITED_PLAIN` takes them, if this claim's now() is no later than ``until``
+#: (else none: the host claims from the ring again). It reads and writes no ring row: a
+#: rate far from reached costs the claims that spend a grant what an unlimited kind's
+#: cost. Only while no job waiting in the kind has a tenant or a concurrency key, as
+#: `CLAIM_LIMITED_PLAIN`.
+CLAIM_GRANTED: Final = """
+WITH room AS MATERIALIZED (
+    SELECT l.kind, %(limit)s::int AS room, l.max_attempts
+    FROM unnest(%(limited_kinds)s::text[], %(limited_max_attempts)s::int[])
+         AS l(kind, max_attempts)
+    WHERE now() <= %(until)s::timestamptz
+), """ + _LIMITED_PLAIN_PICKED.format(rooms="room",
+                                       columns="NULL::int AS slot, r.max_attempts") + """
 """ + _CLAIM_PICKED + "\n"
 
 #: The first CTEs of `CLAIM_SLOTS` and `CLAIM_SLOTS_PLAIN`, ``lim`` and ``free``.

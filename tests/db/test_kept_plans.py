@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbtools import busiest, explain_kept_plan
+from dbtools import GRANT_PARAMS, busiest, explain_kept_plan
 
 import pgpool
 from pgpool.host.claimer import configure_connection
@@ -23,14 +23,14 @@ PARAMS: dict[str, Any] = {
     "queues": ["default"], "kinds": ["k"], "kind_max_attempts": [5], "owner": "host-a:1:aa",
     "lease": 30.0, "limit": BATCH, "after": "", "tenant_cap": None, **SWEEP,
     "limited_kinds": ["k"], "limited_concurrency": [1_000_000], "limited_rate": [None],
-    "limited_per": [1.0], "limited_max_attempts": [5]}
+    "limited_per": [1.0], "limited_max_attempts": [5], **GRANT_PARAMS}
 
 
 @pytest.mark.parametrize(("statement", "tenant", "limit"), [
     ("CLAIM_PLAIN", None, BATCH), ("CLAIM_PLAIN_ONE", None, BATCH),
     ("CLAIM_PROMPT", None, 1), ("CLAIM", "t", BATCH), ("CLAIM_SLOTS", None, BATCH),
     ("CLAIM_SLOTS_PLAIN", None, BATCH), ("CLAIM_LIMITED", None, BATCH),
-    ("CLAIM_LIMITED_PLAIN", None, BATCH)])
+    ("CLAIM_LIMITED_PLAIN", None, BATCH), ("CLAIM_GRANTED", None, BATCH)])
 @pytest.mark.parametrize("held_before", [0, 5000], ids=["new table", "pages held more"])
 def test_a_claim_planned_on_a_next_to_empty_table_reads_only_what_it_takes_from_a_burst(
         db: psycopg.Connection, statement: str, tenant: str | None, limit: int,

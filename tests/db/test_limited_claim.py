@@ -14,7 +14,14 @@ import functools
 
 import psycopg
 import pytest
-from dbtools import busiest, explain_kept_plan, with_pools
+from dbtools import (
+    GRANT_PARAMS,
+    busiest,
+    claim_racing,
+    explain_kept_plan,
+    most_claimed_in_a_second,
+    with_pools,
+)
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -116,7 +123,7 @@ def test_a_host_of_several_queues_takes_no_more_than_the_limit_in_all(
 
 
 @pytest.mark.parametrize("statement", ["CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN", "CLAIM_LIMITED",
-                                       "CLAIM_LIMITED_PLAIN"])
+                                       "CLAIM_LIMITED_PLAIN", "CLAIM_GRANTED"])
 def test_a_generic_plan_made_with_next_to_nothing_waiting_claims_a_thousand_in_linear_steps(
         db: psycopg.Connection, statement: str) -> None:
     # The plan a host's prepared claim keeps was made when its kind had next to nothing
@@ -125,7 +132,8 @@ def test_a_generic_plan_made_with_next_to_nothing_waiting_claims_a_thousand_in_l
     params = {"limited_kinds": ["lim"], "limited_concurrency": "{1000000}",
               "limited_rate": "{NULL}", "limited_per": [1.0], "limited_max_attempts": "{5}",
               "queues": ["default"], "limit": 1000, "owner": "host-a:1:aa", "lease": 30.0,
-              "after_priorities": None, "after_run_at_us": None, "after_ids": None}
+              "after_priorities": None, "after_run_at_us": None, "after_ids": None,
+              **GRANT_PARAMS}
     # Another kind's backlog, so that the plan reads the ready index in claim order
     # (tests/db/test_kept_plans.py checks a table of two rows).
     pgpool.enqueue_many(db, "other", [{"i": i} for i in range(5000)])
@@ -336,9 +344,11 @@ def test_a_claim_under_a_high_rate_writes_one_row_of_its_ring(db: psycopg.Connec
         return [len(await c.claim(50)), len(await c.claim(50))]
 
     assert with_pools(dsn, 1, CLAIM_CONNECTION, work) == [50, 50]
-    assert db.execute("SELECT array_agg(n ORDER BY n) FROM pgpool_limit_ticks "
-                      "WHERE kind = 'lim' AND isfinite(used_at)").fetchone()[0] in ([100],
-                                                                                     [50, 50])
+    # One row each at most (the second claim may have been granted tokens of its row,
+    # which count in its n: `pgpool.host.grant`).
+    used = db.execute("SELECT array_agg(n ORDER BY n) FROM pgpool_limit_ticks "
+                      "WHERE kind = 'lim' AND isfinite(used_at)").fetchone()[0]
+    assert len(used) <= 2 and sum(used) >= 100, used
 
 
 @pytest.mark.soak  # 2.5 s of claims against the clock: `make soak-test`
@@ -350,27 +360,9 @@ def test_a_rate_above_the_ring_holds_in_every_real_window_while_claims_race(
     and the rate used (more than two windows' worth claimed)."""
     pgpool.enqueue_many(db, "lim", [{"i": i} for i in range(2000)])
     db.commit()
-
-    async def work(pools: list[AsyncConnectionPool]) -> None:
-        async def claim_for(c: Claimer, seed: int) -> None:
-            loop = asyncio.get_running_loop()
-            until, batch = loop.time() + 2.5, seed
-            while loop.time() < until:
-                batch = batch * 7 % 40 + 1  # 1 to 40, varied
-                await c.claim(batch)
-
-        await asyncio.gather(*(claim_for(claimer(pool, f"host-{n}:1:aa", None, rate=130),
-                                         n + 1)
-                               for n, pool in enumerate(pools)))
-
-    with_pools(dsn, 3, CLAIM_CONNECTION, work)
-    most, claimed = db.execute(
-        "SELECT max(w.n), (SELECT count(*) FROM pgpool_jobs WHERE state = 'running') "
-        "FROM pgpool_jobs AS j CROSS JOIN LATERAL ("
-        "  SELECT count(*) AS n FROM pgpool_jobs AS o WHERE o.state = 'running' "
-        "    AND o.claimed_at >= j.claimed_at "
-        "    AND o.claimed_at < j.claimed_at + interval '1 second') AS w "
-        "WHERE j.state = 'running'").fetchone()
+    claim_racing(dsn, CLAIM_CONNECTION, lambda pool, owner: claimer(pool, owner, None, rate=130),
+                 count=3, seconds=2.5, largest=40)
+    most, claimed = most_claimed_in_a_second(db)
     assert most <= 130, most
     assert claimed > 260, claimed
 

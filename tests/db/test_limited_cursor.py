@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from claims import handed_back_behind
-from dbtools import acked_but_the_last, explain_prepared, index_reads, with_pools
+from dbtools import GRANT_PARAMS, acked_but_the_last, explain_prepared, index_reads, with_pools
 from psycopg_pool import AsyncConnectionPool
 
 import pgpool
@@ -30,7 +30,7 @@ CLAIM_CONNECTION = functools.partial(configure_connection, lease=Lease(30), clai
 PARAMS: dict[str, Any] = {
     "queues": ["default"], "owner": "h", "lease": 30, "limit": 50, "limited_kinds": ["lim"],
     "limited_concurrency": [1_000_000], "limited_rate": [100_000], "limited_per": [1.0],
-    "limited_max_attempts": [20], **sql.SWEEP}
+    "limited_max_attempts": [20], **sql.SWEEP, **GRANT_PARAMS}
 
 
 def claimer(pool: AsyncConnectionPool) -> Claimer:
@@ -68,7 +68,7 @@ def test_behind_a_pinned_horizon_a_limited_claim_from_its_cursor_reads_what_it_d
         db.execute(sql.ENSURE_TICKS, {"rate_kinds": ["lim"], "rates": [100_000]})
         db.execute("VACUUM ANALYZE pgpool_jobs, pgpool_limit_ticks")
         statements = ("CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN", "CLAIM_LIMITED",
-                      "CLAIM_LIMITED_PLAIN")
+                      "CLAIM_LIMITED_PLAIN", "CLAIM_GRANTED")
         clean = {s: claim_reads(db, s, PARAMS) for s in statements}
         with psycopg.connect(dsn) as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from commands import JSON_LOGS, RUN, assert_user_error, run_pgpool
-from dbtools import buffers, explain_prepared
+from dbtools import GRANT_PARAMS, buffers, explain_prepared
 from jsonlogs import only_event
 
 import pgpool
@@ -25,7 +25,7 @@ CLAIM_PARAMS = {"queues": ["default"], "owner": "h", "lease": 30, "after": "", *
 #: The claims a host sends for jobs without a tenant or a concurrency key (`sql.CLAIM`
 #: finds them too, and is what claims the rest).
 CLAIMS = ["CLAIM_PLAIN", "CLAIM_PLAIN_ONE", "CLAIM", "CLAIM_SLOTS", "CLAIM_SLOTS_PLAIN",
-          "CLAIM_LIMITED", "CLAIM_LIMITED_PLAIN"]
+          "CLAIM_LIMITED", "CLAIM_LIMITED_PLAIN", "CLAIM_GRANTED"]
 
 
 def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
@@ -43,7 +43,7 @@ def claim_buffers(db: psycopg.Connection, *kinds: str, limit: int = 10,
               "limit": limit, "limited_kinds": list(kinds),
               "limited_concurrency": [1000] * len(kinds),
               "limited_rate": [100_000] * len(kinds), "limited_per": [1.0] * len(kinds),
-              "limited_max_attempts": [20] * len(kinds)}
+              "limited_max_attempts": [20] * len(kinds), **GRANT_PARAMS}
     runs = []
     for _ in range(3):
         with db.transaction(force_rollback=True):

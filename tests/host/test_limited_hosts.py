@@ -6,7 +6,9 @@ every job finishes. An operator's override (`pgpool.ops.set_limit`) limits a kin
 limit in its code on a running host, and its reset lifts it. And a kind limited to 20
 starts a second: never more than 20 claimed in
 any second, on the server's clock (what the limit holds; a trigger notes each claim's
-``claimed_at``), the 100 jobs spread over 4 s at least, and every one done. A kind limited
+``claimed_at``), the 100 jobs spread over 4 s at least, and every one done; the same at 640
+a second, where the hosts spend grants of the rate's tokens between claims from its ring.
+A kind limited
 to 2 per tenant never runs 3 of one tenant's jobs at once, across a SIGKILL of a host
 holding slots, while the three tenants run side by side; and a kind limited to 10 starts
 a second per tenant never claims 11 of one tenant's jobs in a second, on three hosts.
@@ -56,18 +58,21 @@ PER_TENANT_LIMIT = 2  # chaosjobs.PER_TENANT_CONCURRENCY
 TENANT_RATED = "chaos.tenant_rated"
 TENANT_RATE = 10  # chaosjobs.TENANT_RATED_PER_SECOND
 RATED_JOBS = 100
+FAST_RATED = "chaos.fast_rated"
+FAST_RATE = 640  # chaosjobs.FAST_RATED_PER_SECOND
+FAST_RATED_JOBS = 2000
 
 
 class Host:
     """One real dispatcher of four workers, its output in a file."""
 
-    def __init__(self, dsn: str, records: Path, log: Path) -> None:
+    def __init__(self, dsn: str, records: Path, log: Path, *args: str) -> None:
         env = pgpool_env(dsn, PYTHONPATH=f"{HANDLERS}:{ROOT}", **{RECORD_ENV: str(records)})
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 pgpool_cmd("run", "--handlers", "chaosjobs", "--lease", str(LEASE),
-                           "--procs", "4"),
+                           "--procs", "4", *args),
                 cwd=HANDLERS, env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT)
 
@@ -95,13 +100,13 @@ def watcher(records: Path) -> Iterator[Watcher]:
 
 
 @pytest.fixture
-def start(dsn: str, records: Path, tmp_path: Path) -> Iterator[Callable[[], Host]]:
-    """Start one more host, and wait until its four workers are up; each is killed at the
-    end if still running."""
+def start(dsn: str, records: Path, tmp_path: Path) -> Iterator[Callable[..., Host]]:
+    """Start one more host (``pgpool run`` given more ``args``), and wait until its four
+    workers are up; each is killed at the end if still running."""
     started: list[Host] = []
 
-    def one() -> Host:
-        host = Host(dsn, records, tmp_path / f"host-{len(started)}.log")
+    def one(*args: str) -> Host:
+        host = Host(dsn, records, tmp_path / f"host-{len(started)}.log", *args)
         started.append(host)
         wait_until(lambda: len(workers_of(host.pid, ready=True)) == 4,
                    f"host {len(started)}'s workers up")
@@ -115,14 +120,14 @@ def start(dsn: str, records: Path, tmp_path: Path) -> Iterator[Callable[[], Host
 
 
 @pytest.fixture
-def hosts(start: Callable[[], Host]) -> list[Host]:
+def hosts(start: Callable[..., Host]) -> list[Host]:
     """Three hosts, all up before the test enqueues: a host still starting would claim
     late, and be no competitor."""
     return [start() for _ in range(3)]
 
 
 @pytest.fixture
-def host(start: Callable[[], Host]) -> Host:
+def host(start: Callable[..., Host]) -> Host:
     return start()
 
 
@@ -135,7 +140,7 @@ def in_progress(records: Path, host: Host) -> bool:
 @pytest.mark.soak  # three hosts, one killed and one frozen past its lease: `make soak-test`
 def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
-        start: Callable[[], Host]) -> None:
+        start: Callable[..., Host]) -> None:
     """The hosts start in turn, each once the one before holds slots: three started at
     once, one host can keep every slot (the host that frees a slot claims the next job;
     the others wait for their poll), and the one to be killed may never hold any."""
@@ -212,7 +217,7 @@ def test_never_more_than_the_limit_run_across_a_killed_and_a_frozen_host(
 @pytest.mark.soak  # three hosts, one killed: `make soak-test`
 def test_never_more_than_the_limit_of_one_tenant_run_across_a_killed_host(
         dsn: str, db: psycopg.Connection, records: Path, watcher: Watcher,
-        start: Callable[[], Host]) -> None:
+        start: Callable[..., Host]) -> None:
     """The host to be killed starts alone, so that it holds slots (as in the test above);
     the other two once it is killed."""
     tenants = ("acme", "globex", "initech")
@@ -295,6 +300,28 @@ def test_a_rate_holds_across_three_hosts(dsn: str, db: psycopg.Connection, recor
     assert claimed[-1] - claimed[0] >= RATED_JOBS / RATE - 1
     ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
     assert len(ended) == RATED_JOBS
+
+
+@pytest.mark.soak  # three hosts drained at a rate, 3 s or more: `make soak-test`
+@pytest.mark.own_schema  # a trigger on pgpool_jobs
+def test_a_rate_whose_claims_are_granted_holds_across_three_hosts(
+        dsn: str, db: psycopg.Connection, records: Path,
+        start: Callable[..., Host]) -> None:
+    """640 a second, rows of 10: three hosts serving only that kind, claiming 4 at a time,
+    are granted the rest of a row by a claim from the ring and spend it in their next
+    claims (`pgpool.host.grant`). Never more than 640 claimed in any second, on the
+    server's clock, and every job done once."""
+    for _ in range(3):
+        start("--kinds", FAST_RATED, "--batch", "4")
+    note_claims(db, FAST_RATED)
+    pgpool.enqueue_many(db, FAST_RATED, [{"ms": 0} for _ in range(FAST_RATED_JOBS)])
+    (claimed,) = claims_seen(db, FAST_RATED).values()
+    assert len(claimed) == FAST_RATED_JOBS  # one claim each: nothing failed or was lost
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert most_in_window(claimed, 1.0) <= FAST_RATE
+    assert claimed[-1] - claimed[0] >= FAST_RATED_JOBS / FAST_RATE - 1
+    ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
+    assert len(ended) == FAST_RATED_JOBS
 
 
 @pytest.mark.soak  # three hosts drained at a rate per tenant, 3 s or more: `make soak-test`

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -16,6 +17,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgpool.sql import common as sql
 from pgpool.sql import jobs as jobs_sql
 from pgpool.sql.common import listen_statement
+
+#: What a host's kind-wide limited claims send besides their limits: no grant asked for
+#: (`sql.CLAIM_LIMITED_PLAIN`), and a grant that has not expired (`sql.CLAIM_GRANTED`).
+GRANT_PARAMS: dict[str, Any] = {"grant": 0, "hold": 0.05,
+                                "until": datetime(9999, 1, 1, tzinfo=UTC)}
 
 
 def one(db: psycopg.Connection, query: str, *params: object) -> Any:
@@ -204,3 +210,34 @@ def with_pools(dsn: str, count: int, configure: Callable[[Any], Awaitable[None]]
 
     return asyncio.run(main())
 
+
+def claim_racing(dsn: str, configure: Callable[[Any], Awaitable[None]],
+                 claimer: Callable[[Any, str], Any], count: int, seconds: float,
+                 largest: int) -> None:
+    """``count`` claimers (``claimer(pool, owner)``: a `pgpool.host.claimer.Claimer`), each
+    on its own pool, claim as fast as they can for ``seconds``, in batches of 1 to
+    ``largest``, varied."""
+    async def work(pools: list[Any]) -> None:
+        async def claim_for(c: Any, seed: int) -> None:
+            loop = asyncio.get_running_loop()
+            until, batch = loop.time() + seconds, seed
+            while loop.time() < until:
+                batch = batch * 7 % largest + 1
+                await c.claim(batch)
+
+        await asyncio.gather(*(claim_for(claimer(pool, f"host-{n}:1:aa"), n + 1)
+                               for n, pool in enumerate(pools)))
+
+    with_pools(dsn, count, configure, work)
+
+
+def most_claimed_in_a_second(db: psycopg.Connection) -> tuple[int, int]:
+    """(the most running jobs claimed in any one-second window of their ``claimed_at``, the
+    server's clock, as a rate's; the running jobs)."""
+    return db.execute(
+        "SELECT max(w.n), (SELECT count(*) FROM pgpool_jobs WHERE state = 'running') "
+        "FROM pgpool_jobs AS j CROSS JOIN LATERAL ("
+        "  SELECT count(*) AS n FROM pgpool_jobs AS o WHERE o.state = 'running' "
+        "    AND o.claimed_at >= j.claimed_at "
+        "    AND o.claimed_at < j.claimed_at + interval '1 second') AS w "
+        "WHERE j.state = 'running'").fetchone()
