@@ -7,7 +7,8 @@ limit in its code on a running host, and its reset lifts it. And a kind limited 
 starts a second: never more than 20 claimed in
 any second, on the server's clock (what the limit holds; a trigger notes each claim's
 ``claimed_at``), the 100 jobs spread over 4 s at least, and every one done; the same at 640
-a second, where the hosts spend grants of the rate's tokens between claims from its ring.
+a second, where the hosts spend grants of the rate's tokens between claims from its ring,
+also across a SIGKILL of a host and a SIGSTOP of another past its lease.
 A kind limited
 to 2 per tenant never runs 3 of one tenant's jobs at once, across a SIGKILL of a host
 holding slots, while the three tenants run side by side; and a kind limited to 10 starts
@@ -322,6 +323,46 @@ def test_a_rate_whose_claims_are_granted_holds_across_three_hosts(
     assert claimed[-1] - claimed[0] >= FAST_RATED_JOBS / FAST_RATE - 1
     ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
     assert len(ended) == FAST_RATED_JOBS
+
+
+@pytest.mark.soak  # three hosts, one killed and one frozen past its lease: `make soak-test`
+@pytest.mark.own_schema  # a trigger on pgpool_jobs
+def test_a_granted_rate_holds_across_a_killed_and_a_frozen_host(
+        dsn: str, db: psycopg.Connection, records: Path, start: Callable[..., Host]) -> None:
+    """As above, but one host is SIGKILLed and another SIGSTOPped past its lease while they
+    claim (each may hold a grant's tokens then): their jobs are claimed again elsewhere,
+    and the frozen host, thawed, spends nothing of a grant that is over. Never more than
+    640 claims in any second, re-claims included, and every job done."""
+    killed, frozen, rest = (start("--kinds", FAST_RATED, "--batch", "4") for _ in range(3))
+    note_claims(db, FAST_RATED)
+    pgpool.enqueue_many(db, FAST_RATED, [{"ms": 0} for _ in range(FAST_RATED_JOBS)])
+    ids = {row[0] for row in db.execute("SELECT id FROM pgpool_jobs WHERE kind = %s",
+                                        (FAST_RATED,))}
+
+    def claims_by(host: Host) -> int:
+        row = db.execute("SELECT count(*) FROM pgpool_jobs WHERE locked_by LIKE %s",
+                         (f"%:{host.pid}:%",)).fetchone()
+        db.commit()
+        return row[0]
+
+    wait_until(lambda: claims_by(killed) > 0, "the first host holding jobs", interval=0.01)
+    killed.proc.kill()
+    killed.proc.wait(timeout=30)
+    wait_until(lambda: claims_by(frozen) > 0, "the second host holding jobs", interval=0.01)
+    frozen.proc.send_signal(signal.SIGSTOP)
+    stopped_at = now_ns()
+    wait_until(lambda: claims_by(frozen) == 0 and now_ns() - stopped_at > LEASE * 1e9,
+               "the frozen host's jobs reaped", timeout=60)
+    frozen.proc.send_signal(signal.SIGCONT)
+    (claimed,) = claims_seen(db, FAST_RATED).values()
+    assert len(claimed) > FAST_RATED_JOBS  # the faulted hosts' jobs were claimed again
+    assert db.execute("SELECT count(*) FROM pgpool_dead").fetchone()[0] == 0
+    assert most_in_window(claimed, 1.0) <= FAST_RATE
+    ended = {a.job for runs in read_attempts(records).values() for a in runs if a.end}
+    assert ended == ids
+    for host in (frozen, rest):
+        host.proc.send_signal(signal.SIGTERM)
+        assert host.proc.wait(timeout=60) == 0
 
 
 @pytest.mark.soak  # three hosts drained at a rate per tenant, 3 s or more: `make soak-test`
