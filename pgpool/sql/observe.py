@@ -261,6 +261,29 @@ WHERE n <= %(limit)s
 ORDER BY holds DESC, n
 """
 
+#: The oldest transaction id that holds back vacuum of pgpool's tables, as text (NULL: none
+#: this role can see): of the holders `HORIZON_HOLDERS` lists as ``tables``, the oldest
+#: ``backend_xid`` or ``backend_xmin``, standby ``backend_xmin``, slot ``xmin`` or prepared
+#: transaction. While it is the same, a vacuum can remove none of the rows that died since
+#: the last one (the vacuum keeper, `pgpool.host.parts.vacuum`).
+HORIZON_XID: Final = """
+SELECT x::text FROM (
+    SELECT unnest(ARRAY[a.backend_xid, a.backend_xmin]) AS x FROM pg_stat_activity AS a
+    WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND a.backend_type <> 'walsender'
+      AND NOT EXISTS (SELECT FROM pg_stat_progress_vacuum AS v WHERE v.pid = a.pid)
+    UNION ALL
+    SELECT backend_xmin FROM pg_stat_replication
+    UNION ALL
+    SELECT xmin FROM pg_replication_slots
+    UNION ALL
+    SELECT transaction FROM pg_prepared_xacts WHERE database = current_database()
+) AS h
+WHERE x IS NOT NULL
+ORDER BY age(x) DESC
+LIMIT 1
+"""
+
 #: Sessions of this database whose activity this role may not read (their transaction,
 #: snapshot and query are NULL to it without pg_read_all_stats): one of them may hold the
 #: horizon unseen.

@@ -1,6 +1,7 @@
 """The vacuum keeper vacuums pgpool_jobs once its dead rows are due, and only then; a role
 that may not vacuum the table runs none and says so (issue 20). When the xmin horizon is
-held, it names the holder and does not vacuum the same rows again (issue 32)."""
+held, it names the holder and does not vacuum the same rows again, nor new ones until the
+horizon moves or they double (issue 32)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ def vacuums(db: psycopg.Connection) -> int:
                    "WHERE relid = 'pgpool_jobs'::regclass")[0]
 
 
-def make_dead_rows(db: psycopg.Connection, at_least: int = 2 * JOBS) -> None:
-    """Claim and delete `JOBS` jobs, then wait until the server's statistics count their
+def make_dead_rows(db: psycopg.Connection, at_least: int = 2 * JOBS, jobs: int = JOBS) -> None:
+    """Claim and delete ``jobs`` jobs, then wait until the server's statistics count their
     dead rows, ``at_least`` in all (a backend reports its counts at most once a second,
     unless forced)."""
-    pgpool.enqueue_many(db, "dead", ({"n": i} for i in range(JOBS)))
+    pgpool.enqueue_many(db, "dead", ({"n": i} for i in range(jobs)))
     db.execute("UPDATE pgpool_jobs SET state = 'running', locked_by = 'h' WHERE kind = 'dead'")
     db.execute("DELETE FROM pgpool_jobs WHERE kind = 'dead'")
     db.execute("SELECT pg_stat_force_next_flush()")
@@ -83,7 +84,8 @@ def test_a_held_horizon_is_named_and_the_same_rows_are_not_vacuumed_again(db, ds
         keeper = VacuumKeeper(pool, dsn, min_dead=2 * JOBS, scale=0)
         # Due; the vacuum leaves them all; the same rows are not due again...
         done = [await keeper.keep(), await keeper.keep(), keeper.left >= 2 * JOBS]
-        # ...until as many more have died.
+        # ...until as many more have died: twice what was left (`HELD_GROWTH`), behind the
+        # same holder.
         await asyncio.to_thread(make_dead_rows, db, 4 * JOBS)
         done += [await keeper.keep(), await keeper.keep()]
         # Let go: the next vacuum removes them all, and nothing is left.
@@ -99,6 +101,35 @@ def test_a_held_horizon_is_named_and_the_same_rows_are_not_vacuumed_again(db, ds
     # Named once: the same holder, within a minute.
     assert [(r.fields["holder"], r.fields["holder_pid"]) for r in held] == [("backend", pid)]
     assert f"SELECT pg_terminate_backend({pid})" in held[0].getMessage()
+
+
+def test_behind_a_horizon_that_has_not_moved_the_keeper_waits_for_the_dead_rows_to_double(
+        db, dsn):
+    """A vacuum behind the same holder would remove nothing and read the whole table: once
+    held, the keeper vacuums again only when the horizon has moved (another transaction
+    holds it) or the dead rows have doubled (the test above: twice what was left)."""
+    holder = hold_horizon(dsn, "write")
+    make_dead_rows(db)  # 2 x JOBS dead rows
+    before = vacuums(db)
+
+    async def keep(pool: AsyncConnectionPool) -> list[Any]:
+        keeper = VacuumKeeper(pool, dsn, min_dead=JOBS, scale=0)
+        done = [await keeper.keep(), keeper.left >= 2 * JOBS, keeper.horizon is not None]
+        # JOBS more: due by the count, but the same holder holds what they left.
+        await asyncio.to_thread(make_dead_rows, db, 3 * JOBS, JOBS // 2)
+        done.append(await keeper.keep())
+        # The holder moves on to a new transaction: the horizon moves, the rows that died
+        # before it are removable, and the keeper vacuums them.
+        holder.commit()
+        holder.execute("SELECT txid_current()")
+        done += [await keeper.keep(), keeper.left]
+        return done
+
+    try:
+        assert in_registry(dsn, keep) == [True, True, True, False, True, 0]
+    finally:
+        holder.close()
+    assert vacuums(db) == before + 2
 
 
 @pytest.mark.own_schema
