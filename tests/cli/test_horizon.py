@@ -22,6 +22,7 @@ from psycopg import sql as pgsql
 from waits import wait_until
 
 from pgpool.horizon import DeadRowsTrend
+from pgpool.sql import observe
 
 
 def horizon(dsn: str, *args: str) -> dict[str, Any]:
@@ -127,6 +128,7 @@ def test_a_prepared_transaction_and_a_logical_slot_on_a_server_set_up_for_them(o
     assert [(c["kind"], c["name"], c["slot_type"], c["state"]) for c in h["catalog_holders"]
             ] == [("slot", "cdc_feed", "logical", "inactive")]
     assert all(x["kind"] != "slot" for x in h["holders"]) and h["warning"] is None
+    assert db.execute(observe.HORIZON_XID).fetchone() is None  # what the vacuum keeper reads
     assert ('not holding pgpool\'s tables: logical replication slot "cdc_feed" (inactive'
             in run_pgpool(pg.dsn, "status").stdout)
     db.execute("VACUUM pgpool_jobs")
@@ -147,6 +149,8 @@ def test_a_prepared_transaction_and_a_logical_slot_on_a_server_set_up_for_them(o
     assert (first["kind"], first["name"], first["user"]) == ("prepared", gid, "postgres")
     assert first["end"] == "ROLLBACK PREPARED 'order 7''s payment'"
     assert f"held by prepared transaction {gid!r}" in h["warning"]
+    assert db.execute(observe.HORIZON_XID).fetchone() == db.execute(
+        "SELECT transaction::text FROM pg_prepared_xacts").fetchone()
     assert first["end"] in h["warning"]
     db.execute("VACUUM pgpool_jobs")
     assert dead_rows(db) >= PILED

@@ -103,12 +103,13 @@ def test_a_held_horizon_is_named_and_the_same_rows_are_not_vacuumed_again(db, ds
     assert f"SELECT pg_terminate_backend({pid})" in held[0].getMessage()
 
 
+@pytest.mark.parametrize("how", ["write", "snapshot"])
 def test_behind_a_horizon_that_has_not_moved_the_keeper_waits_for_the_dead_rows_to_double(
-        db, dsn):
+        db, dsn, how):
     """A vacuum behind the same holder would remove nothing and read the whole table: once
     held, the keeper vacuums again only when the horizon has moved (another transaction
     holds it) or the dead rows have doubled (the test above: twice what was left)."""
-    holder = hold_horizon(dsn, "write")
+    holder = hold_horizon(dsn, how)
     make_dead_rows(db)  # 2 x JOBS dead rows
     before = vacuums(db)
 
@@ -121,7 +122,11 @@ def test_behind_a_horizon_that_has_not_moved_the_keeper_waits_for_the_dead_rows_
         # The holder moves on to a new transaction: the horizon moves, the rows that died
         # before it are removable, and the keeper vacuums them.
         holder.commit()
-        holder.execute("SELECT txid_current()")
+        if how == "snapshot":  # a new snapshot, as a report's next transaction takes
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM pgpool_jobs")
+        else:
+            holder.execute("SELECT txid_current()")
         done += [await keeper.keep(), keeper.left]
         return done
 
