@@ -24,8 +24,8 @@ have grown `HELD_GROWTH` times. Behind the same holder a vacuum removes nothing,
 reads the whole table, which grows with every job: a host draining 40,000 jobs a second
 behind a pinned horizon vacuumed every second, 0.5 s a vacuum, a third of a core of the
 server's two to no avail. Growth alone still vacuums now and then, for a holder this role
-cannot see (whose end it would not notice) and one whose snapshot moves on without a new
-transaction id (a long READ COMMITTED transaction that has not written).
+cannot see (its session's transaction ids read NULL to it, so it would not notice its
+end).
 
 Each vacuum runs on a connection of its own, opened for it (a few milliseconds, next to a
 vacuum every few seconds at most) and without ``statement_timeout``: the dispatcher's
