@@ -392,6 +392,14 @@ class ClaimScheduler:
             self._answering = True
             self._respond()
 
+    def _could_prompt(self) -> bool:
+        """Whether a notification could start a prompt claim: this host serves several
+        kinds and holds no job of one. Then its automatic batch stays short
+        (`pgpool.host.sizing.SHARED_MAX_BATCH`): the prompt claim commits behind its
+        claims and acks, and would wait for their WAL to be flushed."""
+        kinds = self.claimer.prompt_kinds
+        return len(kinds) > 1 and bool(self.workers.idle_kinds(kinds))
+
     def _idle(self) -> bool:
         return self.workers.held == 0 and self._claiming == 0
 
@@ -534,8 +542,8 @@ class ClaimScheduler:
         self._submit(jobs)
         self._bulk = {kind for kind, n in Counter(map(_kind, jobs)).items() if n > 1}
         if self.sizer is not None:
-            self.acks.max_batch = self.sizer.update(self.claimer.rtt,
-                                                    self.workers.job_seconds)
+            self.acks.max_batch = self.sizer.update(
+                self.claimer.rtt, self.workers.job_seconds, shared=self._could_prompt())
         self._backlog = len(jobs) == want
         if self._announced:
             return await self._after_announcing(len(jobs) == want)

@@ -26,6 +26,7 @@ from records import read_records
 from waits import wait_until
 
 import pgpool
+from pgpool.host.sizing import SHARED_MAX_BATCH
 from pgpool.retry import FREE_INTERRUPTIONS
 
 
@@ -98,7 +99,8 @@ def test_batch_auto_takes_few_long_jobs_per_claim_and_does_not_hoard(db, dsn, re
 
 def test_batch_auto_grows_for_short_jobs(db, dsn):
     pgpool.enqueue_many(db, "noop", [{}] * 3000)
-    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", **JSON_LOGS)
+    # One kind served: no prompt claim to keep the batch short for (the next test).
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", "--kinds", "noop", **JSON_LOGS)
     assert done.returncode == 0, done.stderr
     finished = only_event(done.stderr, "finished")
     assert finished["done"] == 3000 and finished["batch_auto"] is True
@@ -115,6 +117,20 @@ def test_batch_auto_grows_for_short_jobs(db, dsn):
     # The batch it ends with follows the last jobs' times; only a job time above 10 claim
     # round trips (not a noop's, however loaded the machine) would bring it back to 2.
     assert finished["batch"] > 2, finished
+    assert one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0
+
+
+def test_batch_auto_stays_short_while_a_kind_served_has_no_job_held(db, dsn):
+    # The host serves the test modules' kinds and holds jobs of one: a job of any other
+    # would get a prompt claim, which commits behind this host's claims and acks. Those
+    # take 50 at most, where one kind's grow past that (above).
+    pgpool.enqueue_many(db, "noop", [{}] * 3000)
+    done = run_pgpool(dsn, *RUN, "--procs", "2", "--burst", **JSON_LOGS)
+    assert done.returncode == 0, done.stderr
+    finished = only_event(done.stderr, "finished")
+    assert finished["done"] == 3000 and finished["batch"] <= SHARED_MAX_BATCH, finished
+    # Doubling from 2 reaches 50 in 5 claims; then 50 a claim: 3000 jobs take 60 or more.
+    assert finished["claims"] >= 3000 // SHARED_MAX_BATCH, finished
     assert one(db, "SELECT count(*) FROM pgpool_jobs")[0] == 0
 
 
@@ -154,13 +170,14 @@ def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
     per_host = Counter(r[2] for r in starts(record_dir))
     assert len(per_host) == 2 and min(per_host.values()) > 0, per_host
     # Grouped acks and batch claims: far fewer transactions than jobs. Claims take batches
-    # that grow to hundreds of these short jobs; acks are written when a batch is full or
-    # every 50 ms. The 50 ms flushes are the part that grows with time rather than jobs:
-    # a machine loaded enough that a batch of outcomes never fills within 50 ms flushes
-    # up to 20 times a second per host, however few jobs each flush carries, so those are
-    # allowed on top of one transaction per 10 jobs. (Here the drain takes well under a
-    # second and about 100 transactions; at the wait's 180 s limit the bound is still
-    # below one transaction per job.)
+    # of 50 of these short jobs (the hosts serve several kinds, and hold none of most:
+    # `SHARED_MAX_BATCH`); acks are written when a batch is full or every 50 ms. The 50 ms
+    # flushes are the part that grows with time rather than jobs: a machine loaded enough
+    # that a batch of outcomes never fills within 50 ms flushes up to 20 times a second
+    # per host, however few jobs each flush carries, so those are allowed on top of one
+    # transaction per 10 jobs. (Here the drain takes about a second and a few hundred
+    # transactions; at the wait's 180 s limit the bound is still below one transaction
+    # per job.)
     transactions = after - before
     allowed = 10_000 / 10 + len(hosts) * 20 * seconds
     finished = [only_event(h.stderr, "finished") for h in hosts]

@@ -18,6 +18,7 @@ from pgpool.host import scheduler as scheduler_module
 from pgpool.host.attempt import Job
 from pgpool.host.budget import ClaimBudget
 from pgpool.host.scheduler import CLAIM_LOOPS, ClaimScheduler, Step, Wait, ack_high_water, capacity
+from pgpool.host.sizing import SHARED_MAX_BATCH
 
 HOUR = 3600.0
 
@@ -953,13 +954,38 @@ def test_a_burst_host_looks_behind_its_cursors_before_it_calls_the_queue_drained
 def test_auto_batch_grows_and_the_ack_batch_follows() -> None:
     async def test() -> None:
         host = Host(procs=2, batch="auto", ready=10_000)
+        host.claimer.prompt_kinds = ["k"]  # one kind: no prompt claim to keep short
         host.workers.job_seconds = 0.0001  # 0.1 ms jobs, 2 ms claims: big batches
         assert host.acks.max_batch == host.scheduler.batch == 2
-        for _ in range(6):
+        for _ in range(8):
             host.workers.jobs.clear()
             await host.scheduler.claim_step()
-        assert host.scheduler.batch > 50
+        assert host.scheduler.batch > SHARED_MAX_BATCH
         assert host.acks.max_batch == host.scheduler.batch
+
+    run(test)
+
+
+def test_a_host_of_several_kinds_keeps_its_auto_batch_and_acks_short() -> None:
+    # A kind it holds no job of would get a prompt claim, which commits behind this host's
+    # own claims and acks: those stay small, whatever the formula asks for, and shrink at
+    # once when that becomes so. While it holds jobs of every kind, no claim is prompt.
+    async def test() -> None:
+        host = Host(procs=2, batch="auto", ready=10_000)
+        host.workers.job_seconds = 0.0001
+        host.workers.busy = {"u"}  # it holds jobs of both kinds
+        for _ in range(8):
+            host.workers.jobs.clear()
+            await host.scheduler.claim_step()
+        assert host.scheduler.batch > SHARED_MAX_BATCH
+        host.workers.busy = set()  # none of "u" any more
+        seen = []
+        for _ in range(8):
+            host.workers.jobs.clear()
+            await host.scheduler.claim_step()
+            seen.append(host.scheduler.batch)
+        assert seen == [SHARED_MAX_BATCH] * 8
+        assert host.acks.max_batch == SHARED_MAX_BATCH
 
     run(test)
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pgpool.host.sizing import CLAIM_SHARE, MAX_BATCH, MIN_WORK, BatchSizer, batch_for
+from pgpool.host.sizing import (
+    CLAIM_SHARE,
+    MAX_BATCH,
+    MIN_WORK,
+    SHARED_MAX_BATCH,
+    BatchSizer,
+    batch_for,
+)
 
 
 def test_short_jobs_get_big_batches_long_jobs_small_ones() -> None:
@@ -60,3 +67,12 @@ def test_the_maximum_bounds_the_batch() -> None:
     for _ in range(20):
         sizer.update(0.002, 0.00001)
     assert sizer.batch == 100
+
+
+def test_a_host_of_several_kinds_is_bounded_by_the_shared_maximum() -> None:
+    sizer = BatchSizer(2)
+    for _ in range(20):
+        sizer.update(0.002, 0.00001, shared=True)
+    assert sizer.batch == SHARED_MAX_BATCH
+    # Long jobs ask for less than the bound: the formula's batch, as for one kind.
+    assert sizer.update(0.002, 0.005, shared=True) == sizer.update(0.002, 0.005) == 40
