@@ -12,7 +12,11 @@ is marked ``own_schema`` and gets a schema of its own (`dsn`).
 
 The CLI checks run ``cli.main`` in this process (`run_pgpool`), and the commands that start
 processes or servers run as real processes. The tests whose timing is their subject run in
-one process of their own, one after another (the ``xdist_group`` "timing").
+one process of their own, one after another (the ``xdist_group`` "timing"), and so do the
+tests that run several hosts on the shared server (the ``xdist_group`` "fleet"): a host
+holds about eleven connections, and two such tests at once with the rest of the suite went
+past the server's max_connections (PostgreSQL's default, 100: "sorry, too many clients
+already" as a host started).
 
 Test modules import helpers from tests/support/ only, never from each other. Tests observe
 a running ``pgpool`` through its structured log events (``--log-format json``), counters and

@@ -10,7 +10,9 @@ flush cost the dispatcher and the database a transaction), small ones for long j
 should not hoard work that other hosts could start now).
 The dispatcher's two claim loops then have room to spare: each may wait on a claim while
 the other's batch is being run. `BatchSizer` feeds it the dispatcher's
-moving averages and smooths the result.
+moving averages and smooths the result. A host that serves several kinds and holds no job
+of one of them keeps its batch at `SHARED_MAX_BATCH` at most: a job of that kind would get
+a prompt claim, which must not wait behind a big claim's or ack's commit.
 """
 
 from __future__ import annotations

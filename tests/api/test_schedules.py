@@ -51,6 +51,7 @@ def consecutive(times: list[datetime]) -> bool:
 
 
 @pytest.mark.soak  # hosts frozen or racing for many seconds: `make soak-test`
+@pytest.mark.xdist_group("fleet")  # several hosts on the shared server: tests/conftest.py
 def test_three_hosts_enqueue_each_tick_once_and_a_gap_collapses(db, dsn):
     hosts = [start_host(dsn) for _ in range(3)]
     # Timeouts here are generous (a tick a second, 20 s to see a few): the machine is shared.

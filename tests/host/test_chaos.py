@@ -227,6 +227,7 @@ def test_postgres_restarted_mid_drain_the_dispatcher_carries_on(
     assert any(a.start > restart.t1 for runs in attempts.values() for a in runs)
 
 
+@pytest.mark.xdist_group("fleet")  # several hosts on the shared server: tests/conftest.py
 def test_connections_terminated_mid_drain_nothing_is_lost(dsn, db, records, watcher, hosts):
     """pg_terminate_backend on all of a dispatcher's connections, twice mid-drain: it
     reconnects and drains the queue; nothing is lost, no attempts overlap, and re-runs are
@@ -487,6 +488,7 @@ def kill_dispatcher(host: Host, db: psycopg.Connection) -> Fault:
                  workers=workers)
 
 
+@pytest.mark.xdist_group("fleet")  # several hosts on the shared server: tests/conftest.py
 def test_groups_and_follow_ups_survive_worker_and_dispatcher_kills(
         dsn, db, records, watcher, hosts, tmp_path):
     """Two real hosts run a group of 300 members (3 discarded on purpose), whose callback

@@ -41,7 +41,7 @@ import pgpool
 import pgpool.ops
 
 #: Three hosts of eleven connections each: one fleet test at a time on the shared server
-#: (its max_connections is PostgreSQL's default, 100).
+#: (its max_connections is PostgreSQL's default, 100; see tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("fleet")
 
 LEASE = 2

@@ -135,6 +135,7 @@ def test_batch_auto_stays_short_while_a_kind_served_has_no_job_held(db, dsn):
 
 
 @pytest.mark.soak  # a big drain: `make soak-test`
+@pytest.mark.xdist_group("fleet")  # several hosts on the shared server: tests/conftest.py
 def test_two_dispatchers_drain_10000_jobs_none_twice_none_lost_few_transactions(
         db, dsn, record_dir):
     hosts = [start_pgpool(dsn, *RUN, "--procs", "1", record_dir=record_dir)
