@@ -76,10 +76,13 @@ def test_a_trickle_into_an_idle_fleet_wakes_its_first_tier_not_every_host(
     finished = stop_all(hosts)
     claims = sorted(f["claims"] for f in finished)
     # Before, every idle host claimed at every notification: at least `jobs` claims each.
-    # Now a host past the first tiers claims only at its start (and at a notification
-    # that no announcement settled in time: a tier waits 50 ms and more on a loaded
-    # machine), so at least half of them made far fewer.
-    assert sum(1 for n in claims if n < jobs // 2) >= HOSTS // 2, claims
+    # Now a host past the first tiers claims only at its start, and at a notification
+    # that no announcement settled in time: a tier waits 50 ms (or four claim round
+    # trips), and on a machine loaded by the soak tier's other tests the announcement
+    # misses that at some notifications (CI saw the three standby hosts make 5, 11 and 12
+    # claims for 16 jobs, the first tier 39 and 48). So at least half of them made fewer
+    # claims than there were notifications.
+    assert sum(1 for n in claims if n < jobs) >= HOSTS // 2, claims
     assert sum(f["settled_by_others"] for f in finished) >= jobs, finished
     assert_each_ran_once(db, record_dir, jobs)
 
