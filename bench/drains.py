@@ -188,19 +188,22 @@ def pinned(dsn: str | None) -> Iterator[None]:
 
 def start_pgpool_run(dsn: str, procs: int, batch: int | str, log: IO[bytes],
                      handlers: Iterable[str] = (), *, burst: bool = True,
-                     **env: str) -> subprocess.Popen[bytes]:
+                     checkout: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
     """``pgpool run --burst`` (without ``burst``: a host that waits for work until it is
     stopped) of the bench jobs on ``dsn``, its claims unthrottled, its output in ``log``,
     with the handler modules ``handlers`` imported too and ``env`` added to its
-    environment."""
+    environment. ``checkout``: the pgpool of that directory runs instead of the one on
+    the path (``python -m`` looks in its working directory first)."""
     # The DSN goes in the environment: `ps` shows a command line to every user.
     env = {**os.environ, "PGPOOL_DSN": dsn, "PGPOOL_LOG_LEVEL": "WARNING", **env}
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
     modules = [arg for module in (jobs.__name__, *handlers) for arg in ("--handlers", module)]
     return subprocess.Popen(
         [sys.executable, "-m", "pgpool", "run", *modules,
          "--procs", str(procs), "--batch", str(batch), *(["--burst"] if burst else []),
          "--max-claims-per-sec", str(UNTHROTTLED)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout,
     )
 
 
@@ -283,25 +286,28 @@ class Side(Protocol):
 
 
 class Pgpool:
-    """A real ``pgpool run --burst`` (`start_pgpool_run`), a `Side`."""
+    """A real ``pgpool run --burst`` (`start_pgpool_run`; of ``checkout``, if given), a
+    `Side`."""
 
-    title = PGPOOL_RUN
-
-    def __init__(self, dsn: str, procs: int, batch: int | str, log: IO[bytes]) -> None:
+    def __init__(self, dsn: str, procs: int, batch: int | str, log: IO[bytes],
+                 checkout: Path | None = None) -> None:
         self.dsn, self.count, self.batch, self.log = dsn, procs, batch, log
+        self.checkout = checkout
+        self.title = PGPOOL_RUN if checkout is None else f"{PGPOOL_RUN} of {checkout}"
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, env: dict[str, str]) -> None:
-        self.procs.append(start_pgpool_run(self.dsn, self.count, self.batch, self.log, **env))
+        self.procs.append(start_pgpool_run(self.dsn, self.count, self.batch, self.log,
+                                           checkout=self.checkout, **env))
 
     def check(self, conn: psycopg.Connection, claimed: bool) -> None:
         if self.procs[0].poll() is not None:
-            check_running(self.procs[0], self.log, how_far(conn, claimed))
+            check_running(self.procs[0], self.log, how_far(conn, claimed), self.title)
 
     def finish(self, n: int) -> None:
         # That it ran all n jobs is `expect_empty`'s to check: a failed job is
         # dead-lettered, not left.
-        expect_exit(self.procs[0], self.log)
+        expect_exit(self.procs[0], self.log, self.title)
 
 
 def how_far(conn: psycopg.Connection, claimed: bool, queue: Queue = PGPOOL_JOBS) -> str:

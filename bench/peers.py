@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import os
 import statistics
@@ -70,6 +71,7 @@ import drains
 import orjson
 import psycopg
 import vs_loop
+from psycopg.conninfo import conninfo_to_dict
 
 import pgpool
 from pgpool import registry
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with drains.session(args.dsn, progress) as s:
         if pgqueuer_version:
             progress.step("installing PgQueuer's tables")
-            asyncio.run(_install_pgqueuer(s.scratch.dsn))
+            asyncio.run(install_pgqueuer(s.scratch.dsn))
         for system, pin in _schedule(systems, args.pin):
             turns.append(_turn(s, system, pin, args, progress))
     by_system = {system: _compare(system, turns) for system in systems}
@@ -219,18 +221,23 @@ def _load(conn: psycopg.Connection, system: str, n: int) -> int:
     if system != "pgqueuer":
         pgpool.enqueue_many(conn, KIND, ({"do": "noop"} for _ in range(n)))
         return drains.last_id(conn) - n + 1
+    return pgqueuer_enqueue(conn, [{"do": "noop"}] * n)
+
+
+def pgqueuer_enqueue(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -> int:
+    """``payloads`` as PgQueuer jobs of the bench kind, `PGQUEUER_LOAD_CHUNK` a statement
+    by its producer's batch enqueue, with consecutive ids; the first one's."""
     # Imported here: PgQueuer is not a pgpool dependency.
     from pgqueuer.db import SyncPsycopgDriver
     from pgqueuer.queries import SyncQueries
 
     enqueue = SyncQueries(SyncPsycopgDriver(conn)).enqueue
-    payload = orjson.dumps({"do": "noop"})
     ids: list[int] = []
-    for start in range(0, n, PGQUEUER_LOAD_CHUNK):
-        size = min(PGQUEUER_LOAD_CHUNK, n - start)
-        ids += enqueue([KIND] * size, [payload] * size, [0] * size)
-    # The drive's markers are found by id: the jobs must be numbered in their claim order.
-    if ids != list(range(ids[0], ids[0] + n)):
+    for start in range(0, len(payloads), PGQUEUER_LOAD_CHUNK):
+        chunk = [orjson.dumps(p) for p in payloads[start:start + PGQUEUER_LOAD_CHUNK]]
+        ids += enqueue([KIND] * len(chunk), chunk, [0] * len(chunk))
+    # The drives find their markers by id: the jobs must be numbered in their claim order.
+    if ids != list(range(ids[0], ids[0] + len(payloads))):
         raise BenchError("PgQueuer gave the jobs loaded ids that are not consecutive")
     return ids[0]
 
@@ -287,7 +294,7 @@ def _successes(conn: psycopg.Connection) -> int:
     return conn.execute(PGQUEUER_SUCCESSES).fetchone()[0]
 
 
-async def _install_pgqueuer(dsn: str) -> None:
+async def install_pgqueuer(dsn: str) -> None:
     """PgQueuer's tables, types and trigger in the schema ``dsn``'s search_path names."""
     from pgqueuer.queries import Queries  # imported here: not a pgpool dependency
 
@@ -295,38 +302,69 @@ async def _install_pgqueuer(dsn: str) -> None:
         await Queries.from_psycopg_connection(conn).install()
 
 
-def pgqueuer_consumer(batch: int) -> int:
+def pgqueuer_consumer(batch: int, continuous: bool = False) -> int:
     """One PgQueuer consumer process on the DSN in ``PGPOOL_DSN``: PgQueuer's runner of
     `_queue_manager` in drain mode, claims of ``batch``; it exits once no job is queued and
-    its own are done."""
+    its own are done. ``continuous``: it waits for jobs until SIGTERM instead, on asyncpg
+    (as bench/pickups.py runs it, `_queue_manager`)."""
     import pgqueuer  # imported here: not a pgpool dependency
     import uvloop  # a PgQueuer dependency
     from pgqueuer.types import QueueExecutionMode
 
+    mode = QueueExecutionMode.continuous if continuous else QueueExecutionMode.drain
     # `pgq run` would do the same, but its command line fails to parse its own options
     # with current typer releases.
-    uvloop.run(pgqueuer.run(_queue_manager, batch_size=batch, mode=QueueExecutionMode.drain))
+    uvloop.run(pgqueuer.run(functools.partial(_queue_manager, asyncpg=continuous),
+                            batch_size=batch, mode=mode))
     return 0
 
 
 @contextlib.asynccontextmanager
-async def _queue_manager() -> AsyncIterator[Any]:
-    """PgQueuer's factory: a QueueManager on one psycopg 3 async connection, whose one
-    entrypoint runs a job as a pgpool worker does (orjson, then the bench handler)."""
+async def _queue_manager(asyncpg: bool) -> AsyncIterator[Any]:
+    """PgQueuer's factory: a QueueManager on one psycopg 3 async connection (``asyncpg``:
+    an asyncpg one), whose one entrypoint runs a job as a pgpool worker does (orjson, then
+    the bench handler).
+
+    Why asyncpg for an idle queue's pickup: PgQueuer's psycopg driver waits for
+    notifications on the connection its queries use, one second at a time, and a query
+    waits for that wait to end: every pickup took a second (1,002 ms at the median)."""
     from pgqueuer import QueueManager
     from pgqueuer.models import Job
     from pgqueuer.queries import Queries
 
     run_job = registry.registered()[KIND].run
-    async with await psycopg.AsyncConnection.connect(os.environ["PGPOOL_DSN"],
-                                                     autocommit=True) as conn:
-        manager = QueueManager(Queries.from_psycopg_connection(conn))
+    async with contextlib.AsyncExitStack() as stack:
+        if asyncpg:
+            conn = await _asyncpg_connect(os.environ["PGPOOL_DSN"])
+            stack.push_async_callback(conn.close)
+            queries = Queries.from_asyncpg_connection(conn)
+        else:
+            conn = await stack.enter_async_context(await psycopg.AsyncConnection.connect(
+                os.environ["PGPOOL_DSN"], autocommit=True))
+            queries = Queries.from_psycopg_connection(conn)
+        manager = QueueManager(queries)
 
         @manager.entrypoint(KIND)
         async def bench(job: Job) -> None:
             run_job(orjson.loads(job.payload))
 
         yield manager
+
+
+async def _asyncpg_connect(dsn: str) -> Any:
+    """An asyncpg connection to libpq's ``dsn`` (asyncpg reads URLs only): its host, port,
+    user, password and database, and its ``-c name=value`` options as server settings
+    (the scratch schema's ``search_path``)."""
+    import asyncpg  # PgQueuer's own driver: not a pgpool dependency
+
+    params = conninfo_to_dict(dsn)
+    settings = dict(option.split("=", 1) for option in
+                    str(params.get("options", "")).replace("-c ", "").split())
+    if "application_name" in params:
+        settings["application_name"] = str(params["application_name"])
+    return await asyncpg.connect(host=params.get("host"), port=params.get("port"),
+                                 user=params.get("user"), password=params.get("password"),
+                                 database=params.get("dbname"), server_settings=settings)
 
 
 def _compare(system: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
@@ -413,5 +451,5 @@ def _rate(value: float | None) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [PGQUEUER_CONSUMER]:
-        sys.exit(pgqueuer_consumer(int(sys.argv[2])))
+        sys.exit(pgqueuer_consumer(int(sys.argv[2]), sys.argv[3:] == ["continuous"]))
     sys.exit(main())

@@ -2,7 +2,7 @@
 
     python bench/vs_loop.py [--dsn DSN] [--profile noop|cpu] [--job-ms 5] [--jobs N] [--procs 2]
                             [--batch 50] [--pgpool-batch N|auto] [--rounds 2]
-                            [--loop transaction|lease] [--json]
+                            [--loop transaction|lease] [--checkout DIR] [--pgqueuer] [--json]
 
 Why: issue 20 measures what pgpool costs against the simplest loop one could write
 oneself, with targets: a no-op drain at >= 0.8 of the loop's jobs/s; 5 ms CPU jobs at
@@ -32,6 +32,15 @@ and so on, so that neither always goes first.
 - pgpool: a real ``pgpool run --procs P --batch B --burst`` of the bench handlers, its
   claim budget lifted, until it exits 0; ``--pgpool-batch`` (a number, or ``auto``, its
   default sizing) gives it a batch of its own.
+- With ``--checkout DIR``, the same ``pgpool run`` of another checkout (a directory with a
+  ``pgpool`` package: main before a change, as a git worktree), run from that directory,
+  byte-compiled as this one is. Its jobs live in a scratch schema of their own, migrated
+  and loaded by that checkout (a subprocess with it on ``PYTHONPATH``), so that an older
+  schema never meets this checkout's statements. Issue 34's "main before this issue".
+- With ``--pgqueuer``, PgQueuer (``pip install pgqueuer==1.6.0``; not a pgpool dependency):
+  bench/peers.py's consumers, two processes of PgQueuer's own runner claiming
+  ``--batch``, its tables installed in the scratch schema and the same payloads loaded by
+  its producer's batch enqueue.
 
 Timing, the same for both sides and without process start-up: the clock starts when the
 first job starts and stops when the last is done. One job in 64 of the profile's payloads
@@ -64,7 +73,10 @@ run with one line (``vs_loop: error: ...``, exit 1), its processes killed.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import compileall
 import contextlib
+import importlib.metadata
 import math
 import os
 import select
@@ -72,9 +84,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NamedTuple
 
 import drains  # bench/ is on the path: this script's directory
 import orjson
@@ -89,7 +101,7 @@ from pgpool.bench.cpu import cpu_between, postgres_cpu, process_cpu, tree_cpu
 from pgpool.bench.jobs import KIND, STAMPS_ENV
 from pgpool.bench.options import BenchError
 from pgpool.bench.progress import Progress
-from pgpool.bench.scratch import expect_empty, vacuum
+from pgpool.bench.scratch import expect_empty, scratch_schema, vacuum
 from pgpool.cli.command import batch_or_auto
 from pgpool.db import dsn as dsnlib
 from pgpool.host.claimer import RawJsonLoader
@@ -98,7 +110,22 @@ from pgpool.host.claimer import RawJsonLoader
 POLL: Final = 0.005
 #: Calls of the cpu job timed before each drain (the median is reported).
 JOB_TIMINGS: Final = 50
-SIDES: Final = ("loop", "pgpool")
+#: The sides in the order of odd rounds (even rounds reverse it): the loop and pgpool
+#: always, PgQueuer (``--pgqueuer``) and another checkout's pgpool (``--checkout``) when
+#: asked for.
+SIDES: Final = ("loop", "pgqueuer", "checkout", "pgpool")
+#: What ``--checkout``'s subprocess runs, with that checkout's pgpool: ``migrate`` its
+#: scratch schema (``PGPOOL_DSN``), or ``load`` the JSON list of payloads on stdin as jobs
+#: of the kind its second argument names.
+CHECKOUT_SCRIPT: Final = """
+import sys, orjson, pgpool, os
+from pgpool.db import dsn as dsnlib
+with dsnlib.connect(os.environ["PGPOOL_DSN"], autocommit=True) as conn:
+    if sys.argv[1] == "migrate":
+        pgpool.migrate(conn)
+    else:
+        pgpool.enqueue_many(conn, sys.argv[2], orjson.loads(sys.stdin.buffer.read()))
+"""
 #: What each round compares, pgpool's figure over the loop's.
 RATIOS: Final = ("jobs_per_s", "postgres_cpu_per_job")
 #: ``--jobs`` by profile.
@@ -138,53 +165,173 @@ def main() -> int:
     parser.add_argument("--loop", choices=LOOP_CYCLES, default="transaction",
                         help="the loop's claim and delete in one transaction, or each "
                              "committed (a lease) (default transaction)")
+    parser.add_argument("--checkout", type=checkout_dir, metavar="DIR",
+                        help="another pgpool checkout to drain the same jobs beside this one "
+                             "(main before a change, as a git worktree)")
+    parser.add_argument("--pgqueuer", action="store_true",
+                        help="PgQueuer drains them too (pip install pgqueuer==1.6.0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return drains.script_main(parser, run, render)
+
+
+def checkout_dir(text: str) -> Path:
+    path = Path(text).resolve()
+    if not (path / "pgpool" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} holds no pgpool package: give a checkout "
+                                         "(git worktree add DIR COMMIT)")
+    return path
 
 
 def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Every round, in a scratch schema; returns the report as a JSON-ready dict. Raises
     `BenchError` if a side fails, stalls or leaves jobs behind."""
     n = args.jobs or DEFAULT_JOBS[args.profile]
+    sides = [side for side in SIDES if side in ("loop", "pgpool")
+             or (side == "pgqueuer" and args.pgqueuer)
+             or (side == "checkout" and args.checkout)]
+    version = pgqueuer_version() if args.pgqueuer else None
     progress.step(f"calibrating the {args.profile} profile")
     cpu_rounds, _ = profiles.calibrate(args.profile, args.job_ms / 1000)
     payloads = profiles.payloads(args.profile, n, cpu_rounds)
     job = {"do": "cpu", "rounds": cpu_rounds} if args.profile == "cpu" else None
     rounds: list[dict[str, Any]] = []
-    with drains.session(args.dsn, progress) as (server, scratch, conn, tmp):
+    with (drains.session(args.dsn, progress) as (server, scratch, conn, tmp),
+          contextlib.ExitStack() as stack):
+        places = _places(sides, args, scratch.dsn, conn, stack, progress)
         for number in range(1, args.rounds + 1):
-            order = SIDES if number % 2 else SIDES[::-1]
+            order = sides if number % 2 else sides[::-1]
             figures = {}
             for side in order:
+                place = places[side]
                 progress.step(f"round {number}, {side}: loading {n:,} jobs")
-                vacuum(conn)
-                pgpool.enqueue_many(conn, KIND, payloads)
+                last = place.load(payloads)
                 progress.step(f"round {number}, {side}: draining them")
                 with open(tmp / f"{side}.log", "w+b") as log:
-                    runner = (Loop(scratch.dsn, args.procs, args.batch, log, args.loop)
-                              if side == "loop" else
-                              drains.Pgpool(scratch.dsn, args.procs,
-                                            args.pgpool_batch or args.batch, log))
-                    figures[side] = drain(conn, runner, n, job, tmp / f"{side}.stamps")
+                    figures[side] = drain(place, _side(side, place, args, log), n, last, job,
+                                          tmp / f"{side}.stamps")
                 progress.step(f"round {number}, {side}: {figures[side]['jobs_per_s']:,.0f} "
                               "jobs/s")
             rounds.append({"round": number, "order": list(order), **figures,
-                           "pgpool_to_loop": _ratios(figures["loop"], figures["pgpool"])})
-    means: dict[str, Any] = {"pgpool_to_loop": {
-        key: _mean(r["pgpool_to_loop"][key] for r in rounds) for key in RATIOS}}
+                           "to_loop": {side: _ratios(figures["loop"], figures[side])
+                                       for side in sides if side != "loop"}})
+    means: dict[str, Any] = {"to_loop": {
+        side: {key: _mean(r["to_loop"][side][key] for r in rounds) for key in RATIOS}
+        for side in sides if side != "loop"}}
     if job:
         means["to_reference"] = {side: _mean(r[side]["to_reference"] for r in rounds)
-                                 for side in SIDES}
+                                 for side in sides}
     return {"server": server, "schema": scratch.name,
             "options": {"profile": args.profile, "jobs": n, "procs": args.procs,
                         "batch": args.batch, "pgpool_batch": args.pgpool_batch or args.batch,
                         "rounds": args.rounds, "loop": args.loop,
                         "cpu_job_rounds": cpu_rounds, "job_ms": args.job_ms,
-                        "max_claims_per_sec": drains.UNTHROTTLED},
+                        "max_claims_per_sec": drains.UNTHROTTLED, "sides": sides,
+                        "checkout": args.checkout and describe(args.checkout),
+                        "pgqueuer_version": version},
             "rounds": rounds, "mean": means,
             "targets": {"jobs_per_s": _jobs_target(args),
                         "postgres_cpu_per_job": POSTGRES_TARGET},
             "command": _command(args, n)}
+
+
+class Place(NamedTuple):
+    """Where a side's jobs live."""
+
+    #: The scratch schema's DSN, which the side's processes get.
+    dsn: str
+    #: This script's connection to that schema: its lookups, and loads.
+    conn: psycopg.Connection
+    #: Its queue's table, as the drive looks at it.
+    queue: drains.Queue
+    #: Loads the payloads on a vacuumed table; returns the last job's id in claim order.
+    load: Callable[[list[dict[str, Any]]], int]
+
+
+def _places(sides: list[str], args: argparse.Namespace, dsn: str, conn: psycopg.Connection,
+            stack: contextlib.ExitStack, progress: Progress) -> dict[str, Place]:
+    """Each side's `Place`: the loop's and pgpool's are the scratch schema's pgpool table,
+    PgQueuer's its own tables in that schema, another checkout's a schema of its own."""
+    def load_pgpool(payloads: list[dict[str, Any]]) -> int:
+        vacuum(conn)
+        pgpool.enqueue_many(conn, KIND, payloads)
+        return drains.last_id(conn)
+
+    shared = Place(dsn, conn, drains.PGPOOL_JOBS, load_pgpool)
+    places = {"loop": shared, "pgpool": shared}
+    if "pgqueuer" in sides:
+        import peers  # bench/peers.py imports this module: not at the top
+
+        progress.step("installing PgQueuer's tables")
+        asyncio.run(peers.install_pgqueuer(dsn))
+
+        def load_pgqueuer(payloads: list[dict[str, Any]]) -> int:
+            conn.execute(peers.VACUUM_PGQUEUER)
+            return peers.pgqueuer_enqueue(conn, payloads) + len(payloads) - 1
+
+        places["pgqueuer"] = Place(dsn, conn, peers.PGQUEUER_JOBS, load_pgqueuer)
+    if "checkout" in sides:
+        places["checkout"] = stack.enter_context(
+            checkout_place(args.dsn, args.checkout, progress))
+    return places
+
+
+@contextlib.contextmanager
+def checkout_place(cli_dsn: str | None, checkout: Path, progress: Progress
+                   ) -> Iterator[Place]:
+    """``--checkout``'s `Place`: a scratch schema of its own, migrated and loaded by that
+    checkout, so that its statements only ever meet its own schema."""
+    base = dsnlib.resolve(cli_dsn)
+    with (dsnlib.connect(base, autocommit=True) as admin,
+          scratch_schema(admin, base, progress) as scratch):
+        # Byte-compiled as this checkout is (`drains.compile_pgpool`): else its every
+        # process compiles it at start.
+        compileall.compile_dir(checkout / "pgpool", quiet=1)
+        _in_checkout(checkout, scratch.dsn, "migrate")
+        with dsnlib.connect(scratch.dsn, autocommit=True) as conn:
+            def load(payloads: list[dict[str, Any]]) -> int:
+                vacuum(conn)
+                _in_checkout(checkout, scratch.dsn, "load", orjson.dumps(payloads))
+                return drains.last_id(conn)
+
+            yield Place(scratch.dsn, conn, drains.PGPOOL_JOBS, load)
+
+
+def _in_checkout(checkout: Path, dsn: str, what: str, payloads: bytes = b"") -> None:
+    """Run `CHECKOUT_SCRIPT` with ``checkout``'s pgpool: ``migrate``, or ``load`` the
+    JSON ``payloads``. `BenchError` with its last line if it fails."""
+    done = subprocess.run([sys.executable, "-c", CHECKOUT_SCRIPT, what, KIND], input=payloads,
+                          capture_output=True, cwd=checkout,
+                          env={**os.environ, "PGPOOL_DSN": dsn, "PYTHONPATH": str(checkout)})
+    if done.returncode:
+        lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no output"]
+        raise BenchError(f"the checkout {checkout} could not {what} its schema: {lines[-1]}")
+
+
+def _side(side: str, place: Place, args: argparse.Namespace, log: IO[bytes]) -> drains.Side:
+    """What drains ``side``'s jobs, its processes' output in ``log``."""
+    if side == "loop":
+        return Loop(place.dsn, args.procs, args.batch, log, args.loop)
+    if side == "pgqueuer":
+        import peers
+
+        return peers.PgQueuer(place.conn, place.dsn, args.procs, args.batch, log)
+    return drains.Pgpool(place.dsn, args.procs, args.pgpool_batch or args.batch, log,
+                         args.checkout if side == "checkout" else None)
+
+
+def pgqueuer_version() -> str:
+    try:
+        return importlib.metadata.version("pgqueuer")
+    except importlib.metadata.PackageNotFoundError:
+        raise BenchError("--pgqueuer: PgQueuer is not installed (pip install "
+                         "pgqueuer==1.6.0)") from None
+
+
+def describe(checkout: Path) -> str:
+    """The checkout and, where git knows it, its commit."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return f"{checkout} ({done.stdout.strip()})" if done.returncode == 0 else str(checkout)
 
 
 class Loop:
@@ -257,18 +404,18 @@ class Loop:
         return line
 
 
-def drain(conn: psycopg.Connection, side: drains.Side, n: int, job: dict[str, Any] | None,
+def drain(place: Place, side: drains.Side, n: int, last: int, job: dict[str, Any] | None,
           stamps: Path) -> dict[str, Any]:
-    """Drain the ``n`` jobs just loaded with ``side``, its jobs' start times in
-    ``stamps``; its figures. Its processes are killed if anything goes wrong. ``job``: the
-    cpu profile's job, timed here first."""
+    """Drain the ``n`` jobs just loaded in ``place`` (``last``: the last one's id in claim
+    order) with ``side``, its jobs' start times in ``stamps``; its figures. Its processes
+    are killed if anything goes wrong. ``job``: the cpu profile's job, timed here first."""
     job_seconds = _time_job(job) if job else None
-    last = drains.last_id(conn)
     stamps.write_bytes(b"")
     with drains.killed_on_exit(side.procs):
-        figures = _watch(conn, side, stamps, last, n)
+        figures = _watch(place, side, stamps, last, n)
         side.finish(n)
-    expect_empty(conn, side.title, 0)
+    if place.queue is drains.PGPOOL_JOBS:  # PgQueuer's `finish` counts its successes
+        expect_empty(place.conn, side.title, 0)
     if job_seconds is not None:
         reference = side.count / job_seconds
         figures |= {"job_seconds": job_seconds, "reference_jobs_per_s": reference,
@@ -276,10 +423,11 @@ def drain(conn: psycopg.Connection, side: drains.Side, n: int, job: dict[str, An
     return figures
 
 
-def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
+def _watch(place: Place, side: drains.Side, stamps: Path, last: int,
            n: int) -> dict[str, Any]:
     """Start ``side``, wait for its first job to start, then for the table to be empty;
     the drain's figures: its time, jobs/s and CPU per job."""
+    conn, queue = place.conn, place.queue
     launched = time.monotonic()
     side.start({STAMPS_ENV: str(stamps)})
     while not stamps.stat().st_size:
@@ -299,10 +447,11 @@ def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
         time.sleep(POLL)
         # Until the last job in claim order is done, a primary key lookup: a count of the
         # jobs left at every poll would cost PostgreSQL far more.
-        last_done = last_done or drains.marker_states(conn, {"last": last})["last"] is None
+        last_done = (last_done
+                     or drains.marker_states(conn, {"last": last}, queue)["last"] is None)
         if last_done:
             end = time.monotonic()  # a statement sees the table as of its start
-            left = remaining(conn)
+            left = remaining(conn, queue)
             if left == 0:
                 break
             if left < fewest:
@@ -313,7 +462,7 @@ def _watch(conn: psycopg.Connection, side: drains.Side, stamps: Path, last: int,
         side.check(conn, claimed=True)
         if time.monotonic() - progressed > STALL:
             raise BenchError(f"{side.title} made no progress for {STALL:g}s "
-                             f"({remaining(conn):,} jobs left)")
+                             f"({remaining(conn, queue):,} jobs left)")
     postgres_used = cpu_between(postgres, _server_cpu(conn))
     dispatcher_now = process_cpu(roots[0]) if dispatcher is not None else None
     client_used = cpu_between(client, tree_cpu(roots))
@@ -352,11 +501,11 @@ def _time_job(job: dict[str, Any]) -> float:
     return statistics.median(times)
 
 
-def _ratios(loop: dict[str, Any], pgpool: dict[str, Any]) -> dict[str, float | None]:
-    """pgpool's figures over the loop's (`RATIOS`), for one round; None where n/a."""
-    pg_loop, pg_pgpool = loop["postgres_us_per_job"], pgpool["postgres_us_per_job"]
-    return {"jobs_per_s": pgpool["jobs_per_s"] / loop["jobs_per_s"],
-            "postgres_cpu_per_job": pg_pgpool / pg_loop if pg_loop and pg_pgpool else None}
+def _ratios(loop: dict[str, Any], other: dict[str, Any]) -> dict[str, float | None]:
+    """A side's figures over the loop's (`RATIOS`), for one round; None where n/a."""
+    pg_loop, pg_other = loop["postgres_us_per_job"], other["postgres_us_per_job"]
+    return {"jobs_per_s": other["jobs_per_s"] / loop["jobs_per_s"],
+            "postgres_cpu_per_job": pg_other / pg_loop if pg_loop and pg_other else None}
 
 
 def _job_ms(text: str) -> float:
@@ -389,12 +538,28 @@ def _command(args: argparse.Namespace, n: int) -> str:
     own = f" --pgpool-batch {args.pgpool_batch}" if args.pgpool_batch else ""
     return (f"python bench/vs_loop.py{dsn} --profile {args.profile}{job_ms} --jobs {n} "
             f"--procs {args.procs} --batch {args.batch}{own} --rounds {args.rounds} "
-            f"--loop {args.loop}")
+            f"--loop {args.loop}{other_options(args)}")
+
+
+def other_options(args: argparse.Namespace) -> str:
+    """``--checkout`` and ``--pgqueuer`` as a reproducing command line gives them."""
+    return ((" --checkout DIR" if args.checkout else "")
+            + (" --pgqueuer" if args.pgqueuer else ""))
+
+
+def other_sides(options: dict[str, Any]) -> list[str]:
+    """A report's lines that say what the checkout and PgQueuer sides were, if any."""
+    lines = []
+    if options["checkout"]:
+        lines.append(f"checkout: the pgpool of {options['checkout']}")
+    if options["pgqueuer_version"]:
+        lines.append(f"pgqueuer: PgQueuer {options['pgqueuer_version']}")
+    return lines
 
 
 def render(report: dict[str, Any]) -> str:
-    """The report as text: a line per round and side, a line of ratios per round, the
-    means against their targets, and the command."""
+    """The report as text: a line per round and side, a line of ratios per round and side,
+    the means against their targets, and the command."""
     s, o, t = report["server"], report["options"], report["targets"]
     lines = [f"pgpool against a hand-written loop ({LOOP_CYCLES[o['loop']]}): {o['jobs']:,} "
              f"{o['profile']} jobs per side and round, {o['procs']} processes each, batch "
@@ -403,10 +568,12 @@ def render(report: dict[str, Any]) -> str:
              + "; PostgreSQL "
              f"{s['version']} (fsync={s['fsync']}, "
              f"synchronous_commit={s['synchronous_commit']})"]
+    lines += other_sides(o)
+    width = max(map(len, o["sides"]))
     for r in report["rounds"]:
         for side in r["order"]:
             f = r[side]
-            line = (f"round {r['round']} {side:<6}  {f['jobs_per_s']:>9,.0f} jobs/s in "
+            line = (f"round {r['round']} {side:<{width}}  {f['jobs_per_s']:>9,.0f} jobs/s in "
                     f"{f['seconds']:.2f}s; CPU per job: PostgreSQL "
                     f"{_us(f['postgres_us_per_job'])}, client {_us(f['client_us_per_job'])}")
             if f["dispatcher_us_per_job"] is not None:
@@ -416,18 +583,24 @@ def render(report: dict[str, Any]) -> str:
                          f"({f['reference_jobs_per_s']:,.0f} jobs/s, job "
                          f"{f['job_seconds'] * 1e3:.2f} ms)")
             lines.append(line)
-        p = r["pgpool_to_loop"]
-        lines.append(f"round {r['round']} pgpool/loop: jobs/s {ratio(p['jobs_per_s'])}, "
-                     f"PostgreSQL CPU per job {ratio(p['postgres_cpu_per_job'])}")
-    m = report["mean"]["pgpool_to_loop"]
-    lines.append(f"mean pgpool/loop: jobs/s {ratio(m['jobs_per_s'])} (target >= "
-                 f"{t['jobs_per_s']:g}), PostgreSQL CPU per job "
-                 f"{ratio(m['postgres_cpu_per_job'])} (target <= "
-                 f"{t['postgres_cpu_per_job']:g})")
+        for side, p in r["to_loop"].items():
+            lines.append(f"round {r['round']} {side}/loop: jobs/s {ratio(p['jobs_per_s'])}, "
+                         f"PostgreSQL CPU per job {ratio(p['postgres_cpu_per_job'])}")
+    for side, m in report["mean"]["to_loop"].items():
+        line = (f"mean {side}/loop: jobs/s {ratio(m['jobs_per_s'])}, PostgreSQL CPU per job "
+                f"{ratio(m['postgres_cpu_per_job'])}")
+        if side == "pgpool":
+            line = (f"mean pgpool/loop: jobs/s {ratio(m['jobs_per_s'])} (target >= "
+                    f"{t['jobs_per_s']:g}), PostgreSQL CPU per job "
+                    f"{ratio(m['postgres_cpu_per_job'])} (target <= "
+                    f"{t['postgres_cpu_per_job']:g})")
+        lines.append(line)
     if "to_reference" in report["mean"]:
         m = report["mean"]["to_reference"]
-        lines.append(f"mean of procs ÷ job time: pgpool {ratio(m['pgpool'])} (target >= "
-                     f"{t['jobs_per_s']:g}), loop {ratio(m['loop'])}")
+        lines.append("mean of procs ÷ job time: " + ", ".join(
+            f"{side} {ratio(value)}" + (f" (target >= {t['jobs_per_s']:g})"
+                                        if side == "pgpool" else "")
+            for side, value in m.items()))
     lines.append(f"reproduce: {report['command']}")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -51,66 +52,119 @@ _STAMP_JOB: Final = {"do": "noop", "stamp": True}
 
 def measure_pickup(opts: BenchOptions, dsn: str, conn: psycopg.Connection, tmp: Path,
                    progress: Progress, also: Sequence[str] = (),
-                   warmed: Callable[[], None] | None = None) -> dict[str, Any]:
+                   warmed: Callable[[], None] | None = None,
+                   checkout: Path | None = None) -> dict[str, Any]:
     """Pickup latency p50/p99/max over min(`PICKUP_SAMPLES`, ``opts.jobs``) jobs (at least
     `PICKUP_MIN`) and the floor's p50/p99, in ms; the FIFO and the subprocess's log go in
     ``tmp``. The host also serves the handler modules ``also`` (on its PYTHONPATH), and
-    ``warmed`` is called once its first job has run, before the measured ones. Raises
-    `BenchError` if the subprocess fails, stalls or does not stop cleanly."""
+    ``warmed`` is called once its first job has run, before the measured ones;
+    ``checkout``: the pgpool of that directory runs the host (bench/pickups.py compares
+    two checkouts). Raises `BenchError` if the subprocess fails, stalls or does not stop
+    cleanly."""
     samples = max(PICKUP_MIN, min(PICKUP_SAMPLES, opts.jobs))
     vacuum(conn)
     progress.step(f"pickup latency: starting `pgpool run --procs 1`, then {samples} jobs "
                   "enqueued one at a time on an idle queue")
-    fifo = tmp / "pickup-stamps"
-    os.mkfifo(fifo)
-    # A FIFO wakes the reader the moment a handler writes. Our own write end keeps it from
-    # reporting end-of-file between the handlers' writes.
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    keep_open = os.open(fifo, os.O_WRONLY)
     app = f"pgpool-bench-pickup-{os.getpid()}-{secrets.token_hex(3)}"
-    env = {**os.environ, STAMPS_ENV: str(fifo), "PGPOOL_LOG_LEVEL": "WARNING",
+    env = {"PGPOOL_LOG_LEVEL": "WARNING",
            "PGPOOL_DSN": make_conninfo(dsn, application_name=app)}  # not in `ps` output
-    with open(tmp / "pickup.log", "w+b") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
-             *(arg for module in also for arg in ("--handlers", module)),
-             "--procs", "1", "--batch", str(opts.batch)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
-        try:
-            _await_listener(conn, app, proc, log)
-            enqueue(conn, KIND, _STAMP_JOB)  # warm-up: the worker's first job
-            _read_stamp(reader, proc, log, SUBPROCESS_TIMEOUT)
-            if warmed is not None:
-                warmed()
-            latencies = []
-            for _ in range(samples):
-                time.sleep(random.uniform(*PICKUP_GAP))
-                enqueue(conn, KIND, _STAMP_JOB)  # autocommit: its own transaction
-                committed = time.monotonic_ns()
-                latencies.append((_read_stamp(reader, proc, log, PICKUP_TIMEOUT)
-                                  - committed) / 1e6)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                status = proc.wait(SUBPROCESS_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                raise BenchError("the pickup dispatcher did not stop within "
-                                 f"{SUBPROCESS_TIMEOUT:g}s of SIGTERM") from None
-            if status != 0:
-                raise BenchError(f"the pickup dispatcher exited with status {status} after "
-                                 f"SIGTERM: {last_line(log)}")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            os.close(reader)
-            os.close(keep_open)
-    latencies.sort()
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    command = [sys.executable, "-m", "pgpool", "run", "--handlers", jobs.__name__,
+               *(arg for module in also for arg in ("--handlers", module)),
+               "--procs", "1", "--batch", str(opts.batch)]
+    with stamped(tmp, command, env, "the pickup dispatcher", checkout) as host:
+        _await_listener(conn, app, host.proc, host.log)
+        latencies = host.pickups(lambda: enqueue(conn, KIND, _STAMP_JOB), samples, warmed)
     floor = pickup_floor(dsn, conn, samples)
     return {"samples": len(latencies), "procs": 1,
             "p50_ms": quantile(latencies, 0.50), "p99_ms": quantile(latencies, 0.99),
             "max_ms": latencies[-1], "floor_p50_ms": quantile(floor, 0.50),
             "floor_p99_ms": quantile(floor, 0.99)}
+
+
+class Stamped:
+    """A process whose handlers write their start times to a FIFO (`stamped`)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: IO[bytes], reader: int,
+                 title: str) -> None:
+        self.proc, self.log, self.reader, self.title = proc, log, reader, title
+
+    def pickups(self, enqueue_one: Callable[[], None], samples: int,
+                warmed: Callable[[], None] | None = None) -> list[float]:
+        """The pickup latencies of ``samples`` jobs, ms, sorted: each enqueued and committed
+        by ``enqueue_one`` after an idle gap (`PICKUP_GAP`), timed from the commit to its
+        handler's start. One job runs first, untimed (its worker's first); then
+        ``warmed``."""
+        enqueue_one()
+        self.stamp(SUBPROCESS_TIMEOUT)
+        if warmed is not None:
+            warmed()
+        latencies = []
+        for _ in range(samples):
+            time.sleep(random.uniform(*PICKUP_GAP))
+            enqueue_one()
+            committed = time.monotonic_ns()
+            latencies.append((self.stamp(PICKUP_TIMEOUT) - committed) / 1e6)
+        return sorted(latencies)
+
+    def stamp(self, timeout: float) -> int:
+        """The next handler start time written to the FIFO, in monotonic ns."""
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"no pickup job started within {timeout:g}s")
+            if select.select([self.reader], [], [], min(left, 0.5))[0]:
+                line += os.read(self.reader, 64)
+            else:
+                self.check()
+        return int(line)
+
+    def check(self) -> None:
+        """`BenchError` if the process has exited."""
+        if self.proc.poll() is not None:
+            raise BenchError(f"{self.title} exited with status {self.proc.returncode}: "
+                             f"{last_line(self.log)}")
+
+
+@contextmanager
+def stamped(tmp: Path, command: list[str], env: dict[str, str], title: str,
+            cwd: Path | None = None) -> Iterator[Stamped]:
+    """Run ``command`` (``title`` in errors; ``env`` added to the environment, its output
+    in ``tmp``) with its handlers' start times going to a FIFO in ``tmp``
+    (`jobs.STAMPS_ENV`); on the way out, SIGTERM, which it must answer by exiting 0
+    within `SUBPROCESS_TIMEOUT` (killed if anything went wrong)."""
+    fifo = tmp / f"pickup-stamps-{secrets.token_hex(3)}"
+    os.mkfifo(fifo)
+    # A FIFO wakes the reader the moment a handler writes. Our own write end keeps it from
+    # reporting end-of-file between the handlers' writes.
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep_open = os.open(fifo, os.O_WRONLY)
+    try:
+        with open(tmp / f"{fifo.name}.log", "w+b") as log:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=cwd,
+                                    env={**os.environ, STAMPS_ENV: str(fifo), **env})
+            try:
+                yield Stamped(proc, log, reader, title)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    status = proc.wait(SUBPROCESS_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    raise BenchError(f"{title} did not stop within {SUBPROCESS_TIMEOUT:g}s "
+                                     "of SIGTERM") from None
+                if status != 0:
+                    raise BenchError(f"{title} exited with status {status} after SIGTERM: "
+                                     f"{last_line(log)}")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    finally:
+        os.close(reader)
+        os.close(keep_open)
 
 
 def pickup_floor(dsn: str, conn: psycopg.Connection, samples: int) -> list[float]:
@@ -144,33 +198,13 @@ def _await_listener(conn: psycopg.Connection, app: str, proc: subprocess.Popen[b
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
     listen = sql.listen_statement(conn.execute(sql.CHANNEL).fetchone()[0])
     while not conn.execute(queries.LISTENING, {"app": app, "listen": listen}).fetchone():
-        _check_alive(proc, log)
+        if proc.poll() is not None:
+            raise BenchError(f"the pickup dispatcher exited with status {proc.returncode}: "
+                             f"{last_line(log)}")
         if time.monotonic() > deadline:
             raise BenchError(f"the pickup dispatcher did not start within "
                              f"{SUBPROCESS_TIMEOUT:g}s")
         time.sleep(0.02)
-
-
-def _read_stamp(fd: int, proc: subprocess.Popen[bytes], log: IO[bytes],
-                timeout: float) -> int:
-    """The next handler start time written to the FIFO ``fd``, in monotonic ns."""
-    deadline = time.monotonic() + timeout
-    line = b""
-    while not line.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BenchError(f"no pickup job started within {timeout:g}s")
-        if select.select([fd], [], [], min(left, 0.5))[0]:
-            line += os.read(fd, 64)
-        else:
-            _check_alive(proc, log)
-    return int(line)
-
-
-def _check_alive(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
-    if proc.poll() is not None:
-        raise BenchError(f"the pickup dispatcher exited with status {proc.returncode}: "
-                         f"{last_line(log)}")
 
 
 def last_line(log: IO[bytes]) -> str:

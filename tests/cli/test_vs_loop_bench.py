@@ -8,11 +8,14 @@ No timing assertions: only that the figures are there and sane.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import psycopg
 import pytest
 from bench_scripts import BENCH_SCHEMAS, bench_script_error, run_bench_script
+from places import ROOT
 
 
 def vs_loop(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -48,9 +51,10 @@ def test_vs_loop_drains_both_sides_and_reports_their_figures(dsn: str, db: psyco
             assert 0 <= f["dispatcher_us_per_job"] <= f["client_us_per_job"]
         assert f["postgres_us_per_job"] is None or f["postgres_us_per_job"] >= 0
         assert "to_reference" not in f  # the cpu profile's
-    ratios = r["pgpool_to_loop"]
+    ratios = r["to_loop"]["pgpool"]
+    assert r["to_loop"] == {"pgpool": ratios}
     assert ratios["jobs_per_s"] == r["pgpool"]["jobs_per_s"] / r["loop"]["jobs_per_s"]
-    assert report["mean"] == {"pgpool_to_loop": ratios}  # one round: its own
+    assert report["mean"] == {"to_loop": {"pgpool": ratios}}  # one round: its own
     assert report["targets"] == {"jobs_per_s": 0.8, "postgres_cpu_per_job": 1.2}
     assert db.execute(BENCH_SCHEMAS).fetchall() == []  # its scratch schema is gone
 
@@ -67,6 +71,46 @@ def test_a_bad_option_is_one_line(dsn: str) -> None:
     assert done.returncode == 2
     assert done.stderr == ("vs_loop: error: argument --pgpool-batch: '0' is not a batch size "
                            "from 1 to 10000\n")
+    done = vs_loop(dsn, "--checkout", "tests")
+    assert done.returncode == 2
+    assert done.stderr == ("vs_loop: error: argument --checkout: 'tests' holds no pgpool "
+                           "package: give a checkout (git worktree add DIR COMMIT)\n")
+
+
+@pytest.mark.soak  # four drains of real hosts: `make soak-test`
+def test_another_checkout_drains_the_same_jobs_in_a_schema_it_migrated(
+        dsn: str, db: psycopg.Connection, tmp_path: Path) -> None:
+    # A copy of this checkout stands for main before a change: its hosts must run its own
+    # code (its handler module, when imported, writes down which program imported it) on
+    # a schema its own migrations made.
+    checkout = tmp_path / "before"
+    shutil.copytree(ROOT / "pgpool", checkout / "pgpool",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    jobs = checkout / "pgpool" / "bench" / "jobs.py"
+    marker = tmp_path / "ran-the-checkout"
+    jobs.write_text(jobs.read_text() + f"\nopen({str(marker)!r}, 'a').write("
+                    "' '.join(__import__('sys').argv) + '\\n')\n")
+    done = vs_loop(dsn, "--jobs", "300", "--rounds", "2", "--checkout", str(checkout), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # Its hosts ran its own `pgpool run`, which imported its handlers.
+    hosts = [line for line in marker.read_text().splitlines()
+             if line.startswith(f"{checkout / 'pgpool' / '__main__.py'} run ")]
+    assert hosts, marker.read_text()
+    assert report["options"]["sides"] == ["loop", "checkout", "pgpool"]
+    assert report["options"]["checkout"] == str(checkout)  # not a git checkout: no commit
+    assert report["command"].endswith(" --loop transaction --checkout DIR")
+    first, second = report["rounds"]
+    assert first["order"] == ["loop", "checkout", "pgpool"]
+    assert second["order"] == ["pgpool", "checkout", "loop"]  # none always first
+    for r in (first, second):
+        f = r["checkout"]
+        assert f["jobs"] == 300 and f["jobs_per_s"] == 300 / f["seconds"]
+        assert 0 <= f["dispatcher_us_per_job"] <= f["client_us_per_job"]
+        assert r["to_loop"]["checkout"]["jobs_per_s"] == (f["jobs_per_s"]
+                                                          / r["loop"]["jobs_per_s"])
+    assert set(report["mean"]["to_loop"]) == {"checkout", "pgpool"}
+    assert db.execute(BENCH_SCHEMAS).fetchall() == []  # both scratch schemas are gone
 
 
 @pytest.mark.soak  # long, with real hosts: the soak tier, which CI runs after make test
