@@ -16,7 +16,7 @@ types of `pgpool.worker.ipc`::
      .assigned: deque[Job]   in order: the front one runs (since .started_at, and it is
      │                       marked `Job.started` for the heartbeat), the rest wait in the
      │                       pipe
-     │  .transport ── task pipe: Jobs([job.wire(), ...]) | Stop() ──▶ ┌─────────────────────┐
+     │  .transport ── task pipe: Jobs([job.wire(), ...], ring_at) ──▶ ┌─────────────────────┐
      │                                                                │ worker.main(index)  │
      │                                                                │   handler modules   │
      │                                                                │   imported once;    │
@@ -24,7 +24,11 @@ types of `pgpool.worker.ipc`::
      │                  Done | Failed | Skipped; Returned | Retiring  │   handler.run()     │
      │                  (Snoozed | Ended: what a handler asked for;   │                     │
      │                  Finished: a result, follow-ups)               │                     │
-     │    _on_readable() ─▶ ipc.Decoder ─▶ _read_results(w)           └─────────────────────┘
+     │  .bell ◀──────── doorbell: a byte after each frame but a Done ──│                     │
+     │                  while more than ring_at of its jobs wait      └─────────────────────┘
+     │    _on_bell() ─▶ _read_written(w) ─▶ ipc.Decoder ─▶ _read_results(w), until empty
+     │    (jobs of microseconds, `SHORT_JOB_SECONDS`: the pipe itself is watched instead,
+     │     _on_results(), and ring_at is -1)
      │        Done: assigned.popleft(), gathered per read ─▶ on_done(jobs, run times)
      │            (the dispatcher's `_jobs_done`: to its completer, without an AttemptEnd)
      │        Used (--fair-by cpu, before an outcome): the front job's CPU ─▶ on_cpu
@@ -43,6 +47,17 @@ types of `pgpool.worker.ipc`::
   _reap(w): _exit_status() ─▶ _forget() ─▶ _fail_running() ─▶ _requeue() ─▶ .exited set
             ─▶ _settle_startup() ─▶ _replace(): a spare (`_spares`, started ahead), or a
                new worker by _spawn() at the same index
+
+Why a doorbell beside the result pipe: a dispatcher that sleeps between outcomes pays a
+wake for each (50 to 90 us of CPU on a small VM, `bench/wake_floor.py`), on the cores the
+jobs need. The worker writes every frame at once, so nothing it did is lost if it dies,
+but rings only when the pool must act: an outcome other than a plain success, a message,
+running low on jobs (at most ``ring_at``, half the depth: when `_assign` tops it up), or
+going idle. Between rings the pool's view of a worker lags by its plain successes unread;
+whatever asks which job runs reads them first (`drop_lost`, `check_deadlines` a few times
+a second, a worker's end, `submit` for a worker that looks full). The run time of a job
+the pool saw start late, a timeout's or a crash's, is short by at most that lag: a few
+jobs of milliseconds.
 
 Why one pair of pipes per worker rather than one shared call queue: the pool always knows
 which job each worker is running (the front of its `assigned`). That lets it kill exactly
@@ -111,8 +126,18 @@ SPARES_AFTER = 5.0
 #: Consecutive replacement workers that may fail to start before the pool gives up.
 MAX_START_FAILURES = 3
 #: How much work, in seconds, to keep queued in each worker's pipe; and the most jobs.
-QUEUED_SECONDS = 0.005
+#: The worker rings its doorbell for more at half of it: the dispatcher wakes about once
+#: per 10 ms of a worker's jobs, not per job (see the module's text for the figures).
+QUEUED_SECONDS = 0.02
 MAX_DEPTH = 64
+#: Jobs shorter than this on average: the pool reads every worker's result pipe as it
+#: fills, not at its doorbell. Their outcomes come faster than a sleeping dispatcher
+#: wakes (50 to 90 us on a small VM, bench/wake_floor.py), so it rarely sleeps between
+#: them: read at rings only, no-op drains ran 4 to 6% slower (bench/vs_loop.py --checkout).
+SHORT_JOB_SECONDS = 0.0001
+#: Bytes per read of a result pipe: what a pipe holds. A larger buffer is over malloc's
+#: mmap threshold: an mmap, mremap and munmap per read, 28 us against 2 us.
+_READ_SIZE = 1 << 16
 #: Kill reasons for a worker the pool ends on purpose before it was ready: not a failed start.
 _STOPPING = "pool stopping"
 _HARD_STOP = "hard stop"
@@ -134,6 +159,7 @@ class _Worker:
     exited: asyncio.Future[None]  # set by _reap once its jobs are settled
     exit_fd: int  # readable once the process has exited (a pidfd); -1 without pidfds
     results: int  # the read end of its result pipe, non-blocking; -1 once closed
+    bell: int  # the read end of its doorbell (`ipc.Outbox`), non-blocking; -1 once closed
     decoder: ipc.Decoder = field(default_factory=ipc.Decoder)
     transport: asyncio.WriteTransport | None = None
     assigned: deque[Job] = field(default_factory=deque)
@@ -209,6 +235,8 @@ class WorkerPool:
         self._min_left_to_start = min_left_to_start
         self._fixed_depth = depth
         self._job_seconds = 0.0  # moving average of how long a job takes in a worker
+        #: Result pipes are read as they fill (`SHORT_JOB_SECONDS`), not at the doorbell.
+        self._watched = False
         self._limits = (max_tasks, max_memory)
         self._log = log  # the workers' log level and format (`worker.main`)
         self._modules = modules
@@ -317,6 +345,12 @@ class WorkerPool:
         """Queue ``jobs`` for the workers, those of ``ahead`` (some of them) before the whole
         backlog: a job that holds a slot of a fleet-wide limit keeps it from every host
         while it waits here, so it goes next."""
+        depth = self.depth
+        for w in list(self._workers.values()):
+            if len(w.assigned) > depth // 2:
+                # It may have rung for jobs when there were none, then gone on quietly:
+                # what it wrote since says how many it holds now.
+                self._read_written(w)
         if ahead:
             first = {id(job) for job in ahead}
             self._backlog.add_first(list(ahead))
@@ -391,9 +425,14 @@ class WorkerPool:
                     self._send(w, ipc.Extend(until))
 
     def check_deadlines(self) -> None:
-        """Kill workers whose running job is past its hard timeout."""
+        """Kill workers whose running job is past its hard timeout (the dispatcher calls
+        this a few times a second). First, what a worker holding more than one job wrote
+        without ringing: its front job may be over, and the one running another. That
+        also bounds how late the pool learns of a plain success to one call's interval."""
         now = asyncio.get_running_loop().time()
-        for w in self._workers.values():
+        for w in list(self._workers.values()):
+            if len(w.assigned) > 1:
+                self._read_written(w)
             job = w.running
             if job is not None and job.timeout and now - w.started_at > job.timeout:
                 self._kill(w, f"{TIMEOUT}: killed after {job.timeout:g}s")
@@ -408,8 +447,9 @@ class WorkerPool:
         """Jobs a worker may hold (running plus queued in its pipe).
 
         Enough queued work (about `QUEUED_SECONDS`) that a worker never waits for the
-        dispatcher to answer an outcome, and no more: queued jobs cannot move to an idle
-        worker. Long jobs get 2 (one running, one waiting); 0.1 ms jobs get 50.
+        dispatcher to answer an outcome, and the dispatcher wakes about once per half of
+        it; no more: queued jobs cannot move to an idle worker. Jobs of 10 ms and longer
+        get 2 (one running, one waiting); 2 ms jobs 10; 0.3 ms and shorter 64.
         """
         if self._fixed_depth is not None:
             return self._fixed_depth
@@ -457,7 +497,9 @@ class WorkerPool:
                 w.started_at = now
                 batch[0].started = True
             w.assigned.extend(batch)
-            self._send(w, ipc.Jobs([job.wire() for job in batch]))
+            # Watched, a worker never rings for a plain success (ring_at -1).
+            self._send(w, ipc.Jobs([job.wire() for job in batch],
+                                   -1 if self._watched else depth // 2))
             self.frames_sent += 1
 
     def _assign_slots(self) -> None:
@@ -513,18 +555,21 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> None:
         loop = asyncio.get_running_loop()
-        process, task, results = (self._launched.pop(index, None)
-                                  or launch(index, self._modules, self._limits, self._log,
-                                            cpu=self._report_cpu is not None))
+        process, task, results, bell = (self._launched.pop(index, None)
+                                        or launch(index, self._modules, self._limits,
+                                                  self._log, cpu=self._report_cpu is not None))
         os.set_blocking(results, False)
-        w = _Worker(index, process, loop.create_future(), _exit_fd(process), results)
+        os.set_blocking(bell, False)
+        w = _Worker(index, process, loop.create_future(), _exit_fd(process), results, bell)
         self._workers[index] = w
         # Its task pipe first: a spare's Ready is in its result pipe already, and read at
         # once, jobs would be assigned to it with nothing to send them through.
         w.transport, _ = await loop.connect_write_pipe(
             asyncio.BaseProtocol, os.fdopen(task, "wb", buffering=0)
         )
-        loop.add_reader(w.results, self._on_readable, w)
+        loop.add_reader(w.bell, self._on_bell, w)
+        if self._watched:
+            loop.add_reader(w.results, self._on_results, w)
         if w.exit_fd >= 0:
             loop.add_reader(w.exit_fd, self._on_exit, w)
         else:
@@ -637,6 +682,19 @@ class WorkerPool:
         for seconds in elapsed:
             average = seconds if not average else 0.98 * average + 0.02 * seconds
         self._job_seconds = average
+        if (average < SHORT_JOB_SECONDS) != self._watched:
+            self._watch_results(not self._watched)
+
+    def _watch_results(self, on: bool) -> None:
+        """Read every result pipe as it fills (``on``), or only at its worker's doorbell."""
+        self._watched = on
+        loop = asyncio.get_running_loop()
+        for w in self._workers.values():
+            if w.results >= 0:
+                if on:
+                    loop.add_reader(w.results, self._on_results, w)
+                else:
+                    loop.remove_reader(w.results)
 
     def _top_up(self, w: _Worker) -> None:
         # Every other worker was topped up when it last could be: only this one, now
@@ -679,8 +737,20 @@ class WorkerPool:
 
     # --- a worker's end -------------------------------------------------------------------
 
-    def _on_readable(self, w: _Worker) -> None:
-        """Outcomes and other messages arrive: decode and handle each."""
+    def _on_bell(self, w: _Worker) -> None:
+        """The worker rang its doorbell: it wrote what the pool must act on (and maybe
+        plain successes before it): decode and handle all it has written."""
+        try:
+            rung = os.read(w.bell, 4096)
+        except BlockingIOError:
+            return
+        if not rung:  # it has ended: `_on_exit` reads its results
+            self._close_bell(w)
+            return
+        self._read_written(w)
+
+    def _on_results(self, w: _Worker) -> None:
+        """A watched result pipe (`_watch_results`) has something: one read of it."""
         if self._read_results(w) is None:
             self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
 
@@ -689,20 +759,20 @@ class WorkerPool:
         while w.results >= 0:
             got = self._read_results(w)
             if got is None:
-                self._close_results(w)
-            if not got:
+                self._close_results(w)  # EOF; its death is noticed by _on_exit, not here
+                return
+            if got < _READ_SIZE:
+                # The pipe was empty then. What the worker writes meanwhile either rings,
+                # or is a plain success with jobs still to run, whose last one rings.
                 return
 
-    def _read_results(self, w: _Worker) -> bool | None:
-        """Handle what one read of the result pipe brings: True if it read something,
-        False if nothing was waiting, None at EOF."""
+    def _read_results(self, w: _Worker) -> int | None:
+        """Handle what one read of the result pipe brings: the bytes it read (0: nothing
+        was waiting), None at EOF."""
         try:
-            # A pipe holds 64 KiB. A larger read buffer is over malloc's mmap threshold: an
-            # mmap, mremap and munmap per read, 28 us against 2 us (one read per job of a
-            # long job).
-            data = os.read(w.results, 1 << 16)
+            data = os.read(w.results, _READ_SIZE)
         except BlockingIOError:
-            return False
+            return 0
         if not data:
             return None
         # Plain successes, the common case by far, are gathered and reported together: the
@@ -726,7 +796,7 @@ class WorkerPool:
             self._on_message(w, message)
         if done:
             self._finished_done(w, done, elapsed)
-        return True
+        return len(data)
 
     def _on_exit(self, w: _Worker) -> None:
         """The worker process exited (its pidfd turned readable, or its waiter thread saw
@@ -752,9 +822,16 @@ class WorkerPool:
 
     def _close_results(self, w: _Worker) -> None:
         if w.results >= 0:
-            asyncio.get_running_loop().remove_reader(w.results)
+            asyncio.get_running_loop().remove_reader(w.results)  # if watched
             os.close(w.results)
             w.results = -1
+        self._close_bell(w)
+
+    def _close_bell(self, w: _Worker) -> None:
+        if w.bell >= 0:
+            asyncio.get_running_loop().remove_reader(w.bell)
+            os.close(w.bell)
+            w.bell = -1
 
     async def _reap(self, w: _Worker) -> None:
         """Settle a worker that exited: it crashed, was killed, retired or stopped. Its
@@ -892,6 +969,7 @@ class Launched(NamedTuple):
     process: BaseProcess
     task: int  # the write end of its task pipe
     results: int  # the read end of its result pipe
+    bell: int  # the read end of its doorbell
 
 
 def launch(index: int, modules: Sequence[str], limits: tuple[int | None, int | None],
@@ -904,9 +982,11 @@ def launch(index: int, modules: Sequence[str], limits: tuple[int | None, int | N
     ctx = multiprocessing.get_context("spawn")
     task_r, task_w = ctx.Pipe(duplex=False)
     result_r, result_w = ctx.Pipe(duplex=False)
+    bell_r, bell_w = ctx.Pipe(duplex=False)
     process = ctx.Process(
         target=worker.main,
-        args=(index, list(modules), task_r, result_w, os.getpid(), *limits, log, cpu),
+        args=(index, list(modules), task_r, result_w, bell_w, os.getpid(), *limits, log,
+              cpu),
         name=f"pgpool-worker-{index}",
         daemon=True,
     )
@@ -914,9 +994,12 @@ def launch(index: int, modules: Sequence[str], limits: tuple[int | None, int | N
     # The child has its own copies now; ours must close or EOF would never arrive.
     task_r.close()
     result_w.close()
-    ends = Launched(process, os.dup(task_w.fileno()), os.dup(result_r.fileno()))
+    bell_w.close()
+    ends = Launched(process, os.dup(task_w.fileno()), os.dup(result_r.fileno()),
+                    os.dup(bell_r.fileno()))
     task_w.close()
     result_r.close()
+    bell_r.close()
     return ends
 
 
@@ -927,6 +1010,7 @@ def abandon(launched: Launched) -> None:
     launched.process.join()
     os.close(launched.task)
     os.close(launched.results)
+    os.close(launched.bell)
 
 
 def restart_reason(w: _Worker, cause: str) -> str:

@@ -3,6 +3,8 @@ through its task pipe, one at a time, and writes their outcomes back.
 
   task pipe ─▶ main.main(): ipc.Jobs ─▶ run_job(): handler(payload) ─▶ ipc.Done | Failed
                                           │ follow-ups (followups), output (output)
+                                          └─▶ result pipe, and the doorbell when the
+                                              dispatcher must act (ipc.Outbox)
   fence: the kernel ends the worker at its running job's lease deadline
 
 `main` is the process's entry point and `pgpool.current_job`; `ipc` the messages both

@@ -3,8 +3,9 @@
 Every message is a named tuple of its own type, read by field at both ends:
 
     dispatcher -> worker
-        Jobs(jobs)                   work items (`WorkItem`) to run in order, after any
-                                     already sent
+        Jobs(jobs, ring_at)          work items (`WorkItem`) to run in order, after any
+                                     already sent; ring the doorbell after a plain
+                                     success only once at most ``ring_at`` jobs wait
         Stop()                       finish the running job, hand back the rest, exit
         Extend(until)                every job sent before this one may run until
                                      ``until`` (its lease was extended); read at once,
@@ -41,6 +42,14 @@ Every message is a named tuple of its own type, read by field at both ends:
         HandedBack(id, elapsed)      in place of an outcome: the handler stopped at a
                                      checkpoint because its host is stopping (`pgpool.Interrupted`)
 
+Every frame a worker writes goes into its result pipe at once, but the dispatcher does not
+watch that pipe: it watches the worker's doorbell, a second pipe (`Outbox`). The worker
+rings it after every frame but a plain success (`Done`) with more than ``ring_at`` jobs
+still waiting, so that a host running short jobs wakes its dispatcher about once per
+refill instead of once per job; everything it must act on at once (a failure, a request,
+a worker ready, stopping or retiring) rings. What the pipe holds unread is read whenever
+the dispatcher needs to know which job runs (a lost lease, a deadline, a worker's end).
+
 A frame is a 4-byte little-endian length and a pickle. Pickle is safe here: both ends are
 our own processes, started by the dispatcher, and nothing from the database is unpickled
 (payloads and meta travel as the raw JSON bytes PostgreSQL returned).
@@ -55,9 +64,12 @@ positional tuples 0.34 µs, named tuples pickled as they are 2.1 µs, this form 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import select
 import struct
+import threading
 from typing import Any, Literal, NamedTuple
 
 _HEADER = struct.Struct("<I")
@@ -80,8 +92,16 @@ class WorkItem(NamedTuple):
     meta: bytes | None = None  # the job's meta column, raw JSON text (pgpool.tracing)
 
 
+#: `Jobs.ring_at` that rings after every outcome: a worker that holds one job at a time.
+RING_ALWAYS = 1 << 30
+
+
 class Jobs(NamedTuple):
     jobs: list[WorkItem]
+    #: After a plain success, ring the doorbell only if at most this many jobs wait: the
+    #: dispatcher tops a worker up once it holds that few (`pgpool.host.pool`); never if
+    #: negative (the dispatcher reads the result pipe as it fills: jobs of microseconds).
+    ring_at: int = RING_ALWAYS
 
 
 class Stop(NamedTuple):
@@ -231,7 +251,8 @@ def encode(message: Message) -> bytes:
     """One frame holding ``message``."""
     tag = _TAGS[type(message)]
     if tag == _JOBS:
-        plain: tuple[object, ...] = (tag, [tuple(item) for item in message.jobs])
+        plain: tuple[object, ...] = (tag, [tuple(item) for item in message.jobs],
+                                     message.ring_at)
     else:
         plain = (tag, *message)
     body = pickle.dumps(plain, protocol=pickle.HIGHEST_PROTOCOL)
@@ -257,7 +278,7 @@ class Decoder:
             plain = pickle.loads(buf[pos + 4 : pos + 4 + size])
             tag = plain[0]
             if tag == _JOBS:
-                out.append(Jobs([_new(WorkItem, item) for item in plain[1]]))
+                out.append(Jobs([_new(WorkItem, item) for item in plain[1]], plain[2]))
             else:
                 out.append(_new(MESSAGES[tag], plain[1:]))
             pos += 4 + size
@@ -266,7 +287,42 @@ class Decoder:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Blocking write of a whole frame (worker side)."""
+    """Blocking write of a whole frame."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+class Outbox:
+    """A worker's result pipe ``wfd`` and its doorbell ``bell``, both set non-blocking
+    here: frames go into the pipe at once, in order, and the doorbell wakes the dispatcher
+    when it must read them (see the module's text).
+
+    Never waits on a full pipe without ringing: a large frame (a result, a checkpoint)
+    rings each time the pipe fills, so the dispatcher reads while the rest is written.
+    The handler's threads send through it too (`pgpool.worker.long`): a lock keeps each
+    frame whole."""
+
+    def __init__(self, wfd: int, bell: int) -> None:
+        self._wfd, self._bell = wfd, bell
+        os.set_blocking(wfd, False)
+        os.set_blocking(bell, False)
+        self._lock = threading.Lock()
+
+    def send(self, frame: bytes, ring: bool = True) -> None:
+        """Write ``frame``, then ring the doorbell unless ``ring`` is False."""
+        with self._lock:
+            view = memoryview(frame)
+            while view:
+                try:
+                    view = view[os.write(self._wfd, view):]
+                except BlockingIOError:
+                    self.ring()
+                    select.select([], [self._wfd], [])
+            if ring:
+                self.ring()
+
+    def ring(self) -> None:
+        # A full doorbell: the dispatcher has rings to read already.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._bell, b"\0")

@@ -57,17 +57,17 @@ Guard = Callable[[Callable[[], None]], None]
 
 class Channel:
     """This worker's end of the long-job messages: requests written to the result pipe
-    ``wfd``, their answers handed over by the inbox thread (`answer`)."""
+    (``outbox``), their answers handed over by the inbox thread (`answer`)."""
 
-    def __init__(self, wfd: int) -> None:
-        self._wfd = wfd
+    def __init__(self, outbox: ipc.Outbox) -> None:
+        self._outbox = outbox
         self._asking = threading.Lock()  # one request in flight: answers carry a job id only
         self._answered = threading.Condition(threading.Lock())
         self._answer: ipc.Stored | ipc.Loaded | None = None
 
     def send(self, message: ipc.LongFromWorker) -> None:
         """Write one frame (called through a `Guard`)."""
-        ipc.write_all(self._wfd, ipc.encode(message))
+        self._outbox.send(ipc.encode(message))
 
     def ask(self, message: ipc.Checkpoint | ipc.LoadCheckpoint,
             guard: Guard) -> ipc.Stored | ipc.Loaded:
@@ -99,10 +99,10 @@ beat = False
 _local: dict[int, bytes] = {}
 
 
-def open_channel(wfd: int) -> None:
-    """Called once by the worker process: long-job messages go through result pipe ``wfd``."""
+def open_channel(outbox: ipc.Outbox) -> None:
+    """Called once by the worker process: long-job messages go through its ``outbox``."""
     global _channel
-    _channel = Channel(wfd)
+    _channel = Channel(outbox)
 
 
 def answer(message: ipc.Stored | ipc.Loaded) -> None:

@@ -4,7 +4,9 @@ It imports the handler modules once, then loops: take the next job, run it (deco
 payload with orjson here, not in the dispatcher), and write one outcome frame (`ipc.Done`
 or `ipc.Failed`; `ipc.Snoozed` or `ipc.Ended` for a `pgpool.retry.Control` exception, an
 error the handler's `pgpool.Retry` does not retry, or a payload that does not fit the
-handler's type; `ipc.HandedBack` for `pgpool.Interrupted`) per job to the result pipe. A reader
+handler's type; `ipc.HandedBack` for `pgpool.Interrupted`) per job to the result pipe,
+ringing the doorbell beside it when the dispatcher must act (`ipc.Outbox`: anything but a
+plain success, and as its jobs run low, `_Inbox.wants_jobs`). A reader
 thread (`_Inbox`) drains the task pipe meanwhile: jobs queue up in order, an `ipc.Stop` is
 seen before the next job starts (a stopping dispatcher gets its unstarted jobs back,
 `ipc.Returned`), an `ipc.Extend` moves the lease deadline at once, even while a handler
@@ -151,21 +153,23 @@ def current_job() -> RunningJob:
 
 
 def main(index: int, modules: list[str], tasks: Connection, results: Connection,
-         parent_pid: int, max_tasks: int | None = None,
+         bell: Connection, parent_pid: int, max_tasks: int | None = None,
          max_memory: int | None = None, log: tuple[str, str] | None = None,
          cpu: bool = False) -> None:
     """Entry point of worker ``index``; returns when told to stop, when it retires, or when
     the dispatcher is gone.
 
-    ``max_tasks``: retire after that many jobs. ``max_memory``: cap this process's private
-    writable memory (RLIMIT_DATA) at that many bytes, so a runaway job fails with
-    MemoryError instead of exhausting the host; the worker retires after one. ``log``: the
+    ``bell``: the doorbell beside the result pipe (`ipc.Outbox`). ``max_tasks``: retire
+    after that many jobs. ``max_memory``: cap this process's private writable memory
+    (RLIMIT_DATA) at that many bytes, so a runaway job fails with MemoryError instead of
+    exhausting the host; the worker retires after one. ``log``: the
     dispatcher's log level and format, for this process's ``logging`` (handler modules'
     included); None leaves logging as Python starts it. ``cpu``: measure each attempt's
     CPU time and send it before its outcome (`ipc.Used`: ``pgpool run --fair-by cpu``).
     """
     try:
-        _serve(index, modules, tasks, results, parent_pid, max_tasks, max_memory, log, cpu)
+        _serve(index, modules, tasks, results, bell, parent_pid, max_tasks, max_memory, log,
+               cpu)
     except BrokenPipeError:
         # The dispatcher is gone (killed) and nobody reads the results: the jobs' leases
         # run out and a reaper returns them. Not a failure to print a traceback for.
@@ -173,7 +177,7 @@ def main(index: int, modules: list[str], tasks: Connection, results: Connection,
 
 
 def _serve(index: int, modules: list[str], tasks: Connection, results: Connection,
-           parent_pid: int, max_tasks: int | None, max_memory: int | None,
+           bell: Connection, parent_pid: int, max_tasks: int | None, max_memory: int | None,
            log: tuple[str, str] | None, cpu: bool) -> None:
     # Lead a process group of its own before any handler code runs: the dispatcher kills
     # the whole group, so whatever a handler starts dies with the attempt.
@@ -186,11 +190,12 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
     setproctitle(f"{prefix}: starting")
     if log is not None:  # before the handler modules import: they may log as they load
         logs.configure_worker(*log, sys.stderr, _running)
-    rfd, wfd = tasks.fileno(), results.fileno()
+    rfd = tasks.fileno()
+    outbox = ipc.Outbox(results.fileno(), bell.fileno())
     try:  # ends the group once this process ends, whether or not the dispatcher can act
         fence.guard_group(f"pgpool fence of worker {index}")
     except OSError as exc:
-        ipc.write_all(wfd, ipc.encode(ipc.Broken(f"cannot start the lease fence: {exc}")))
+        outbox.send(ipc.encode(ipc.Broken(f"cannot start the lease fence: {exc}")))
         return
     schedules.skip_time_checks()
     try:
@@ -198,7 +203,7 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
         soft.wrap(handlers)
         max_result_bytes()  # a bad PGPOOL_MAX_RESULT_BYTES stops the host at its start
     except PgpoolError as exc:
-        ipc.write_all(wfd, ipc.encode(ipc.Broken(str(exc))))
+        outbox.send(ipc.encode(ipc.Broken(str(exc))))
         return
     if max_memory is not None:
         try:
@@ -206,11 +211,11 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
         except (ValueError, OSError) as exc:
             reason = (f"cannot cap worker memory at {max_memory // 2**20} MiB ({exc}): the "
                       "worker already uses more after importing handlers; raise --max-memory")
-            ipc.write_all(wfd, ipc.encode(ipc.Broken(reason)))
+            outbox.send(ipc.encode(ipc.Broken(reason)))
             return
     streams = output.install()  # handlers' prints name their job, and are bounded
-    long.open_channel(wfd)
-    ipc.write_all(wfd, ipc.encode(ipc.Ready(os.getpid())))
+    long.open_channel(outbox)
+    outbox.send(ipc.encode(ipc.Ready(os.getpid())))
     finished = 0
 
     timer = fence.Fence()
@@ -224,11 +229,11 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
         if job is None:  # told to stop, or the dispatcher closed the pipe: it is gone
             timer.disarm()
             if inbox.stopping:
-                ipc.write_all(wfd, ipc.encode(ipc.Returned(inbox.take_all())))
+                outbox.send(ipc.encode(ipc.Returned(inbox.take_all())))
             return
         seq, item = job
         if inbox.skip(seq):  # its lease was lost while it waited: it must not start
-            ipc.write_all(wfd, ipc.encode(ipc.Skipped(item.id)))
+            outbox.send(ipc.encode(ipc.Skipped(item.id)))
             if not inbox.pending:
                 setproctitle(idle_title)
             continue
@@ -243,7 +248,8 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
         frame = ipc.encode(outcome)
         if cpu:  # --fair-by cpu: what the attempt used, in the same write as its outcome
             frame = ipc.encode(ipc.Used(cpu_seconds() - before)) + frame
-        ipc.write_all(wfd, frame)
+        # A plain success wakes the dispatcher only when this worker needs more jobs.
+        outbox.send(frame, ring=type(outcome) is not ipc.Done or inbox.wants_jobs())
         finished += 1
         retire = None
         if isinstance(outcome, _FAILURES) and outcome.cause == "MemoryError":
@@ -252,7 +258,7 @@ def _serve(index: int, modules: list[str], tasks: Connection, results: Connectio
             retire = f"recycled after {finished} jobs"
         if retire:
             timer.disarm()
-            ipc.write_all(wfd, ipc.encode(ipc.Retiring(retire)))
+            outbox.send(ipc.encode(ipc.Retiring(retire)))
             return
         if not inbox.pending:
             setproctitle(idle_title)
@@ -276,6 +282,10 @@ class _Inbox:
         self._timer = timer
         self._ready = threading.Condition(threading.Lock())
         self.pending: deque[tuple[int, ipc.WorkItem]] = deque()
+        #: The last `ipc.Jobs.ring_at`, and whether a plain success rang for more jobs
+        #: since that frame came (`wants_jobs`).
+        self._ring_at = ipc.RING_ALWAYS
+        self._asked = False
         self._received = 0
         self._dropped: set[int] = set()  # numbers of pending jobs not to start (ipc.Drop)
         self._running: ipc.WorkItem | None = None  # handed out by next(), not finished
@@ -325,6 +335,23 @@ class _Inbox:
             with self._ready:
                 pass
 
+    def wants_jobs(self) -> bool:
+        """Whether a plain success just written should ring the doorbell: when no job
+        waits (this worker is about to idle), and once per `ipc.Jobs` frame when at most
+        its ``ring_at`` wait (the dispatcher tops the worker up then, if it has jobs; if it
+        has none, it sends them once a claim brings some, having read what was written).
+        Never while ``ring_at`` is negative: the dispatcher reads as the pipe fills."""
+        ring_at = self._ring_at
+        if ring_at < 0:
+            return False
+        if not self.pending:
+            return True
+        if len(self.pending) > ring_at or self._asked:
+            return False
+        with self._ready:  # not asked again for a frame that came meanwhile
+            asked, self._asked = self._asked, True
+        return not asked
+
     def take_all(self) -> list[int]:
         """The ids of the jobs not started, which the worker hands back."""
         with self._ready:
@@ -353,6 +380,7 @@ class _Inbox:
                             start = self._received
                             self.pending.extend(enumerate(message.jobs, start))
                             self._received = start + len(message.jobs)
+                            self._ring_at, self._asked = message.ring_at, False
                             self._ready.notify()
                     case ipc.Extend():
                         self._timer.extend(message.until, self._received)

@@ -25,7 +25,12 @@ def test_fair_cpu_prints_the_shares_per_window_in_both_modes(dsn: str,
         assert len(run["windows"]) == 2
         for row in [run["warmup"], *run["windows"], run["overall"]]:
             assert row["heavy_cpu_pct"] + row["light_cpu_pct"] == pytest.approx(100, abs=0.1)
-        assert run["overall"]["heavy_jobs"] > 0 and run["overall"]["light_jobs"] > 0
+        assert run["overall"]["heavy_jobs"] > 0
+    # By CPU the light tenant gets its share in every window. By count, on a loaded
+    # machine (the soak tier's), none of its jobs may end in two seconds of windows: beside
+    # three CPU spinners that happened in 3 runs of 3, on main before the pool's doorbell
+    # as after it. The figures are the bench's to print, not this test's to judge.
+    assert results["cpu"][0]["overall"]["light_jobs"] > 0
     assert set(results["claims"]) == {"2_count", "2_cpu", "100_count", "100_cpu"}
     assert db.execute(BENCH_SCHEMAS).fetchall() == []
 

@@ -123,6 +123,11 @@ def noop(payload: dict) -> None:
     pass
 
 
+@pgpool.handler("large_result")
+def large_result(payload: dict) -> dict:
+    return {"blob": "x" * payload["bytes"]}  # a frame many times a pipe's size
+
+
 @pgpool.handler("chatty")
 def chatty(payload: dict) -> None:
     """Prints ``payload["chars"]`` characters to stdout and to stderr, in lines."""

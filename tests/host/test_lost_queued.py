@@ -14,13 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import multiprocessing
-import os
-import select
 import signal
-import time
-from collections import deque
 from pathlib import Path
 
 import psycopg
@@ -28,6 +22,7 @@ import pytest
 from commands import RUN, run_pgpool
 from dbtools import one
 from processes import Pgpool, alive, start_pgpool
+from raw_worker import RawWorker, item
 from records import read_records
 from waits import wait_until
 
@@ -35,7 +30,6 @@ import pgpool
 from pgpool.host.attempt import AttemptEnd, Job
 from pgpool.host.pool import LEASE_LOST, WorkerPool
 from pgpool.worker import ipc
-from pgpool.worker import main as worker
 
 
 def start_two(db: psycopg.Connection, dsn: str, record_dir: Path, release: Path,
@@ -147,55 +141,6 @@ def test_a_queued_job_the_heartbeat_finds_lost_is_skipped_and_runs_again_later(
 
 
 # --- the races, driven by hand ------------------------------------------------------------
-
-
-def item(job_id: int, kind: str, payload: object = None, attempt: int = 1) -> ipc.WorkItem:
-    return ipc.WorkItem(job_id, attempt, 0, 1, kind, "default",
-                        json.dumps(payload or {}).encode(), math.inf)
-
-
-class RawWorker:
-    """A real worker process (`pgpool.worker.main`, handlers from
-    tests/handlers/testjobs.py) whose two pipes the test holds, as the pool would: to send a
-    message at a moment the pool's own timing cannot be made to reach."""
-
-    def __init__(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        task_r, self._tasks = ctx.Pipe(duplex=False)
-        self._results, result_w = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=worker.main, daemon=True,
-                                   args=(0, ["testjobs"], task_r, result_w, os.getpid()))
-        self.process.start()
-        task_r.close()
-        result_w.close()
-        self._decoder = ipc.Decoder()
-        self._messages: deque[ipc.Message] = deque()
-        assert isinstance(self.receive(), ipc.Ready)
-
-    def send(self, *messages: ipc.ToWorker) -> None:
-        """``messages`` in one write: the worker's reader takes them in one read, and acts on
-        each before it waits for more."""
-        ipc.write_all(self._tasks.fileno(), b"".join(ipc.encode(m) for m in messages))
-
-    def receive(self, timeout: float = 30) -> ipc.Message | None:
-        """The next message it writes; None once its result pipe is closed (it exited)."""
-        deadline = time.monotonic() + timeout
-        fd = self._results.fileno()
-        while not self._messages:
-            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                pytest.fail(f"the worker wrote nothing for {timeout}s")
-            data = os.read(fd, 1 << 16)
-            if not data:
-                return None
-            self._messages.extend(self._decoder.feed(data))
-        return self._messages.popleft()
-
-    def close(self) -> None:
-        if self.process.exitcode is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.join(10)
-        self._tasks.close()
-        self._results.close()
 
 
 @pytest.fixture

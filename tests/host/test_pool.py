@@ -112,11 +112,37 @@ def test_a_crash_blames_only_the_running_job_and_reruns_the_queued_one(
     assert os.getpid() not in {r[2] for r in records}
 
 
+def test_plain_successes_the_pool_had_not_read_are_reported_before_a_crash_blames_its_job(
+        record_dir: Path, monkeypatch):
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+    # Depth 8 (ring_at 4): jobs 1, 2, 4 and 5 end without ringing the doorbell; the pool
+    # reads them when the worker dies on job 6, and blames job 6 alone.
+    jobs = [job(i, "whoami") for i in range(1, 6)] + [job(6, "crash"), job(7, "whoami")]
+    outcomes, pool = run_pool(jobs, depth=8)
+    by_id = {o.job.id: o for o in outcomes}
+    assert sorted(by_id) == list(range(1, 8))
+    assert [i for i, o in by_id.items() if o.error is not None] == [6]
+    assert by_id[6].error == "worker died: signal 9 (SIGKILL)"
+    assert pool.replaced == 1
+    ran = [r[0] for r in read_records(record_dir) if r[3] == "run"]
+    assert sorted(ran) == [1, 2, 3, 4, 5, 7]  # each once: job 7 on the new worker
+
+
+def test_a_result_larger_than_the_pipe_reaches_the_pool(monkeypatch):
+    # 600 kB of JSON: the worker rings each time its result pipe fills, so the pool, which
+    # reads the pipe at the doorbell, empties it while the rest is written.
+    outcomes, _ = run_pool([job(1, "large_result", b'{"bytes": 600000}'),
+                            job(2, "large_result", b'{"bytes": 10}')], depth=8)
+    by_id = {o.job.id: o for o in outcomes}
+    assert by_id[1].error is None and len(by_id[1].result) > 600_000
+    assert by_id[2].error is None
+
+
 def test_short_jobs_travel_to_workers_in_chunks():
     outcomes, pool = run_pool([job(i, "noop") for i in range(3000)], procs=2, depth=None)
     assert sorted(o.job.id for o in outcomes) == list(range(3000))
     assert pool.depth > 2  # it learned that these jobs are short
-    # Once a worker is half drained it is topped up to the depth, 5 ms of work (64 noop
+    # Once a worker is half drained it is topped up to the depth, 20 ms of work (64 noop
     # jobs, which take microseconds): about 3000 / 32 frames. Under 750 (4 jobs a frame)
     # still leaves room for the job time average being thrown off on a loaded machine: a
     # first job preempted for 10 ms keeps the depth near 2 (one job a frame) for about 140
@@ -449,6 +475,34 @@ def test_a_job_past_its_deadline_fails_alone_and_its_worker_is_replaced(
     assert pool.replaced == 1
     pids = {r[0]: r[2] for r in read_records(record_dir)}
     assert pids[1] != pids[2]  # job 2 waited behind the killed job: it ran on the new worker
+
+
+def test_a_timeout_behind_unread_successes_is_timed_from_its_own_start(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTJOBS_RECORD", str(record_dir))
+
+    async def main() -> Callbacks:
+        calls = Callbacks()
+        pool = new_pool(calls, ["testjobs"], depth=8)  # ring_at 4
+        await pool.start()
+        # After job 1, 3 jobs wait: its success rings for more. Job 2's does not (once
+        # per frame): the pool still has it in front, without a timeout, while job 3,
+        # which has one, spins. It is killed all the same, and job 1's 0.4 s (longer than
+        # job 3's timeout) is not counted as job 3's.
+        pool.submit([job(1, "burn", b'{"cpu": 0.4}'), job(2, "whoami"),
+                     job(3, "spin", timeout=0.3), job(4, "whoami")])
+        await calls.wait_for(lambda: len(calls.outcomes) == 4, "every outcome",
+                             tick=pool.check_deadlines)
+        await pool.stop(grace=10)
+        return calls
+
+    calls = asyncio.run(main())
+    by_id = {o.job.id: o for o in calls.outcomes}
+    assert [i for i in sorted(by_id) if by_id[i].error is not None] == [3]
+    assert by_id[3].error == "timeout: killed after 0.3s"
+    assert by_id[3].elapsed >= 0.3
+    runs = [r for r in read_records(record_dir) if r[3] in ("run", "start")]
+    assert sorted(r[0] for r in runs) == [2, 3, 4]  # each once (burn records nothing)
 
 
 @pytest.mark.usefixtures("pool_path")

@@ -15,9 +15,11 @@ def test_a_worker_whose_results_nobody_reads_exits_without_a_traceback(
     ctx = multiprocessing.get_context("spawn")
     tasks, tasks_in = ctx.Pipe(duplex=False)
     results_out, results = ctx.Pipe(duplex=False)
-    results_out.close()  # the dispatcher's end: nobody will read what the worker writes
+    bell_out, bell = ctx.Pipe(duplex=False)
+    results_out.close()  # the dispatcher's ends: nobody will read what the worker writes
+    bell_out.close()
     process = ctx.Process(target=worker.main, name="pgpool-worker-0",
-                          args=(0, ["pgpool.bench.jobs"], tasks, results,
+                          args=(0, ["pgpool.bench.jobs"], tasks, results, bell,
                                 multiprocessing.current_process().pid))
     process.start()
     process.join(60)
