@@ -20,7 +20,7 @@ The systems (`PROCS` processes and claims of `BATCH` jobs each), all in one scra
 - ``pgqueuer``: PgQueuer (``pip install pgqueuer==1.6.0``; imported only for this row,
   which is left out with a one-line note when it is not installed), its tables installed by
   its API in the scratch schema. Its jobs are loaded by its producer's batch enqueue, 10,000
-  a statement (it has no COPY). Its consumers are two processes (`pgqueuer_consumer`), each
+  a statement (it has no COPY). Its consumers are two processes (bench/pgqueuer_side.py), each
   PgQueuer's own runner (``pgqueuer.run``, what ``pgq run`` calls, on uvloop as ``pgq run``
   does) of one QueueManager in drain mode with ``batch_size`` 50, on PgQueuer's psycopg 3
   async driver, its other settings PgQueuer's defaults. Two processes: an asyncio consumer
@@ -55,26 +55,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import functools
-import importlib.metadata
-import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import IO, Any, Final
 
 import cliff  # bench/ is on the path: this script's directory
 import drains
-import orjson
+import pgqueuer_side
 import psycopg
 import vs_loop
-from psycopg.conninfo import conninfo_to_dict
 
 import pgpool
-from pgpool import registry
 from pgpool.bench import queries
 from pgpool.bench.jobs import KIND
 from pgpool.bench.options import BenchError
@@ -86,29 +78,10 @@ SYSTEMS: Final = ("loop", "pgqueuer", "pgpool")
 #: Every system's processes and jobs per claim: the issue's workload.
 PROCS: Final = 2
 BATCH: Final = 50
-#: The PgQueuer release the issue compares with.
-PGQUEUER: Final = "pgqueuer==1.6.0"
-#: PgQueuer's jobs per enqueue statement while loading.
-PGQUEUER_LOAD_CHUNK: Final = 10_000
-#: PgQueuer's table: a job is 'queued' until claimed ('picked'), deleted once done.
-PGQUEUER_JOBS: Final = drains.Queue(
-    remaining="SELECT count(*) FROM pgqueuer",
-    markers="""
-SELECT m.id, j.status::text
-FROM unnest(%(ids)s::bigint[]) AS m(id) LEFT JOIN pgqueuer AS j USING (id)
-""",
-    ready="queued",
-)
-#: PgQueuer logs each job's every status; 'successful' once it ran without error.
-PGQUEUER_SUCCESSES: Final = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
-VACUUM_PGQUEUER: Final = "VACUUM pgqueuer"
 #: The issue's targets for pgpool: pinned / not pinned, pinned against PgQueuer's pinned,
 #: the slowest interval against the first and the later rounds against round 1 (pinned).
 TARGETS: Final = {"pinned_to_not": 0.8, "pinned_to_pgqueuer_pinned": 1.5,
                   "slowest_to_first_interval": 0.8, "later_to_round_1": 0.8}
-#: The first argument of PgQueuer's consumer processes (this script run again): not for
-#: users.
-PGQUEUER_CONSUMER: Final = "--pgqueuer-consumer"
 
 
 def main() -> int:
@@ -147,7 +120,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with drains.session(args.dsn, progress) as s:
         if pgqueuer_version:
             progress.step("installing PgQueuer's tables")
-            asyncio.run(install_pgqueuer(s.scratch.dsn))
+            asyncio.run(pgqueuer_side.install(s.scratch.dsn))
         for system, pin in _schedule(systems, args.pin):
             turns.append(_turn(s, system, pin, args, progress))
     by_system = {system: _compare(system, turns) for system in systems}
@@ -168,10 +141,10 @@ def _available(systems: list[str]) -> tuple[list[str], str | None]:
     if "pgqueuer" not in systems:
         return systems, None
     try:
-        return systems, importlib.metadata.version("pgqueuer")
-    except importlib.metadata.PackageNotFoundError:
+        return systems, pgqueuer_side.version("--systems pgqueuer")
+    except BenchError:
         print(f"peers: note: PgQueuer is not installed, its row is left out (pip install "
-              f"{PGQUEUER})", file=sys.stderr)
+              f"{pgqueuer_side.PGQUEUER})", file=sys.stderr)
         return [system for system in systems if system != "pgqueuer"], None
 
 
@@ -186,10 +159,10 @@ def _turn(s: drains.Session, system: str, pin: bool, args: argparse.Namespace,
           progress: Progress) -> dict[str, Any]:
     """One system's ``args.rounds`` rounds back to back, under one pin if ``pin``."""
     conn = s.conn
-    queue = PGQUEUER_JOBS if system == "pgqueuer" else drains.PGPOOL_JOBS
+    queue = pgqueuer_side.PGQUEUER_JOBS if system == "pgqueuer" else drains.PGPOOL_JOBS
     # The turn starts on a vacuumed table, as the previous turn's dead rows (the loop's and
     # pgpool's share a table) are not this one's.
-    conn.execute(VACUUM_PGQUEUER if system == "pgqueuer" else queries.VACUUM)
+    conn.execute(pgqueuer_side.VACUUM_PGQUEUER if system == "pgqueuer" else queries.VACUUM)
     rounds = []
     with drains.pinned(s.scratch.dsn if pin else None):
         for number in range(1, args.rounds + 1):
@@ -221,25 +194,7 @@ def _load(conn: psycopg.Connection, system: str, n: int) -> int:
     if system != "pgqueuer":
         pgpool.enqueue_many(conn, KIND, ({"do": "noop"} for _ in range(n)))
         return drains.last_id(conn) - n + 1
-    return pgqueuer_enqueue(conn, [{"do": "noop"}] * n)
-
-
-def pgqueuer_enqueue(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -> int:
-    """``payloads`` as PgQueuer jobs of the bench kind, `PGQUEUER_LOAD_CHUNK` a statement
-    by its producer's batch enqueue, with consecutive ids; the first one's."""
-    # Imported here: PgQueuer is not a pgpool dependency.
-    from pgqueuer.db import SyncPsycopgDriver
-    from pgqueuer.queries import SyncQueries
-
-    enqueue = SyncQueries(SyncPsycopgDriver(conn)).enqueue
-    ids: list[int] = []
-    for start in range(0, len(payloads), PGQUEUER_LOAD_CHUNK):
-        chunk = [orjson.dumps(p) for p in payloads[start:start + PGQUEUER_LOAD_CHUNK]]
-        ids += enqueue([KIND] * len(chunk), chunk, [0] * len(chunk))
-    # The drives find their markers by id: the jobs must be numbered in their claim order.
-    if ids != list(range(ids[0], ids[0] + len(payloads))):
-        raise BenchError("PgQueuer gave the jobs loaded ids that are not consecutive")
-    return ids[0]
+    return pgqueuer_side.enqueue(conn, [{"do": "noop"}] * n)
 
 
 def _side(conn: psycopg.Connection, system: str, dsn: str, log: IO[bytes]) -> drains.Side:
@@ -248,123 +203,7 @@ def _side(conn: psycopg.Connection, system: str, dsn: str, log: IO[bytes]) -> dr
         return vs_loop.Loop(dsn, PROCS, BATCH, log, "transaction")
     if system == "pgpool":
         return drains.Pgpool(dsn, PROCS, BATCH, log)
-    return PgQueuer(conn, dsn, PROCS, BATCH, log)
-
-
-class PgQueuer:
-    """PgQueuer's consumer processes (`pgqueuer_consumer`), a `drains.Side`."""
-
-    title = "PgQueuer"
-    #: How the errors name one of its processes.
-    process = "a PgQueuer consumer"
-
-    def __init__(self, conn: psycopg.Connection, dsn: str, procs: int, batch: int,
-                 log: IO[bytes]) -> None:
-        self.conn, self.dsn, self.count, self.batch, self.log = conn, dsn, procs, batch, log
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.successes = _successes(conn)  # before this drain
-
-    def start(self, env: dict[str, str]) -> None:
-        env = {**os.environ, "PGPOOL_DSN": self.dsn, **env}
-        for _ in range(self.count):
-            self.procs.append(subprocess.Popen(
-                [sys.executable, __file__, PGQUEUER_CONSUMER, str(self.batch)],
-                stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env))
-
-    def check(self, conn: psycopg.Connection, claimed: bool) -> None:
-        """`BenchError` if a consumer has failed, or if all of them have exited (in drain
-        mode, once none is queued) with jobs left."""
-        for proc in self.procs:
-            if proc.poll() not in (None, 0):
-                drains.check_running(proc, self.log, drains.how_far(conn, claimed, PGQUEUER_JOBS),
-                                     self.process)
-        if (all(proc.poll() is not None for proc in self.procs)
-                and (left := drains.remaining(conn, PGQUEUER_JOBS))):
-            raise BenchError(f"PgQueuer's consumers exited with {left:,} jobs left")
-
-    def finish(self, n: int) -> None:
-        for proc in self.procs:
-            drains.expect_exit(proc, self.log, self.process)
-        # A job that raised is deleted too, logged as an exception.
-        if (done := _successes(self.conn) - self.successes) != n:
-            raise BenchError(f"PgQueuer ran {done:,} jobs successfully, not {n:,}")
-
-
-def _successes(conn: psycopg.Connection) -> int:
-    return conn.execute(PGQUEUER_SUCCESSES).fetchone()[0]
-
-
-async def install_pgqueuer(dsn: str) -> None:
-    """PgQueuer's tables, types and trigger in the schema ``dsn``'s search_path names."""
-    from pgqueuer.queries import Queries  # imported here: not a pgpool dependency
-
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await Queries.from_psycopg_connection(conn).install()
-
-
-def pgqueuer_consumer(batch: int, continuous: bool = False) -> int:
-    """One PgQueuer consumer process on the DSN in ``PGPOOL_DSN``: PgQueuer's runner of
-    `_queue_manager` in drain mode, claims of ``batch``; it exits once no job is queued and
-    its own are done. ``continuous``: it waits for jobs until SIGTERM instead, on asyncpg
-    (as bench/pickups.py runs it, `_queue_manager`)."""
-    import pgqueuer  # imported here: not a pgpool dependency
-    import uvloop  # a PgQueuer dependency
-    from pgqueuer.types import QueueExecutionMode
-
-    mode = QueueExecutionMode.continuous if continuous else QueueExecutionMode.drain
-    # `pgq run` would do the same, but its command line fails to parse its own options
-    # with current typer releases.
-    uvloop.run(pgqueuer.run(functools.partial(_queue_manager, asyncpg=continuous),
-                            batch_size=batch, mode=mode))
-    return 0
-
-
-@contextlib.asynccontextmanager
-async def _queue_manager(asyncpg: bool) -> AsyncIterator[Any]:
-    """PgQueuer's factory: a QueueManager on one psycopg 3 async connection (``asyncpg``:
-    an asyncpg one), whose one entrypoint runs a job as a pgpool worker does (orjson, then
-    the bench handler).
-
-    Why asyncpg for an idle queue's pickup: PgQueuer's psycopg driver waits for
-    notifications on the connection its queries use, one second at a time, and a query
-    waits for that wait to end: every pickup took a second (1,002 ms at the median)."""
-    from pgqueuer import QueueManager
-    from pgqueuer.models import Job
-    from pgqueuer.queries import Queries
-
-    run_job = registry.registered()[KIND].run
-    async with contextlib.AsyncExitStack() as stack:
-        if asyncpg:
-            conn = await _asyncpg_connect(os.environ["PGPOOL_DSN"])
-            stack.push_async_callback(conn.close)
-            queries = Queries.from_asyncpg_connection(conn)
-        else:
-            conn = await stack.enter_async_context(await psycopg.AsyncConnection.connect(
-                os.environ["PGPOOL_DSN"], autocommit=True))
-            queries = Queries.from_psycopg_connection(conn)
-        manager = QueueManager(queries)
-
-        @manager.entrypoint(KIND)
-        async def bench(job: Job) -> None:
-            run_job(orjson.loads(job.payload))
-
-        yield manager
-
-
-async def _asyncpg_connect(dsn: str) -> Any:
-    """An asyncpg connection to libpq's ``dsn`` (asyncpg reads URLs only): its host, port,
-    user, password and database, and its ``-c name=value`` options as server settings
-    (the scratch schema's ``search_path``)."""
-    import asyncpg  # PgQueuer's own driver: not a pgpool dependency
-
-    params = conninfo_to_dict(dsn)
-    settings = dict(option.split("=", 1) for option in
-                    str(params.get("options", "")).replace("-c ", "").split())
-    if "application_name" in params:
-        settings["application_name"] = str(params["application_name"])
-    return await asyncpg.connect(host=params.get("host"), port=params.get("port"),
-                                 user=params.get("user"), password=params.get("password"),
-                                 database=params.get("dbname"), server_settings=settings)
+    return pgqueuer_side.PgQueuer(conn, dsn, PROCS, BATCH, log)
 
 
 def _compare(system: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
@@ -450,6 +289,4 @@ def _rate(value: float | None) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [PGQUEUER_CONSUMER]:
-        sys.exit(pgqueuer_consumer(int(sys.argv[2]), sys.argv[3:] == ["continuous"]))
     sys.exit(main())

@@ -20,7 +20,7 @@ first, untimed, warms the worker.
   a change, as a git worktree), run from that directory, in a scratch schema it migrated
   itself (bench/vs_loop.py's ``--checkout``).
 - ``pgqueuer`` (``--pgqueuer``; ``pip install pgqueuer==1.6.0``, not a pgpool
-  dependency, nor is asyncpg, which it needs here): one consumer of bench/peers.py,
+  dependency, nor is asyncpg, which it needs here): one consumer of bench/pgqueuer_side.py,
   PgQueuer's own runner in continuous mode with ``batch_size`` 50 on its asyncpg driver,
   woken by its table's trigger; the jobs enqueued by its producer. On its psycopg 3
   driver (bench/peers.py's drains) every pickup took a second: its notifications are
@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import drains  # bench/ is on the path: this script's directory
 import orjson
-import peers
+import pgqueuer_side
 import psycopg
 import vs_loop
 
@@ -61,6 +61,8 @@ from pgpool.bench.progress import Progress
 
 #: The sides in the order of odd rounds (even rounds reverse it).
 SIDES: Final = ("pgpool", "checkout", "pgqueuer")
+#: Jobs per claim of each side's host (PgQueuer's batch_size too), as bench/peers.py's.
+BATCH: Final = 50
 #: Issue 34's targets: p50 over the floor at most, p99 at most (ms).
 TARGETS: Final = {"p50_over_floor_ms": 0.3, "p99_ms": 3.0}
 
@@ -86,8 +88,8 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     sides = [side for side in SIDES if side == "pgpool"
              or (side == "checkout" and args.checkout)
              or (side == "pgqueuer" and args.pgqueuer)]
-    pgqueuer_version = vs_loop.pgqueuer_version() if args.pgqueuer else None
-    opts = BenchOptions(dsn="", jobs=args.samples, procs=1, batch=peers.BATCH,
+    pgqueuer_version = pgqueuer_side.version("--pgqueuer") if args.pgqueuer else None
+    opts = BenchOptions(dsn="", jobs=args.samples, procs=1, batch=BATCH,
                         profile="noop", backlog=0, max_claims_per_sec=None)
     rounds: list[dict[str, Any]] = []
     with (drains.session(args.dsn, progress) as s, contextlib.ExitStack() as stack):
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
             places["checkout"] = (place.dsn, place.conn)
         if args.pgqueuer:
             progress.step("installing PgQueuer's tables")
-            asyncio.run(peers.install_pgqueuer(s.scratch.dsn))
+            asyncio.run(pgqueuer_side.install(s.scratch.dsn))
         for number in range(1, args.rounds + 1):
             order = sides if number % 2 else sides[::-1]
             figures = {}
@@ -135,9 +137,8 @@ def _pgqueuer_pickup(dsn: str, conn: psycopg.Connection, tmp: Path,
 
     enqueue = SyncQueries(SyncPsycopgDriver(conn)).enqueue
     payload = orjson.dumps({"do": "noop", "stamp": True})
-    command = [sys.executable, peers.__file__, peers.PGQUEUER_CONSUMER, str(peers.BATCH),
-               "continuous"]
-    conn.execute(peers.VACUUM_PGQUEUER)
+    command = [sys.executable, pgqueuer_side.__file__, str(BATCH), "continuous"]
+    conn.execute(pgqueuer_side.VACUUM_PGQUEUER)
     with stamped(tmp, command, {"PGPOOL_DSN": dsn}, "the PgQueuer consumer") as consumer:
         latencies = consumer.pickups(lambda: enqueue(KIND, payload, 0), samples)
     floor = pickup_floor(dsn, conn, samples)

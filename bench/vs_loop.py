@@ -38,7 +38,7 @@ and so on, so that neither always goes first.
   and loaded by that checkout (a subprocess with it on ``PYTHONPATH``), so that an older
   schema never meets this checkout's statements. Issue 34's "main before this issue".
 - With ``--pgqueuer``, PgQueuer (``pip install pgqueuer==1.6.0``; not a pgpool dependency):
-  bench/peers.py's consumers, two processes of PgQueuer's own runner claiming
+  bench/pgqueuer_side.py's consumers, two processes of PgQueuer's own runner claiming
   ``--batch``, its tables installed in the scratch schema and the same payloads loaded by
   its producer's batch enqueue.
 
@@ -76,7 +76,6 @@ import argparse
 import asyncio
 import compileall
 import contextlib
-import importlib.metadata
 import math
 import os
 import select
@@ -90,6 +89,7 @@ from typing import IO, Any, Final, NamedTuple
 
 import drains  # bench/ is on the path: this script's directory
 import orjson
+import pgqueuer_side
 import psycopg
 from drains import STALL, ratio, remaining
 
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     sides = [side for side in SIDES if side in ("loop", "pgpool")
              or (side == "pgqueuer" and args.pgqueuer)
              or (side == "checkout" and args.checkout)]
-    version = pgqueuer_version() if args.pgqueuer else None
+    version = pgqueuer_side.version("--pgqueuer") if args.pgqueuer else None
     progress.step(f"calibrating the {args.profile} profile")
     cpu_rounds, _ = profiles.calibrate(args.profile, args.job_ms / 1000)
     payloads = profiles.payloads(args.profile, n, cpu_rounds)
@@ -259,16 +259,14 @@ def _places(sides: list[str], args: argparse.Namespace, dsn: str, conn: psycopg.
     shared = Place(dsn, conn, drains.PGPOOL_JOBS, load_pgpool)
     places = {"loop": shared, "pgpool": shared}
     if "pgqueuer" in sides:
-        import peers  # bench/peers.py imports this module: not at the top
-
         progress.step("installing PgQueuer's tables")
-        asyncio.run(peers.install_pgqueuer(dsn))
+        asyncio.run(pgqueuer_side.install(dsn))
 
         def load_pgqueuer(payloads: list[dict[str, Any]]) -> int:
-            conn.execute(peers.VACUUM_PGQUEUER)
-            return peers.pgqueuer_enqueue(conn, payloads) + len(payloads) - 1
+            conn.execute(pgqueuer_side.VACUUM_PGQUEUER)
+            return pgqueuer_side.enqueue(conn, payloads) + len(payloads) - 1
 
-        places["pgqueuer"] = Place(dsn, conn, peers.PGQUEUER_JOBS, load_pgqueuer)
+        places["pgqueuer"] = Place(dsn, conn, pgqueuer_side.PGQUEUER_JOBS, load_pgqueuer)
     if "checkout" in sides:
         places["checkout"] = stack.enter_context(
             checkout_place(args.dsn, args.checkout, progress))
@@ -312,19 +310,9 @@ def _side(side: str, place: Place, args: argparse.Namespace, log: IO[bytes]) -> 
     if side == "loop":
         return Loop(place.dsn, args.procs, args.batch, log, args.loop)
     if side == "pgqueuer":
-        import peers
-
-        return peers.PgQueuer(place.conn, place.dsn, args.procs, args.batch, log)
+        return pgqueuer_side.PgQueuer(place.conn, place.dsn, args.procs, args.batch, log)
     return drains.Pgpool(place.dsn, args.procs, args.pgpool_batch or args.batch, log,
                          args.checkout if side == "checkout" else None)
-
-
-def pgqueuer_version() -> str:
-    try:
-        return importlib.metadata.version("pgqueuer")
-    except importlib.metadata.PackageNotFoundError:
-        raise BenchError("--pgqueuer: PgQueuer is not installed (pip install "
-                         "pgqueuer==1.6.0)") from None
 
 
 def describe(checkout: Path) -> str:
