@@ -140,12 +140,12 @@ def _available(systems: list[str]) -> tuple[list[str], str | None]:
     PgQueuer installed, a one-line note and its row left out."""
     if "pgqueuer" not in systems:
         return systems, None
-    try:
-        return systems, pgqueuer_side.version("--systems pgqueuer")
-    except BenchError:
+    version = pgqueuer_side.installed()
+    if version is None:
         print(f"peers: note: PgQueuer is not installed, its row is left out (pip install "
               f"{pgqueuer_side.PGQUEUER})", file=sys.stderr)
         return [system for system in systems if system != "pgqueuer"], None
+    return systems, version
 
 
 def _schedule(systems: list[str], pin: str) -> list[tuple[str, bool]]:

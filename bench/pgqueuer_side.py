@@ -47,13 +47,20 @@ PGQUEUER_SUCCESSES: Final = "SELECT count(*) FROM pgqueuer_log WHERE status = 's
 VACUUM_PGQUEUER: Final = "VACUUM pgqueuer"
 
 
-def version(option: str) -> str:
-    """PgQueuer's installed version; `BenchError` naming ``option`` if it is missing."""
+def installed() -> str | None:
+    """PgQueuer's installed version; None where it is not installed."""
     try:
         return importlib.metadata.version("pgqueuer")
     except importlib.metadata.PackageNotFoundError:
-        raise BenchError(f"{option}: PgQueuer is not installed (pip install "
-                         f"{PGQUEUER})") from None
+        return None
+
+
+def version(option: str) -> str:
+    """PgQueuer's installed version; `BenchError` naming ``option`` if it is missing."""
+    found = installed()
+    if found is None:
+        raise BenchError(f"{option}: PgQueuer is not installed (pip install {PGQUEUER})")
+    return found
 
 
 def enqueue(conn: psycopg.Connection, payloads: list[dict[str, Any]]) -> int:

@@ -73,11 +73,7 @@ def main() -> int:
     parser.add_argument("--samples", type=drains.at_least(20), default=200,
                         help="jobs timed per side and round (default 200, at least 20)")
     parser.add_argument("--rounds", type=drains.at_least(1), default=2, help="(default 2)")
-    parser.add_argument("--checkout", type=vs_loop.checkout_dir, metavar="DIR",
-                        help="another pgpool checkout to measure beside this one (main "
-                             "before a change, as a git worktree)")
-    parser.add_argument("--pgqueuer", action="store_true",
-                        help="measure PgQueuer too (pip install pgqueuer==1.6.0 asyncpg)")
+    vs_loop.add_other_sides(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return drains.script_main(parser, run, render)
 

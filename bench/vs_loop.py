@@ -165,11 +165,7 @@ def main() -> int:
     parser.add_argument("--loop", choices=LOOP_CYCLES, default="transaction",
                         help="the loop's claim and delete in one transaction, or each "
                              "committed (a lease) (default transaction)")
-    parser.add_argument("--checkout", type=checkout_dir, metavar="DIR",
-                        help="another pgpool checkout to drain the same jobs beside this one "
-                             "(main before a change, as a git worktree)")
-    parser.add_argument("--pgqueuer", action="store_true",
-                        help="PgQueuer drains them too (pip install pgqueuer==1.6.0)")
+    add_other_sides(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return drains.script_main(parser, run, render)
 
@@ -527,6 +523,17 @@ def _command(args: argparse.Namespace, n: int) -> str:
     return (f"python bench/vs_loop.py{dsn} --profile {args.profile}{job_ms} --jobs {n} "
             f"--procs {args.procs} --batch {args.batch}{own} --rounds {args.rounds} "
             f"--loop {args.loop}{other_options(args)}")
+
+
+def add_other_sides(parser: argparse.ArgumentParser) -> None:
+    """``--checkout DIR`` and ``--pgqueuer``: the sides measured beside this checkout's
+    pgpool, here and in bench/pickups.py."""
+    parser.add_argument("--checkout", type=checkout_dir, metavar="DIR",
+                        help="another pgpool checkout to measure beside this one (main "
+                             "before a change, as a git worktree)")
+    parser.add_argument("--pgqueuer", action="store_true",
+                        help="measure PgQueuer too (pip install pgqueuer==1.6.0, and asyncpg "
+                             "for bench/pickups.py)")
 
 
 def other_options(args: argparse.Namespace) -> str:

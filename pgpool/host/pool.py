@@ -345,12 +345,13 @@ class WorkerPool:
         """Queue ``jobs`` for the workers, those of ``ahead`` (some of them) before the whole
         backlog: a job that holds a slot of a fleet-wide limit keeps it from every host
         while it waits here, so it goes next."""
-        depth = self.depth
-        for w in list(self._workers.values()):
-            if len(w.assigned) > depth // 2:
-                # It may have rung for jobs when there were none, then gone on quietly:
-                # what it wrote since says how many it holds now.
-                self._read_written(w)
+        if not self._watched:
+            depth = self.depth
+            for w in list(self._workers.values()):
+                if len(w.assigned) > depth // 2:
+                    # It may have rung for jobs when there were none, then gone on
+                    # quietly: what it wrote since says how many it holds now.
+                    self._read_written(w)
         if ahead:
             first = {id(job) for job in ahead}
             self._backlog.add_first(list(ahead))
@@ -431,7 +432,7 @@ class WorkerPool:
         also bounds how late the pool learns of a plain success to one call's interval."""
         now = asyncio.get_running_loop().time()
         for w in list(self._workers.values()):
-            if len(w.assigned) > 1:
+            if len(w.assigned) > 1 and not self._watched:
                 self._read_written(w)
             job = w.running
             if job is not None and job.timeout and now - w.started_at > job.timeout:

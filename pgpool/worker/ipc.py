@@ -286,13 +286,6 @@ class Decoder:
         return out
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """Blocking write of a whole frame."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class Outbox:
     """A worker's result pipe ``wfd`` and its doorbell ``bell``, both set non-blocking
     here: frames go into the pipe at once, in order, and the doorbell wakes the dispatcher

@@ -48,7 +48,9 @@ class RawWorker:
     def send(self, *messages: ipc.ToWorker) -> None:
         """``messages`` in one write: the worker's reader takes them in one read, and acts on
         each before it waits for more."""
-        ipc.write_all(self._tasks.fileno(), b"".join(ipc.encode(m) for m in messages))
+        view = memoryview(b"".join(ipc.encode(m) for m in messages))
+        while view:  # the raw frames, as the pool's transport writes them
+            view = view[os.write(self._tasks.fileno(), view):]
 
     def receive(self, timeout: float = 30) -> ipc.Message | None:
         """The next message it writes; None once its result pipe is closed (it exited)."""
